@@ -1,0 +1,179 @@
+#include "benchmarks/harness.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "benchmarks/gpu_forward.hpp"
+
+namespace gmjit::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string shell_quote(const std::string& text) {
+  std::string quoted = "'";
+  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+std::string layer_arguments(const BenchOptions& o) {
+  const LayerSpec& l = o.preset.layer;
+  return fmt::format("--experts {} --hidden {} --ffn {} --tokens-per-expert {} --activation {}{} "
+                     "--arch {}{}",
+                     l.experts, l.hidden, l.ffn, o.preset.tokens_per_expert,
+                     activation_name(l.activation.kind), l.router_probs ? "" : " --no-probs",
+                     shell_quote(*o.arch), o.grad == GradMode::grad ? " --grad" : "");
+}
+
+// Runs the disk-hit phase in a child process (a fresh process: nothing in memory).
+nlohmann::json disk_hit_in_child(const BenchOptions& options, const std::string& self) {
+  const std::string command = fmt::format("{} bench --child-disk-hit {}", shell_quote(self),
+                                          layer_arguments(options));
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) throw Error(Status::internal, "could not start the disk-hit child");
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  if (status != 0) {
+    throw Error(Status::internal,
+                fmt::format("disk-hit child failed (status {}): {}", status, output));
+  }
+  return nlohmann::json::parse(output);
+}
+
+std::string make_temp_cache_dir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "gmjit-bench-XXXXXX").string();
+  if (mkdtemp(pattern.data()) == nullptr) {
+    throw Error(Status::internal, "could not create a temporary cache directory");
+  }
+  return pattern;
+}
+
+}  // namespace
+
+int run_disk_hit_child(const BenchOptions& options) {
+  const auto start = Clock::now();
+  Engine engine;
+  engine.prepare(options.preset.layer, Recipe::bf16(), options.grad, *options.arch);
+  const double seconds = seconds_since(start);
+  const EngineCounters c = engine.counters();
+  nlohmann::json out = {{"seconds", seconds},
+                        {"kernels_compiled", c.kernels_compiled},
+                        {"disk_reads", c.disk_reads}};
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
+  BenchOptions options = input;
+  std::string why_no_gpu;
+  bool have_gpu = !options.skip_gpu && Engine::driver_available(&why_no_gpu);
+  std::vector<DeviceInfo> devices;
+  if (have_gpu) {
+    devices = Engine::devices();
+    if (devices.empty()) {
+      have_gpu = false;
+      why_no_gpu = "the CUDA driver reports no device";
+    }
+  }
+  if (options.skip_gpu) why_no_gpu = "--no-gpu was given";
+  if (!options.arch) options.arch = have_gpu ? devices[0].arch : std::string("sm_90a");
+  const std::string cache_dir = options.cache_dir ? *options.cache_dir : make_temp_cache_dir();
+  setenv("GMJIT_CACHE_DIR", cache_dir.c_str(), 1);  // this process and the child share it
+  const bool temporary_cache = !options.cache_dir;
+
+  const LayerSpec& layer = options.preset.layer;
+  std::printf("gmjit bench: %s (%s), %lld tokens/expert, %s, %s\n", options.preset.name.c_str(),
+              layer.describe().c_str(), static_cast<long long>(options.preset.tokens_per_expert),
+              options.arch->c_str(), options.grad == GradMode::grad ? "grad" : "no-grad");
+  std::printf("  cache: %s%s\n", cache_dir.c_str(), temporary_cache ? " (fresh, removed after)" : "");
+  std::fflush(stdout);
+
+  nlohmann::json report;
+  report["schema"] = "gmjit-bench/1";
+  report["preset"] = options.preset.name;
+  report["layer"] = {{"experts", layer.experts},
+                     {"hidden", layer.hidden},
+                     {"ffn", layer.ffn},
+                     {"tokens_per_expert", options.preset.tokens_per_expert},
+                     {"activation", activation_name(layer.activation.kind)},
+                     {"router_probs", layer.router_probs}};
+  report["arch"] = *options.arch;
+  report["grad"] = options.grad == GradMode::grad;
+  report["nvrtc"] = nvrtc_version();
+
+  Engine engine;
+  std::printf("  compiling (empty cache)...\n");
+  std::fflush(stdout);
+  auto start = Clock::now();
+  engine.prepare(layer, Recipe::bf16(), options.grad, *options.arch);
+  const double compile_s = seconds_since(start);
+  const EngineCounters after_compile = engine.counters();
+
+  const nlohmann::json child = disk_hit_in_child(options, self);
+  const double disk_s = child.at("seconds").get<double>();
+
+  constexpr int kLookups = 1000;
+  std::vector<double> lookup_s;
+  for (int i = 0; i < kLookups; ++i) {
+    start = Clock::now();
+    engine.prepare(layer, Recipe::bf16(), options.grad, *options.arch);
+    lookup_s.push_back(seconds_since(start));
+  }
+  std::nth_element(lookup_s.begin(), lookup_s.begin() + kLookups / 2, lookup_s.end());
+  const double memory_s = lookup_s[kLookups / 2];
+
+  report["phases"] = {
+      {"compile", {{"seconds", compile_s}, {"kernels_compiled", after_compile.kernels_compiled}}},
+      {"disk_hit",
+       {{"seconds", disk_s},
+        {"kernels_compiled", child.at("kernels_compiled")},
+        {"disk_reads", child.at("disk_reads")}}},
+      {"memory_hit", {{"seconds", memory_s}}}};
+  report["speedup"] = {{"disk_hit_vs_compile", compile_s / disk_s},
+                       {"memory_hit_vs_compile", compile_s / memory_s}};
+
+  std::printf("\n  %-12s %14s %12s\n", "phase", "time", "vs compile");
+  std::printf("  %-12s %12.3f s %11s\n", "compile", compile_s, "1x");
+  std::printf("  %-12s %11.3f ms %11.0fx\n", "disk-hit", disk_s * 1e3, compile_s / disk_s);
+  std::printf("  %-12s %11.3f us %11.0fx\n", "memory-hit", memory_s * 1e6, compile_s / memory_s);
+
+  if (have_gpu) {
+    const ForwardTiming timing =
+        time_forward(engine, options.preset, options.grad, options.warmup, options.repeats);
+    report["forward"] = {{"ran", true},
+                         {"device", devices[0].name},
+                         {"ms", timing.median_ms},
+                         {"tflops", timing.tflops},
+                         {"repeats", options.repeats}};
+    std::printf("  %-12s %11.3f ms %9.1f TFLOP/s  (%s, median of %d)\n", "forward",
+                timing.median_ms, timing.tflops, devices[0].name.c_str(), options.repeats);
+  } else {
+    report["forward"] = {{"ran", false}, {"skipped_reason", why_no_gpu}};
+    std::printf("  skipped: forward timing (no GPU: %s)\n", why_no_gpu.c_str());
+  }
+  const EngineCounters c = engine.counters();
+  report["counters"] = {{"plans_built", c.plans_built},
+                        {"kernels_compiled", c.kernels_compiled},
+                        {"disk_reads", c.disk_reads},
+                        {"disk_writes", c.disk_writes},
+                        {"memory_hits", c.memory_hits}};
+  if (temporary_cache) {
+    std::error_code ec;
+    std::filesystem::remove_all(cache_dir, ec);
+  }
+  return report;
+}
+
+}  // namespace gmjit::bench

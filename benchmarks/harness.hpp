@@ -1,0 +1,33 @@
+#pragma once
+// The cold-vs-warm harness behind `gmjit bench`: compile (empty cache), disk-hit (a fresh
+// process on the warm cache), memory-hit (same engine), and on a GPU the forward's time.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "benchmarks/presets.hpp"
+#include "gmjit/gmjit.hpp"
+
+namespace gmjit::bench {
+
+struct BenchOptions {
+  Preset preset;
+  GradMode grad = GradMode::no_grad;
+  std::optional<std::string> arch;       // default: the GPU's, else sm_90a
+  std::optional<std::string> cache_dir;  // default: a fresh temporary directory
+  int warmup = 3;
+  int repeats = 20;
+  bool skip_gpu = false;
+};
+
+// Runs every phase this machine can, prints a table to stdout and returns the JSON report
+// (schema in docs/BENCH.md).
+nlohmann::json run_bench(const BenchOptions& options, const std::string& self_executable);
+
+// The child side of the disk-hit phase: prepares the plan in this fresh process and prints
+// {"seconds": S} to stdout.
+int run_disk_hit_child(const BenchOptions& options);
+
+}  // namespace gmjit::bench

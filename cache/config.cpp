@@ -1,0 +1,137 @@
+// DiskCacheConfig::from_environment and its parsers.
+#include <cstdlib>
+#include <limits>
+
+#include "cache/disk_cache.hpp"
+
+namespace gmjit::cache {
+namespace {
+
+char lower(char c) {
+  return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+}
+
+bool equals_ignoring_case(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (lower(a[i]) != lower(b[i])) return false;
+  }
+  return true;
+}
+
+// "1"/"true"/"yes"/"on" → true; unset, "", "0"/"false"/"no"/"off" → false. Anything else
+// counts as true (the user set the variable) with a warning.
+bool parse_flag(const char* name, const char* value, std::vector<std::string>& warnings) {
+  if (value == nullptr) return false;
+  const std::string_view text = value;
+  for (std::string_view no : {"", "0", "false", "no", "off"}) {
+    if (equals_ignoring_case(text, no)) return false;
+  }
+  for (std::string_view yes : {"1", "true", "yes", "on"}) {
+    if (equals_ignoring_case(text, yes)) return true;
+  }
+  warnings.push_back(std::string("gmjit cache: ") + name + "='" + value +
+                     "' is not a boolean; treating it as 1");
+  return true;
+}
+
+const char* non_empty(const char* value) {
+  return (value != nullptr && value[0] != '\0') ? value : nullptr;
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> parse_size(std::string_view text) {
+  std::uint64_t value = 0;
+  std::size_t i = 0;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+    const std::uint64_t digit = static_cast<std::uint64_t>(text[i] - '0');
+    if (value > (std::numeric_limits<std::uint64_t>::max() - digit) / 10) return std::nullopt;
+    value = value * 10 + digit;
+  }
+  if (i == 0) return std::nullopt;
+  std::string_view suffix = text.substr(i);
+  int shift = 0;
+  if (!suffix.empty()) {
+    switch (lower(suffix[0])) {
+      case 'k':
+        shift = 10;
+        break;
+      case 'm':
+        shift = 20;
+        break;
+      case 'g':
+        shift = 30;
+        break;
+      case 't':
+        shift = 40;
+        break;
+      case 'b':
+        shift = 0;
+        break;
+      default:
+        return std::nullopt;
+    }
+    if (lower(suffix[0]) != 'b') suffix.remove_prefix(1);
+    if (!(suffix.empty() || equals_ignoring_case(suffix, "b") ||
+          (shift != 0 && equals_ignoring_case(suffix, "ib")))) {
+      return std::nullopt;
+    }
+  }
+  if (value == 0 || value > (std::numeric_limits<std::uint64_t>::max() >> shift)) {
+    return std::nullopt;
+  }
+  return value << shift;
+}
+
+DiskCacheConfig DiskCacheConfig::from_environment() {
+  return from_environment([](const char* name) -> const char* { return std::getenv(name); });
+}
+
+DiskCacheConfig DiskCacheConfig::from_environment(
+    const std::function<const char*(const char*)>& getenv) {
+  DiskCacheConfig config;
+  std::vector<std::string>& warnings = config.environment_warnings;
+  if (const char* size = non_empty(getenv("GMJIT_CACHE_MAXSIZE"))) {
+    if (const std::optional<std::uint64_t> bytes = parse_size(size)) {
+      config.max_bytes = *bytes;
+    } else {
+      warnings.push_back(std::string("gmjit cache: GMJIT_CACHE_MAXSIZE='") + size +
+                         "' is not a size like 4294967296, 512M or 4G; using the default");
+    }
+  }
+  if (parse_flag("GMJIT_CACHE_DISABLE", getenv("GMJIT_CACHE_DISABLE"), warnings)) {
+    config.disabled = true;
+  }
+  config.read_only = parse_flag("GMJIT_CACHE_READONLY", getenv("GMJIT_CACHE_READONLY"), warnings);
+
+  if (const char* dir = non_empty(getenv("GMJIT_CACHE_DIR"))) {
+    config.root = dir;
+  } else if (const char* xdg = non_empty(getenv("XDG_CACHE_HOME")); xdg && xdg[0] == '/') {
+    config.root = std::filesystem::path(xdg) / "gmjit";  // relative XDG paths are invalid
+  } else if (const char* home = non_empty(getenv("HOME"))) {
+    config.root = std::filesystem::path(home) / ".cache" / "gmjit";
+  } else if (!config.disabled) {  // no warning when the user disabled the cache anyway
+    config.disabled = true;
+    warnings.emplace_back(
+        "gmjit cache: neither GMJIT_CACHE_DIR, XDG_CACHE_HOME nor HOME is set; "
+        "the disk cache is disabled");
+  }
+
+  if (const char* fault = non_empty(getenv("GMJIT_CACHE_FAULT_INJECT"))) {
+    const std::string_view text = fault;
+    if (text == "enospc") {
+      config.fault = FaultInjection::kEnospc;
+    } else if (text == "kill-mid-write") {
+      config.fault = FaultInjection::kKillMidWrite;
+    } else if (text == "kill-before-rename") {
+      config.fault = FaultInjection::kKillBeforeRename;
+    } else {
+      warnings.push_back("gmjit cache: unknown GMJIT_CACHE_FAULT_INJECT='" + std::string(text) +
+                         "' ignored");
+    }
+  }
+  return config;
+}
+
+}  // namespace gmjit::cache

@@ -1,0 +1,133 @@
+#pragma once
+// Persistent on-disk cache of compiled kernels (DESIGN §5). One file per entry; publish is
+// write-to-temp + fsync + rename; readers take no lock; any failed check is a miss that removes
+// the entry. The cache stores opaque payload bytes under a Key128 plus human-readable labels.
+//
+// A DiskCache may be shared by threads of one process, and any number of processes may use the
+// same directory at once. load() and store() never throw. A moved-from DiskCache may only be
+// destroyed or assigned to.
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cache/entry_format.hpp"  // EntryLabels
+#include "cache/key.hpp"
+
+namespace gmjit::cache {
+
+// Test seam (GMJIT_CACHE_FAULT_INJECT): simulates failures that are hard to cause for real.
+enum class FaultInjection {
+  kNone,
+  kEnospc,            // "enospc": the entry write fails half-way with ENOSPC
+  kKillMidWrite,      // "kill-mid-write": SIGKILL this process half-way through the temp file
+  kKillBeforeRename,  // "kill-before-rename": SIGKILL after the temp file is synced, before rename
+};
+
+struct DiskCacheConfig {
+  std::filesystem::path root;  // the versioned directory is root / "v<format>"
+  std::uint64_t max_bytes = 4ull << 30;
+  bool disabled = false;   // GMJIT_CACHE_DISABLE
+  bool read_only = false;  // GMJIT_CACHE_READONLY
+  // Called with one line per problem worth a warning (bad entry removed, unwritable dir...).
+  // When empty, warnings go to stderr.
+  std::function<void(std::string_view)> warn;
+  FaultInjection fault = FaultInjection::kNone;  // GMJIT_CACHE_FAULT_INJECT
+  // Problems found by from_environment() (no HOME, bad GMJIT_CACHE_MAXSIZE...). DiskCache's
+  // constructor passes them to warn, so that they are reported once the caller has set warn.
+  std::vector<std::string> environment_warnings;
+
+  // $GMJIT_CACHE_DIR, else $XDG_CACHE_HOME/gmjit, else $HOME/.cache/gmjit; plus the
+  // GMJIT_CACHE_MAXSIZE / _DISABLE / _READONLY variables.
+  static DiskCacheConfig from_environment();
+  // The same with a getenv replacement (returns nullptr when unset), for tests.
+  static DiskCacheConfig from_environment(const std::function<const char*(const char*)>& getenv);
+};
+
+// "4294967296", "512K", "512M", "4G", "1T" (binary multiples; a trailing "B"/"iB" and lower case
+// are accepted). nullopt for anything else, zero and overflow.
+std::optional<std::uint64_t> parse_size(std::string_view text);
+
+struct EntryListing {
+  Key128 key;
+  EntryLabels labels;
+  std::filesystem::path path;
+  std::uint64_t size_bytes = 0;
+  std::int64_t last_used_unix = 0;
+};
+
+struct CacheStats {
+  std::uint64_t entries = 0;
+  std::uint64_t total_bytes = 0;
+  std::uint64_t max_bytes = 0;
+  bool writable = false;
+  std::filesystem::path directory;
+};
+
+// What this DiskCache object did (not the whole directory): for logs and tests.
+struct DiskCacheCounters {
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;
+  std::uint64_t bad_entries = 0;  // failed a check (removed unless read-only)
+  std::uint64_t stores = 0;       // published
+  std::uint64_t store_failures = 0;
+  std::uint64_t evictions = 0;  // entries removed to honour max_bytes (not prune/clear)
+  std::uint64_t scans = 0;      // full directory walks
+};
+
+class DiskCache {
+ public:
+  explicit DiskCache(DiskCacheConfig config);
+  ~DiskCache();
+  DiskCache(DiskCache&&) noexcept;
+  DiskCache& operator=(DiskCache&&) noexcept;
+
+  // The payload stored under key, or nullopt on a miss (absent, disabled, or failed a check:
+  // such an entry is removed with one warning). A hit refreshes the entry's last-used stamp.
+  std::optional<std::vector<std::byte>> load(const Key128& key);
+
+  // Publishes atomically. Returns false when the cache is disabled or read-only (silently: the
+  // user asked for it) or unwritable (after one warning per DiskCache; later stores are not
+  // attempted). The caller keeps working from memory.
+  bool store(const Key128& key, const EntryLabels& labels, std::span<const std::byte> payload);
+
+  bool enabled() const { return !config_.disabled; }
+  bool writable() const;
+  const std::filesystem::path& directory() const { return directory_; }
+
+  CacheStats stats() const;
+  std::vector<EntryListing> list() const;
+  std::uint64_t clear();  // entries removed
+  // Removes least-recently-used entries until the total is at most max_bytes, and entries not
+  // used for older_than_seconds (when given). Returns entries removed. Also removes temp files
+  // left by crashed writers. Disabled or read-only caches are not modified.
+  std::uint64_t prune(std::uint64_t max_bytes, std::optional<std::int64_t> older_than_seconds);
+
+  DiskCacheCounters counters() const;
+
+ private:
+  struct State;
+
+  void warn(std::string_view message) const;
+  bool directory_trusted(const std::filesystem::path& dir) const;
+  std::optional<std::vector<std::byte>> load_file(const std::filesystem::path& path,
+                                                  const Key128& key);
+  void report_bad_entry(const std::filesystem::path& path, int fd, std::string_view reason);
+  bool fail_store(int error);
+  int publish(const std::filesystem::path& fanout, const std::string& name,
+              std::span<const std::byte> bytes);
+  void account_store(std::uint64_t bytes);
+  std::uint64_t maintain(std::uint64_t trigger_bytes, std::uint64_t target_bytes,
+                         std::optional<std::int64_t> older_than_ns, bool from_store);
+
+  DiskCacheConfig config_;
+  std::filesystem::path directory_;
+  std::unique_ptr<State> state_;  // warn-once flags, counters, size estimate (movable object)
+};
+
+}  // namespace gmjit::cache

@@ -1,0 +1,187 @@
+#include "cache/fs_util.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <memory>
+
+namespace gmjit::cache::fs {
+namespace {
+
+FileInfo from_stat(const struct stat& st) {
+  FileInfo info;
+  info.size = static_cast<std::uint64_t>(st.st_size);
+  info.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  info.mode = st.st_mode;
+  info.uid = st.st_uid;
+  info.dev = st.st_dev;
+  info.ino = st.st_ino;
+  return info;
+}
+
+struct DirCloser {
+  void operator()(DIR* dir) const { closedir(dir); }
+};
+
+}  // namespace
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
+  if (this != &other) {
+    reset();
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+int UniqueFd::release() {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+void UniqueFd::reset() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+bool FileInfo::is_regular() const {
+  return S_ISREG(mode);
+}
+bool FileInfo::is_directory() const {
+  return S_ISDIR(mode);
+}
+
+std::optional<FileInfo> stat_no_follow(const std::filesystem::path& path) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) return std::nullopt;
+  return from_stat(st);
+}
+
+FileInfo info_of(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return FileInfo{};
+  return from_stat(st);
+}
+
+std::vector<std::string> list_directory(const std::filesystem::path& dir) {
+  std::vector<std::string> names;
+  std::unique_ptr<DIR, DirCloser> handle(opendir(dir.c_str()));
+  if (!handle) return names;
+  while (const dirent* entry = readdir(handle.get())) {
+    const std::string_view name = entry->d_name;
+    if (name != "." && name != "..") names.emplace_back(name);
+  }
+  return names;
+}
+
+int make_private_directories(const std::filesystem::path& dir) {
+  if (dir.empty()) return ENOENT;
+  std::filesystem::path current;
+  for (const std::filesystem::path& part : dir) {
+    current /= part;
+    if (mkdir(current.c_str(), 0700) == 0) {
+      // The umask may have removed bits we need; never add any for group/others.
+      chmod(current.c_str(), 0700);
+      continue;
+    }
+    const int error = errno;
+    if (error != EEXIST) return error;
+    struct stat st {};
+    if (stat(current.c_str(), &st) != 0) return errno;
+    if (!S_ISDIR(st.st_mode)) return ENOTDIR;
+  }
+  return 0;
+}
+
+DirTrust check_directory(const std::filesystem::path& dir) {
+  struct stat st {};
+  if (lstat(dir.c_str(), &st) != 0) {
+    return (errno == ENOENT || errno == ENOTDIR) ? DirTrust::kMissing : DirTrust::kInaccessible;
+  }
+  if (S_ISLNK(st.st_mode)) return DirTrust::kSymlink;
+  if (!S_ISDIR(st.st_mode)) return DirTrust::kNotDirectory;
+  if (st.st_uid != geteuid()) return DirTrust::kForeignOwner;
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) return DirTrust::kWritableByOthers;
+  return DirTrust::kTrusted;
+}
+
+const char* to_string(DirTrust trust) {
+  switch (trust) {
+    case DirTrust::kMissing:
+      return "missing";
+    case DirTrust::kTrusted:
+      return "trusted";
+    case DirTrust::kInaccessible:
+      return "not accessible";
+    case DirTrust::kSymlink:
+      return "a symbolic link";
+    case DirTrust::kNotDirectory:
+      return "not a directory";
+    case DirTrust::kForeignOwner:
+      return "owned by another user";
+    case DirTrust::kWritableByOthers:
+      return "writable by group or others";
+  }
+  return "unknown";
+}
+
+int read_file(int fd, std::uint64_t max_bytes, std::vector<std::byte>& out) {
+  const FileInfo info = info_of(fd);
+  if (!info.is_regular()) return EINVAL;
+  if (info.size > max_bytes) return EFBIG;
+  out.resize(static_cast<std::size_t>(info.size));
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) break;  // shrank under us: decode() reports it as truncated
+    done += static_cast<std::size_t>(n);
+  }
+  out.resize(done);
+  return 0;
+}
+
+int write_all(int fd, std::span<const std::byte> bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) return EIO;
+    bytes = bytes.subspan(static_cast<std::size_t>(n));
+  }
+  return 0;
+}
+
+void fsync_directory(const std::filesystem::path& dir) {
+  const UniqueFd fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.valid()) fsync(fd.get());
+}
+
+std::int64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+int set_mtime(const std::filesystem::path& path, std::int64_t mtime_ns) {
+  timespec times[2];
+  times[0].tv_sec = static_cast<time_t>(mtime_ns / 1'000'000'000);
+  times[0].tv_nsec = static_cast<long>(mtime_ns % 1'000'000'000);
+  times[1] = times[0];
+  return utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW) == 0 ? 0 : errno;
+}
+
+std::string errno_text(int error) {
+  char buffer[256];
+  // GNU strerror_r may return a static string instead of filling the buffer.
+  const char* text = strerror_r(error, buffer, sizeof(buffer));
+  return text != nullptr ? std::string(text) : "errno " + std::to_string(error);
+}
+
+}  // namespace gmjit::cache::fs

@@ -1,0 +1,81 @@
+#pragma once
+// Thin POSIX helpers for the disk cache. They report errors as errno values and never throw
+// (apart from std::bad_alloc), so that cache failures can always be turned into misses.
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gmjit::cache::fs {
+
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { reset(); }
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release();
+  void reset();
+
+ private:
+  int fd_ = -1;
+};
+
+struct FileInfo {
+  std::uint64_t size = 0;
+  std::int64_t mtime_ns = 0;
+  mode_t mode = 0;
+  uid_t uid = 0;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool is_regular() const;
+  bool is_directory() const;
+};
+
+std::optional<FileInfo> stat_no_follow(const std::filesystem::path& path);
+FileInfo info_of(int fd);  // fstat; zeroes on failure
+
+// Names in a directory except "." and ".."; empty when it cannot be read.
+std::vector<std::string> list_directory(const std::filesystem::path& dir);
+
+// mkdir -p with mode 0700 for every component it creates. Returns 0 or an errno.
+int make_private_directories(const std::filesystem::path& dir);
+
+enum class DirTrust {
+  kMissing,
+  kTrusted,
+  kInaccessible,
+  kSymlink,
+  kNotDirectory,
+  kForeignOwner,
+  kWritableByOthers,
+};
+// A directory is trusted when it is a real directory (not a symlink), owned by the effective
+// user and not writable by group or others: a cubin loaded from it is code we will run.
+DirTrust check_directory(const std::filesystem::path& dir);
+const char* to_string(DirTrust trust);
+
+// Reads a whole regular file opened without following symlinks. Returns 0 or an errno
+// (EFBIG when larger than max_bytes, EINVAL when not a regular file).
+int read_file(int fd, std::uint64_t max_bytes, std::vector<std::byte>& out);
+int write_all(int fd, std::span<const std::byte> bytes);
+void fsync_directory(const std::filesystem::path& dir);  // best effort
+
+std::int64_t now_ns();
+// Sets atime and mtime; returns 0 or an errno.
+int set_mtime(const std::filesystem::path& path, std::int64_t mtime_ns);
+
+std::string errno_text(int error);
+
+}  // namespace gmjit::cache::fs

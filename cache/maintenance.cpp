@@ -1,0 +1,62 @@
+#include "cache/maintenance.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "cache/fs_util.hpp"
+#include "cache/layout.hpp"
+
+namespace gmjit::cache::maintenance {
+
+Scan scan(const std::filesystem::path& dir, bool remove_stale_temps, std::int64_t now_ns) {
+  Scan result;
+  for (const std::string& fanout_name : fs::list_directory(dir)) {
+    if (!layout::is_fanout_name(fanout_name)) continue;
+    const std::filesystem::path fanout = dir / fanout_name;
+    const std::optional<fs::FileInfo> fanout_info = fs::stat_no_follow(fanout);
+    if (!fanout_info || !fanout_info->is_directory()) continue;  // never follow symlinks
+    for (const std::string& name : fs::list_directory(fanout)) {
+      const std::filesystem::path path = fanout / name;
+      if (layout::is_temp_name(name)) {
+        const std::optional<fs::FileInfo> info = fs::stat_no_follow(path);
+        if (remove_stale_temps && info && info->is_regular() &&
+            now_ns - info->mtime_ns > kStaleTempNs && unlink(path.c_str()) == 0) {
+          ++result.stale_temps_removed;
+        }
+        continue;
+      }
+      const std::optional<layout::ParsedName> parsed = layout::parse_entry_file_name(name);
+      if (!parsed || layout::fanout_name(parsed->key) != fanout_name) continue;
+      const std::optional<fs::FileInfo> info = fs::stat_no_follow(path);
+      if (!info || !info->is_regular()) continue;
+      result.entries.push_back(ScannedEntry{path, parsed->key, info->size, info->mtime_ns});
+      result.total_bytes += info->size;
+    }
+  }
+  return result;
+}
+
+EvictResult evict(Scan scan, std::uint64_t target_bytes,
+                  std::optional<std::int64_t> older_than_cutoff_ns) {
+  std::sort(scan.entries.begin(), scan.entries.end(),
+            [](const ScannedEntry& a, const ScannedEntry& b) {
+              if (a.mtime_ns != b.mtime_ns) return a.mtime_ns < b.mtime_ns;
+              return a.path < b.path;
+            });
+  EvictResult result;
+  std::uint64_t total = scan.total_bytes;
+  for (const ScannedEntry& entry : scan.entries) {
+    const bool too_old = older_than_cutoff_ns && entry.mtime_ns < *older_than_cutoff_ns;
+    if (!too_old && total <= target_bytes) break;  // sorted: later entries are newer
+    // ENOENT: another process evicted it first; either way its bytes are gone.
+    const bool removed = unlink(entry.path.c_str()) == 0;
+    if (removed || errno == ENOENT) total -= entry.size;
+    if (removed) ++result.removed;
+  }
+  result.remaining_bytes = total;
+  return result;
+}
+
+}  // namespace gmjit::cache::maintenance

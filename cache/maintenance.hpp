@@ -1,0 +1,42 @@
+#pragma once
+// Directory walks for eviction, prune, clear, list and stats. Only names that match the entry
+// pattern inside fan-out directories are considered; everything else is left alone.
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/key.hpp"
+
+namespace gmjit::cache::maintenance {
+
+inline constexpr std::int64_t kStaleTempNs = 3600ll * 1'000'000'000;  // crashed writers
+
+struct ScannedEntry {
+  std::filesystem::path path;
+  Key128 key;
+  std::uint64_t size = 0;
+  std::int64_t mtime_ns = 0;  // the last-used stamp
+};
+
+struct Scan {
+  std::vector<ScannedEntry> entries;
+  std::uint64_t total_bytes = 0;
+  std::uint64_t stale_temps_removed = 0;
+};
+
+// Walks <dir>/<ab>/. With remove_stale_temps, temp files older than kStaleTempNs are unlinked.
+Scan scan(const std::filesystem::path& dir, bool remove_stale_temps, std::int64_t now_ns);
+
+struct EvictResult {
+  std::uint64_t removed = 0;
+  std::uint64_t remaining_bytes = 0;
+};
+
+// Removes entries used before older_than_cutoff_ns, then least-recently-used ones (oldest stamp
+// first, ties by path) until at most target_bytes remain.
+EvictResult evict(Scan scan, std::uint64_t target_bytes,
+                  std::optional<std::int64_t> older_than_cutoff_ns);
+
+}  // namespace gmjit::cache::maintenance

@@ -1,0 +1,44 @@
+#pragma once
+// Subcommands of the `gmjit` command, each in its own file.
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "benchmarks/presets.hpp"
+
+namespace gmjit::cli {
+
+// Layer selection shared by bench and compile: a preset, optionally overridden dim by dim.
+struct LayerOptions {
+  std::string preset = std::string(bench::kDefaultPreset);
+  std::int64_t experts = 0, hidden = 0, ffn = 0, tokens_per_expert = 0;
+  std::string activation;
+  bool no_probs = false;
+  bool grad = false;
+  std::string arch;
+  std::string cache_dir;
+};
+void add_layer_options(CLI::App& command, LayerOptions& options);
+bench::Preset resolve_layer(const LayerOptions& options);
+
+int run_doctor();
+
+struct CompileOptions {
+  std::vector<std::string> presets{std::string(bench::kDefaultPreset)};
+  std::vector<std::string> arches{"sm_90a"};
+  std::string grad = "both";
+};
+void add_compile_options(CLI::App& command, CompileOptions& options);
+int run_compile(const CompileOptions& options);
+
+struct CacheCommand {
+  std::string action;  // stats | list | clear | prune
+  bool json = false;
+  std::string max_size;
+  std::string older_than;
+};
+void add_cache_options(CLI::App& command, CacheCommand& options);
+int run_cache(const CacheCommand& options);
+
+}  // namespace gmjit::cli

@@ -1,0 +1,53 @@
+#include <fmt/format.h>
+
+#include "cli/commands.hpp"
+#include "gmjit/error.hpp"
+
+namespace gmjit::cli {
+
+void add_layer_options(CLI::App& command, LayerOptions& o) {
+  std::vector<std::string> names;
+  for (const auto& preset : bench::presets()) names.push_back(preset.name);
+  command.add_option("--preset", o.preset, "named layer")
+      ->check(CLI::IsMember(names))
+      ->capture_default_str();
+  command.add_option("--experts", o.experts, "override E");
+  command.add_option("--hidden", o.hidden, "override H");
+  command.add_option("--ffn", o.ffn, "override F");
+  command.add_option("--tokens-per-expert", o.tokens_per_expert, "override tokens per expert");
+  command.add_option("--activation", o.activation, "swiglu|geglu|clamped_swiglu|srelu|gelu|relu");
+  command.add_flag("--no-probs", o.no_probs, "no router probabilities");
+  command.add_flag("--grad", o.grad, "grad-enabled forward (saves the pre-activation)");
+  command.add_option("--arch", o.arch, "target arch (default: the GPU's, else sm_90a)");
+}
+
+bench::Preset resolve_layer(const LayerOptions& o) {
+  bench::Preset preset = *bench::find_preset(o.preset);
+  if (o.experts) preset.layer.experts = o.experts;
+  if (o.hidden) preset.layer.hidden = o.hidden;
+  if (o.ffn) preset.layer.ffn = o.ffn;
+  if (o.tokens_per_expert) preset.tokens_per_expert = o.tokens_per_expert;
+  if (o.no_probs) preset.layer.router_probs = false;
+  if (!o.activation.empty()) {
+    bool found = false;
+    for (auto act : {Activation::swiglu, Activation::geglu, Activation::clamped_swiglu,
+                     Activation::srelu, Activation::gelu, Activation::relu}) {
+      if (o.activation == activation_name(act)) {
+        preset.layer.activation.kind = act;
+        found = true;
+      }
+    }
+    if (!found) {
+      throw Error(Status::invalid_argument,
+                  fmt::format("--activation '{}' is not one of swiglu, geglu, clamped_swiglu, "
+                              "srelu, gelu, relu",
+                              o.activation));
+    }
+  }
+  if (o.experts || o.hidden || o.ffn || o.tokens_per_expert || !o.activation.empty()) {
+    preset.name += "-custom";
+  }
+  return preset;
+}
+
+}  // namespace gmjit::cli

@@ -1,0 +1,42 @@
+#pragma once
+// Codegen for the fused grouped-MLP forward: one generated translation unit per kernel, each a
+// handful of constants and an entry that instantiates a template from kernel_templates/.
+#include <vector>
+
+#include "codegen/kernel_source.hpp"
+#include "gmjit/layer.hpp"
+
+namespace gmjit::codegen {
+
+struct GroupedMlpForwardDesc {
+  LayerSpec layer;
+  bool save_preact = false;  // grad mode: FC1 also writes the bf16 pre-activation
+};
+
+// Tile shape of a grouped GEMM; part of the generated source, hence of the kernel key.
+// The default measured best of the mma.sync variants on an H200 (docs/PERFORMANCE.md).
+struct TileConfig {
+  int block_m = 256;
+  int block_n = 128;  // B-tile rows (for GLU FC1: gate and lin rows together)
+  int block_k = 64;
+  int stages = 3;
+  int warps_m = 4;
+  int warps_n = 2;
+  int group_m = 8;     // row tiles per L2 raster group
+  int min_blocks = 1;  // second __launch_bounds__ argument
+
+  int threads() const { return 32 * warps_m * warps_n; }
+  // Must match the templates' formula (they static_assert it): rows padded by 8 bf16.
+  int smem_bytes() const { return stages * (block_m + block_n) * (block_k + 8) * 2; }
+};
+
+TileConfig choose_tile(const LayerSpec& layer, KernelRole role);
+
+// Throws Error(Status::invalid_argument) for dims the kernels cannot serve.
+void check_supported(const LayerSpec& layer);
+
+std::vector<KernelSource> emit_grouped_mlp_forward(const GroupedMlpForwardDesc& desc);
+
+KernelSource emit_fill_random();
+
+}  // namespace gmjit::codegen

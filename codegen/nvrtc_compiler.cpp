@@ -1,0 +1,127 @@
+#include "codegen/nvrtc_compiler.hpp"
+
+#include <nvrtc.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "codegen/embedded_templates.hpp"
+#include "gmjit/error.hpp"
+
+namespace gmjit::codegen {
+namespace {
+
+struct ProgramDeleter {
+  void operator()(nvrtcProgram program) const { nvrtcDestroyProgram(&program); }
+};
+using ProgramHandle = std::unique_ptr<std::remove_pointer_t<nvrtcProgram>, ProgramDeleter>;
+
+void check(nvrtcResult result, const char* call) {
+  if (result != NVRTC_SUCCESS) {
+    throw Error(Status::internal, fmt::format("{} failed: {}", call, nvrtcGetErrorString(result)));
+  }
+}
+
+std::string program_log(nvrtcProgram program) {
+  size_t size = 0;
+  if (nvrtcGetProgramLogSize(program, &size) != NVRTC_SUCCESS || size <= 1) return {};
+  std::string log(size, '\0');
+  nvrtcGetProgramLog(program, log.data());
+  log.resize(size - 1);  // drop the terminating NUL
+  return log;
+}
+
+// GMJIT_DUMP_SOURCE=dir writes each generated translation unit there, named by entry and key.
+void dump_source_if_asked(const KernelSource& kernel, std::string_view key_hex) {
+  const char* dir = std::getenv("GMJIT_DUMP_SOURCE");
+  if (dir == nullptr || *dir == '\0') return;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  std::ofstream out(std::filesystem::path(dir) / fmt::format("{}.{}.cu", kernel.entry, key_hex));
+  out << kernel.source;
+}
+
+}  // namespace
+
+std::vector<std::string> canonical_nvrtc_options(std::string_view arch) {
+  return {
+      "--std=c++17",
+      fmt::format("--gpu-architecture={}", arch),
+      "--fmad=true",
+      "--extra-device-vectorization",
+  };
+}
+
+std::string nvrtc_version_string() {
+  int major = 0, minor = 0;
+  check(nvrtcVersion(&major, &minor), "nvrtcVersion");
+  return fmt::format("{}.{}", major, minor);
+}
+
+bool is_supported_arch(std::string_view arch) {
+  static constexpr std::string_view known[] = {"sm_80", "sm_86",  "sm_87",  "sm_89",
+                                               "sm_90", "sm_90a", "sm_100", "sm_120"};
+  for (auto candidate : known) {
+    if (candidate == arch) return true;
+  }
+  return false;
+}
+
+CompiledCubin compile_to_cubin(const KernelSource& kernel, std::string_view arch,
+                               std::string_view key_hex) {
+  if (!is_supported_arch(arch)) {
+    throw Error(Status::unsupported,
+                fmt::format("arch '{}' is not supported; expected one of sm_80, sm_86, sm_89, "
+                            "sm_90, sm_90a, sm_100, sm_120",
+                            arch));
+  }
+  dump_source_if_asked(kernel, key_hex);
+  const auto start = std::chrono::steady_clock::now();
+
+  std::vector<const char*> header_sources, header_names;
+  for (const auto& header : embedded_templates()) {
+    header_sources.push_back(header.source.data());
+    header_names.push_back(header.name.data());
+  }
+  nvrtcProgram raw = nullptr;
+  const std::string program_name = kernel.entry + ".cu";
+  check(nvrtcCreateProgram(&raw, kernel.source.c_str(), program_name.c_str(),
+                           static_cast<int>(header_sources.size()), header_sources.data(),
+                           header_names.data()),
+        "nvrtcCreateProgram");
+  ProgramHandle program(raw);
+
+  const std::vector<std::string> options = canonical_nvrtc_options(arch);
+  std::vector<const char*> option_ptrs;
+  for (const auto& option : options) option_ptrs.push_back(option.c_str());
+
+  const nvrtcResult result =
+      nvrtcCompileProgram(program.get(), static_cast<int>(option_ptrs.size()), option_ptrs.data());
+  std::string log = program_log(program.get());
+  if (result != NVRTC_SUCCESS) {
+    throw Error(Status::compile_failed,
+                fmt::format("NVRTC failed to compile kernel '{}' (key {}) for {}: {}\n"
+                            "options: {}\n{}\n(set GMJIT_DUMP_SOURCE=dir to keep the source)",
+                            kernel.entry, key_hex, arch, nvrtcGetErrorString(result),
+                            fmt::join(options, " "), log));
+  }
+
+  CompiledCubin compiled;
+  size_t cubin_size = 0;
+  check(nvrtcGetCUBINSize(program.get(), &cubin_size), "nvrtcGetCUBINSize");
+  compiled.cubin.resize(cubin_size);
+  check(nvrtcGetCUBIN(program.get(), reinterpret_cast<char*>(compiled.cubin.data())),
+        "nvrtcGetCUBIN");
+  compiled.log = std::move(log);
+  compiled.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return compiled;
+}
+
+}  // namespace gmjit::codegen

@@ -1,0 +1,32 @@
+#pragma once
+// NVRTC: generated source -> cubin for a named arch. Failures throw gmjit::Error
+// (Status::compile_failed) carrying the full log, the options and the key.
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "codegen/kernel_source.hpp"
+
+namespace gmjit::codegen {
+
+struct CompiledCubin {
+  std::vector<std::byte> cubin;
+  std::string log;  // warnings, if any
+  double seconds = 0;
+};
+
+// The options handed to NVRTC, in a fixed order (they are part of the disk key).
+std::vector<std::string> canonical_nvrtc_options(std::string_view arch);
+
+// "major.minor" of the linked NVRTC.
+std::string nvrtc_version_string();
+
+// True for the arches we generate code for ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", ...).
+bool is_supported_arch(std::string_view arch);
+
+// `key_hex` only labels errors and dumped sources.
+CompiledCubin compile_to_cubin(const KernelSource& kernel, std::string_view arch,
+                               std::string_view key_hex);
+
+}  // namespace gmjit::codegen

@@ -1,0 +1,76 @@
+// Small value types of the public API: names, sizes, descriptions, the recipe key.
+#include <fmt/format.h>
+
+#include "gmjit/error.hpp"
+#include "gmjit/layer.hpp"
+#include "gmjit/recipe.hpp"
+
+namespace gmjit {
+
+const char* status_name(Status status) noexcept {
+  switch (status) {
+    case Status::ok: return "ok";
+    case Status::invalid_argument: return "invalid_argument";
+    case Status::unsupported: return "unsupported";
+    case Status::no_device: return "no_device";
+    case Status::compile_failed: return "compile_failed";
+    case Status::driver_error: return "driver_error";
+    case Status::internal: return "internal";
+  }
+  return "unknown";
+}
+
+std::string LayerSpec::describe() const {
+  std::string act = activation_name(activation.kind);
+  if (is_glu(activation.kind)) {
+    act += activation.layout == GluLayout::halves ? "(halves)" : "(interleaved32)";
+  }
+  if (activation.kind == Activation::clamped_swiglu) {
+    act += fmt::format("[limit={},alpha={}]", activation.limit, activation.alpha);
+  }
+  return fmt::format("E={} H={} F={} {}{}{}{} split={}", experts, hidden, ffn, act,
+                     fc1_bias ? " b1" : "", fc2_bias ? " b2" : "", router_probs ? " probs" : "",
+                     dtype_name(split_dtype));
+}
+
+std::int64_t TensorRef::numel() const noexcept {
+  std::int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  return n;
+}
+
+TensorRef make_tensor(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
+                      Device device) {
+  TensorRef t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  for (std::int64_t extent : shape) {
+    if (t.ndim == static_cast<int>(t.shape.size())) {
+      throw Error(Status::invalid_argument, "tensors have at most 4 dimensions");
+    }
+    t.shape[t.ndim++] = extent;
+  }
+  return t;
+}
+
+namespace {
+// FNV-1a over the codegen-relevant fields. The recipe has one field today; FP8 recipes add
+// format, block sizes and scaling options here, each changing the key.
+std::uint64_t compute_options_key(RecipeKind kind) {
+  std::uint64_t hash = 0xcbf29ce484222325ull;
+  auto mix = [&hash](std::uint64_t value) {
+    for (int i = 0; i < 8; ++i) {
+      hash ^= (value >> (8 * i)) & 0xff;
+      hash *= 0x100000001b3ull;
+    }
+  };
+  mix(1);  // options_key schema version
+  mix(static_cast<std::uint64_t>(kind));
+  return hash;
+}
+}  // namespace
+
+Recipe::Recipe(RecipeKind kind) : kind_(kind), options_key_(compute_options_key(kind)) {}
+
+}  // namespace gmjit

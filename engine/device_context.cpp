@@ -1,0 +1,104 @@
+#include "engine/device_context.hpp"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "engine/driver.hpp"
+
+namespace gmjit::engine {
+
+std::string arch_for_compute_capability(int major, int minor) {
+  if (major == 9 && minor == 0) return "sm_90a";
+  return fmt::format("sm_{}{}", major, minor);
+}
+
+DeviceContext::DeviceContext(int ordinal) : ordinal_(ordinal) {
+  const DriverApi& api = driver();
+  check_driver(api.cuDeviceGet(&device_, ordinal), "cuDeviceGet");
+  check_driver(api.cuDevicePrimaryCtxRetain(&context_, device_), "cuDevicePrimaryCtxRetain");
+  std::array<char, 256> name{};
+  api.cuDeviceGetName(name.data(), static_cast<int>(name.size()), device_);
+  int major = 0, minor = 0, sms = 0;
+  api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device_);
+  api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_);
+  api.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device_);
+  size_t memory = 0;
+  api.cuDeviceTotalMem(&memory, device_);
+  info_ = DeviceInfo{ordinal, name.data(), arch_for_compute_capability(major, minor), sms,
+                     memory};
+}
+
+DeviceContext::~DeviceContext() {
+  if (context_ != nullptr) driver().cuDevicePrimaryCtxRelease(device_);
+}
+
+ScopedContext::ScopedContext(CUcontext context) {
+  check_driver(driver().cuCtxPushCurrent(context), "cuCtxPushCurrent");
+}
+
+ScopedContext::~ScopedContext() {
+  CUcontext popped = nullptr;
+  driver().cuCtxPopCurrent(&popped);
+}
+
+// Devices are created on first use; lookups of an existing device read an atomic pointer and
+// take no lock.
+struct DeviceRegistry::Impl {
+  static constexpr int kMaxDevices = 64;
+  std::mutex create_mutex;
+  std::array<std::atomic<DeviceContext*>, kMaxDevices> devices{};
+  std::array<std::unique_ptr<DeviceContext>, kMaxDevices> owned;
+  int count = -1;
+};
+
+DeviceRegistry::DeviceRegistry() : impl_(std::make_unique<Impl>()) {}
+
+DeviceRegistry& DeviceRegistry::instance() {
+  // libcuda is never dlclose'd, so releasing primary contexts at static destruction is safe.
+  static DeviceRegistry registry;
+  return registry;
+}
+
+int DeviceRegistry::device_count() {
+  std::lock_guard lock(impl_->create_mutex);
+  if (impl_->count < 0) {
+    int count = 0;
+    if (driver_available()) check_driver(driver().cuDeviceGetCount(&count), "cuDeviceGetCount");
+    impl_->count = std::min(count, Impl::kMaxDevices);
+  }
+  return impl_->count;
+}
+
+DeviceContext& DeviceRegistry::get(int ordinal) {
+  if (ordinal >= 0 && ordinal < Impl::kMaxDevices) {
+    if (DeviceContext* ready = impl_->devices[ordinal].load(std::memory_order_acquire)) {
+      return *ready;
+    }
+  }
+  const int count = device_count();
+  if (ordinal < 0 || ordinal >= count) {
+    std::string why;
+    if (!driver_available(&why)) throw Error(Status::no_device, why);
+    throw Error(Status::no_device, fmt::format("CUDA device {} does not exist; this machine has "
+                                               "{} device(s)",
+                                               ordinal, count));
+  }
+  std::lock_guard lock(impl_->create_mutex);
+  if (!impl_->owned[ordinal]) {
+    impl_->owned[ordinal] = std::make_unique<DeviceContext>(ordinal);
+    impl_->devices[ordinal].store(impl_->owned[ordinal].get(), std::memory_order_release);
+  }
+  return *impl_->owned[ordinal];
+}
+
+std::vector<DeviceInfo> DeviceRegistry::describe_all() {
+  std::vector<DeviceInfo> infos;
+  for (int i = 0; i < device_count(); ++i) infos.push_back(get(i).info());
+  return infos;
+}
+
+}  // namespace gmjit::engine

@@ -1,0 +1,59 @@
+#pragma once
+// Per-device state: the retained primary context, the device's arch and a context guard. The
+// engine maps a tensor's device straight to its context; it never asks which device is current.
+#include <cuda.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmjit/gmjit.hpp"
+
+namespace gmjit::engine {
+
+class DeviceContext {
+ public:
+  explicit DeviceContext(int ordinal);  // retains the primary context
+  ~DeviceContext();
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+
+  int ordinal() const { return ordinal_; }
+  CUdevice device() const { return device_; }
+  CUcontext context() const { return context_; }
+  const DeviceInfo& info() const { return info_; }
+
+ private:
+  int ordinal_;
+  CUdevice device_ = 0;
+  CUcontext context_ = nullptr;
+  DeviceInfo info_;
+};
+
+// Makes a device's context current for a scope and restores the caller's afterwards.
+class ScopedContext {
+ public:
+  explicit ScopedContext(CUcontext context);
+  ~ScopedContext();
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+};
+
+// "sm_90a" for compute capability 9.0 (we use its arch-specific features), "sm_XY" otherwise.
+std::string arch_for_compute_capability(int major, int minor);
+
+// Lazily created, never destroyed while the process runs: contexts must outlive every plan.
+class DeviceRegistry {
+ public:
+  static DeviceRegistry& instance();
+  int device_count();                    // 0 when no driver
+  DeviceContext& get(int ordinal);       // throws Status::no_device for a bad ordinal
+  std::vector<DeviceInfo> describe_all();
+
+ private:
+  DeviceRegistry();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gmjit::engine

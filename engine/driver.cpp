@@ -1,0 +1,94 @@
+#include "engine/driver.hpp"
+
+#include <dlfcn.h>
+
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "gmjit/error.hpp"
+
+namespace gmjit::engine {
+namespace {
+
+using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
+                                    CUdriverProcAddressQueryResult*);
+
+struct LoadResult {
+  DriverApi api;
+  std::string error;  // empty when loaded
+};
+
+LoadResult load_driver() {
+  LoadResult result;
+  // Never closed: kernels and contexts may outlive any owner we could give the handle.
+  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* reason = dlerror();
+    result.error = fmt::format("the CUDA driver (libcuda.so.1) could not be loaded: {}",
+                               reason ? reason : "unknown reason");
+    return result;
+  }
+  auto get_proc = reinterpret_cast<GetProcAddress>(dlsym(handle, "cuGetProcAddress_v2"));
+  if (get_proc == nullptr) {
+    result.error = "libcuda.so.1 has no cuGetProcAddress_v2; a driver for CUDA 12.0+ is needed";
+    return result;
+  }
+  DriverApi& api = result.api;
+  const int requested_version = 12080;
+#define GMJIT_DRIVER_FUNCTION(name)                                                      \
+  {                                                                                      \
+    void* fn = nullptr;                                                                  \
+    CUdriverProcAddressQueryResult status{};                                             \
+    if (get_proc(#name, &fn, requested_version, CU_GET_PROC_ADDRESS_DEFAULT, &status) != \
+            CUDA_SUCCESS ||                                                              \
+        fn == nullptr) {                                                                 \
+      result.error = fmt::format("the CUDA driver lacks {} (driver too old?)", #name);   \
+      return result;                                                                     \
+    }                                                                                    \
+    api.name = reinterpret_cast<decltype(api.name)>(fn);                                 \
+  }
+#include "engine/driver_functions.inc"
+#undef GMJIT_DRIVER_FUNCTION
+
+  if (CUresult rc = api.cuInit(0); rc != CUDA_SUCCESS) {
+    const char* text = nullptr;
+    api.cuGetErrorString(rc, &text);
+    result.error = fmt::format("cuInit failed: {} (no usable GPU?)", text ? text : "unknown");
+    return result;
+  }
+  api.cuDriverGetVersion(&api.version);
+  return result;
+}
+
+const LoadResult& loaded() {
+  static const LoadResult result = load_driver();
+  return result;
+}
+
+}  // namespace
+
+const DriverApi& driver() {
+  const LoadResult& result = loaded();
+  if (!result.error.empty()) throw Error(Status::no_device, result.error);
+  return result.api;
+}
+
+bool driver_available(std::string* why_not) {
+  const LoadResult& result = loaded();
+  if (!result.error.empty() && why_not != nullptr) *why_not = result.error;
+  return result.error.empty();
+}
+
+void check_driver(CUresult result, const char* call) {
+  if (result == CUDA_SUCCESS) return;
+  const char* name = nullptr;
+  const char* text = nullptr;
+  const DriverApi& api = loaded().api;
+  if (api.cuGetErrorName) api.cuGetErrorName(result, &name);
+  if (api.cuGetErrorString) api.cuGetErrorString(result, &text);
+  throw Error(Status::driver_error, fmt::format("{} failed: {} ({})", call, name ? name : "?",
+                                                text ? text : "unknown error"));
+}
+
+}  // namespace gmjit::engine

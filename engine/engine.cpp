@@ -1,0 +1,204 @@
+#include <array>
+#include <bit>
+#include <chrono>
+#include <future>
+
+#include "codegen/grouped_mlp.hpp"
+#include "codegen/nvrtc_compiler.hpp"
+#include "engine/device_context.hpp"
+#include "engine/driver.hpp"
+#include "engine/engine_impl.hpp"
+#include "engine/fuser.hpp"
+#include "engine/log.hpp"
+#include "engine/validate.hpp"
+#include "kernel_templates/params.cuh"
+
+namespace gmjit {
+namespace engine {
+
+PlanKey PlanKey::make(const LayerSpec& layer, const Recipe& recipe, GradMode grad, int device) {
+  PlanKey key;
+  key.experts = layer.experts;
+  key.hidden = layer.hidden;
+  key.ffn = layer.ffn;
+  key.options_key = recipe.options_key();
+  key.activation = static_cast<std::uint8_t>(layer.activation.kind);
+  // Only the fields that matter for this activation, so equal layers give equal keys.
+  if (is_glu(layer.activation.kind)) {
+    key.glu_layout = static_cast<std::uint8_t>(layer.activation.layout);
+  }
+  if (layer.activation.kind == Activation::clamped_swiglu) {
+    key.act_limit_bits = std::bit_cast<std::uint32_t>(layer.activation.limit);
+    key.act_alpha_bits = std::bit_cast<std::uint32_t>(layer.activation.alpha);
+  }
+  key.split_dtype = static_cast<std::uint8_t>(layer.split_dtype);
+  key.grad = static_cast<std::uint8_t>(grad);
+  key.fc1_bias = layer.fc1_bias;
+  key.fc2_bias = layer.fc2_bias;
+  key.probs = layer.router_probs;
+  key.device = device;
+  return key;
+}
+
+std::size_t PlanKey::hash() const {
+  std::array<std::uint64_t, sizeof(PlanKey) / 8> words;
+  static_assert(sizeof(PlanKey) % 8 == 0);
+  std::memcpy(words.data(), this, sizeof(PlanKey));
+  std::uint64_t h = 0x9E3779B97F4A7C15ull;
+  for (std::uint64_t w : words) h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+  return static_cast<std::size_t>(h ^ (h >> 31));
+}
+
+namespace {
+
+std::atomic<std::uint64_t> next_engine_serial{1};
+
+// Per-thread front of the device-plan map: a warm call finds its plan here without a lock.
+// Entries name their engine by serial (never reused), so a destroyed engine's plans never match.
+struct FrontSlot {
+  std::uint64_t engine = 0;
+  PlanKey key;
+  DevicePlan* plan = nullptr;
+};
+thread_local std::array<FrontSlot, 8> front_cache;
+
+std::unique_ptr<cache::DiskCache> open_disk_cache(const EngineOptions& options) {
+  cache::DiskCacheConfig config = cache::DiskCacheConfig::from_environment();
+  if (!options.use_disk_cache) config.disabled = true;
+  config.warn = [](std::string_view message) { log(LogLevel::warn, "cache: {}", message); };
+  return std::make_unique<cache::DiskCache>(std::move(config));
+}
+
+}  // namespace
+}  // namespace engine
+
+using engine::LogLevel;
+
+Engine::Impl::Impl(const EngineOptions& options)
+    : serial(engine::next_engine_serial++), store(engine::open_disk_cache(options), store_counters) {}
+
+std::shared_ptr<const engine::PreparedPlan> Engine::Impl::prepared_plan(const LayerSpec& layer,
+                                                                        const Recipe& recipe,
+                                                                        GradMode grad,
+                                                                        const std::string& arch) {
+  engine::PreparedKey key{engine::PlanKey::make(layer, recipe, grad, -1), arch};
+  return prepared.get_or_build(key, [&] {
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<engine::Op> ops = engine::ops_for_layer(layer);
+    const std::vector<engine::FusedOp> fused = engine::fuse(ops, engine::forward_fusion_rules());
+    if (fused.size() != 1 || fused[0].kind != engine::FusedKind::grouped_mlp) {
+      throw Error(Status::unsupported,
+                  "this layer does not fuse into one grouped-MLP op; op-by-op execution is not "
+                  "implemented yet");
+    }
+    const std::vector<codegen::KernelSource> sources =
+        codegen::emit_grouped_mlp_forward({layer, grad == GradMode::grad});
+    const engine::KernelLabels labels{recipe.options_key(), grad == GradMode::grad};
+    // The kernels of a plan compile in parallel: a cold plan costs its slowest kernel.
+    std::vector<std::future<std::shared_ptr<const engine::CompiledKernel>>> pending;
+    for (const auto& source : sources) {
+      pending.push_back(std::async(std::launch::async,
+                                   [&, &source = source] { return store.get(source, arch, labels); }));
+    }
+    auto plan = std::make_shared<engine::PreparedPlan>();
+    plan->layer = layer;
+    plan->grad = grad;
+    plan->arch = arch;
+    for (auto& kernel : pending) plan->kernels.push_back(kernel.get());
+    ++plans_built;
+    engine::log(LogLevel::info, "built plan {} grad={} for {} in {:.3f} s", layer.describe(),
+                grad == GradMode::grad, arch,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return std::shared_ptr<const engine::PreparedPlan>(std::move(plan));
+  });
+}
+
+engine::DevicePlan& Engine::Impl::device_plan(const engine::PlanKey& key, const LayerSpec& layer,
+                                              const Recipe& recipe, GradMode grad) {
+  engine::FrontSlot& slot = engine::front_cache[key.hash() & (engine::front_cache.size() - 1)];
+  if (slot.engine == serial && slot.plan != nullptr && slot.key == key) {
+    ++memory_hits;
+    return *slot.plan;
+  }
+  bool built = false;
+  std::shared_ptr<engine::DevicePlan> plan = device_plans.get_or_build(
+      key,
+      [&] {
+        engine::DeviceContext& device = engine::DeviceRegistry::instance().get(key.device);
+        auto loaded = std::make_shared<engine::DevicePlan>();
+        loaded->prepared = prepared_plan(layer, recipe, grad, device.info().arch);
+        loaded->device = &device;
+        for (const auto& kernel : loaded->prepared->kernels) {
+          auto& added = loaded->kernels.emplace_back(
+              std::make_unique<engine::LoadedKernel>(kernel->cubin, kernel->entry, kernel->launch));
+          added->prepare_for(device);
+        }
+        engine::log(LogLevel::debug, "loaded plan {} on cuda:{}", layer.describe(), key.device);
+        return loaded;
+      },
+      &built);
+  if (!built) ++memory_hits;
+  slot = {serial, key, plan.get()};  // the map keeps the plan alive as long as the engine
+  return *plan;
+}
+
+Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>(options)) {}
+Engine::~Engine() = default;
+
+void Engine::forward(const LayerSpec& spec, const Recipe& recipe, const ForwardArgs& args,
+                     GradMode grad, StreamHandle stream) {
+  const std::int64_t tokens = engine::validate_forward(spec, grad, args);
+  const engine::PlanKey key = engine::PlanKey::make(spec, recipe, grad, args.x.device.ordinal);
+  engine::DevicePlan& plan = impl_->device_plan(key, spec, recipe, grad);
+  if (tokens == 0) return;
+
+  auto cu_stream = static_cast<CUstream>(stream);
+  engine::ScopedContext context(plan.device->context());
+  void* activation = impl_->workspaces.get(*plan.device, cu_stream,
+                                           static_cast<std::size_t>(tokens * spec.ffn) * 2);
+  kt::GroupedGemmParams fc1{args.x.data,     args.w1.data,   args.b1.data,
+                            static_cast<const float*>(args.probs.data),
+                            args.split_sizes.data, activation, args.saved_preact.data, tokens};
+  kt::GroupedGemmParams fc2{activation,      args.w2.data, args.b2.data,
+                            static_cast<const float*>(args.probs.data),
+                            args.split_sizes.data, args.y.data, nullptr, tokens};
+  void* fc1_args[] = {&fc1};
+  void* fc2_args[] = {&fc2};
+  plan.kernels[0]->launch(static_cast<std::uint64_t>(tokens), cu_stream, fc1_args);
+  plan.kernels[1]->launch(static_cast<std::uint64_t>(tokens), cu_stream, fc2_args);
+}
+
+PreparedPlanInfo Engine::prepare(const LayerSpec& spec, const Recipe& recipe, GradMode grad,
+                                 const std::string& arch) {
+  codegen::check_supported(spec);
+  auto plan = impl_->prepared_plan(spec, recipe, grad, arch);
+  PreparedPlanInfo info;
+  info.arch = plan->arch;
+  for (const auto& kernel : plan->kernels) info.kernel_names.push_back(kernel->entry);
+  return info;
+}
+
+EngineCounters Engine::counters() const {
+  EngineCounters c;
+  c.plans_built = impl_->plans_built.load();
+  c.kernels_compiled = impl_->store_counters.kernels_compiled.load();
+  c.disk_reads = impl_->store_counters.disk_reads.load();
+  c.disk_writes = impl_->store_counters.disk_writes.load();
+  c.memory_hits = impl_->memory_hits.load();
+  return c;
+}
+
+std::string Engine::cache_directory() const {
+  const cache::DiskCache* disk = impl_->store.disk();
+  return disk && disk->enabled() ? disk->directory().string() : std::string();
+}
+
+bool Engine::driver_available(std::string* why_not) { return engine::driver_available(why_not); }
+
+std::vector<DeviceInfo> Engine::devices() {
+  return engine::DeviceRegistry::instance().describe_all();
+}
+
+std::string nvrtc_version() { return codegen::nvrtc_version_string(); }
+
+}  // namespace gmjit

@@ -1,0 +1,57 @@
+#pragma once
+// Engine internals, shared by engine.cpp and the engine's own helpers (device_random.cpp).
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "engine/kernel_store.hpp"
+#include "engine/once_map.hpp"
+#include "engine/plan.hpp"
+#include "engine/workspace.hpp"
+#include "gmjit/gmjit.hpp"
+
+namespace gmjit::engine {
+
+struct PreparedKey {
+  PlanKey plan;  // device = -1
+  std::string arch;
+  friend bool operator==(const PreparedKey&, const PreparedKey&) = default;
+};
+struct PreparedKeyHash {
+  std::size_t operator()(const PreparedKey& key) const {
+    return key.plan.hash() ^ std::hash<std::string>()(key.arch);
+  }
+};
+
+}  // namespace gmjit::engine
+
+namespace gmjit {
+
+struct Engine::Impl {
+  explicit Impl(const EngineOptions& options);
+
+  std::shared_ptr<const engine::PreparedPlan> prepared_plan(const LayerSpec& layer,
+                                                            const Recipe& recipe, GradMode grad,
+                                                            const std::string& arch);
+  engine::DevicePlan& device_plan(const engine::PlanKey& key, const LayerSpec& layer,
+                                  const Recipe& recipe, GradMode grad);
+
+  const std::uint64_t serial;  // distinguishes engines in the thread-local plan cache
+  engine::StoreCounters store_counters;
+  std::atomic<std::uint64_t> plans_built{0};
+  std::atomic<std::uint64_t> memory_hits{0};
+  engine::KernelStore store;
+  engine::WorkspacePool workspaces;
+
+  engine::OnceMap<engine::PreparedKey, std::shared_ptr<const engine::PreparedPlan>,
+                  engine::PreparedKeyHash>
+      prepared;
+  engine::OnceMap<engine::PlanKey, std::shared_ptr<engine::DevicePlan>, engine::PlanKeyHash>
+      device_plans;
+};
+
+struct EngineAccess {
+  static Engine::Impl& impl(Engine& engine) { return *engine.impl_; }
+};
+
+}  // namespace gmjit

@@ -1,0 +1,163 @@
+#include "engine/kernel_store.hpp"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "codegen/embedded_templates.hpp"
+#include "codegen/nvrtc_compiler.hpp"
+#include "engine/log.hpp"
+#include "gmjit/error.hpp"
+
+namespace gmjit::engine {
+namespace {
+
+constexpr std::uint32_t kPayloadMagic = 0x504b4d47;  // "GMKP"
+constexpr std::uint32_t kPayloadVersion = 1;
+// Bump when anything about how kernels are generated or launched changes meaning.
+constexpr std::string_view kEngineFormat = "gmjit-kernel-v1";
+
+class Writer {
+ public:
+  template <typename T>
+  void put(const T& value) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const auto* p = reinterpret_cast<const std::byte*>(&value);
+    bytes_.insert(bytes_.end(), p, p + sizeof(T));
+  }
+  void put_bytes(std::span<const std::byte> data) {
+    put<std::uint64_t>(data.size());
+    bytes_.insert(bytes_.end(), data.begin(), data.end());
+  }
+  void put_string(std::string_view text) {
+    put_bytes(std::as_bytes(std::span(text.data(), text.size())));
+  }
+  std::vector<std::byte> take() { return std::move(bytes_); }
+
+ private:
+  std::vector<std::byte> bytes_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> bytes) : bytes_(bytes) {}
+  template <typename T>
+  bool get(T& value) {
+    if (bytes_.size() - offset_ < sizeof(T)) return false;
+    std::memcpy(&value, bytes_.data() + offset_, sizeof(T));
+    offset_ += sizeof(T);
+    return true;
+  }
+  bool get_bytes(std::span<const std::byte>& out) {
+    std::uint64_t size = 0;
+    if (!get(size) || bytes_.size() - offset_ < size) return false;
+    out = bytes_.subspan(offset_, size);
+    offset_ += size;
+    return true;
+  }
+  bool done() const { return offset_ == bytes_.size(); }
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::size_t offset_ = 0;
+};
+
+const cache::Key128& templates_digest() {
+  static const cache::Key128 digest = [] {
+    cache::KeyBuilder builder;
+    for (const auto& header : codegen::embedded_templates()) {
+      builder.add(header.name).add(header.source);
+    }
+    return builder.finish();
+  }();
+  return digest;
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_payload(const CompiledKernel& kernel) {
+  Writer w;
+  w.put(kPayloadMagic);
+  w.put(kPayloadVersion);
+  w.put(kernel.role);
+  w.put(kernel.launch);
+  w.put_string(kernel.entry);
+  w.put_bytes(kernel.cubin);
+  return w.take();
+}
+
+bool decode_payload(std::span<const std::byte> bytes, CompiledKernel& out) {
+  Reader r(bytes);
+  std::uint32_t magic = 0, version = 0;
+  std::span<const std::byte> entry, cubin;
+  if (!r.get(magic) || magic != kPayloadMagic || !r.get(version) || version != kPayloadVersion ||
+      !r.get(out.role) || !r.get(out.launch) || !r.get_bytes(entry) || !r.get_bytes(cubin) ||
+      !r.done() || cubin.empty()) {
+    return false;
+  }
+  out.entry.assign(reinterpret_cast<const char*>(entry.data()), entry.size());
+  out.cubin.assign(cubin.begin(), cubin.end());
+  return true;
+}
+
+cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view arch) {
+  static const std::string nvrtc = codegen::nvrtc_version_string();
+  cache::KeyBuilder builder;
+  builder.add(kEngineFormat).add(source.entry).add(source.source);
+  const cache::Key128& templates = templates_digest();
+  builder.add(templates.high).add(templates.low);
+  for (const auto& option : codegen::canonical_nvrtc_options(arch)) builder.add(option);
+  builder.add(arch).add(nvrtc);
+  return builder.finish();
+}
+
+KernelStore::KernelStore(std::unique_ptr<cache::DiskCache> disk, StoreCounters& counters)
+    : disk_(std::move(disk)), counters_(counters) {}
+
+std::shared_ptr<const CompiledKernel> KernelStore::get(const codegen::KernelSource& source,
+                                                       const std::string& arch,
+                                                       const KernelLabels& labels) {
+  const cache::Key128 key = kernel_key(source, arch);
+  return kernels_.get_or_build(key, [&] { return load_or_compile(source, arch, key, labels); });
+}
+
+std::shared_ptr<const CompiledKernel> KernelStore::load_or_compile(
+    const codegen::KernelSource& source, const std::string& arch, const cache::Key128& key,
+    const KernelLabels& labels) {
+  if (disk_) {
+    if (auto bytes = disk_->load(key)) {
+      auto kernel = std::make_shared<CompiledKernel>();
+      if (decode_payload(*bytes, *kernel) && kernel->entry == source.entry &&
+          kernel->launch == source.launch) {
+        kernel->key = key;
+        kernel->arch = arch;
+        ++counters_.disk_reads;
+        log(LogLevel::debug, "disk hit {} ({}, {})", source.entry, arch, key.hex());
+        return kernel;
+      }
+      log(LogLevel::warn, "cache entry {} holds a payload that does not match kernel {}; "
+          "recompiling", key.hex(), source.entry);
+    }
+  }
+  codegen::CompiledCubin compiled = codegen::compile_to_cubin(source, arch, key.hex());
+  ++counters_.kernels_compiled;
+  log(LogLevel::info, "compiled {} for {} in {:.3f} s ({} bytes)", source.entry, arch,
+      compiled.seconds, compiled.cubin.size());
+  if (!compiled.log.empty()) log(LogLevel::debug, "NVRTC log for {}:\n{}", source.entry, compiled.log);
+
+  auto kernel = std::make_shared<CompiledKernel>();
+  kernel->entry = source.entry;
+  kernel->launch = source.launch;
+  kernel->role = source.role;
+  kernel->cubin = std::move(compiled.cubin);
+  kernel->key = key;
+  kernel->arch = arch;
+  if (disk_) {
+    cache::EntryLabels entry_labels{fmt::format("{:016x}", labels.options_key),
+                                    labels.grad ? "grad" : "nograd", arch, source.entry};
+    if (disk_->store(key, entry_labels, encode_payload(*kernel))) ++counters_.disk_writes;
+  }
+  return kernel;
+}
+
+}  // namespace gmjit::engine

@@ -1,0 +1,44 @@
+#pragma once
+// A compiled kernel loaded with the context-independent library API: one CUlibrary serves every
+// device. Per-device attributes (dynamic shared memory) are set once, on first use of a device.
+#include <cuda.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <span>
+#include <string>
+
+#include "codegen/kernel_source.hpp"
+
+namespace gmjit::engine {
+
+class DeviceContext;
+
+class LoadedKernel {
+ public:
+  LoadedKernel(std::span<const std::byte> cubin, std::string entry,
+               codegen::LaunchShape launch);
+  ~LoadedKernel();
+  LoadedKernel(const LoadedKernel&) = delete;
+  LoadedKernel& operator=(const LoadedKernel&) = delete;
+
+  // Sets the kernel's per-device attributes the first time `device` is seen.
+  void prepare_for(const DeviceContext& device);
+
+  // Launches on `stream`; the device's context must be current (the caller holds a
+  // ScopedContext). `args` points at the kernel parameters.
+  void launch(std::uint64_t tokens, CUstream stream, void** args) const;
+
+  const std::string& entry() const { return entry_; }
+  const codegen::LaunchShape& launch_shape() const { return launch_; }
+
+ private:
+  CUlibrary library_ = nullptr;
+  CUkernel kernel_ = nullptr;
+  std::string entry_;
+  codegen::LaunchShape launch_;
+  std::array<std::atomic<bool>, 64> prepared_devices_{};
+};
+
+}  // namespace gmjit::engine

@@ -1,0 +1,55 @@
+#pragma once
+// Plans: the fused, compiled kernels of one (layer, options_key, grad mode) for an arch
+// (PreparedPlan), and the same loaded for one device (DevicePlan).
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/kernel_store.hpp"
+#include "engine/loaded_kernel.hpp"
+#include "gmjit/gmjit.hpp"
+
+namespace gmjit::engine {
+
+class DeviceContext;
+
+// The memory plan key (DESIGN §3). Plain bytes, zero-initialised, so equality and hashing are
+// memcmp and a word-wise mix: cheap enough for every warm call.
+struct PlanKey {
+  std::int64_t experts = 0, hidden = 0, ffn = 0;
+  std::uint64_t options_key = 0;
+  std::uint32_t act_limit_bits = 0, act_alpha_bits = 0;  // floats as bits: memcmp-safe
+  std::uint8_t activation = 0, glu_layout = 0, split_dtype = 0, grad = 0;
+  std::uint8_t fc1_bias = 0, fc2_bias = 0, probs = 0, reserved = 0;
+  std::int32_t device = -1;  // ordinal; -1 for an arch-only (prepared) plan
+  std::int32_t reserved2 = 0;
+
+  static PlanKey make(const LayerSpec& layer, const Recipe& recipe, GradMode grad, int device);
+  friend bool operator==(const PlanKey& a, const PlanKey& b) {
+    return std::memcmp(&a, &b, sizeof(PlanKey)) == 0;
+  }
+  std::size_t hash() const;
+};
+static_assert(std::has_unique_object_representations_v<PlanKey>,
+              "PlanKey must have no padding: it is compared with memcmp");
+
+struct PlanKeyHash {
+  std::size_t operator()(const PlanKey& key) const { return key.hash(); }
+};
+
+struct PreparedPlan {
+  LayerSpec layer;
+  GradMode grad = GradMode::no_grad;
+  std::string arch;
+  std::vector<std::shared_ptr<const CompiledKernel>> kernels;  // launch order
+};
+
+struct DevicePlan {
+  std::shared_ptr<const PreparedPlan> prepared;
+  DeviceContext* device = nullptr;
+  std::vector<std::unique_ptr<LoadedKernel>> kernels;  // same order as prepared->kernels
+};
+
+}  // namespace gmjit::engine

@@ -1,0 +1,100 @@
+#include "engine/validate.hpp"
+
+#include <cstdint>
+#include <initializer_list>
+
+#include <fmt/format.h>
+
+namespace gmjit::engine {
+namespace {
+
+// Row tiles of one launch are a grid dimension (at most 65535) of 128-row tiles, and
+// experts + 1 of them are reserved for expert boundaries.
+constexpr std::int64_t kMaxRowTiles = 65535;
+constexpr std::int64_t kRowsPerTile = 128;
+
+std::string shape_text(const TensorRef& t) {
+  std::string text = "[";
+  for (int i = 0; i < t.ndim; ++i) text += fmt::format("{}{}", i ? ", " : "", t.shape[i]);
+  return text + "]";
+}
+
+[[noreturn]] void fail(const char* name, const std::string& what) {
+  throw Error(Status::invalid_argument, fmt::format("argument '{}': {}", name, what));
+}
+
+void check_tensor(const char* name, const TensorRef& t, DType dtype,
+                  std::initializer_list<std::int64_t> shape, const Device& device) {
+  if (t.data == nullptr) fail(name, "is required but was null");
+  if (t.dtype != dtype) {
+    fail(name, fmt::format("expected dtype {}, got {}", dtype_name(dtype), dtype_name(t.dtype)));
+  }
+  bool same = t.ndim == static_cast<int>(shape.size());
+  for (std::size_t i = 0; same && i < shape.size(); ++i) same = t.shape[i] == shape.begin()[i];
+  if (!same) {
+    TensorRef expected;
+    for (auto extent : shape) expected.shape[expected.ndim++] = extent;
+    fail(name, fmt::format("expected shape {}, got {}", shape_text(expected), shape_text(t)));
+  }
+  if (t.device.kind != Device::Kind::cuda) fail(name, "must be on a CUDA device, not the CPU");
+  if (!(t.device == device)) {
+    fail(name, fmt::format("is on cuda:{} but 'x' is on cuda:{}; all tensors of a call must be "
+                           "on one device",
+                           t.device.ordinal, device.ordinal));
+  }
+  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) {
+    fail(name, "data pointer must be 16-byte aligned");
+  }
+}
+
+void check_absent(const char* name, const TensorRef& t, const char* flag) {
+  if (t.data != nullptr) {
+    fail(name, fmt::format("was given but the layer has {} = false", flag));
+  }
+}
+
+}  // namespace
+
+std::int64_t validate_forward(const LayerSpec& layer, GradMode grad, const ForwardArgs& args) {
+  const TensorRef& x = args.x;
+  if (x.data == nullptr) fail("x", "is required but was null");
+  if (x.device.kind != Device::Kind::cuda) fail("x", "must be on a CUDA device, not the CPU");
+  if (x.ndim != 2) fail("x", fmt::format("expected a 2-D tensor [T, H], got {}", shape_text(x)));
+  const std::int64_t tokens = x.shape[0];
+  const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
+  const Device device = x.device;
+
+  if (tokens < 0) fail("x", "has a negative token count");
+  if ((tokens + kRowsPerTile - 1) / kRowsPerTile + E + 1 > kMaxRowTiles) {
+    fail("x", fmt::format("{} tokens exceed the {} that one launch serves with {} experts", tokens,
+                          (kMaxRowTiles - E - 1) * kRowsPerTile, E));
+  }
+  check_tensor("x", x, DType::bf16, {tokens, H}, device);
+  check_tensor("split_sizes", args.split_sizes, layer.split_dtype, {E}, device);
+  check_tensor("w1", args.w1, DType::bf16, {E, F1, H}, device);
+  check_tensor("w2", args.w2, DType::bf16, {E, H, F}, device);
+  check_tensor("y", args.y, DType::bf16, {tokens, H}, device);
+  if (layer.fc1_bias) {
+    check_tensor("b1", args.b1, DType::bf16, {E, F1}, device);
+  } else {
+    check_absent("b1", args.b1, "fc1_bias");
+  }
+  if (layer.fc2_bias) {
+    check_tensor("b2", args.b2, DType::bf16, {E, H}, device);
+  } else {
+    check_absent("b2", args.b2, "fc2_bias");
+  }
+  if (layer.router_probs) {
+    check_tensor("probs", args.probs, DType::f32, {tokens}, device);
+  } else {
+    check_absent("probs", args.probs, "router_probs");
+  }
+  if (grad == GradMode::grad) {
+    check_tensor("saved_preact", args.saved_preact, DType::bf16, {tokens, F1}, device);
+  } else {
+    check_absent("saved_preact", args.saved_preact, "grad mode");
+  }
+  return tokens;
+}
+
+}  // namespace gmjit::engine

@@ -1,0 +1,74 @@
+/* gmjit C API: tensors as DLPack DLTensors, status codes, a readable per-thread last error. */
+#ifndef GMJIT_GMJIT_H_
+#define GMJIT_GMJIT_H_
+
+#include <dlpack/dlpack.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Same values as gmjit::Status. */
+typedef enum gmjit_status {
+  GMJIT_OK = 0,
+  GMJIT_INVALID_ARGUMENT = 1,
+  GMJIT_UNSUPPORTED = 2,
+  GMJIT_NO_DEVICE = 3,
+  GMJIT_COMPILE_FAILED = 4,
+  GMJIT_DRIVER_ERROR = 5,
+  GMJIT_INTERNAL = 6
+} gmjit_status;
+
+typedef enum gmjit_activation {
+  GMJIT_SWIGLU = 0,
+  GMJIT_GEGLU = 1,
+  GMJIT_CLAMPED_SWIGLU = 2,
+  GMJIT_SRELU = 3,
+  GMJIT_GELU = 4,
+  GMJIT_RELU = 5
+} gmjit_activation;
+
+typedef enum gmjit_glu_layout { GMJIT_GLU_HALVES = 0, GMJIT_GLU_INTERLEAVED32 = 1 } gmjit_glu_layout;
+
+typedef struct gmjit_layer {
+  int64_t experts, hidden, ffn;
+  gmjit_activation activation;
+  gmjit_glu_layout glu_layout;
+  float clamp_limit, clamp_alpha; /* ClampedSwiGLU only */
+  /* Biases and router probs are used when the matching tensor below is non-null. */
+} gmjit_layer;
+
+/* Optional tensors (b1, b2, probs, saved_preact) may be NULL. split_sizes is int32 or int64 on
+ * the same device as x; its dtype selects the kernel. */
+typedef struct gmjit_forward_args {
+  const DLTensor* x;
+  const DLTensor* split_sizes;
+  const DLTensor* w1;
+  const DLTensor* b1;
+  const DLTensor* w2;
+  const DLTensor* b2;
+  const DLTensor* probs;
+  const DLTensor* y;
+  const DLTensor* saved_preact; /* required when grad != 0 */
+} gmjit_forward_args;
+
+typedef struct gmjit_engine gmjit_engine;
+
+gmjit_status gmjit_engine_create(gmjit_engine** out);
+void gmjit_engine_destroy(gmjit_engine* engine);
+
+/* stream: a CUstream of the tensors' device, or NULL for that device's default stream. */
+gmjit_status gmjit_forward(gmjit_engine* engine, const gmjit_layer* layer,
+                           const gmjit_forward_args* args, int grad, void* stream);
+
+/* The message of the last failed call on this thread ("" if none). Valid until the next call. */
+const char* gmjit_last_error(void);
+
+const char* gmjit_status_string(gmjit_status status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GMJIT_GMJIT_H_ */

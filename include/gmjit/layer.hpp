@@ -1,0 +1,101 @@
+#pragma once
+// Describing a grouped-MLP layer and the tensors of a call (DESIGN §1).
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace gmjit {
+
+enum class DType : std::uint8_t { bf16, f32, i32, i64 };
+
+enum class Activation : std::uint8_t { swiglu, geglu, clamped_swiglu, srelu, gelu, relu };
+
+// How a GLU activation's gate and linear halves sit in FC1's 2F output columns.
+enum class GluLayout : std::uint8_t {
+  halves,         // gate = h[:, :F], lin = h[:, F:]
+  interleaved32,  // gate 0-31, lin 0-31, gate 32-63, lin 32-63, ...
+};
+
+struct ActivationSpec {
+  Activation kind = Activation::swiglu;
+  GluLayout layout = GluLayout::halves;
+  float limit = 7.0f;   // ClampedSwiGLU only
+  float alpha = 1.702f;  // ClampedSwiGLU only
+};
+
+inline const char* dtype_name(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::bf16: return "bfloat16";
+    case DType::f32: return "float32";
+    case DType::i32: return "int32";
+    case DType::i64: return "int64";
+  }
+  return "unknown";
+}
+
+inline std::size_t dtype_size(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::bf16: return 2;
+    case DType::f32: return 4;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+
+inline const char* activation_name(Activation activation) noexcept {
+  switch (activation) {
+    case Activation::swiglu: return "swiglu";
+    case Activation::geglu: return "geglu";
+    case Activation::clamped_swiglu: return "clamped_swiglu";
+    case Activation::srelu: return "srelu";
+    case Activation::gelu: return "gelu";
+    case Activation::relu: return "relu";
+  }
+  return "unknown";
+}
+
+inline bool is_glu(Activation activation) noexcept {
+  return activation == Activation::swiglu || activation == Activation::geglu ||
+         activation == Activation::clamped_swiglu;
+}
+
+// Grouped linear -> activation -> grouped linear over `experts` experts.
+struct LayerSpec {
+  std::int64_t experts = 8;
+  std::int64_t hidden = 4096;  // H: FC1 input and FC2 output width
+  std::int64_t ffn = 14336;    // F: activation output width (FC1 output is 2F for GLU)
+  ActivationSpec activation{};
+  bool fc1_bias = false;
+  bool fc2_bias = false;
+  bool router_probs = false;
+  DType split_dtype = DType::i64;  // int32 or int64 split sizes
+
+  std::int64_t fc1_out() const noexcept { return is_glu(activation.kind) ? 2 * ffn : ffn; }
+  std::string describe() const;  // "E=8 H=4096 F=14336 swiglu(halves) b1 b2 probs i64"
+};
+
+// Where a tensor lives. Only CUDA devices run kernels; `cpu` tensors are rejected by forward.
+struct Device {
+  enum class Kind : std::uint8_t { cpu, cuda };
+  Kind kind = Kind::cuda;
+  int ordinal = 0;
+  friend bool operator==(const Device&, const Device&) = default;
+};
+
+// A non-owning view of a dense, row-major (C-contiguous) tensor.
+struct TensorRef {
+  void* data = nullptr;
+  DType dtype = DType::bf16;
+  int ndim = 0;
+  std::array<std::int64_t, 4> shape{};
+  Device device{};
+
+  bool present() const noexcept { return data != nullptr; }
+  std::int64_t numel() const noexcept;
+};
+
+TensorRef make_tensor(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
+                      Device device);
+
+}  // namespace gmjit

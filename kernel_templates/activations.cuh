@@ -1,0 +1,171 @@
+#pragma once
+// Activation functions of the grouped MLP and their derivatives, in fp32.
+//
+// The forward kernels call act_fwd / glu_fwd in the FC1 epilogue; the backward kernels call
+// act_bwd / glu_bwd on the saved pre-activation. Exponentials go through `ex2.approx`
+// (relative error ~2^-22), far below bf16 resolution, so no libdevice math is needed.
+
+namespace gmjit::kt {
+
+// Values are part of the generated source (and hence of the cache key): never renumber.
+enum class Act : int {
+  kSwiGLU = 0,         // silu(gate) * lin
+  kGeGLU = 1,          // gelu_tanh(gate) * lin
+  kClampedSwiGLU = 2,  // g = min(gate, limit), l = clamp(lin, +-limit), g*sigmoid(alpha*g)*(l+1)
+  kSReLU = 3,          // relu(h)^2
+  kGeLU = 4,           // gelu_tanh(h)
+  kReLU = 5,           // relu(h)
+};
+
+// Column layout of the 2F GLU pre-activation columns.
+enum class GluLayout : int {
+  kHalves = 0,         // gate = h[:, :F], lin = h[:, F:]
+  kInterleaved32 = 1,  // blocks of 32 columns: gate 0-31, lin 0-31, gate 32-63, lin 32-63, ...
+};
+
+__host__ __device__ constexpr bool is_glu(Act a) {
+  return a == Act::kSwiGLU || a == Act::kGeGLU || a == Act::kClampedSwiGLU;
+}
+
+// Pre-activation column (W1 row, b1 entry) holding the gate / lin half of output column c.
+template <GluLayout L>
+__device__ __forceinline__ constexpr int gate_col(int c, int ffn) {
+  return L == GluLayout::kHalves ? c : (c >> 5) * 64 + (c & 31);
+}
+template <GluLayout L>
+__device__ __forceinline__ constexpr int lin_col(int c, int ffn) {
+  return L == GluLayout::kHalves ? ffn + c : (c >> 5) * 64 + (c & 31) + 32;
+}
+
+// Parameters of the parametric activations (only ClampedSwiGLU uses them).
+struct ActParams {
+  float limit;
+  float alpha;
+};
+
+namespace detail {
+
+__device__ __forceinline__ float ex2_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ float rcp_approx(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// exp(x); +inf for large x, 0 for very negative x.
+__device__ __forceinline__ float fast_exp(float x) {
+  return ex2_approx(x * 1.4426950408889634f);
+}
+
+// 1 / (1 + exp(-x)); saturates cleanly to 0 and 1 (rcp(inf) = 0).
+__device__ __forceinline__ float sigmoid(float x) {
+  return rcp_approx(1.0f + fast_exp(-x));
+}
+
+// tanh(x) = 1 - 2 / (exp(2x) + 1): exact limits at +-inf; absolute error ~1e-7 near 0, which is
+// what gelu needs (it multiplies by x).
+__device__ __forceinline__ float tanh_fast(float x) {
+  return 1.0f - 2.0f * rcp_approx(fast_exp(2.0f * x) + 1.0f);
+}
+
+constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluK1 = 0.044715f;
+
+__device__ __forceinline__ float silu(float x) {
+  return x * sigmoid(x);
+}
+
+__device__ __forceinline__ float dsilu(float x) {
+  const float s = sigmoid(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float t = tanh_fast(kGeluK0 * (x + kGeluK1 * x * x * x));
+  return 0.5f * x * (1.0f + t);
+}
+
+__device__ __forceinline__ float dgelu_tanh(float x) {
+  const float x2 = x * x;
+  const float t = tanh_fast(kGeluK0 * x * (1.0f + kGeluK1 * x2));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluK0 * (1.0f + 3.0f * kGeluK1 * x2);
+}
+
+__device__ __forceinline__ float relu(float x) {
+  return x > 0.0f ? x : 0.0f;
+}
+
+}  // namespace detail
+
+// Non-GLU forward: a = act(h).
+template <Act A>
+__device__ __forceinline__ float act_fwd(float h, ActParams) {
+  static_assert(!is_glu(A), "act_fwd is for non-GLU activations; use glu_fwd");
+  if constexpr (A == Act::kSReLU) {
+    const float r = detail::relu(h);
+    return r * r;
+  } else if constexpr (A == Act::kGeLU) {
+    return detail::gelu_tanh(h);
+  } else {
+    return detail::relu(h);
+  }
+}
+
+// Non-GLU backward: dh = act'(h) * da.
+template <Act A>
+__device__ __forceinline__ float act_bwd(float h, float da, ActParams) {
+  static_assert(!is_glu(A), "act_bwd is for non-GLU activations; use glu_bwd");
+  if constexpr (A == Act::kSReLU) {
+    return 2.0f * detail::relu(h) * da;
+  } else if constexpr (A == Act::kGeLU) {
+    return detail::dgelu_tanh(h) * da;
+  } else {
+    return h > 0.0f ? da : 0.0f;
+  }
+}
+
+// GLU forward: a = f(gate, lin).
+template <Act A>
+__device__ __forceinline__ float glu_fwd(float gate, float lin, ActParams ap) {
+  static_assert(is_glu(A), "glu_fwd is for GLU activations; use act_fwd");
+  if constexpr (A == Act::kSwiGLU) {
+    return detail::silu(gate) * lin;
+  } else if constexpr (A == Act::kGeGLU) {
+    return detail::gelu_tanh(gate) * lin;
+  } else {
+    const float g = gate < ap.limit ? gate : ap.limit;
+    const float l = lin < -ap.limit ? -ap.limit : (lin > ap.limit ? ap.limit : lin);
+    return g * detail::sigmoid(ap.alpha * g) * (l + 1.0f);
+  }
+}
+
+// GLU backward: given da, returns d(gate) and d(lin). Clamps pass gradient where the input lies
+// inside the closed range (torch.clamp's convention).
+template <Act A>
+__device__ __forceinline__ void glu_bwd(float gate, float lin, float da, ActParams ap, float& dgate,
+                                        float& dlin) {
+  static_assert(is_glu(A), "glu_bwd is for GLU activations; use act_bwd");
+  if constexpr (A == Act::kSwiGLU) {
+    dgate = detail::dsilu(gate) * lin * da;
+    dlin = detail::silu(gate) * da;
+  } else if constexpr (A == Act::kGeGLU) {
+    dgate = detail::dgelu_tanh(gate) * lin * da;
+    dlin = detail::gelu_tanh(gate) * da;
+  } else {
+    const bool g_in = gate <= ap.limit;
+    const bool l_in = lin >= -ap.limit && lin <= ap.limit;
+    const float g = g_in ? gate : ap.limit;
+    const float l = lin < -ap.limit ? -ap.limit : (lin > ap.limit ? ap.limit : lin);
+    const float s = detail::sigmoid(ap.alpha * g);
+    // d/dg [g * sigmoid(alpha g)] = s + alpha g s (1 - s)
+    dgate = g_in ? (s + ap.alpha * g * s * (1.0f - s)) * (l + 1.0f) * da : 0.0f;
+    dlin = l_in ? g * s * da : 0.0f;
+  }
+}
+
+}  // namespace gmjit::kt

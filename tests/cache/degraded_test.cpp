@@ -1,0 +1,216 @@
+// Degraded modes: disabled, read-only, unwritable or full disk, no HOME; and the environment.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "test_support.hpp"
+
+namespace gmjit::cache {
+namespace {
+
+using namespace testing;
+namespace stdfs = std::filesystem;
+
+TEST(DisabledCache, MissesRefusesStoresAndTouchesNoFiles) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCacheConfig config = config_for(tmp.path() / "root", warnings);
+  config.disabled = true;
+  DiskCache cache(config);
+  EXPECT_FALSE(cache.enabled());
+  EXPECT_FALSE(cache.writable());
+  EXPECT_FALSE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  EXPECT_FALSE(cache.load(key_for(1)).has_value());
+  EXPECT_TRUE(cache.list().empty());
+  EXPECT_EQ(cache.clear(), 0u);
+  EXPECT_EQ(cache.prune(0, 0), 0u);
+  EXPECT_EQ(cache.stats().entries, 0u);
+  EXPECT_FALSE(stdfs::exists(tmp.path() / "root"));
+  EXPECT_EQ(warnings.size(), 0u) << warnings.all();
+}
+
+TEST(ReadOnlyCache, LoadsExistingEntriesButNeverWrites) {
+  TempDir tmp;
+  Warnings warnings;
+  {
+    DiskCache writer(config_for(tmp.path(), warnings));
+    ASSERT_TRUE(writer.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  }
+  DiskCacheConfig config = config_for(tmp.path(), warnings);
+  config.read_only = true;
+  DiskCache cache(config);
+  const stdfs::path path = entry_path(cache, key_for(1), labels_for(1));
+  set_mtime_seconds_ago(path, 3600);
+  const std::int64_t stamp = mtime_seconds(path);
+
+  EXPECT_EQ(cache.load(key_for(1)), payload_for(key_for(1)));
+  EXPECT_EQ(mtime_seconds(path), stamp) << "a read-only cache must not refresh stamps";
+  EXPECT_FALSE(cache.writable());
+  EXPECT_FALSE(cache.store(key_for(2), labels_for(2), payload_for(key_for(2))));
+  EXPECT_EQ(cache.prune(0, std::nullopt), 0u);
+  EXPECT_EQ(cache.clear(), 0u);
+  EXPECT_EQ(entry_files(tmp.path()).size(), 1u);
+  EXPECT_EQ(warnings.size(), 0u) << warnings.all();
+}
+
+TEST(ReadOnlyCache, BadEntryIsAMissKeptOnDiskAndWarnedOnce) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache writer(config_for(tmp.path(), warnings));
+  ASSERT_TRUE(writer.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  const stdfs::path path = entry_path(writer, key_for(1), labels_for(1));
+  stdfs::resize_file(path, 30);
+  DiskCacheConfig config = config_for(tmp.path(), warnings);
+  config.read_only = true;
+  DiskCache cache(config);
+  EXPECT_FALSE(cache.load(key_for(1)).has_value());
+  EXPECT_FALSE(cache.load(key_for(1)).has_value());
+  EXPECT_TRUE(stdfs::exists(path));
+  EXPECT_EQ(warnings.size(), 1u) << warnings.all();
+}
+
+TEST(UnwritableDirectory, RootUnderARegularFileMeansMemoryOnlyWithOneWarning) {
+  // Works as root too: no permission bit is involved, mkdir fails with ENOTDIR.
+  TempDir tmp;
+  Warnings warnings;
+  write_bytes(tmp.path() / "file", {std::byte{1}});
+  DiskCache cache(config_for(tmp.path() / "file" / "cache", warnings));
+  EXPECT_TRUE(cache.enabled());
+  EXPECT_FALSE(cache.writable());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(cache.store(key_for(i), labels_for(i), payload_for(key_for(i))));
+    EXPECT_FALSE(cache.load(key_for(i)).has_value());
+  }
+  ASSERT_EQ(warnings.size(), 1u) << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find("memory only"), std::string::npos);
+  EXPECT_EQ(cache.counters().store_failures, 3u);
+}
+
+TEST(UnwritableDirectory, ReadOnlyPermissionBitsMeanMemoryOnlyWithOneWarning) {
+  if (running_as_root()) {
+    GTEST_SKIP() << "root ignores permission bits; RootUnderARegularFile... and "
+                    "FullDisk.InjectedEnospc... cover the same path";
+  }
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache writer(config_for(tmp.path(), warnings));
+  ASSERT_TRUE(writer.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  stdfs::permissions(writer.directory(), stdfs::perms(0500));
+  DiskCache cache(config_for(tmp.path(), warnings));
+  EXPECT_EQ(cache.load(key_for(1)), payload_for(key_for(1)));  // reading still works
+  EXPECT_FALSE(cache.writable());
+  EXPECT_FALSE(cache.store(key_for(2), labels_for(2), payload_for(key_for(2))));
+  EXPECT_FALSE(cache.store(key_for(3), labels_for(3), payload_for(key_for(3))));
+  EXPECT_EQ(warnings.size(), 1u) << warnings.all();
+}
+
+TEST(FullDisk, InjectedEnospcMeansMemoryOnlyWithOneWarningAndNoTempFile) {
+  TempDir tmp;
+  Warnings warnings;
+  {
+    DiskCache writer(config_for(tmp.path(), warnings));
+    ASSERT_TRUE(writer.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  }
+  DiskCacheConfig config = config_for(tmp.path(), warnings);
+  config.fault = FaultInjection::kEnospc;
+  DiskCache cache(config);
+  EXPECT_FALSE(cache.store(key_for(2), labels_for(2), payload_for(key_for(2), 100000)));
+  EXPECT_FALSE(cache.store(key_for(3), labels_for(3), payload_for(key_for(3))));
+  ASSERT_EQ(warnings.size(), 1u) << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find("No space left on device"), std::string::npos);
+  EXPECT_TRUE(temp_files(tmp.path()).empty());
+  EXPECT_EQ(entry_files(tmp.path()).size(), 1u);
+  EXPECT_FALSE(cache.writable());
+  EXPECT_EQ(cache.load(key_for(1)), payload_for(key_for(1)));  // loads keep working
+  EXPECT_FALSE(cache.load(key_for(2)).has_value());
+}
+
+TEST(FullDisk, FaultIsSelectedByEnvironmentVariable) {
+  const std::map<std::string, const char*> env = {{"GMJIT_CACHE_DIR", "/x"},
+                                                  {"GMJIT_CACHE_FAULT_INJECT", "enospc"}};
+  const auto getenv = [&env](const char* name) -> const char* {
+    const auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second;
+  };
+  EXPECT_EQ(DiskCacheConfig::from_environment(getenv).fault, FaultInjection::kEnospc);
+}
+
+// from_environment with a fake environment.
+DiskCacheConfig ConfigFrom(const std::map<std::string, std::string>& env) {
+  return DiskCacheConfig::from_environment([&env](const char* name) -> const char* {
+    const auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(Environment, NoHomeDisablesTheCacheWithOneWarning) {
+  Warnings warnings;
+  DiskCacheConfig config = ConfigFrom({});
+  EXPECT_TRUE(config.disabled);
+  config.warn = warnings.sink();
+  DiskCache cache(config);
+  EXPECT_FALSE(cache.enabled());
+  EXPECT_FALSE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  EXPECT_FALSE(cache.load(key_for(1)).has_value());
+  ASSERT_EQ(warnings.size(), 1u) << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find("HOME"), std::string::npos);
+}
+
+TEST(Environment, DirectoryPrecedenceIsCacheDirThenXdgThenHome) {
+  EXPECT_EQ(ConfigFrom({{"GMJIT_CACHE_DIR", "/a"}, {"XDG_CACHE_HOME", "/b"}, {"HOME", "/c"}}).root,
+            "/a");
+  EXPECT_EQ(ConfigFrom({{"XDG_CACHE_HOME", "/b"}, {"HOME", "/c"}}).root, "/b/gmjit");
+  EXPECT_EQ(ConfigFrom({{"HOME", "/c"}}).root, "/c/.cache/gmjit");
+  EXPECT_EQ(ConfigFrom({{"GMJIT_CACHE_DIR", ""}, {"XDG_CACHE_HOME", "rel"}, {"HOME", "/c"}}).root,
+            "/c/.cache/gmjit");
+  const DiskCacheConfig config = ConfigFrom({{"HOME", "/c"}});
+  EXPECT_FALSE(config.disabled);
+  EXPECT_FALSE(config.read_only);
+  EXPECT_EQ(config.max_bytes, 4ull << 30);
+  EXPECT_TRUE(config.environment_warnings.empty());
+}
+
+TEST(Environment, MaxSizeAcceptsBytesAndBinarySuffixes) {
+  EXPECT_EQ(ConfigFrom({{"HOME", "/c"}, {"GMJIT_CACHE_MAXSIZE", "512M"}}).max_bytes, 512ull << 20);
+  EXPECT_EQ(ConfigFrom({{"HOME", "/c"}, {"GMJIT_CACHE_MAXSIZE", "4G"}}).max_bytes, 4ull << 30);
+  EXPECT_EQ(parse_size("123"), 123u);
+  EXPECT_EQ(parse_size("123B"), 123u);
+  EXPECT_EQ(parse_size("64k"), 64u << 10);
+  EXPECT_EQ(parse_size("2GiB"), 2ull << 30);
+  EXPECT_EQ(parse_size("2GB"), 2ull << 30);
+  EXPECT_EQ(parse_size("1T"), 1ull << 40);
+  for (std::string_view bad : {"", "G", "0", "-1", "1.5G", "4X", "4 G", "4Gx", "4iB",
+                               "99999999999999999999", "17179869184G"}) {
+    EXPECT_FALSE(parse_size(bad).has_value()) << bad;
+  }
+}
+
+TEST(Environment, BadMaxSizeKeepsTheDefaultWithAWarning) {
+  const DiskCacheConfig config = ConfigFrom({{"HOME", "/c"}, {"GMJIT_CACHE_MAXSIZE", "lots"}});
+  EXPECT_EQ(config.max_bytes, 4ull << 30);
+  ASSERT_EQ(config.environment_warnings.size(), 1u);
+  EXPECT_NE(config.environment_warnings[0].find("lots"), std::string::npos);
+}
+
+TEST(Environment, DisableAndReadOnlyFlags) {
+  EXPECT_TRUE(ConfigFrom({{"HOME", "/c"}, {"GMJIT_CACHE_DISABLE", "1"}}).disabled);
+  EXPECT_FALSE(ConfigFrom({{"HOME", "/c"}, {"GMJIT_CACHE_DISABLE", "0"}}).disabled);
+  EXPECT_TRUE(ConfigFrom({{"HOME", "/c"}, {"GMJIT_CACHE_READONLY", "1"}}).read_only);
+  EXPECT_TRUE(ConfigFrom({{"HOME", "/c"}, {"GMJIT_CACHE_READONLY", "TRUE"}}).read_only);
+  EXPECT_FALSE(ConfigFrom({{"HOME", "/c"}, {"GMJIT_CACHE_READONLY", "off"}}).read_only);
+  EXPECT_TRUE(ConfigFrom({{"GMJIT_CACHE_DISABLE", "1"}}).environment_warnings.empty())
+      << "no HOME warning when the user disabled the cache";
+  const DiskCacheConfig odd = ConfigFrom({{"HOME", "/c"}, {"GMJIT_CACHE_DISABLE", "please"}});
+  EXPECT_TRUE(odd.disabled);
+  EXPECT_EQ(odd.environment_warnings.size(), 1u);
+}
+
+TEST(Environment, EmptyRootInAHandMadeConfigDisablesWithAWarning) {
+  Warnings warnings;
+  DiskCache cache(DiskCacheConfig{.warn = warnings.sink()});
+  EXPECT_FALSE(cache.enabled());
+  EXPECT_EQ(warnings.size(), 1u);
+}
+
+}  // namespace
+}  // namespace gmjit::cache

@@ -1,0 +1,214 @@
+// Size bound, LRU eviction by last-used stamp, stamp refresh, stale temp files, listings.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "test_support.hpp"
+
+namespace gmjit::cache {
+namespace {
+
+using namespace testing;
+namespace stdfs = std::filesystem;
+
+constexpr std::size_t kPayload = 1000;
+
+// Stores entries 0..n-1 and returns their paths.
+std::vector<stdfs::path> StoreEntries(DiskCache& cache, int n) {
+  std::vector<stdfs::path> paths;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_TRUE(cache.store(key_for(i), labels_for(i), payload_for(key_for(i), kPayload)));
+    paths.push_back(entry_path(cache, key_for(i), labels_for(i)));
+  }
+  return paths;
+}
+
+TEST(LruEviction, EvictsLeastRecentlyUsedByStampNotByNameOrAge) {
+  TempDir tmp;
+  Warnings warnings;
+  std::vector<stdfs::path> paths;
+  {
+    DiskCache filler(config_for(tmp.path(), warnings));
+    paths = StoreEntries(filler, 10);
+  }
+  // Stamps in an order unrelated to creation: entries 3 and 7 are the least recently used.
+  const int age_seconds[10] = {500, 400, 300, 9000, 200, 100, 50, 8000, 40, 30};
+  for (int i = 0; i < 10; ++i) set_mtime_seconds_ago(paths[i], age_seconds[i]);
+  const std::uint64_t entry_size = stdfs::file_size(paths[0]);
+
+  // Room for 10.5 entries: the 11th store goes over and evicts down to 90% (9 entries).
+  DiskCache cache(config_for(tmp.path(), warnings, entry_size * 21 / 2));
+  ASSERT_TRUE(cache.store(key_for(10), labels_for(10), payload_for(key_for(10), kPayload)));
+  EXPECT_FALSE(stdfs::exists(paths[3]));
+  EXPECT_FALSE(stdfs::exists(paths[7]));
+  for (int i : {0, 1, 2, 4, 5, 6, 8, 9}) EXPECT_TRUE(stdfs::exists(paths[i])) << i;
+  EXPECT_TRUE(cache.load(key_for(10)).has_value());
+  EXPECT_EQ(cache.counters().evictions, 2u);
+  EXPECT_LE(cache.stats().total_bytes, entry_size * 21 / 2);
+  EXPECT_EQ(warnings.size(), 0u) << warnings.all();
+}
+
+TEST(LruEviction, AHitProtectsAnEntryFromEviction) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache filler(config_for(tmp.path(), warnings));
+  const std::vector<stdfs::path> paths = StoreEntries(filler, 3);
+  for (int i = 0; i < 3; ++i) set_mtime_seconds_ago(paths[i], 1000 - i);  // 0 is the oldest
+  DiskCache cache(config_for(tmp.path(), warnings));
+  ASSERT_TRUE(cache.load(key_for(0)).has_value());  // now the most recently used
+  EXPECT_EQ(cache.prune(2 * stdfs::file_size(paths[0]), std::nullopt), 1u);
+  EXPECT_TRUE(stdfs::exists(paths[0]));
+  EXPECT_FALSE(stdfs::exists(paths[1]));
+  EXPECT_TRUE(stdfs::exists(paths[2]));
+}
+
+TEST(LruEviction, HitRefreshesOnlyStampsOlderThanAMinute) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const std::vector<stdfs::path> paths = StoreEntries(cache, 2);
+  set_mtime_seconds_ago(paths[0], 3600);
+  set_mtime_seconds_ago(paths[1], 10);
+  const std::int64_t recent = mtime_seconds(paths[1]);
+  ASSERT_TRUE(cache.load(key_for(0)).has_value());
+  ASSERT_TRUE(cache.load(key_for(1)).has_value());
+  EXPECT_GE(mtime_seconds(paths[0]), std::time(nullptr) - 5);
+  EXPECT_EQ(mtime_seconds(paths[1]), recent);  // no write for a hot entry
+}
+
+TEST(LruEviction, EvictionIgnoresForeignFiles) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const std::vector<stdfs::path> paths = StoreEntries(cache, 4);
+  const stdfs::path fanout = paths[0].parent_path();
+  const std::string hex = key_for(0).hex();
+  const std::vector<stdfs::path> foreign = {
+      tmp.path() / "README",
+      cache.directory() / "notes.gmk",
+      fanout / "notes.txt",
+      fanout / (hex + ".gmk"),                                // not the entry pattern
+      fanout / (hex + ".sm_90a.grad.gmk.orig"),               // not the entry pattern
+      fanout / ("ff" + hex.substr(2) + ".a.b.gmk"),           // key not of this fan-out dir
+      cache.directory() / "zz" / (hex + ".sm_90a.grad.gmk"),  // not a fan-out dir
+  };
+  stdfs::create_directories(cache.directory() / "zz");
+  for (const stdfs::path& path : foreign) {
+    write_bytes(path, payload_for(key_for(1), 100000));
+    set_mtime_seconds_ago(path, 100000);
+  }
+  EXPECT_EQ(cache.prune(0, std::nullopt), 4u);
+  for (const stdfs::path& path : paths) EXPECT_FALSE(stdfs::exists(path));
+  for (const stdfs::path& path : foreign) EXPECT_TRUE(stdfs::exists(path)) << path;
+  EXPECT_EQ(cache.stats().entries, 0u);
+  EXPECT_EQ(cache.stats().total_bytes, 0u);  // foreign bytes do not count either
+  StoreEntries(cache, 2);
+  EXPECT_EQ(cache.clear(), 2u);
+  for (const stdfs::path& path : foreign) EXPECT_TRUE(stdfs::exists(path)) << path;
+}
+
+TEST(LruEviction, PruneOlderThanRemovesOnlyEntriesUnusedThatLong) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const std::vector<stdfs::path> paths = StoreEntries(cache, 3);
+  set_mtime_seconds_ago(paths[0], 10 * 86400);
+  set_mtime_seconds_ago(paths[1], 2 * 86400);
+  EXPECT_EQ(cache.prune(1ull << 40, 7 * 86400), 1u);
+  EXPECT_FALSE(stdfs::exists(paths[0]));
+  EXPECT_TRUE(stdfs::exists(paths[1]));
+  EXPECT_TRUE(stdfs::exists(paths[2]));
+}
+
+TEST(StaleTempFiles, OldTempFilesAreRemovedAndFreshOnesKept) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const std::vector<stdfs::path> paths = StoreEntries(cache, 1);
+  const stdfs::path stale = paths[0].parent_path() / ".tmp-123-deadbeef";
+  const stdfs::path fresh = paths[0].parent_path() / ".tmp-456-feedface";  // a live writer's
+  write_bytes(stale, {std::byte{1}});
+  write_bytes(fresh, {std::byte{1}});
+  set_mtime_seconds_ago(stale, 2 * 3600);
+  EXPECT_EQ(cache.prune(1ull << 40, std::nullopt), 0u);
+  EXPECT_FALSE(stdfs::exists(stale));
+  EXPECT_TRUE(stdfs::exists(fresh));
+  EXPECT_TRUE(stdfs::exists(paths[0]));
+}
+
+TEST(StaleTempFiles, FirstStoreOfAProcessCleansThemUp) {
+  TempDir tmp;
+  Warnings warnings;
+  stdfs::path stale;
+  {
+    DiskCache cache(config_for(tmp.path(), warnings));
+    stale = StoreEntries(cache, 1)[0].parent_path() / ".tmp-1-0";
+  }
+  write_bytes(stale, {std::byte{1}});
+  set_mtime_seconds_ago(stale, 2 * 3600);
+  DiskCache cache(config_for(tmp.path(), warnings));
+  ASSERT_TRUE(cache.store(key_for(5), labels_for(5), payload_for(key_for(5))));
+  EXPECT_FALSE(stdfs::exists(stale));
+}
+
+TEST(SizeEstimate, StoresDoNotRescanTheDirectoryEachTime) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  StoreEntries(cache, 130);
+  // One walk for the first store, then one every 64 stores.
+  EXPECT_LE(cache.counters().scans, 3u);
+  EXPECT_GE(cache.counters().scans, 1u);
+}
+
+TEST(SizeEstimate, TotalStaysBoundedAcrossManyStores) {
+  TempDir tmp;
+  Warnings warnings;
+  const std::uint64_t max_bytes = 20 * 1024;
+  DiskCache cache(config_for(tmp.path(), warnings, max_bytes));
+  StoreEntries(cache, 100);
+  // Just-stored entries are the most recently used, so the newest survive.
+  EXPECT_LE(cache.stats().total_bytes, max_bytes);
+  EXPECT_TRUE(cache.load(key_for(99)).has_value());
+  EXPECT_FALSE(cache.load(key_for(0)).has_value());
+  EXPECT_GT(cache.counters().evictions, 0u);
+}
+
+TEST(Listing, ShowsLabelsSizesAndStampsOfEveryEntry) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings, 12345));
+  const std::vector<stdfs::path> paths = StoreEntries(cache, 3);
+  std::vector<EntryListing> listing = cache.list();
+  ASSERT_EQ(listing.size(), 3u);
+  std::sort(listing.begin(), listing.end(),
+            [](const auto& a, const auto& b) { return a.labels.kernel < b.labels.kernel; });
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(listing[i].key, key_for(i));
+    EXPECT_EQ(listing[i].labels, labels_for(i));
+    EXPECT_EQ(listing[i].path, paths[i]);
+    EXPECT_EQ(listing[i].size_bytes, stdfs::file_size(paths[i]));
+    EXPECT_NEAR(listing[i].last_used_unix, std::time(nullptr), 60);
+  }
+  const CacheStats stats = cache.stats();
+  EXPECT_EQ(stats.entries, 3u);
+  EXPECT_EQ(stats.max_bytes, 12345u);
+  EXPECT_TRUE(stats.writable);
+  EXPECT_EQ(stats.directory, tmp.path() / "v1");
+}
+
+TEST(Listing, DamagedEntryIsListedWithLabelsFromItsName) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const std::vector<stdfs::path> paths = StoreEntries(cache, 1);
+  stdfs::resize_file(paths[0], 10);
+  const std::vector<EntryListing> listing = cache.list();
+  ASSERT_EQ(listing.size(), 1u);
+  EXPECT_EQ(listing[0].labels.arch, "sm_90a");
+  EXPECT_EQ(listing[0].labels.grad_mode, "grad");
+  EXPECT_EQ(listing[0].labels.kernel, "");
+}
+
+}  // namespace
+}  // namespace gmjit::cache

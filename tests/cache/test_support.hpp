@@ -1,0 +1,69 @@
+#pragma once
+// Shared fixtures for the disk cache tests: a private temp directory per test, a warning
+// recorder and helpers to find and damage entry files.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cache/disk_cache.hpp"
+#include "cache/key.hpp"
+
+namespace gmjit::cache::testing {
+
+namespace stdfs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const stdfs::path& path() const { return path_; }
+
+ private:
+  stdfs::path path_;
+};
+
+// Collects warnings; copies share the same list so a config can outlive the test's handle.
+class Warnings {
+ public:
+  std::function<void(std::string_view)> sink() const;
+  std::size_t size() const { return lines_->size(); }
+  const std::vector<std::string>& lines() const { return *lines_; }
+  std::string all() const;
+
+ private:
+  std::shared_ptr<std::vector<std::string>> lines_ = std::make_shared<std::vector<std::string>>();
+};
+
+DiskCacheConfig config_for(const stdfs::path& root, const Warnings& warnings,
+                           std::uint64_t max_bytes = 1ull << 30);
+
+Key128 key_for(std::uint64_t i);
+EntryLabels labels_for(std::uint64_t i);
+// Deterministic bytes that depend on the key, so any reader can check what it got.
+std::vector<std::byte> payload_for(const Key128& key, std::size_t size = 1000);
+
+std::vector<stdfs::path> files_matching(const stdfs::path& dir,
+                                        const std::function<bool(const std::string&)>& match);
+std::vector<stdfs::path> entry_files(const stdfs::path& dir);  // *.gmk
+std::vector<stdfs::path> temp_files(const stdfs::path& dir);   // .tmp-*
+stdfs::path entry_path(const DiskCache& cache, const Key128& key, const EntryLabels& labels);
+
+std::vector<std::byte> read_bytes(const stdfs::path& path);
+void write_bytes(const stdfs::path& path, const std::vector<std::byte>& bytes);
+void set_mtime_seconds_ago(const stdfs::path& path, std::int64_t seconds);
+std::int64_t mtime_seconds(const stdfs::path& path);
+mode_t mode_of(const stdfs::path& path);
+inline bool running_as_root() {
+  return geteuid() == 0;
+}
+
+}  // namespace gmjit::cache::testing

@@ -1,0 +1,82 @@
+// What codegen emits: small translation units that only instantiate templates.
+#include <gtest/gtest.h>
+
+#include "codegen/embedded_templates.hpp"
+#include "codegen/grouped_mlp.hpp"
+#include "gmjit/error.hpp"
+
+namespace gmjit::codegen {
+namespace {
+
+LayerSpec mixtral() {
+  LayerSpec layer;
+  layer.experts = 8;
+  layer.hidden = 4096;
+  layer.ffn = 14336;
+  return layer;
+}
+
+TEST(GroupedMlpEmit, ProducesFc1ThenFc2WithDistinctEntries) {
+  const auto kernels = emit_grouped_mlp_forward({mixtral(), false});
+  ASSERT_EQ(kernels.size(), 2u);
+  EXPECT_EQ(kernels[0].role, KernelRole::fc1_forward);
+  EXPECT_EQ(kernels[1].role, KernelRole::fc2_forward);
+  EXPECT_NE(kernels[0].entry, kernels[1].entry);
+  for (const auto& k : kernels) {
+    EXPECT_NE(k.source.find("extern \"C\" __global__"), std::string::npos);
+    EXPECT_NE(k.source.find(k.entry), std::string::npos);
+    EXPECT_LT(k.source.size(), 2000u) << "the generated unit should only instantiate templates";
+  }
+}
+
+TEST(GroupedMlpEmit, LaunchShapeCoversOutputColumns) {
+  const auto kernels = emit_grouped_mlp_forward({mixtral(), false});
+  const TileConfig tile = choose_tile(mixtral(), KernelRole::fc1_forward);
+  // GLU: each FC1 tile produces block_n / 2 activation columns.
+  EXPECT_EQ(kernels[0].launch.column_tiles * tile.block_n / 2, 14336u);
+  EXPECT_EQ(kernels[1].launch.column_tiles * tile.block_n, 4096u);
+  // Row tiles: ceil(T / block_m) plus one partial tile per expert boundary plus the tail.
+  EXPECT_EQ(kernels[0].launch.row_tiles(0), 8u + 1u);
+  EXPECT_EQ(kernels[0].launch.row_tiles(tile.block_m + 1), 2u + 8u + 1u);
+}
+
+TEST(GroupedMlpEmit, EveryCodegenInputChangesTheSource) {
+  const LayerSpec base = mixtral();
+  const std::string reference = emit_grouped_mlp_forward({base, false})[0].source;
+  std::vector<LayerSpec> variants(7, base);
+  variants[0].hidden = 2048;
+  variants[1].fc1_bias = true;
+  variants[2].router_probs = true;
+  variants[3].activation.kind = Activation::geglu;
+  variants[4].activation.layout = GluLayout::interleaved32;
+  variants[5].split_dtype = DType::i32;
+  variants[6].experts = 16;
+  for (const auto& variant : variants) {
+    EXPECT_NE(emit_grouped_mlp_forward({variant, false})[0].source, reference);
+  }
+  EXPECT_NE(emit_grouped_mlp_forward({base, true})[0].source, reference);
+}
+
+TEST(GroupedMlpEmit, RejectsDimsTheKernelsCannotServe) {
+  LayerSpec layer = mixtral();
+  layer.hidden = 100;
+  EXPECT_THROW(emit_grouped_mlp_forward({layer, false}), Error);
+  layer = mixtral();
+  layer.ffn = 0;
+  EXPECT_THROW(emit_grouped_mlp_forward({layer, false}), Error);
+}
+
+TEST(EmbeddedTemplates, ContainEveryHeaderTheKernelsInclude) {
+  bool fwd = false, params = false;
+  for (const auto& header : embedded_templates()) {
+    EXPECT_EQ(header.name.substr(0, 6), "gmjit/");
+    EXPECT_FALSE(header.source.empty());
+    fwd |= header.name == "gmjit/grouped_mlp_fwd.cuh";
+    params |= header.name == "gmjit/params.cuh";
+  }
+  EXPECT_TRUE(fwd);
+  EXPECT_TRUE(params);
+}
+
+}  // namespace
+}  // namespace gmjit::codegen

@@ -1,0 +1,95 @@
+// NVRTC compiles every plan kernel for the arches we ship (no GPU needed).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "codegen/grouped_mlp.hpp"
+#include "codegen/nvrtc_compiler.hpp"
+#include "gmjit/error.hpp"
+
+namespace gmjit::codegen {
+namespace {
+
+struct Case {
+  const char* name;
+  const char* arch;
+  Activation activation;
+  GluLayout layout;
+  bool biases_and_probs;
+  bool save_preact;
+};
+
+class NvrtcCompilesPlanKernels : public ::testing::TestWithParam<Case> {};
+
+TEST_P(NvrtcCompilesPlanKernels, ToANonEmptyCubin) {
+  const Case c = GetParam();
+  LayerSpec layer;
+  layer.experts = 8;
+  layer.hidden = 1024;
+  layer.ffn = 512;
+  layer.activation.kind = c.activation;
+  layer.activation.layout = c.layout;
+  layer.fc1_bias = layer.fc2_bias = layer.router_probs = c.biases_and_probs;
+  for (const KernelSource& kernel : emit_grouped_mlp_forward({layer, c.save_preact})) {
+    const CompiledCubin cubin = compile_to_cubin(kernel, c.arch, "test");
+    EXPECT_GT(cubin.cubin.size(), 1000u) << kernel.entry;
+    EXPECT_LT(cubin.seconds, 30.0) << kernel.entry;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Arches, NvrtcCompilesPlanKernels,
+    ::testing::Values(
+        Case{"sm90a_swiglu", "sm_90a", Activation::swiglu, GluLayout::halves, true, false},
+        Case{"sm80_swiglu", "sm_80", Activation::swiglu, GluLayout::halves, true, false},
+        Case{"sm90a_geglu_i32_save", "sm_90a", Activation::geglu, GluLayout::interleaved32, false,
+             true},
+        Case{"sm80_clamped_save", "sm_80", Activation::clamped_swiglu, GluLayout::halves, true,
+             true},
+        Case{"sm90a_relu_save", "sm_90a", Activation::relu, GluLayout::halves, false, true},
+        Case{"sm80_srelu", "sm_80", Activation::srelu, GluLayout::halves, true, false},
+        Case{"sm90a_gelu", "sm_90a", Activation::gelu, GluLayout::halves, false, false}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(NvrtcCompile, FillRandomKernelCompiles) {
+  EXPECT_GT(compile_to_cubin(emit_fill_random(), "sm_90a", "test").cubin.size(), 100u);
+}
+
+TEST(NvrtcCompileFailure, CarriesTheLogTheOptionsAndTheKey) {
+  KernelSource broken;
+  broken.entry = "gmjit_broken";
+  broken.source = "extern \"C\" __global__ void gmjit_broken() { this_is_not_declared(); }\n";
+  try {
+    compile_to_cubin(broken, "sm_90a", "feedface");
+    FAIL() << "expected a compile error";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_EQ(error.status(), Status::compile_failed);
+    EXPECT_NE(message.find("this_is_not_declared"), std::string::npos) << message;
+    EXPECT_NE(message.find("--gpu-architecture=sm_90a"), std::string::npos) << message;
+    EXPECT_NE(message.find("feedface"), std::string::npos) << message;
+  }
+}
+
+TEST(NvrtcCompileFailure, UnknownArchIsRejectedBeforeCompiling) {
+  try {
+    compile_to_cubin(emit_fill_random(), "sm_42", "k");
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_EQ(error.status(), Status::unsupported);
+  }
+}
+
+TEST(DumpSource, WritesTheGeneratedUnitWhenAsked) {
+  const auto dir = std::filesystem::temp_directory_path() / "gmjit-dump-test";
+  std::filesystem::remove_all(dir);
+  setenv("GMJIT_DUMP_SOURCE", dir.c_str(), 1);
+  compile_to_cubin(emit_fill_random(), "sm_80", "abc");
+  unsetenv("GMJIT_DUMP_SOURCE");
+  EXPECT_TRUE(std::filesystem::exists(dir / "gmjit_fill_random.abc.cu"));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gmjit::codegen

@@ -1,0 +1,57 @@
+// options_key and the memory plan key (DESIGN §3).
+#include <gtest/gtest.h>
+
+#include "engine/plan.hpp"
+
+namespace gmjit::engine {
+namespace {
+
+TEST(OptionsKey, EqualFieldsGiveEqualKeysAcrossSeparateObjects) {
+  const Recipe a = Recipe::bf16();
+  const Recipe b = Recipe::bf16();
+  EXPECT_EQ(a.options_key(), b.options_key());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a.options_key(), 0u);
+}
+
+TEST(PlanKey, GradModeAndDeviceSeparatePlans) {
+  const LayerSpec layer;
+  const Recipe recipe = Recipe::bf16();
+  const PlanKey base = PlanKey::make(layer, recipe, GradMode::no_grad, 0);
+  EXPECT_EQ(base, PlanKey::make(layer, recipe, GradMode::no_grad, 0));
+  EXPECT_EQ(base.hash(), PlanKey::make(layer, recipe, GradMode::no_grad, 0).hash());
+  EXPECT_FALSE(base == PlanKey::make(layer, recipe, GradMode::grad, 0));
+  EXPECT_FALSE(base == PlanKey::make(layer, recipe, GradMode::no_grad, 1));
+}
+
+TEST(PlanKey, EveryLayerFieldChangesTheKey) {
+  const LayerSpec base;
+  const PlanKey reference = PlanKey::make(base, Recipe::bf16(), GradMode::no_grad, 0);
+  std::vector<LayerSpec> variants(8, base);
+  variants[0].experts = 16;
+  variants[1].hidden = 2048;
+  variants[2].ffn = 1024;
+  variants[3].activation.kind = Activation::geglu;
+  variants[4].activation.layout = GluLayout::interleaved32;
+  variants[5].fc1_bias = true;
+  variants[6].router_probs = true;
+  variants[7].split_dtype = DType::i32;
+  for (const auto& variant : variants) {
+    EXPECT_FALSE(reference == PlanKey::make(variant, Recipe::bf16(), GradMode::no_grad, 0))
+        << variant.describe();
+  }
+}
+
+TEST(PlanKey, ClampParametersMatterOnlyForClampedSwiglu) {
+  LayerSpec a, b;
+  a.activation.limit = 1.0f;  // swiglu ignores limit/alpha
+  b.activation.limit = 2.0f;
+  EXPECT_EQ(PlanKey::make(a, Recipe::bf16(), GradMode::no_grad, 0),
+            PlanKey::make(b, Recipe::bf16(), GradMode::no_grad, 0));
+  a.activation.kind = b.activation.kind = Activation::clamped_swiglu;
+  EXPECT_FALSE(PlanKey::make(a, Recipe::bf16(), GradMode::no_grad, 0) ==
+               PlanKey::make(b, Recipe::bf16(), GradMode::no_grad, 0));
+}
+
+}  // namespace
+}  // namespace gmjit::engine

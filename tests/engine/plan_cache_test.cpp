@@ -1,0 +1,98 @@
+// Plans are built once per key: compile on a cold cache, disk reads in a fresh engine, memory
+// hits afterwards.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "tests/engine/test_layers.hpp"
+
+namespace gmjit {
+namespace {
+
+class PlanCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("gmjit-plan-test-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    setenv("GMJIT_CACHE_DIR", dir_.c_str(), 1);
+  }
+  void TearDown() override {
+    unsetenv("GMJIT_CACHE_DIR");
+    std::filesystem::remove_all(dir_);
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(PlanCache, ColdCompileThenDiskHitInAFreshEngineThenMemoryHits) {
+  const LayerSpec layer = testing::small_layer();
+  {
+    Engine cold;
+    cold.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a");
+    EXPECT_EQ(cold.counters().plans_built, 1u);
+    EXPECT_EQ(cold.counters().kernels_compiled, 2u);
+    EXPECT_EQ(cold.counters().disk_writes, 2u);
+  }
+  Engine warm;
+  warm.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a");
+  EXPECT_EQ(warm.counters().kernels_compiled, 0u);
+  EXPECT_EQ(warm.counters().disk_reads, 2u);
+  warm.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a");
+  EXPECT_EQ(warm.counters().plans_built, 1u);
+  EXPECT_EQ(warm.counters().disk_reads, 2u);
+}
+
+TEST_F(PlanCache, GradFlipBuildsExactlyTwoPlansThenOnlyHits) {
+  const LayerSpec layer = testing::small_layer();
+  Engine engine;
+  for (int step = 0; step < 8; ++step) {
+    engine.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_80");
+    engine.prepare(layer, Recipe::bf16(), GradMode::grad, "sm_80");
+  }
+  EXPECT_EQ(engine.counters().plans_built, 2u);
+  EXPECT_EQ(engine.counters().kernels_compiled, 4u);
+}
+
+TEST_F(PlanCache, RacingThreadsCompileOneKeyOnce) {
+  const LayerSpec layer = testing::small_layer();
+  Engine engine;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back(
+        [&] { engine.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a"); });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(engine.counters().plans_built, 1u);
+  EXPECT_EQ(engine.counters().kernels_compiled, 2u);
+}
+
+TEST_F(PlanCache, DisabledDiskCacheCompilesInEveryFreshEngine) {
+  const LayerSpec layer = testing::small_layer();
+  for (int i = 0; i < 2; ++i) {
+    Engine engine(EngineOptions{.use_disk_cache = false});
+    engine.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a");
+    EXPECT_EQ(engine.counters().kernels_compiled, 2u);
+    EXPECT_EQ(engine.counters().disk_reads, 0u);
+    EXPECT_TRUE(engine.cache_directory().empty());
+  }
+}
+
+TEST(NoDevice, ForwardWithoutADriverSaysSoAndLaunchesNothing) {
+  std::string why;
+  if (Engine::driver_available(&why)) GTEST_SKIP() << "a CUDA driver is present";
+  const LayerSpec layer = testing::small_layer();
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  try {
+    engine.forward(layer, Recipe::bf16(), testing::fake_args(layer, 16));
+    FAIL() << "expected no_device";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.status(), Status::no_device);
+    EXPECT_NE(std::string(error.what()).find("libcuda"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace gmjit

@@ -1,0 +1,101 @@
+// Forward numerics against a float64 reference: every activation and GLU layout, biases and
+// probs on and off, ragged and empty experts, tails, both split dtypes, grad mode's saved
+// pre-activation. Outputs are poisoned first and must be fully written.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "engine/driver.hpp"
+#include "tests/gpu/gpu_fixture.hpp"
+
+namespace gmjit::testing {
+namespace {
+
+constexpr double kTolerance = 1e-2;  // bf16 output rounding is ~4e-3 relative
+
+struct Case {
+  std::string name;
+  Activation activation = Activation::swiglu;
+  GluLayout layout = GluLayout::halves;
+  bool fc1_bias = false, fc2_bias = false, probs = false;
+  DType split_dtype = DType::i64;
+  std::vector<std::int64_t> splits;
+  std::int64_t tail = 0;  // rows after the last expert (must come out zero)
+  GradMode grad = GradMode::no_grad;
+  std::int64_t hidden = 256, ffn = 192;
+};
+
+std::vector<Case> cases() {
+  const std::vector<std::int64_t> ragged = {0, 300, 7, 129, 0, 264};
+  std::vector<Case> all = {
+      {"swiglu_halves_all_options", Activation::swiglu, GluLayout::halves, true, true, true,
+       DType::i64, ragged},
+      {"swiglu_plain", Activation::swiglu, GluLayout::halves, false, false, false, DType::i32,
+       {128, 128, 128, 128, 128, 128}},
+      {"swiglu_interleaved_probs", Activation::swiglu, GluLayout::interleaved32, false, false,
+       true, DType::i64, ragged},
+      {"geglu_interleaved_tail", Activation::geglu, GluLayout::interleaved32, true, false, false,
+       DType::i32, ragged, 45},
+      {"clamped_swiglu", Activation::clamped_swiglu, GluLayout::halves, true, true, true,
+       DType::i64, ragged},
+      {"srelu", Activation::srelu, GluLayout::halves, false, true, true, DType::i64, ragged},
+      {"gelu", Activation::gelu, GluLayout::halves, true, false, false, DType::i32, ragged},
+      {"relu_grad", Activation::relu, GluLayout::halves, true, true, true, DType::i64, ragged,
+       0, GradMode::grad},
+      {"swiglu_grad_tail", Activation::swiglu, GluLayout::halves, false, false, true, DType::i64,
+       ragged, 17, GradMode::grad},
+      {"single_row_experts", Activation::swiglu, GluLayout::halves, true, true, true, DType::i64,
+       {1, 1, 0, 1, 1, 1}},
+      {"wide_ffn", Activation::swiglu, GluLayout::halves, true, true, true, DType::i64,
+       {200, 0, 333, 1, 90, 130}, 0, GradMode::no_grad, 512, 1024},
+  };
+  return all;
+}
+
+class ForwardMatchesFloat64Reference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ForwardMatchesFloat64Reference, WithinBf16Bounds) {
+  GMJIT_REQUIRE_GPU();
+  const Case c = GetParam();
+  LayerSpec layer;
+  layer.experts = static_cast<std::int64_t>(c.splits.size());
+  layer.hidden = c.hidden;
+  layer.ffn = c.ffn;
+  layer.activation.kind = c.activation;
+  layer.activation.layout = c.layout;
+  layer.activation.limit = 0.75f;  // small enough that clamping happens on this data
+  layer.fc1_bias = c.fc1_bias;
+  layer.fc2_bias = c.fc2_bias;
+  layer.router_probs = c.probs;
+  layer.split_dtype = c.split_dtype;
+  std::int64_t tokens = c.tail;
+  for (auto s : c.splits) tokens += s;
+
+  const HostLayer host = make_host_layer(layer, c.splits, tokens, 42);
+  const Reference ref = reference_forward(host);
+  DeviceLayer device(host, c.grad);
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  engine.forward(layer, Recipe::bf16(), device.args, c.grad);
+  engine::ScopedContext context(engine::DeviceRegistry::instance().get(0).context());
+  engine::check_driver(engine::driver().cuCtxSynchronize(), "cuCtxSynchronize");
+
+  const auto y = DeviceLayer::download(device.y, tokens * layer.hidden);
+  EXPECT_EQ(count_non_finite(y), 0) << "unwritten (poisoned) or non-finite outputs";
+  const double error = relative_error(y, ref.y);
+  EXPECT_LT(error, kTolerance) << c.name;
+  for (std::int64_t i = (tokens - c.tail) * layer.hidden; i < tokens * layer.hidden; ++i) {
+    ASSERT_EQ(y[i] & 0x7FFF, 0) << "tail row element " << i << " must be written as zero";
+  }
+  if (c.grad == GradMode::grad) {
+    const auto preact = DeviceLayer::download(device.preact, tokens * layer.fc1_out());
+    EXPECT_EQ(count_non_finite(preact), 0);
+    EXPECT_LT(relative_error(preact, ref.preact), kTolerance);
+  }
+  std::printf("[ numerics ] %-28s rel err %.3e\n", c.name.c_str(), error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, ForwardMatchesFloat64Reference, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace gmjit::testing

@@ -1,0 +1,35 @@
+#pragma once
+// A float64 CPU reference of the grouped-MLP forward (DESIGN §1) and host-side test data.
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "gmjit/gmjit.hpp"
+
+namespace gmjit::testing {
+
+std::uint16_t to_bf16(float value);  // round to nearest even
+float from_bf16(std::uint16_t bits);
+
+struct HostLayer {
+  LayerSpec layer;
+  std::int64_t tokens = 0;
+  std::vector<std::int64_t> splits;  // may sum to less than tokens (tail rows)
+  std::vector<std::uint16_t> x, w1, b1, w2, b2;
+  std::vector<float> probs;
+};
+
+// Random non-zero data: x in [-1, 1), weights scaled by 1/sqrt(fan_in), probs in [0.05, 1).
+HostLayer make_host_layer(const LayerSpec& layer, std::vector<std::int64_t> splits,
+                          std::int64_t tokens, std::uint64_t seed);
+
+struct Reference {
+  std::vector<double> y;       // [T, H]
+  std::vector<double> preact;  // [T, F1]
+};
+Reference reference_forward(const HostLayer& host);
+
+// ‖out − ref‖ / ‖ref‖ over all elements.
+double relative_error(const std::vector<std::uint16_t>& out, const std::vector<double>& ref);
+
+}  // namespace gmjit::testing
