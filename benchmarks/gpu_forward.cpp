@@ -54,7 +54,8 @@ ForwardTiming time_forward(Engine& engine, const Preset& preset, GradMode grad, 
   args.y = make_tensor(y.data(), DType::bf16, {T, H}, dev);
   args.split_sizes = make_tensor(splits.data(), DType::i64, {E}, dev);
   if (l.router_probs) args.probs = make_tensor(probs.data(), DType::f32, {T}, dev);
-  if (grad == GradMode::grad) args.saved_preact = make_tensor(preact.data(), DType::bf16, {T, F1}, dev);
+  if (grad == GradMode::grad)
+    args.saved_preact = make_tensor(preact.data(), DType::bf16, {T, F1}, dev);
 
   const float w1_bound = std::sqrt(3.0f / static_cast<float>(H));
   const float w2_bound = std::sqrt(3.0f / static_cast<float>(F));

@@ -28,17 +28,18 @@ std::string shell_quote(const std::string& text) {
 
 std::string layer_arguments(const BenchOptions& o) {
   const LayerSpec& l = o.preset.layer;
-  return fmt::format("--experts {} --hidden {} --ffn {} --tokens-per-expert {} --activation {}{} "
-                     "--arch {}{}",
-                     l.experts, l.hidden, l.ffn, o.preset.tokens_per_expert,
-                     activation_name(l.activation.kind), l.router_probs ? "" : " --no-probs",
-                     shell_quote(*o.arch), o.grad == GradMode::grad ? " --grad" : "");
+  return fmt::format(
+      "--experts {} --hidden {} --ffn {} --tokens-per-expert {} --activation {}{} "
+      "--arch {}{}",
+      l.experts, l.hidden, l.ffn, o.preset.tokens_per_expert, activation_name(l.activation.kind),
+      l.router_probs ? "" : " --no-probs", shell_quote(*o.arch),
+      o.grad == GradMode::grad ? " --grad" : "");
 }
 
 // Runs the disk-hit phase in a child process (a fresh process: nothing in memory).
 nlohmann::json disk_hit_in_child(const BenchOptions& options, const std::string& self) {
-  const std::string command = fmt::format("{} bench --child-disk-hit {}", shell_quote(self),
-                                          layer_arguments(options));
+  const std::string command =
+      fmt::format("{} bench --child-disk-hit {}", shell_quote(self), layer_arguments(options));
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) throw Error(Status::internal, "could not start the disk-hit child");
   std::string output;
@@ -68,9 +69,8 @@ int run_disk_hit_child(const BenchOptions& options) {
   engine.prepare(options.preset.layer, Recipe::bf16(), options.grad, *options.arch);
   const double seconds = seconds_since(start);
   const EngineCounters c = engine.counters();
-  nlohmann::json out = {{"seconds", seconds},
-                        {"kernels_compiled", c.kernels_compiled},
-                        {"disk_reads", c.disk_reads}};
+  nlohmann::json out = {
+      {"seconds", seconds}, {"kernels_compiled", c.kernels_compiled}, {"disk_reads", c.disk_reads}};
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }
@@ -97,7 +97,8 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   std::printf("gmjit bench: %s (%s), %lld tokens/expert, %s, %s\n", options.preset.name.c_str(),
               layer.describe().c_str(), static_cast<long long>(options.preset.tokens_per_expert),
               options.arch->c_str(), options.grad == GradMode::grad ? "grad" : "no-grad");
-  std::printf("  cache: %s%s\n", cache_dir.c_str(), temporary_cache ? " (fresh, removed after)" : "");
+  std::printf("  cache: %s%s\n", cache_dir.c_str(),
+              temporary_cache ? " (fresh, removed after)" : "");
   std::fflush(stdout);
 
   nlohmann::json report;

@@ -44,12 +44,12 @@ int run_compile(const CompileOptions& o) {
     }
   }
   const EngineCounters c = engine.counters();
-  std::printf("compiled %llu kernel(s), %llu from the disk cache, %llu written, in %.2f s; cache: %s\n",
-              static_cast<unsigned long long>(c.kernels_compiled),
-              static_cast<unsigned long long>(c.disk_reads),
-              static_cast<unsigned long long>(c.disk_writes),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-              engine.cache_directory().empty() ? "(disabled)" : engine.cache_directory().c_str());
+  std::printf(
+      "compiled %llu kernel(s), %llu from the disk cache, %llu written, in %.2f s; cache: %s\n",
+      static_cast<unsigned long long>(c.kernels_compiled),
+      static_cast<unsigned long long>(c.disk_reads), static_cast<unsigned long long>(c.disk_writes),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+      engine.cache_directory().empty() ? "(disabled)" : engine.cache_directory().c_str());
   return 0;
 }
 

@@ -5,8 +5,8 @@
 #include <fstream>
 #include <string>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "benchmarks/harness.hpp"
 #include "cli/commands.hpp"
@@ -33,18 +33,21 @@ int main(int argc, char** argv) {
   std::string json_path;
   bool child_disk_hit = false;
   gmjit::bench::BenchOptions bench_options;
-  auto* bench = app.add_subcommand("bench", "cold vs warm start (compile, disk-hit, memory-hit) "
-                                            "and, on a GPU, forward throughput");
+  auto* bench = app.add_subcommand("bench",
+                                   "cold vs warm start (compile, disk-hit, memory-hit) "
+                                   "and, on a GPU, forward throughput");
   gmjit::cli::add_layer_options(*bench, bench_layer);
   bench->add_option("--json", json_path, "write the report as JSON to FILE");
   bench->add_option("--cache-dir", bench_layer.cache_dir,
                     "cache directory to use (default: a fresh temporary one)");
-  bench->add_option("--repeats", bench_options.repeats, "timed forward repeats")->capture_default_str();
+  bench->add_option("--repeats", bench_options.repeats, "timed forward repeats")
+      ->capture_default_str();
   bench->add_flag("--no-gpu", bench_options.skip_gpu, "run only the phases that need no GPU");
   bench->add_flag("--child-disk-hit", child_disk_hit)->group("");  // internal: the fresh process
 
   gmjit::cli::CompileOptions compile_options;
-  auto* compile = app.add_subcommand("compile", "fill the kernel cache ahead of time (no GPU needed)");
+  auto* compile =
+      app.add_subcommand("compile", "fill the kernel cache ahead of time (no GPU needed)");
   gmjit::cli::add_compile_options(*compile, compile_options);
 
   gmjit::cli::CacheCommand cache_command;

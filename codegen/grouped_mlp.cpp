@@ -9,12 +9,18 @@ namespace {
 
 const char* activation_enumerator(Activation activation) {
   switch (activation) {
-    case Activation::swiglu: return "kSwiGLU";
-    case Activation::geglu: return "kGeGLU";
-    case Activation::clamped_swiglu: return "kClampedSwiGLU";
-    case Activation::srelu: return "kSReLU";
-    case Activation::gelu: return "kGeLU";
-    case Activation::relu: return "kReLU";
+    case Activation::swiglu:
+      return "kSwiGLU";
+    case Activation::geglu:
+      return "kGeGLU";
+    case Activation::clamped_swiglu:
+      return "kClampedSwiGLU";
+    case Activation::srelu:
+      return "kSReLU";
+    case Activation::gelu:
+      return "kGeLU";
+    case Activation::relu:
+      return "kReLU";
   }
   return "kSwiGLU";
 }
@@ -38,11 +44,10 @@ std::string layer_fields(const LayerSpec& layer) {
 // A short, stable suffix so that entry names differ between plans (readable in profilers).
 std::string entry_suffix(const GroupedMlpForwardDesc& desc) {
   const LayerSpec& l = desc.layer;
-  return fmt::format("e{}_h{}_f{}_{}{}{}{}{}{}", l.experts, l.hidden, l.ffn,
-                     activation_name(l.activation.kind),
-                     l.activation.layout == GluLayout::interleaved32 ? "_i32" : "",
-                     l.fc1_bias ? "_b1" : "", l.fc2_bias ? "_b2" : "",
-                     l.router_probs ? "_p" : "", desc.save_preact ? "_save" : "");
+  return fmt::format(
+      "e{}_h{}_f{}_{}{}{}{}{}{}", l.experts, l.hidden, l.ffn, activation_name(l.activation.kind),
+      l.activation.layout == GluLayout::interleaved32 ? "_i32" : "", l.fc1_bias ? "_b1" : "",
+      l.fc2_bias ? "_b2" : "", l.router_probs ? "_p" : "", desc.save_preact ? "_save" : "");
 }
 
 LaunchShape grouped_launch(const TileConfig& tile, std::int64_t out_columns_per_tile,
@@ -75,9 +80,13 @@ void check_supported(const LayerSpec& layer) {
 }
 
 TileConfig choose_tile(const LayerSpec& layer, KernelRole role) {
-  (void)layer;
-  (void)role;
-  return TileConfig{};  // one shape for now; the Hopper issue brings per-shape selection
+  TileConfig tile;  // the Hopper issue brings measured per-shape selection
+  // Output tiles must divide the output width exactly; dims are multiples of 64, so a narrower
+  // B tile serves widths that are not multiples of 128. GLU FC1 tiles emit block_n / 2 columns.
+  const std::int64_t out_columns = role == KernelRole::fc2_forward ? layer.hidden : layer.ffn;
+  const bool glu_fc1 = role == KernelRole::fc1_forward && is_glu(layer.activation.kind);
+  if (!glu_fc1 && out_columns % tile.block_n != 0) tile.block_n = 64;
+  return tile;
 }
 
 std::vector<KernelSource> emit_grouped_mlp_forward(const GroupedMlpForwardDesc& desc) {

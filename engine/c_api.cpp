@@ -34,9 +34,9 @@ gmjit::TensorRef to_ref(const DLTensor* t, const char* name) {
   gmjit::TensorRef ref;
   if (t == nullptr) return ref;
   if (t->ndim < 0 || t->ndim > 4) {
-    throw gmjit::Error(gmjit::Status::invalid_argument,
-                       fmt::format("argument '{}': expected at most 4 dimensions, got {}", name,
-                                   t->ndim));
+    throw gmjit::Error(
+        gmjit::Status::invalid_argument,
+        fmt::format("argument '{}': expected at most 4 dimensions, got {}", name, t->ndim));
   }
   // Only dense row-major tensors: strides NULL or equal to the contiguous strides.
   std::int64_t expected_stride = 1;
@@ -91,7 +91,9 @@ gmjit_status gmjit_engine_create(gmjit_engine** out) {
   });
 }
 
-void gmjit_engine_destroy(gmjit_engine* engine) { std::unique_ptr<gmjit_engine> owned(engine); }
+void gmjit_engine_destroy(gmjit_engine* engine) {
+  std::unique_ptr<gmjit_engine> owned(engine);
+}
 
 gmjit_status gmjit_forward(gmjit_engine* engine, const gmjit_layer* layer,
                            const gmjit_forward_args* args, int grad, void* stream) {
@@ -139,7 +141,9 @@ gmjit_status gmjit_forward(gmjit_engine* engine, const gmjit_layer* layer,
   });
 }
 
-const char* gmjit_last_error(void) { return last_error.c_str(); }
+const char* gmjit_last_error(void) {
+  return last_error.c_str();
+}
 
 const char* gmjit_status_string(gmjit_status status) {
   return gmjit::status_name(static_cast<gmjit::Status>(status));

@@ -9,13 +9,20 @@ namespace gmjit {
 
 const char* status_name(Status status) noexcept {
   switch (status) {
-    case Status::ok: return "ok";
-    case Status::invalid_argument: return "invalid_argument";
-    case Status::unsupported: return "unsupported";
-    case Status::no_device: return "no_device";
-    case Status::compile_failed: return "compile_failed";
-    case Status::driver_error: return "driver_error";
-    case Status::internal: return "internal";
+    case Status::ok:
+      return "ok";
+    case Status::invalid_argument:
+      return "invalid_argument";
+    case Status::unsupported:
+      return "unsupported";
+    case Status::no_device:
+      return "no_device";
+    case Status::compile_failed:
+      return "compile_failed";
+    case Status::driver_error:
+      return "driver_error";
+    case Status::internal:
+      return "internal";
   }
   return "unknown";
 }

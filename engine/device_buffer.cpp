@@ -15,7 +15,9 @@ DeviceBuffer::DeviceBuffer(const DeviceContext& device, std::size_t bytes)
   check_driver(driver().cuMemAlloc(&pointer_, bytes), "cuMemAlloc");
 }
 
-DeviceBuffer::~DeviceBuffer() { release(); }
+DeviceBuffer::~DeviceBuffer() {
+  release();
+}
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : context_(std::exchange(other.context_, nullptr)),

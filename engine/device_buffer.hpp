@@ -22,9 +22,9 @@ class DeviceBuffer {
   void* data() const { return reinterpret_cast<void*>(pointer_); }
   std::size_t size() const { return bytes_; }
 
-  void upload(std::span<const std::byte> bytes);      // synchronous
-  void download(std::span<std::byte> bytes) const;    // synchronous
-  void fill_bytes(unsigned char value);               // synchronous
+  void upload(std::span<const std::byte> bytes);    // synchronous
+  void download(std::span<std::byte> bytes) const;  // synchronous
+  void fill_bytes(unsigned char value);             // synchronous
 
  private:
   void release() noexcept;

@@ -28,8 +28,7 @@ DeviceContext::DeviceContext(int ordinal) : ordinal_(ordinal) {
   api.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device_);
   size_t memory = 0;
   api.cuDeviceTotalMem(&memory, device_);
-  info_ = DeviceInfo{ordinal, name.data(), arch_for_compute_capability(major, minor), sms,
-                     memory};
+  info_ = DeviceInfo{ordinal, name.data(), arch_for_compute_capability(major, minor), sms, memory};
 }
 
 DeviceContext::~DeviceContext() {

@@ -46,8 +46,8 @@ std::string arch_for_compute_capability(int major, int minor);
 class DeviceRegistry {
  public:
   static DeviceRegistry& instance();
-  int device_count();                    // 0 when no driver
-  DeviceContext& get(int ordinal);       // throws Status::no_device for a bad ordinal
+  int device_count();               // 0 when no driver
+  DeviceContext& get(int ordinal);  // throws Status::no_device for a bad ordinal
   std::vector<DeviceInfo> describe_all();
 
  private:

@@ -4,8 +4,8 @@
 
 #include "codegen/grouped_mlp.hpp"
 #include "engine/device_context.hpp"
-#include "engine/engine_impl.hpp"
 #include "engine/driver.hpp"
+#include "engine/engine_impl.hpp"
 #include "kernel_templates/params.cuh"
 
 namespace gmjit::engine {
@@ -13,8 +13,9 @@ namespace gmjit::engine {
 void fill_random(Engine& engine, const TensorRef& tensor, std::uint64_t seed, float lo, float hi,
                  StreamHandle stream) {
   if (tensor.dtype != DType::bf16 && tensor.dtype != DType::f32) {
-    throw Error(Status::invalid_argument,
-                fmt::format("fill_random fills bfloat16 or float32, got {}", dtype_name(tensor.dtype)));
+    throw Error(
+        Status::invalid_argument,
+        fmt::format("fill_random fills bfloat16 or float32, got {}", dtype_name(tensor.dtype)));
   }
   Engine::Impl& impl = EngineAccess::impl(engine);
   DeviceContext& device = DeviceRegistry::instance().get(tensor.device.ordinal);
@@ -23,8 +24,8 @@ void fill_random(Engine& engine, const TensorRef& tensor, std::uint64_t seed, fl
   // Loaded per call: this is a setup utility, not a warm path.
   LoadedKernel kernel(compiled->cubin, compiled->entry, compiled->launch);
   kernel.prepare_for(device);
-  kt::FillRandomParams params{tensor.data, tensor.numel(), seed, lo, hi,
-                              tensor.dtype == DType::bf16 ? 0 : 1};
+  kt::FillRandomParams params{
+      tensor.data, tensor.numel(), seed, lo, hi, tensor.dtype == DType::bf16 ? 0 : 1};
   void* args[] = {&params};
   ScopedContext context(device.context());
   kernel.launch(0, static_cast<CUstream>(stream), args);

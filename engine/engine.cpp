@@ -75,7 +75,8 @@ std::unique_ptr<cache::DiskCache> open_disk_cache(const EngineOptions& options) 
 using engine::LogLevel;
 
 Engine::Impl::Impl(const EngineOptions& options)
-    : serial(engine::next_engine_serial++), store(engine::open_disk_cache(options), store_counters) {}
+    : serial(engine::next_engine_serial++),
+      store(engine::open_disk_cache(options), store_counters) {}
 
 std::shared_ptr<const engine::PreparedPlan> Engine::Impl::prepared_plan(const LayerSpec& layer,
                                                                         const Recipe& recipe,
@@ -97,8 +98,8 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::prepared_plan(const La
     // The kernels of a plan compile in parallel: a cold plan costs its slowest kernel.
     std::vector<std::future<std::shared_ptr<const engine::CompiledKernel>>> pending;
     for (const auto& source : sources) {
-      pending.push_back(std::async(std::launch::async,
-                                   [&, &source = source] { return store.get(source, arch, labels); }));
+      pending.push_back(std::async(
+          std::launch::async, [&, &source = source] { return store.get(source, arch, labels); }));
     }
     auto plan = std::make_shared<engine::PreparedPlan>();
     plan->layer = layer;
@@ -156,12 +157,22 @@ void Engine::forward(const LayerSpec& spec, const Recipe& recipe, const ForwardA
   engine::ScopedContext context(plan.device->context());
   void* activation = impl_->workspaces.get(*plan.device, cu_stream,
                                            static_cast<std::size_t>(tokens * spec.ffn) * 2);
-  kt::GroupedGemmParams fc1{args.x.data,     args.w1.data,   args.b1.data,
+  kt::GroupedGemmParams fc1{args.x.data,
+                            args.w1.data,
+                            args.b1.data,
                             static_cast<const float*>(args.probs.data),
-                            args.split_sizes.data, activation, args.saved_preact.data, tokens};
-  kt::GroupedGemmParams fc2{activation,      args.w2.data, args.b2.data,
+                            args.split_sizes.data,
+                            activation,
+                            args.saved_preact.data,
+                            tokens};
+  kt::GroupedGemmParams fc2{activation,
+                            args.w2.data,
+                            args.b2.data,
                             static_cast<const float*>(args.probs.data),
-                            args.split_sizes.data, args.y.data, nullptr, tokens};
+                            args.split_sizes.data,
+                            args.y.data,
+                            nullptr,
+                            tokens};
   void* fc1_args[] = {&fc1};
   void* fc2_args[] = {&fc2};
   plan.kernels[0]->launch(static_cast<std::uint64_t>(tokens), cu_stream, fc1_args);
@@ -193,12 +204,16 @@ std::string Engine::cache_directory() const {
   return disk && disk->enabled() ? disk->directory().string() : std::string();
 }
 
-bool Engine::driver_available(std::string* why_not) { return engine::driver_available(why_not); }
+bool Engine::driver_available(std::string* why_not) {
+  return engine::driver_available(why_not);
+}
 
 std::vector<DeviceInfo> Engine::devices() {
   return engine::DeviceRegistry::instance().describe_all();
 }
 
-std::string nvrtc_version() { return codegen::nvrtc_version_string(); }
+std::string nvrtc_version() {
+  return codegen::nvrtc_version_string();
+}
 
 }  // namespace gmjit

@@ -25,7 +25,9 @@ bool matches(std::span<const Op> ops, std::size_t at, const FusionRule& rule) {
 }
 }  // namespace
 
-std::span<const FusionRule> forward_fusion_rules() { return kForwardRules; }
+std::span<const FusionRule> forward_fusion_rules() {
+  return kForwardRules;
+}
 
 std::vector<FusedOp> fuse(std::span<const Op> ops, std::span<const FusionRule> rules) {
   std::vector<FusedOp> fused;

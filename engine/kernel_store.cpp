@@ -135,15 +135,18 @@ std::shared_ptr<const CompiledKernel> KernelStore::load_or_compile(
         log(LogLevel::debug, "disk hit {} ({}, {})", source.entry, arch, key.hex());
         return kernel;
       }
-      log(LogLevel::warn, "cache entry {} holds a payload that does not match kernel {}; "
-          "recompiling", key.hex(), source.entry);
+      log(LogLevel::warn,
+          "cache entry {} holds a payload that does not match kernel {}; "
+          "recompiling",
+          key.hex(), source.entry);
     }
   }
   codegen::CompiledCubin compiled = codegen::compile_to_cubin(source, arch, key.hex());
   ++counters_.kernels_compiled;
   log(LogLevel::info, "compiled {} for {} in {:.3f} s ({} bytes)", source.entry, arch,
       compiled.seconds, compiled.cubin.size());
-  if (!compiled.log.empty()) log(LogLevel::debug, "NVRTC log for {}:\n{}", source.entry, compiled.log);
+  if (!compiled.log.empty())
+    log(LogLevel::debug, "NVRTC log for {}:\n{}", source.entry, compiled.log);
 
   auto kernel = std::make_shared<CompiledKernel>();
   kernel->entry = source.entry;

@@ -10,9 +10,9 @@ LoadedKernel::LoadedKernel(std::span<const std::byte> cubin, std::string entry,
                            codegen::LaunchShape launch)
     : entry_(std::move(entry)), launch_(launch) {
   const DriverApi& api = driver();
-  check_driver(api.cuLibraryLoadData(&library_, cubin.data(), nullptr, nullptr, 0, nullptr,
-                                     nullptr, 0),
-               "cuLibraryLoadData");
+  check_driver(
+      api.cuLibraryLoadData(&library_, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+      "cuLibraryLoadData");
   if (CUresult rc = api.cuLibraryGetKernel(&kernel_, library_, entry_.c_str());
       rc != CUDA_SUCCESS) {
     api.cuLibraryUnload(library_);
@@ -30,8 +30,8 @@ void LoadedKernel::prepare_for(const DeviceContext& device) {
   if (prepared_devices_.at(ordinal).load(std::memory_order_acquire)) return;
   // Setting the same attribute twice from racing threads is harmless.
   check_driver(driver().cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                             static_cast<int>(launch_.dynamic_smem_bytes),
-                                             kernel_, device.device()),
+                                             static_cast<int>(launch_.dynamic_smem_bytes), kernel_,
+                                             device.device()),
                "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
   prepared_devices_[ordinal].store(true, std::memory_order_release);
 }
@@ -40,10 +40,9 @@ void LoadedKernel::launch(std::uint64_t tokens, CUstream stream, void** args) co
   // Callers validate the token count up front (max_tokens_per_launch), so this never truncates.
   const std::uint64_t rows = launch_.row_tiles(static_cast<std::int64_t>(tokens));
   // A CUkernel launches in the current context, which the caller made the tensors' device.
-  check_driver(driver().cuLaunchKernel(reinterpret_cast<CUfunction>(kernel_),
-                                       launch_.column_tiles, static_cast<unsigned>(rows), 1,
-                                       launch_.threads, 1, 1, launch_.dynamic_smem_bytes, stream,
-                                       args, nullptr),
+  check_driver(driver().cuLaunchKernel(reinterpret_cast<CUfunction>(kernel_), launch_.column_tiles,
+                                       static_cast<unsigned>(rows), 1, launch_.threads, 1, 1,
+                                       launch_.dynamic_smem_bytes, stream, args, nullptr),
                "cuLaunchKernel");
 }
 

@@ -17,8 +17,7 @@ class DeviceContext;
 
 class LoadedKernel {
  public:
-  LoadedKernel(std::span<const std::byte> cubin, std::string entry,
-               codegen::LaunchShape launch);
+  LoadedKernel(std::span<const std::byte> cubin, std::string entry, codegen::LaunchShape launch);
   ~LoadedKernel();
   LoadedKernel(const LoadedKernel&) = delete;
   LoadedKernel& operator=(const LoadedKernel&) = delete;

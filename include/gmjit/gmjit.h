@@ -29,7 +29,10 @@ typedef enum gmjit_activation {
   GMJIT_RELU = 5
 } gmjit_activation;
 
-typedef enum gmjit_glu_layout { GMJIT_GLU_HALVES = 0, GMJIT_GLU_INTERLEAVED32 = 1 } gmjit_glu_layout;
+typedef enum gmjit_glu_layout {
+  GMJIT_GLU_HALVES = 0,
+  GMJIT_GLU_INTERLEAVED32 = 1
+} gmjit_glu_layout;
 
 typedef struct gmjit_layer {
   int64_t experts, hidden, ffn;

@@ -18,14 +18,14 @@ enum class GradMode : std::uint8_t { no_grad, grad };
 using StreamHandle = void*;
 
 struct ForwardArgs {
-  TensorRef x;            // [T, H] bf16
-  TensorRef split_sizes;  // [E] int32/int64 on the same device
-  TensorRef w1;           // [E, F1, H] bf16
-  TensorRef b1;           // [E, F1] bf16, when spec.fc1_bias
-  TensorRef w2;           // [E, H, F] bf16
-  TensorRef b2;           // [E, H] bf16, when spec.fc2_bias
-  TensorRef probs;        // [T] fp32, when spec.router_probs
-  TensorRef y;            // [T, H] bf16 output
+  TensorRef x;             // [T, H] bf16
+  TensorRef split_sizes;   // [E] int32/int64 on the same device
+  TensorRef w1;            // [E, F1, H] bf16
+  TensorRef b1;            // [E, F1] bf16, when spec.fc1_bias
+  TensorRef w2;            // [E, H, F] bf16
+  TensorRef b2;            // [E, H] bf16, when spec.fc2_bias
+  TensorRef probs;         // [T] fp32, when spec.router_probs
+  TensorRef y;             // [T, H] bf16 output
   TensorRef saved_preact;  // [T, F1] bf16, written in grad mode (what backward needs)
 };
 

@@ -19,38 +19,52 @@ enum class GluLayout : std::uint8_t {
 struct ActivationSpec {
   Activation kind = Activation::swiglu;
   GluLayout layout = GluLayout::halves;
-  float limit = 7.0f;   // ClampedSwiGLU only
+  float limit = 7.0f;    // ClampedSwiGLU only
   float alpha = 1.702f;  // ClampedSwiGLU only
 };
 
 inline const char* dtype_name(DType dtype) noexcept {
   switch (dtype) {
-    case DType::bf16: return "bfloat16";
-    case DType::f32: return "float32";
-    case DType::i32: return "int32";
-    case DType::i64: return "int64";
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f32:
+      return "float32";
+    case DType::i32:
+      return "int32";
+    case DType::i64:
+      return "int64";
   }
   return "unknown";
 }
 
 inline std::size_t dtype_size(DType dtype) noexcept {
   switch (dtype) {
-    case DType::bf16: return 2;
-    case DType::f32: return 4;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
+    case DType::bf16:
+      return 2;
+    case DType::f32:
+      return 4;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
   }
   return 0;
 }
 
 inline const char* activation_name(Activation activation) noexcept {
   switch (activation) {
-    case Activation::swiglu: return "swiglu";
-    case Activation::geglu: return "geglu";
-    case Activation::clamped_swiglu: return "clamped_swiglu";
-    case Activation::srelu: return "srelu";
-    case Activation::gelu: return "gelu";
-    case Activation::relu: return "relu";
+    case Activation::swiglu:
+      return "swiglu";
+    case Activation::geglu:
+      return "geglu";
+    case Activation::clamped_swiglu:
+      return "clamped_swiglu";
+    case Activation::srelu:
+      return "srelu";
+    case Activation::gelu:
+      return "gelu";
+    case Activation::relu:
+      return "relu";
   }
   return "unknown";
 }

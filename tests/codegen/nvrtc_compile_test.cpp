@@ -18,6 +18,7 @@ struct Case {
   GluLayout layout;
   bool biases_and_probs;
   bool save_preact;
+  std::int64_t hidden = 1024, ffn = 512;
 };
 
 class NvrtcCompilesPlanKernels : public ::testing::TestWithParam<Case> {};
@@ -26,8 +27,8 @@ TEST_P(NvrtcCompilesPlanKernels, ToANonEmptyCubin) {
   const Case c = GetParam();
   LayerSpec layer;
   layer.experts = 8;
-  layer.hidden = 1024;
-  layer.ffn = 512;
+  layer.hidden = c.hidden;
+  layer.ffn = c.ffn;
   layer.activation.kind = c.activation;
   layer.activation.layout = c.layout;
   layer.fc1_bias = layer.fc2_bias = layer.router_probs = c.biases_and_probs;
@@ -49,7 +50,12 @@ INSTANTIATE_TEST_SUITE_P(
              true},
         Case{"sm90a_relu_save", "sm_90a", Activation::relu, GluLayout::halves, false, true},
         Case{"sm80_srelu", "sm_80", Activation::srelu, GluLayout::halves, true, false},
-        Case{"sm90a_gelu", "sm_90a", Activation::gelu, GluLayout::halves, false, false}),
+        Case{"sm90a_gelu", "sm_90a", Activation::gelu, GluLayout::halves, false, false},
+        // Widths that are multiples of 64 but not of 128 take the narrow output tile.
+        Case{"sm90a_relu_narrow", "sm_90a", Activation::relu, GluLayout::halves, true, true, 320,
+             192},
+        Case{"sm80_swiglu_narrow", "sm_80", Activation::swiglu, GluLayout::halves, true, false, 192,
+             64}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(NvrtcCompile, FillRandomKernelCompiles) {

@@ -46,8 +46,7 @@ TEST_F(CApi, WrongShapeIsInvalidArgumentNamingTheTensor) {
   const gmjit_layer layer = small_layer();
   const gmjit_forward_args args = t.args();
   EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(gmjit_last_error()).find("'w2'"), std::string::npos)
-      << gmjit_last_error();
+  EXPECT_NE(std::string(gmjit_last_error()).find("'w2'"), std::string::npos) << gmjit_last_error();
 }
 
 TEST_F(CApi, NonContiguousTensorIsRejected) {

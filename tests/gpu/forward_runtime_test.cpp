@@ -94,8 +94,8 @@ TEST(ForwardRuntime, TensorsOnAMissingDeviceAreRejected) {
   DeviceLayer device(host, GradMode::no_grad);
   ForwardArgs args = device.args;
   const int missing = static_cast<int>(Engine::devices().size());
-  for (TensorRef* t : {&args.x, &args.split_sizes, &args.w1, &args.w2, &args.y, &args.probs,
-                       &args.b2}) {
+  for (TensorRef* t :
+       {&args.x, &args.split_sizes, &args.w1, &args.w2, &args.y, &args.probs, &args.b2}) {
     t->device.ordinal = missing;
   }
   Engine engine(EngineOptions{.use_disk_cache = false});

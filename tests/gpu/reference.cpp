@@ -32,21 +32,28 @@ std::vector<std::uint16_t> random_bf16(std::mt19937_64& rng, std::int64_t count,
 double gelu_tanh(double v) {
   return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
 }
-double silu(double v) { return v / (1.0 + std::exp(-v)); }
+double silu(double v) {
+  return v / (1.0 + std::exp(-v));
+}
 
 double activate(const ActivationSpec& act, double gate, double lin) {
   switch (act.kind) {
-    case Activation::swiglu: return silu(gate) * lin;
-    case Activation::geglu: return gelu_tanh(gate) * lin;
+    case Activation::swiglu:
+      return silu(gate) * lin;
+    case Activation::geglu:
+      return gelu_tanh(gate) * lin;
     case Activation::clamped_swiglu: {
       const double g = std::min(gate, static_cast<double>(act.limit));
-      const double l = std::clamp(lin, -static_cast<double>(act.limit),
-                                  static_cast<double>(act.limit));
+      const double l =
+          std::clamp(lin, -static_cast<double>(act.limit), static_cast<double>(act.limit));
       return g / (1.0 + std::exp(-act.alpha * g)) * (l + 1.0);
     }
-    case Activation::srelu: return gate > 0 ? gate * gate : 0.0;
-    case Activation::gelu: return gelu_tanh(gate);
-    case Activation::relu: return gate > 0 ? gate : 0.0;
+    case Activation::srelu:
+      return gate > 0 ? gate * gate : 0.0;
+    case Activation::gelu:
+      return gelu_tanh(gate);
+    case Activation::relu:
+      return gate > 0 ? gate : 0.0;
   }
   return 0;
 }

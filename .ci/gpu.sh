@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU check, run on an H200 through the device tool (not by CI, which has no GPU):
+# build, GPU tests, CPU tests, bench on every preset, torch reference; a short table last.
+# Needs .devcarry/ (git-ignored) with include/xxhash.h, include/dlpack/dlpack.h and
+# torch_reference.py, since that machine lacks those headers.
+set -uo pipefail
+OUT=${OUT:-/tmp/gmjit-gpu-out}
+mkdir -p "$OUT"
+root=$(pwd)
+inc="$root/.devcarry/include"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DXXHASH_INCLUDE_DIR="$inc" \
+  -DDLPACK_INCLUDE_DIR="$inc" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+ninja -C build-gpu >"$OUT/build.log" 2>&1 || { grep -A5 -E "error|FAILED" "$OUT/build.log" | head -60; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+export GMJIT_CACHE_DIR=/tmp/gmjit-gpu-cache
+ctest --test-dir build-gpu -L gpu -j1 --output-on-failure --timeout 600 >"$OUT/gpu_tests.log" 2>&1
+gpu_rc=$?
+ctest --test-dir build-gpu -L cpu -j8 --timeout 600 >"$OUT/cpu_tests.log" 2>&1
+cpu_rc=$?
+grep -h "numerics \]" build-gpu/Testing/Temporary/LastTest*.log 2>/dev/null | sort -u | head -20
+build-gpu/cli/gmjit doctor
+for preset in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
+  build-gpu/cli/gmjit bench --preset "$preset" --json "$OUT/bench_$preset.json" >"$OUT/bench_$preset.log" 2>&1 ||
+    tail -20 "$OUT/bench_$preset.log"
+done
+if [ -z "${GMJIT_SKIP_TORCH:-}" ]; then
+  PYTHONUNBUFFERED=1 python3 .devcarry/torch_reference.py ${GMJIT_TORCH_ARGS:---compile} \
+    --json "$OUT/torch.json" >"$OUT/torch.log" 2>&1 || tail -20 "$OUT/torch.log"
+fi
+echo "== GPU tests (rc $gpu_rc)"; grep -E "tests passed|tests failed|Failed|Skipped" "$OUT/gpu_tests.log" | head -20
+echo "== CPU tests (rc $cpu_rc)"; grep -E "tests passed|tests failed" "$OUT/cpu_tests.log"
+for preset in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
+  echo "== $preset"; grep -E "compile|disk-hit|memory-hit|forward|skipped" "$OUT/bench_$preset.log"
+done
+[ -f "$OUT/torch.json" ] && python3 - "$OUT/torch.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    print("torch", {k: v for k, v in r.items() if not isinstance(v, (list, dict))})
+PY
