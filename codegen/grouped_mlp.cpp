@@ -41,13 +41,21 @@ std::string layer_fields(const LayerSpec& layer) {
       layer.experts, layer.hidden, layer.ffn, layer.split_dtype == DType::i64);
 }
 
-// A short, stable suffix so that entry names differ between plans (readable in profilers).
-std::string entry_suffix(const GroupedMlpForwardDesc& desc) {
+// Short, stable entry names that differ between kernels (readable in profilers). FC2 does not
+// depend on the activation or the grad mode, so its name (and source, and so its cache entry)
+// is shared by every plan that differs only in those.
+std::string fc1_entry(const GroupedMlpForwardDesc& desc) {
   const LayerSpec& l = desc.layer;
-  return fmt::format(
-      "e{}_h{}_f{}_{}{}{}{}{}{}", l.experts, l.hidden, l.ffn, activation_name(l.activation.kind),
-      l.activation.layout == GluLayout::interleaved32 ? "_i32" : "", l.fc1_bias ? "_b1" : "",
-      l.fc2_bias ? "_b2" : "", l.router_probs ? "_p" : "", desc.save_preact ? "_save" : "");
+  return fmt::format("gmjit_fc1_fwd_e{}_h{}_f{}_{}{}{}{}{}", l.experts, l.hidden, l.ffn,
+                     activation_name(l.activation.kind),
+                     l.activation.layout == GluLayout::interleaved32 ? "_i32" : "",
+                     l.fc1_bias ? "_b1" : "", l.router_probs ? "_p" : "",
+                     desc.save_preact ? "_save" : "");
+}
+
+std::string fc2_entry(const LayerSpec& l) {
+  return fmt::format("gmjit_fc2_fwd_e{}_h{}_f{}{}{}", l.experts, l.hidden, l.ffn,
+                     l.fc2_bias ? "_b2" : "", l.router_probs ? "_p" : "");
 }
 
 LaunchShape grouped_launch(const TileConfig& tile, std::int64_t out_columns_per_tile,
@@ -93,12 +101,11 @@ std::vector<KernelSource> emit_grouped_mlp_forward(const GroupedMlpForwardDesc& 
   const LayerSpec& layer = desc.layer;
   check_supported(layer);
   const ActivationSpec& act = layer.activation;
-  const std::string suffix = entry_suffix(desc);
 
   const TileConfig fc1_tile = choose_tile(layer, KernelRole::fc1_forward);
   KernelSource fc1;
   fc1.role = KernelRole::fc1_forward;
-  fc1.entry = "gmjit_fc1_fwd_" + suffix;
+  fc1.entry = fc1_entry(desc);
   fc1.source = fmt::format(
       "#include \"gmjit/grouped_mlp_fwd.cuh\"\n\n"
       "struct Fc1Cfg {{\n{}"
@@ -121,7 +128,7 @@ std::vector<KernelSource> emit_grouped_mlp_forward(const GroupedMlpForwardDesc& 
   const TileConfig fc2_tile = choose_tile(layer, KernelRole::fc2_forward);
   KernelSource fc2;
   fc2.role = KernelRole::fc2_forward;
-  fc2.entry = "gmjit_fc2_fwd_" + suffix;
+  fc2.entry = fc2_entry(layer);
   fc2.source = fmt::format(
       "#include \"gmjit/grouped_mlp_fwd.cuh\"\n\n"
       "struct Fc2Cfg {{\n{}"

@@ -57,6 +57,15 @@ TEST(GroupedMlpEmit, EveryCodegenInputChangesTheSource) {
   EXPECT_NE(emit_grouped_mlp_forward({base, true})[0].source, reference);
 }
 
+TEST(GroupedMlpEmit, Fc2IsSharedAcrossGradModesAndActivations) {
+  LayerSpec other = mixtral();
+  other.activation.kind = Activation::geglu;
+  const auto a = emit_grouped_mlp_forward({mixtral(), false});
+  const auto b = emit_grouped_mlp_forward({other, true});
+  EXPECT_EQ(a[1].source, b[1].source);
+  EXPECT_EQ(a[1].entry, b[1].entry);
+}
+
 TEST(GroupedMlpEmit, RejectsDimsTheKernelsCannotServe) {
   LayerSpec layer = mixtral();
   layer.hidden = 100;

@@ -53,7 +53,8 @@ TEST_F(PlanCache, GradFlipBuildsExactlyTwoPlansThenOnlyHits) {
     engine.prepare(layer, Recipe::bf16(), GradMode::grad, "sm_80");
   }
   EXPECT_EQ(engine.counters().plans_built, 2u);
-  EXPECT_EQ(engine.counters().kernels_compiled, 4u);
+  // FC1 differs (grad saves the pre-activation); FC2 is shared by both plans.
+  EXPECT_EQ(engine.counters().kernels_compiled, 3u);
 }
 
 TEST_F(PlanCache, RacingThreadsCompileOneKeyOnce) {
