@@ -33,3 +33,69 @@ struct FillRandomParams {
 };
 
 }  // namespace gmjit::kt
+
+namespace gmjit::kt {
+
+// Hopper (sm_90a) grouped GEMM, used by Fc1Sm90 / Fc2Sm90 (sm90_mlp_fwd.cuh). Same operands as
+// GroupedGemmParams, plus two TMA descriptors (CUtensorMap, 128 opaque bytes each) encoded on the
+// host by engine/tensor_maps.cpp (encode_sm90_gemm_maps):
+//   tmap_a  over a [tokens, K]: 2-D, box {64, block_m}, 128-byte swizzle, OOB rows zero-filled
+//   tmap_b  over b [E, N_total, K]: 2-D over [E * N_total, K], box {64, block_n} (non-GLU), or
+//           4-D {K, inner, 2, outer} with box {64, ., 1, .} for the GLU gate/lin halves of W1
+// Passed by value as `const __grid_constant__` (the maps must stay in param space for TMA).
+struct Sm90GemmParams {
+  alignas(64) unsigned char tmap_a[128];
+  alignas(64) unsigned char tmap_b[128];
+  const void* a;            // [tokens, K] bf16 (also encoded in tmap_a)
+  const void* b;            // [E, N_total, K] bf16 (also encoded in tmap_b)
+  const void* bias;         // [E, N_total] bf16, or null
+  const float* probs;       // [tokens] fp32, or null
+  const void* split_sizes;  // [E] int32 or int64, on the device
+  void* out;                // [tokens, N_out] bf16
+  void* preact_out;         // FC1 with grad: [tokens, N_total] bf16, else null
+  long long tokens;         // rows of a/out
+};
+
+}  // namespace gmjit::kt
+
+namespace gmjit::kt {
+
+// ---- Backward (grouped_mlp_bwd.cuh) ----
+// Rows of expert g are [off_g, off_g + n_g) with off_g = sum of split_sizes before g, clamped to
+// [0, tokens); rows [sum n_g, tokens) belong to no expert (their dgrad outputs are zeroed).
+
+// FC2 dgrad + activation backward (Fc2Dgrad): g = dy · W2_g, dh = act'(h) · (g ⊙ p).
+struct Fc2DgradParams {
+  const void* dy;           // [tokens, H] bf16, gradient of the layer output
+  const void* w2;           // [E, H, F] bf16
+  const void* b2;           // [E, H] bf16 (only read with has_bias && has_probs), or null
+  const float* probs;       // [tokens] fp32 (only read with has_probs), or null
+  const void* preact;       // [tokens, F1] bf16, h saved by the forward (F1 = 2F for GLU)
+  const void* split_sizes;  // [E] int32 or int64, on the device
+  void* dpreact;            // out: [tokens, F1] bf16 dh, in h's column layout
+  void* act_scaled;         // out: [tokens, F] bf16, a ⊙ p (a when !has_probs): FC2's input
+  float* dprobs;            // out: [tokens] fp32 (has_probs only), ZEROED BY THE HOST beforehand
+  long long tokens;         // rows of dy / preact / outputs
+};
+
+// Grouped weight gradient (GroupedWgrad): out_g[M, N] (+)= A_gᵀ B_g over expert g's rows.
+struct WgradParams {
+  const void* a;            // [tokens, M] bf16 (dy for dW2, dh for dW1)
+  const void* b;            // [tokens, N] bf16 (a ⊙ p for dW2, x for dW1)
+  const void* split_sizes;  // [E] int32 or int64, on the device
+  float* out;               // [E, M, N] fp32
+  long long tokens;         // rows of a / b
+  int accumulate;           // 1: out += result (experts without rows untouched); 0: out = result
+};
+
+// Grouped column sum (GroupedColumnSum): out_g[N] (+)= sum over expert g's rows of in_t (· p_t).
+struct ColumnSumParams {
+  const void* in;           // [tokens, N] bf16 (dy for db2, dh for db1)
+  const float* probs;       // [tokens] fp32 (only read with has_probs), or null
+  const void* split_sizes;  // [E] int32 or int64, on the device
+  float* out;               // [E, N] fp32
+  long long tokens;         // rows of in
+  int accumulate;           // 1: out += result (experts without rows untouched); 0: out = result
+};
+
+}  // namespace gmjit::kt
