@@ -51,17 +51,6 @@ std::size_t PlanKey::hash() const {
 
 namespace {
 
-std::atomic<std::uint64_t> next_engine_serial{1};
-
-// Per-thread front of the device-plan map: a warm call finds its plan here without a lock.
-// Entries name their engine by serial (never reused), so a destroyed engine's plans never match.
-struct FrontSlot {
-  std::uint64_t engine = 0;
-  PlanKey key;
-  DevicePlan* plan = nullptr;
-};
-thread_local std::array<FrontSlot, 8> front_cache;
-
 std::unique_ptr<cache::DiskCache> open_disk_cache(const EngineOptions& options) {
   cache::DiskCacheConfig config = cache::DiskCacheConfig::from_environment();
   if (!options.use_disk_cache) config.disabled = true;
@@ -75,8 +64,7 @@ std::unique_ptr<cache::DiskCache> open_disk_cache(const EngineOptions& options) 
 using engine::LogLevel;
 
 Engine::Impl::Impl(const EngineOptions& options)
-    : serial(engine::next_engine_serial++),
-      store(engine::open_disk_cache(options), store_counters) {}
+    : store(engine::open_disk_cache(options), store_counters) {}
 
 std::shared_ptr<const engine::PreparedPlan> Engine::Impl::prepared_plan(const LayerSpec& layer,
                                                                         const Recipe& recipe,
@@ -116,13 +104,8 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::prepared_plan(const La
 
 engine::DevicePlan& Engine::Impl::device_plan(const engine::PlanKey& key, const LayerSpec& layer,
                                               const Recipe& recipe, GradMode grad) {
-  engine::FrontSlot& slot = engine::front_cache[key.hash() & (engine::front_cache.size() - 1)];
-  if (slot.engine == serial && slot.plan != nullptr && slot.key == key) {
-    ++memory_hits;
-    return *slot.plan;
-  }
   bool built = false;
-  std::shared_ptr<engine::DevicePlan> plan = device_plans.get_or_build(
+  engine::DevicePlan& plan = device_plans.get(
       key,
       [&] {
         engine::DeviceContext& device = engine::DeviceRegistry::instance().get(key.device);
@@ -139,8 +122,7 @@ engine::DevicePlan& Engine::Impl::device_plan(const engine::PlanKey& key, const 
       },
       &built);
   if (!built) ++memory_hits;
-  slot = {serial, key, plan.get()};  // the map keeps the plan alive as long as the engine
-  return *plan;
+  return plan;
 }
 
 Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>(options)) {}

@@ -7,6 +7,7 @@
 #include "engine/kernel_store.hpp"
 #include "engine/once_map.hpp"
 #include "engine/plan.hpp"
+#include "engine/plan_cache.hpp"
 #include "engine/workspace.hpp"
 #include "gmjit/gmjit.hpp"
 
@@ -36,7 +37,6 @@ struct Engine::Impl {
   engine::DevicePlan& device_plan(const engine::PlanKey& key, const LayerSpec& layer,
                                   const Recipe& recipe, GradMode grad);
 
-  const std::uint64_t serial;  // distinguishes engines in the thread-local plan cache
   engine::StoreCounters store_counters;
   std::atomic<std::uint64_t> plans_built{0};
   std::atomic<std::uint64_t> memory_hits{0};
@@ -46,8 +46,7 @@ struct Engine::Impl {
   engine::OnceMap<engine::PreparedKey, std::shared_ptr<const engine::PreparedPlan>,
                   engine::PreparedKeyHash>
       prepared;
-  engine::OnceMap<engine::PlanKey, std::shared_ptr<engine::DevicePlan>, engine::PlanKeyHash>
-      device_plans;
+  engine::PlanCache<engine::PlanKey, engine::DevicePlan, engine::PlanKeyHash> device_plans;
 };
 
 struct EngineAccess {
