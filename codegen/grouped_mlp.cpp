@@ -2,44 +2,11 @@
 
 #include <fmt/format.h>
 
+#include "codegen/emit_common.hpp"
 #include "gmjit/error.hpp"
 
 namespace gmjit::codegen {
 namespace {
-
-const char* activation_enumerator(Activation activation) {
-  switch (activation) {
-    case Activation::swiglu:
-      return "kSwiGLU";
-    case Activation::geglu:
-      return "kGeGLU";
-    case Activation::clamped_swiglu:
-      return "kClampedSwiGLU";
-    case Activation::srelu:
-      return "kSReLU";
-    case Activation::gelu:
-      return "kGeLU";
-    case Activation::relu:
-      return "kReLU";
-  }
-  return "kSwiGLU";
-}
-
-std::string tile_fields(const TileConfig& tile) {
-  return fmt::format(
-      "  static constexpr int block_m = {}, block_n = {}, block_k = {}, stages = {};\n"
-      "  static constexpr int warps_m = {}, warps_n = {}, group_m = {}, min_blocks = {};\n"
-      "  static constexpr int smem_bytes = {};\n",
-      tile.block_m, tile.block_n, tile.block_k, tile.stages, tile.warps_m, tile.warps_n,
-      tile.group_m, tile.min_blocks, tile.smem_bytes());
-}
-
-std::string layer_fields(const LayerSpec& layer) {
-  return fmt::format(
-      "  static constexpr int experts = {}, hidden = {}, ffn = {};\n"
-      "  static constexpr bool split_int64 = {};\n",
-      layer.experts, layer.hidden, layer.ffn, layer.split_dtype == DType::i64);
-}
 
 // Short, stable entry names that differ between kernels (readable in profilers). FC2 does not
 // depend on the activation or the grad mode, so its name (and source, and so its cache entry)
@@ -56,18 +23,6 @@ std::string fc1_entry(const GroupedMlpForwardDesc& desc) {
 std::string fc2_entry(const LayerSpec& l) {
   return fmt::format("gmjit_fc2_fwd_e{}_h{}_f{}{}{}", l.experts, l.hidden, l.ffn,
                      l.fc2_bias ? "_b2" : "", l.router_probs ? "_p" : "");
-}
-
-LaunchShape grouped_launch(const TileConfig& tile, std::int64_t out_columns_per_tile,
-                           std::int64_t out_columns, std::int64_t experts) {
-  LaunchShape launch;
-  launch.grid = LaunchShape::Grid::grouped_rows;
-  launch.threads = static_cast<std::uint32_t>(tile.threads());
-  launch.dynamic_smem_bytes = static_cast<std::uint32_t>(tile.smem_bytes());
-  launch.column_tiles = static_cast<std::uint32_t>(out_columns / out_columns_per_tile);
-  launch.block_m = static_cast<std::uint32_t>(tile.block_m);
-  launch.experts = static_cast<std::uint32_t>(experts);
-  return launch;
 }
 
 }  // namespace
@@ -98,49 +53,39 @@ TileConfig choose_tile(const LayerSpec& layer, KernelRole role) {
 }
 
 std::vector<KernelSource> emit_grouped_mlp_forward(const GroupedMlpForwardDesc& desc) {
+  using namespace detail;
   const LayerSpec& layer = desc.layer;
   check_supported(layer);
-  const ActivationSpec& act = layer.activation;
 
   const TileConfig fc1_tile = choose_tile(layer, KernelRole::fc1_forward);
   KernelSource fc1;
   fc1.role = KernelRole::fc1_forward;
   fc1.entry = fc1_entry(desc);
-  fc1.source = fmt::format(
-      "#include \"gmjit/grouped_mlp_fwd.cuh\"\n\n"
-      "struct Fc1Cfg {{\n{}"
-      "  static constexpr gmjit::kt::Act act = gmjit::kt::Act::{};\n"
-      "  static constexpr gmjit::kt::GluLayout glu_layout = gmjit::kt::GluLayout::{};\n"
-      "  static constexpr float act_limit = {:#.9g}f, act_alpha = {:#.9g}f;\n"
-      "  static constexpr bool has_bias = {}, has_probs = {}, save_preact = {};\n{}"
-      "}};\n\n"
-      "extern \"C\" __global__ void __launch_bounds__(gmjit::kt::Fc1<Fc1Cfg>::threads,\n"
-      "                                             gmjit::kt::Fc1<Fc1Cfg>::min_blocks)\n"
-      "{}(const __grid_constant__ gmjit::kt::GroupedGemmParams p) {{\n"
-      "  gmjit::kt::Fc1<Fc1Cfg>::run(p);\n"
-      "}}\n",
-      layer_fields(layer), activation_enumerator(act.kind),
-      act.layout == GluLayout::interleaved32 ? "kInterleaved32" : "kHalves", act.limit, act.alpha,
-      layer.fc1_bias, layer.router_probs, desc.save_preact, tile_fields(fc1_tile), fc1.entry);
-  const std::int64_t fc1_out_per_tile = is_glu(act.kind) ? fc1_tile.block_n / 2 : fc1_tile.block_n;
-  fc1.launch = grouped_launch(fc1_tile, fc1_out_per_tile, layer.ffn, layer.experts);
+  fc1.source = translation_unit(
+      {"grouped_mlp_fwd.cuh", "Fc1", "GroupedGemmParams",
+       layer_fields(layer) + activation_fields(layer.activation) +
+           fmt::format("  static constexpr bool has_bias = {}, has_probs = {}, save_preact = {};\n",
+                       layer.fc1_bias, layer.router_probs, desc.save_preact) +
+           tile_fields(fc1_tile, fc1_tile.smem_bytes()),
+       fc1.entry});
+  const int fc1_out_per_tile =
+      is_glu(layer.activation.kind) ? fc1_tile.block_n / 2 : fc1_tile.block_n;
+  fc1.launch = grouped_rows_launch(fc1_tile, fc1_tile.smem_bytes(), fc1_out_per_tile, layer.ffn,
+                                   layer.experts);
 
   const TileConfig fc2_tile = choose_tile(layer, KernelRole::fc2_forward);
   KernelSource fc2;
   fc2.role = KernelRole::fc2_forward;
   fc2.entry = fc2_entry(layer);
-  fc2.source = fmt::format(
-      "#include \"gmjit/grouped_mlp_fwd.cuh\"\n\n"
-      "struct Fc2Cfg {{\n{}"
-      "  static constexpr bool has_bias = {}, has_probs = {};\n{}"
-      "}};\n\n"
-      "extern \"C\" __global__ void __launch_bounds__(gmjit::kt::Fc2<Fc2Cfg>::threads,\n"
-      "                                             gmjit::kt::Fc2<Fc2Cfg>::min_blocks)\n"
-      "{}(const __grid_constant__ gmjit::kt::GroupedGemmParams p) {{\n"
-      "  gmjit::kt::Fc2<Fc2Cfg>::run(p);\n"
-      "}}\n",
-      layer_fields(layer), layer.fc2_bias, layer.router_probs, tile_fields(fc2_tile), fc2.entry);
-  fc2.launch = grouped_launch(fc2_tile, fc2_tile.block_n, layer.hidden, layer.experts);
+  fc2.source =
+      translation_unit({"grouped_mlp_fwd.cuh", "Fc2", "GroupedGemmParams",
+                        layer_fields(layer) +
+                            fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n",
+                                        layer.fc2_bias, layer.router_probs) +
+                            tile_fields(fc2_tile, fc2_tile.smem_bytes()),
+                        fc2.entry});
+  fc2.launch = grouped_rows_launch(fc2_tile, fc2_tile.smem_bytes(), fc2_tile.block_n, layer.hidden,
+                                   layer.experts);
   return {fc1, fc2};
 }
 
@@ -156,7 +101,7 @@ KernelSource emit_fill_random() {
       "}\n";
   fill.launch.grid = LaunchShape::Grid::fixed;
   fill.launch.threads = 256;
-  fill.launch.column_tiles = 1024;
+  fill.launch.grid_x = 1024;
   return fill;
 }
 

@@ -32,6 +32,29 @@ struct TileConfig {
 
 TileConfig choose_tile(const LayerSpec& layer, KernelRole role);
 
+// Which gradients a backward produces (DESIGN §1). dh and a ⊙ p are always computed (the
+// FC2-dgrad kernel writes them to workspaces); the rest only when asked for.
+struct BackwardOutputs {
+  bool dx = true;
+  bool dw1 = true;
+  bool db1 = false;
+  bool dw2 = true;
+  bool db2 = false;
+
+  std::uint8_t bits() const {
+    return static_cast<std::uint8_t>(dx | dw1 << 1 | db1 << 2 | dw2 << 3 | db2 << 4);
+  }
+};
+
+struct GroupedMlpBackwardDesc {
+  LayerSpec layer;
+  BackwardOutputs outputs;
+};
+
+// Kernels in launch order: fc2_dgrad first (it produces dh and a ⊙ p), then wgrad_w2, bgrad_b2,
+// wgrad_w1, bgrad_b1, fc1_dgrad as asked for.
+std::vector<KernelSource> emit_grouped_mlp_backward(const GroupedMlpBackwardDesc& desc);
+
 // Throws Error(Status::invalid_argument) for dims the kernels cannot serve.
 void check_supported(const LayerSpec& layer);
 

@@ -6,26 +6,39 @@
 
 namespace gmjit::codegen {
 
-// How a kernel's grid is formed. Grouped kernels: x walks output-column tiles, y is an upper
+// How a kernel's grid is formed. Grouped-row kernels: x walks output-column tiles, y is an upper
 // bound on row tiles (ceil(T / block_m) + experts + 1) since the split sizes stay on the device
-// and each block finds its expert there. Fixed kernels: a grid-stride loop over (column_tiles, 1).
+// and each block finds its expert there. Fixed kernels: (grid_x, grid_y, grid_z) as given (per
+// expert kernels put the expert in y or z; grid-stride kernels use x alone).
 struct LaunchShape {
   enum class Grid : std::uint8_t { grouped_rows, fixed };
   Grid grid = Grid::grouped_rows;
   std::uint32_t threads = 0;
   std::uint32_t dynamic_smem_bytes = 0;
-  std::uint32_t column_tiles = 0;
+  std::uint32_t grid_x = 1;
+  std::uint32_t grid_y = 1;  // fixed grids only
+  std::uint32_t grid_z = 1;  // fixed grids only
   std::uint32_t block_m = 1;
   std::uint32_t experts = 0;
 
-  std::uint64_t row_tiles(std::int64_t tokens) const {
-    if (grid == Grid::fixed) return 1;
+  std::uint64_t rows_y(std::int64_t tokens) const {
+    if (grid == Grid::fixed) return grid_y;
     return (static_cast<std::uint64_t>(tokens) + block_m - 1) / block_m + experts + 1;
   }
   friend bool operator==(const LaunchShape&, const LaunchShape&) = default;
 };
 
-enum class KernelRole : std::uint8_t { fc1_forward, fc2_forward, fill_random };
+enum class KernelRole : std::uint8_t {
+  fc1_forward,
+  fc2_forward,
+  fill_random,
+  fc2_dgrad,  // dy·W2 + activation backward + dprobs; writes dh and a ⊙ p
+  wgrad_w2,   // dW2 = dyᵀ (a ⊙ p)
+  bgrad_b2,   // db2 = Σ dy · p
+  wgrad_w1,   // dW1 = dhᵀ x
+  bgrad_b1,   // db1 = Σ dh
+  fc1_dgrad,  // dx = dh · W1
+};
 
 struct KernelSource {
   KernelRole role{};

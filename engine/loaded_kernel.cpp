@@ -37,11 +37,12 @@ void LoadedKernel::prepare_for(const DeviceContext& device) {
 }
 
 void LoadedKernel::launch(std::uint64_t tokens, CUstream stream, void** args) const {
-  // Callers validate the token count up front (max_tokens_per_launch), so this never truncates.
-  const std::uint64_t rows = launch_.row_tiles(static_cast<std::int64_t>(tokens));
+  // Callers validate the token count up front (validate.cpp), so this never truncates.
+  const std::uint64_t rows = launch_.rows_y(static_cast<std::int64_t>(tokens));
   // A CUkernel launches in the current context, which the caller made the tensors' device.
-  check_driver(driver().cuLaunchKernel(reinterpret_cast<CUfunction>(kernel_), launch_.column_tiles,
-                                       static_cast<unsigned>(rows), 1, launch_.threads, 1, 1,
+  check_driver(driver().cuLaunchKernel(reinterpret_cast<CUfunction>(kernel_), launch_.grid_x,
+                                       static_cast<unsigned>(rows), launch_.grid_z,
+                                       launch_.threads, 1, 1,
                                        launch_.dynamic_smem_bytes, stream, args, nullptr),
                "cuLaunchKernel");
 }

@@ -33,11 +33,11 @@ TEST(GroupedMlpEmit, LaunchShapeCoversOutputColumns) {
   const auto kernels = emit_grouped_mlp_forward({mixtral(), false});
   const TileConfig tile = choose_tile(mixtral(), KernelRole::fc1_forward);
   // GLU: each FC1 tile produces block_n / 2 activation columns.
-  EXPECT_EQ(kernels[0].launch.column_tiles * tile.block_n / 2, 14336u);
-  EXPECT_EQ(kernels[1].launch.column_tiles * tile.block_n, 4096u);
+  EXPECT_EQ(kernels[0].launch.grid_x * tile.block_n / 2, 14336u);
+  EXPECT_EQ(kernels[1].launch.grid_x * tile.block_n, 4096u);
   // Row tiles: ceil(T / block_m) plus one partial tile per expert boundary plus the tail.
-  EXPECT_EQ(kernels[0].launch.row_tiles(0), 8u + 1u);
-  EXPECT_EQ(kernels[0].launch.row_tiles(tile.block_m + 1), 2u + 8u + 1u);
+  EXPECT_EQ(kernels[0].launch.rows_y(0), 8u + 1u);
+  EXPECT_EQ(kernels[0].launch.rows_y(tile.block_m + 1), 2u + 8u + 1u);
 }
 
 TEST(GroupedMlpEmit, EveryCodegenInputChangesTheSource) {

@@ -58,6 +58,35 @@ INSTANTIATE_TEST_SUITE_P(
              64}),
     [](const auto& info) { return std::string(info.param.name); });
 
+class NvrtcCompilesBackwardKernels : public ::testing::TestWithParam<Case> {};
+
+TEST_P(NvrtcCompilesBackwardKernels, EveryGradientKernel) {
+  const Case c = GetParam();
+  LayerSpec layer;
+  layer.experts = 4;
+  layer.hidden = c.hidden;
+  layer.ffn = c.ffn;
+  layer.activation.kind = c.activation;
+  layer.activation.layout = c.layout;
+  layer.fc1_bias = layer.fc2_bias = layer.router_probs = c.biases_and_probs;
+  BackwardOutputs all;
+  all.db1 = all.db2 = true;
+  const auto kernels = emit_grouped_mlp_backward({layer, all});
+  ASSERT_EQ(kernels.size(), 6u);
+  for (const KernelSource& kernel : kernels) {
+    EXPECT_GT(compile_to_cubin(kernel, c.arch, "test").cubin.size(), 1000u) << kernel.entry;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Arches, NvrtcCompilesBackwardKernels,
+                         ::testing::Values(Case{"sm90a_swiglu", "sm_90a", Activation::swiglu,
+                                                GluLayout::halves, true, true},
+                                           Case{"sm80_geglu_i32", "sm_80", Activation::geglu,
+                                                GluLayout::interleaved32, false, true},
+                                           Case{"sm90a_relu_narrow", "sm_90a", Activation::relu,
+                                                GluLayout::halves, true, true, 320, 192}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
 TEST(NvrtcCompile, FillRandomKernelCompiles) {
   EXPECT_GT(compile_to_cubin(emit_fill_random(), "sm_90a", "test").cubin.size(), 100u);
 }

@@ -1,0 +1,76 @@
+#include "codegen/emit_common.hpp"
+
+#include <fmt/format.h>
+
+namespace gmjit::codegen::detail {
+
+const char* activation_enumerator(Activation activation) {
+  switch (activation) {
+    case Activation::swiglu:
+      return "kSwiGLU";
+    case Activation::geglu:
+      return "kGeGLU";
+    case Activation::clamped_swiglu:
+      return "kClampedSwiGLU";
+    case Activation::srelu:
+      return "kSReLU";
+    case Activation::gelu:
+      return "kGeLU";
+    case Activation::relu:
+      return "kReLU";
+  }
+  return "kSwiGLU";
+}
+
+std::string layer_fields(const LayerSpec& layer) {
+  return fmt::format(
+      "  static constexpr int experts = {}, hidden = {}, ffn = {};\n"
+      "  static constexpr bool split_int64 = {};\n",
+      layer.experts, layer.hidden, layer.ffn, layer.split_dtype == DType::i64);
+}
+
+std::string activation_fields(const ActivationSpec& act) {
+  // '#' keeps a decimal point ("7.00000000f"), which a float literal needs.
+  return fmt::format(
+      "  static constexpr gmjit::kt::Act act = gmjit::kt::Act::{};\n"
+      "  static constexpr gmjit::kt::GluLayout glu_layout = gmjit::kt::GluLayout::{};\n"
+      "  static constexpr float act_limit = {:#.9g}f, act_alpha = {:#.9g}f;\n",
+      activation_enumerator(act.kind),
+      act.layout == GluLayout::interleaved32 ? "kInterleaved32" : "kHalves", act.limit, act.alpha);
+}
+
+std::string tile_fields(const TileConfig& tile, int smem_bytes) {
+  return fmt::format(
+      "  static constexpr int block_m = {}, block_n = {}, block_k = {}, stages = {};\n"
+      "  static constexpr int warps_m = {}, warps_n = {}, group_m = {}, min_blocks = {};\n"
+      "  static constexpr int smem_bytes = {};\n",
+      tile.block_m, tile.block_n, tile.block_k, tile.stages, tile.warps_m, tile.warps_n,
+      tile.group_m, tile.min_blocks, smem_bytes);
+}
+
+std::string translation_unit(const Instantiation& inst) {
+  return fmt::format(
+      "#include \"gmjit/{0}\"\n\n"
+      "struct Cfg {{\n{1}}};\n\n"
+      "extern \"C\" __global__ void __launch_bounds__(gmjit::kt::{2}<Cfg>::threads,\n"
+      "                                             gmjit::kt::{2}<Cfg>::min_blocks)\n"
+      "{3}(const __grid_constant__ gmjit::kt::{4} p) {{\n"
+      "  gmjit::kt::{2}<Cfg>::run(p);\n"
+      "}}\n",
+      inst.header, inst.cfg_fields, inst.kernel, inst.entry, inst.params);
+}
+
+LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,
+                                std::int64_t out_columns_per_tile, std::int64_t out_columns,
+                                std::int64_t experts) {
+  LaunchShape launch;
+  launch.grid = LaunchShape::Grid::grouped_rows;
+  launch.threads = static_cast<std::uint32_t>(tile.threads());
+  launch.dynamic_smem_bytes = static_cast<std::uint32_t>(smem_bytes);
+  launch.grid_x = static_cast<std::uint32_t>(out_columns / out_columns_per_tile);
+  launch.block_m = static_cast<std::uint32_t>(tile.block_m);
+  launch.experts = static_cast<std::uint32_t>(experts);
+  return launch;
+}
+
+}  // namespace gmjit::codegen::detail

@@ -1,0 +1,35 @@
+#pragma once
+// Pieces shared by the emitters: the Cfg fields every kernel takes and the one shape of a
+// generated translation unit (include a template header, define a Cfg, declare the entry).
+#include <string>
+#include <string_view>
+
+#include "codegen/grouped_mlp.hpp"
+
+namespace gmjit::codegen::detail {
+
+// "kSwiGLU", ... as in kernel_templates/activations.cuh.
+const char* activation_enumerator(Activation activation);
+
+// experts, hidden, ffn, split_int64.
+std::string layer_fields(const LayerSpec& layer);
+// act, glu_layout, act_limit, act_alpha.
+std::string activation_fields(const ActivationSpec& activation);
+// block_m, block_n, block_k, stages, warps_m, warps_n, group_m, min_blocks, smem_bytes.
+std::string tile_fields(const TileConfig& tile, int smem_bytes);
+
+struct Instantiation {
+  std::string_view header;  // e.g. "grouped_mlp_fwd.cuh"
+  std::string_view kernel;  // template in gmjit::kt, e.g. "Fc1"
+  std::string_view params;  // parameter struct in gmjit::kt, e.g. "GroupedGemmParams"
+  std::string cfg_fields;   // body of the Cfg struct
+  std::string entry;        // extern "C" name
+};
+std::string translation_unit(const Instantiation& inst);
+
+// Row-tiled (grouped_rows) launch with `out_columns / out_columns_per_tile` column tiles.
+LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,
+                                std::int64_t out_columns_per_tile, std::int64_t out_columns,
+                                std::int64_t experts);
+
+}  // namespace gmjit::codegen::detail
