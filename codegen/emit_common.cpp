@@ -49,15 +49,19 @@ std::string tile_fields(const TileConfig& tile, int smem_bytes) {
 }
 
 std::string translation_unit(const Instantiation& inst) {
+  const std::string bounds =
+      inst.launch_bounds.empty()
+          ? fmt::format("gmjit::kt::{0}<Cfg>::threads, gmjit::kt::{0}<Cfg>::min_blocks",
+                        inst.kernel)
+          : inst.launch_bounds;
   return fmt::format(
       "#include \"gmjit/{0}\"\n\n"
       "struct Cfg {{\n{1}}};\n\n"
-      "extern \"C\" __global__ void __launch_bounds__(gmjit::kt::{2}<Cfg>::threads,\n"
-      "                                             gmjit::kt::{2}<Cfg>::min_blocks)\n"
+      "extern \"C\" __global__ void __launch_bounds__({2})\n"
       "{3}(const __grid_constant__ gmjit::kt::{4} p) {{\n"
-      "  gmjit::kt::{2}<Cfg>::run(p);\n"
+      "  gmjit::kt::{5}<Cfg>::run(p);\n"
       "}}\n",
-      inst.header, inst.cfg_fields, inst.kernel, inst.entry, inst.params);
+      inst.header, inst.cfg_fields, bounds, inst.entry, inst.params, inst.kernel);
 }
 
 LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,

@@ -24,6 +24,8 @@ struct Instantiation {
   std::string_view params;  // parameter struct in gmjit::kt, e.g. "GroupedGemmParams"
   std::string cfg_fields;   // body of the Cfg struct
   std::string entry;        // extern "C" name
+  // Launch bounds (threads, min blocks); default: the template's own constants.
+  std::string launch_bounds = {};
 };
 std::string translation_unit(const Instantiation& inst);
 

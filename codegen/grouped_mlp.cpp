@@ -52,41 +52,89 @@ TileConfig choose_tile(const LayerSpec& layer, KernelRole role) {
   return tile;
 }
 
+std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole role) {
+  const bool glu_fc1 = role == KernelRole::fc1_forward && is_glu(layer.activation.kind);
+  const std::int64_t out_columns = role == KernelRole::fc2_forward ? layer.hidden : layer.ffn;
+  // Measured best on the H200: 128 x 256 on every DESIGN shape (256 x 128 ties on Mixtral);
+  // narrower B tiles serve widths that 256 does not divide.
+  for (int block_n : {256, 128}) {
+    const int out_per_tile = glu_fc1 ? block_n / 2 : block_n;
+    if (out_columns % out_per_tile != 0) continue;
+    TileConfig tile;
+    tile.block_m = 128;
+    tile.block_n = block_n;
+    tile.block_k = 64;
+    tile.stages = 4;
+    tile.group_m = 8;
+    return tile;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+int sm90_smem_bytes(const TileConfig& t) {
+  return t.stages * (t.block_m + t.block_n) * 128 + 20480;
+}
+
+std::string sm90_tile_fields(const TileConfig& t) {
+  return fmt::format(
+      "  static constexpr int block_m = {}, block_n = {}, block_k = {}, stages = {}, group_m = "
+      "{};\n"
+      "  static constexpr int smem_bytes = {};\n",
+      t.block_m, t.block_n, t.block_k, t.stages, t.group_m, sm90_smem_bytes(t));
+}
+
+// One forward GEMM kernel: the Hopper template where the arch and dims allow, else the portable.
+KernelSource emit_forward_kernel(const GroupedMlpForwardDesc& desc, KernelRole role,
+                                 const std::string& fields, const std::string& entry) {
+  using namespace detail;
+  const LayerSpec& layer = desc.layer;
+  const bool fc1 = role == KernelRole::fc1_forward;
+  const bool glu_fc1 = fc1 && is_glu(layer.activation.kind);
+  const std::int64_t out_columns = fc1 ? layer.ffn : layer.hidden;
+  KernelSource k;
+  k.role = role;
+  const std::optional<TileConfig> hopper =
+      desc.arch == "sm_90a" && !desc.portable_only ? choose_sm90_tile(layer, role) : std::nullopt;
+  if (hopper) {
+    k.entry = entry + "_sm90";
+    k.source = translation_unit({"sm90_mlp_fwd.cuh", fc1 ? "Fc1Sm90" : "Fc2Sm90", "Sm90GemmParams",
+                                 fields + sm90_tile_fields(*hopper), k.entry, "384, 1"});
+    k.launch.grid = LaunchShape::Grid::persistent;
+    k.launch.operands = LaunchShape::Operands::tensor_maps;
+    k.launch.threads = 384;
+    k.launch.dynamic_smem_bytes = static_cast<std::uint32_t>(sm90_smem_bytes(*hopper));
+    k.launch.block_m = static_cast<std::uint32_t>(hopper->block_m);
+    k.launch.block_n = static_cast<std::uint32_t>(hopper->block_n);
+    k.launch.experts = static_cast<std::uint32_t>(layer.experts);
+    return k;
+  }
+  const TileConfig tile = choose_tile(layer, role);
+  k.entry = entry;
+  k.source = translation_unit({"grouped_mlp_fwd.cuh", fc1 ? "Fc1" : "Fc2", "GroupedGemmParams",
+                               fields + tile_fields(tile, tile.smem_bytes()), k.entry});
+  k.launch = grouped_rows_launch(tile, tile.smem_bytes(), glu_fc1 ? tile.block_n / 2 : tile.block_n,
+                                 out_columns, layer.experts);
+  k.launch.block_n = static_cast<std::uint32_t>(tile.block_n);
+  return k;
+}
+
+}  // namespace
+
 std::vector<KernelSource> emit_grouped_mlp_forward(const GroupedMlpForwardDesc& desc) {
   using namespace detail;
   const LayerSpec& layer = desc.layer;
   check_supported(layer);
-
-  const TileConfig fc1_tile = choose_tile(layer, KernelRole::fc1_forward);
-  KernelSource fc1;
-  fc1.role = KernelRole::fc1_forward;
-  fc1.entry = fc1_entry(desc);
-  fc1.source = translation_unit(
-      {"grouped_mlp_fwd.cuh", "Fc1", "GroupedGemmParams",
-       layer_fields(layer) + activation_fields(layer.activation) +
-           fmt::format("  static constexpr bool has_bias = {}, has_probs = {}, save_preact = {};\n",
-                       layer.fc1_bias, layer.router_probs, desc.save_preact) +
-           tile_fields(fc1_tile, fc1_tile.smem_bytes()),
-       fc1.entry});
-  const int fc1_out_per_tile =
-      is_glu(layer.activation.kind) ? fc1_tile.block_n / 2 : fc1_tile.block_n;
-  fc1.launch = grouped_rows_launch(fc1_tile, fc1_tile.smem_bytes(), fc1_out_per_tile, layer.ffn,
-                                   layer.experts);
-
-  const TileConfig fc2_tile = choose_tile(layer, KernelRole::fc2_forward);
-  KernelSource fc2;
-  fc2.role = KernelRole::fc2_forward;
-  fc2.entry = fc2_entry(layer);
-  fc2.source =
-      translation_unit({"grouped_mlp_fwd.cuh", "Fc2", "GroupedGemmParams",
-                        layer_fields(layer) +
-                            fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n",
-                                        layer.fc2_bias, layer.router_probs) +
-                            tile_fields(fc2_tile, fc2_tile.smem_bytes()),
-                        fc2.entry});
-  fc2.launch = grouped_rows_launch(fc2_tile, fc2_tile.smem_bytes(), fc2_tile.block_n, layer.hidden,
-                                   layer.experts);
-  return {fc1, fc2};
+  const std::string fc1_fields =
+      layer_fields(layer) + activation_fields(layer.activation) +
+      fmt::format("  static constexpr bool has_bias = {}, has_probs = {}, save_preact = {};\n",
+                  layer.fc1_bias, layer.router_probs, desc.save_preact);
+  const std::string fc2_fields =
+      layer_fields(layer) + fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n",
+                                        layer.fc2_bias, layer.router_probs);
+  return {emit_forward_kernel(desc, KernelRole::fc1_forward, fc1_fields, fc1_entry(desc)),
+          emit_forward_kernel(desc, KernelRole::fc2_forward, fc2_fields, fc2_entry(layer))};
 }
 
 KernelSource emit_fill_random() {

@@ -1,6 +1,8 @@
 #pragma once
 // Codegen for the fused grouped-MLP forward: one generated translation unit per kernel, each a
 // handful of constants and an entry that instantiates a template from kernel_templates/.
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "codegen/kernel_source.hpp"
@@ -11,6 +13,10 @@ namespace gmjit::codegen {
 struct GroupedMlpForwardDesc {
   LayerSpec layer;
   bool save_preact = false;  // grad mode: FC1 also writes the bf16 pre-activation
+  // "sm_90a" selects the Hopper (TMA + wgmma) kernels where the dims allow; any other arch, or
+  // portable_only, the mma.sync kernels.
+  std::string arch = "sm_80";
+  bool portable_only = false;
 };
 
 // Tile shape of a grouped GEMM; part of the generated source, hence of the kernel key.
@@ -32,23 +38,13 @@ struct TileConfig {
 
 TileConfig choose_tile(const LayerSpec& layer, KernelRole role);
 
-// Which gradients a backward produces (DESIGN §1). dh and a ⊙ p are always computed (the
-// FC2-dgrad kernel writes them to workspaces); the rest only when asked for.
-struct BackwardOutputs {
-  bool dx = true;
-  bool dw1 = true;
-  bool db1 = false;
-  bool dw2 = true;
-  bool db2 = false;
-
-  std::uint8_t bits() const {
-    return static_cast<std::uint8_t>(dx | dw1 << 1 | db1 << 2 | dw2 << 3 | db2 << 4);
-  }
-};
+// The Hopper tile (block_m x block_n, block_k 64, 4 stages) for FC1 or FC2, or nullopt when the
+// dims do not divide into any supported Hopper tile (the portable kernel serves them).
+std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole role);
 
 struct GroupedMlpBackwardDesc {
   LayerSpec layer;
-  BackwardOutputs outputs;
+  GradientSet outputs;
 };
 
 // Kernels in launch order: fc2_dgrad first (it produces dh and a ⊙ p), then wgrad_w2, bgrad_b2,

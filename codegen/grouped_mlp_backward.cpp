@@ -110,7 +110,7 @@ KernelSource column_sum(KernelRole role, const LayerSpec& layer, std::int64_t co
 
 std::vector<KernelSource> emit_grouped_mlp_backward(const GroupedMlpBackwardDesc& desc) {
   const LayerSpec& layer = desc.layer;
-  const BackwardOutputs& out = desc.outputs;
+  const GradientSet& out = desc.outputs;
   check_supported(layer);
   std::vector<KernelSource> kernels;
   kernels.push_back(dgrad(KernelRole::fc2_dgrad, layer));

@@ -10,19 +10,25 @@ namespace gmjit::codegen {
 // bound on row tiles (ceil(T / block_m) + experts + 1) since the split sizes stay on the device
 // and each block finds its expert there. Fixed kernels: (grid_x, grid_y, grid_z) as given (per
 // expert kernels put the expert in y or z; grid-stride kernels use x alone).
+// Persistent kernels: one block per multiprocessor of the device they run on, x only.
 struct LaunchShape {
-  enum class Grid : std::uint8_t { grouped_rows, fixed };
+  enum class Grid : std::uint8_t { grouped_rows, fixed, persistent };
+  // How the kernel takes its operands: plain pointers, or (Hopper kernels) TMA descriptors that
+  // the host encodes per call for block_m x block_n tiles.
+  enum class Operands : std::uint8_t { pointers, tensor_maps };
   Grid grid = Grid::grouped_rows;
+  Operands operands = Operands::pointers;
   std::uint32_t threads = 0;
   std::uint32_t dynamic_smem_bytes = 0;
   std::uint32_t grid_x = 1;
   std::uint32_t grid_y = 1;  // fixed grids only
   std::uint32_t grid_z = 1;  // fixed grids only
   std::uint32_t block_m = 1;
+  std::uint32_t block_n = 1;  // tensor-map kernels: the tile width the maps are encoded for
   std::uint32_t experts = 0;
 
   std::uint64_t rows_y(std::int64_t tokens) const {
-    if (grid == Grid::fixed) return grid_y;
+    if (grid != Grid::grouped_rows) return grid_y;
     return (static_cast<std::uint64_t>(tokens) + block_m - 1) / block_m + experts + 1;
   }
   friend bool operator==(const LaunchShape&, const LaunchShape&) = default;

@@ -22,13 +22,13 @@ void fill_random(Engine& engine, const TensorRef& tensor, std::uint64_t seed, fl
   static const codegen::KernelSource source = codegen::emit_fill_random();
   auto compiled = impl.store.get(source, device.info().arch, KernelLabels{});
   // Loaded per call: this is a setup utility, not a warm path.
-  LoadedKernel kernel(compiled->cubin, compiled->entry, compiled->launch);
+  LoadedKernel kernel(compiled->cubin, compiled->entry, compiled->role, compiled->launch);
   kernel.prepare_for(device);
   kt::FillRandomParams params{
       tensor.data, tensor.numel(), seed, lo, hi, tensor.dtype == DType::bf16 ? 0 : 1};
   void* args[] = {&params};
   ScopedContext context(device.context());
-  kernel.launch(0, static_cast<CUstream>(stream), args);
+  kernel.launch(device, 0, static_cast<CUstream>(stream), args);
   check_driver(driver().cuStreamSynchronize(static_cast<CUstream>(stream)), "cuStreamSynchronize");
 }
 

@@ -10,8 +10,6 @@
 #include "engine/engine_impl.hpp"
 #include "engine/fuser.hpp"
 #include "engine/log.hpp"
-#include "engine/validate.hpp"
-#include "kernel_templates/params.cuh"
 
 namespace gmjit {
 namespace engine {
@@ -40,6 +38,14 @@ PlanKey PlanKey::make(const LayerSpec& layer, const Recipe& recipe, GradMode gra
   return key;
 }
 
+PlanKey PlanKey::make_backward(const LayerSpec& layer, const Recipe& recipe,
+                               const GradientSet& gradients, int device) {
+  PlanKey key = make(layer, recipe, GradMode::grad, device);
+  key.backward = 1;
+  key.gradients = gradients.bits();
+  return key;
+}
+
 std::size_t PlanKey::hash() const {
   std::array<std::uint64_t, sizeof(PlanKey) / 8> words;
   static_assert(sizeof(PlanKey) % 8 == 0);
@@ -47,6 +53,15 @@ std::size_t PlanKey::hash() const {
   std::uint64_t h = 0x9E3779B97F4A7C15ull;
   for (std::uint64_t w : words) h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
   return static_cast<std::size_t>(h ^ (h >> 31));
+}
+
+namespace {}  // namespace
+
+PreparedPlanInfo describe(const PreparedPlan& plan) {
+  PreparedPlanInfo info;
+  info.arch = plan.arch;
+  for (const auto& kernel : plan.kernels) info.kernel_names.push_back(kernel->entry);
+  return info;
 }
 
 namespace {
@@ -64,57 +79,66 @@ std::unique_ptr<cache::DiskCache> open_disk_cache(const EngineOptions& options) 
 using engine::LogLevel;
 
 Engine::Impl::Impl(const EngineOptions& options)
-    : store(engine::open_disk_cache(options), store_counters) {}
+    : options(options), store(engine::open_disk_cache(options), store_counters) {}
 
-std::shared_ptr<const engine::PreparedPlan> Engine::Impl::prepared_plan(const LayerSpec& layer,
-                                                                        const Recipe& recipe,
-                                                                        GradMode grad,
-                                                                        const std::string& arch) {
-  engine::PreparedKey key{engine::PlanKey::make(layer, recipe, grad, -1), arch};
-  return prepared.get_or_build(key, [&] {
-    const auto start = std::chrono::steady_clock::now();
-    const std::vector<engine::Op> ops = engine::ops_for_layer(layer);
-    const std::vector<engine::FusedOp> fused = engine::fuse(ops, engine::forward_fusion_rules());
-    if (fused.size() != 1 || fused[0].kind != engine::FusedKind::grouped_mlp) {
-      throw Error(Status::unsupported,
-                  "this layer does not fuse into one grouped-MLP op; op-by-op execution is not "
-                  "implemented yet");
-    }
-    const std::vector<codegen::KernelSource> sources =
-        codegen::emit_grouped_mlp_forward({layer, grad == GradMode::grad});
-    const engine::KernelLabels labels{recipe.options_key(), grad == GradMode::grad};
-    // The kernels of a plan compile in parallel: a cold plan costs its slowest kernel.
-    std::vector<std::future<std::shared_ptr<const engine::CompiledKernel>>> pending;
-    for (const auto& source : sources) {
-      pending.push_back(std::async(
-          std::launch::async, [&, &source = source] { return store.get(source, arch, labels); }));
-    }
-    auto plan = std::make_shared<engine::PreparedPlan>();
-    plan->layer = layer;
-    plan->grad = grad;
-    plan->arch = arch;
-    for (auto& kernel : pending) plan->kernels.push_back(kernel.get());
-    ++plans_built;
-    engine::log(LogLevel::info, "built plan {} grad={} for {} in {:.3f} s", layer.describe(),
-                grad == GradMode::grad, arch,
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    return std::shared_ptr<const engine::PreparedPlan>(std::move(plan));
-  });
+std::shared_ptr<const engine::PreparedPlan> Engine::Impl::prepared_plan(
+    const engine::PlanKey& device_key, const LayerSpec& layer, const std::string& arch) {
+  engine::PlanKey key = device_key;
+  key.device = -1;  // compiled code does not depend on the device, only on its arch
+  bool built = false;
+  auto plan = prepared.get_or_build(
+      {key, arch}, [&] { return build_plan(key, layer, arch); }, &built);
+  if (!built) ++memory_hits;
+  return plan;
 }
 
-engine::DevicePlan& Engine::Impl::device_plan(const engine::PlanKey& key, const LayerSpec& layer,
-                                              const Recipe& recipe, GradMode grad) {
+std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engine::PlanKey& key,
+                                                                     const LayerSpec& layer,
+                                                                     const std::string& arch) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<engine::Op> ops = engine::ops_for_layer(layer);
+  const std::vector<engine::FusedOp> fused = engine::fuse(ops, engine::forward_fusion_rules());
+  if (fused.size() != 1 || fused[0].kind != engine::FusedKind::grouped_mlp) {
+    throw Error(Status::unsupported,
+                "this layer does not fuse into one grouped-MLP op; op-by-op execution is not "
+                "implemented yet");
+  }
+  const bool grad = key.grad != 0;
+  const std::vector<codegen::KernelSource> sources =
+      key.backward
+          ? codegen::emit_grouped_mlp_backward({layer, GradientSet::from_bits(key.gradients)})
+          : codegen::emit_grouped_mlp_forward({layer, grad, arch, options.portable_kernels_only});
+  const engine::KernelLabels labels{key.options_key, grad};
+  // The kernels of a plan compile in parallel: a cold plan costs about its slowest kernel.
+  std::vector<std::future<std::shared_ptr<const engine::CompiledKernel>>> pending;
+  for (const auto& source : sources) {
+    pending.push_back(std::async(
+        std::launch::async, [&, &source = source] { return store.get(source, arch, labels); }));
+  }
+  auto plan = std::make_shared<engine::PreparedPlan>();
+  plan->layer = layer;
+  plan->key = key;
+  plan->arch = arch;
+  for (auto& kernel : pending) plan->kernels.push_back(kernel.get());
+  ++(key.backward ? backward_plans_built : forward_plans_built);
+  engine::log(LogLevel::info, "built {} plan {} grad={} for {} in {:.3f} s",
+              key.backward ? "backward" : "forward", layer.describe(), grad, arch,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return plan;
+}
+
+engine::DevicePlan& Engine::Impl::device_plan(const engine::PlanKey& key, const LayerSpec& layer) {
   bool built = false;
   engine::DevicePlan& plan = device_plans.get(
       key,
       [&] {
         engine::DeviceContext& device = engine::DeviceRegistry::instance().get(key.device);
         auto loaded = std::make_shared<engine::DevicePlan>();
-        loaded->prepared = prepared_plan(layer, recipe, grad, device.info().arch);
+        loaded->prepared = prepared_plan(key, layer, device.info().arch);
         loaded->device = &device;
         for (const auto& kernel : loaded->prepared->kernels) {
-          auto& added = loaded->kernels.emplace_back(
-              std::make_unique<engine::LoadedKernel>(kernel->cubin, kernel->entry, kernel->launch));
+          auto& added = loaded->kernels.emplace_back(std::make_unique<engine::LoadedKernel>(
+              kernel->cubin, kernel->entry, kernel->role, kernel->launch));
           added->prepare_for(device);
         }
         engine::log(LogLevel::debug, "loaded plan {} on cuda:{}", layer.describe(), key.device);
@@ -128,52 +152,25 @@ engine::DevicePlan& Engine::Impl::device_plan(const engine::PlanKey& key, const 
 Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>(options)) {}
 Engine::~Engine() = default;
 
-void Engine::forward(const LayerSpec& spec, const Recipe& recipe, const ForwardArgs& args,
-                     GradMode grad, StreamHandle stream) {
-  const std::int64_t tokens = engine::validate_forward(spec, grad, args);
-  const engine::PlanKey key = engine::PlanKey::make(spec, recipe, grad, args.x.device.ordinal);
-  engine::DevicePlan& plan = impl_->device_plan(key, spec, recipe, grad);
-  if (tokens == 0) return;
-
-  auto cu_stream = static_cast<CUstream>(stream);
-  engine::ScopedContext context(plan.device->context());
-  void* activation = impl_->workspaces.get(*plan.device, cu_stream,
-                                           static_cast<std::size_t>(tokens * spec.ffn) * 2);
-  kt::GroupedGemmParams fc1{args.x.data,
-                            args.w1.data,
-                            args.b1.data,
-                            static_cast<const float*>(args.probs.data),
-                            args.split_sizes.data,
-                            activation,
-                            args.saved_preact.data,
-                            tokens};
-  kt::GroupedGemmParams fc2{activation,
-                            args.w2.data,
-                            args.b2.data,
-                            static_cast<const float*>(args.probs.data),
-                            args.split_sizes.data,
-                            args.y.data,
-                            nullptr,
-                            tokens};
-  void* fc1_args[] = {&fc1};
-  void* fc2_args[] = {&fc2};
-  plan.kernels[0]->launch(static_cast<std::uint64_t>(tokens), cu_stream, fc1_args);
-  plan.kernels[1]->launch(static_cast<std::uint64_t>(tokens), cu_stream, fc2_args);
-}
-
 PreparedPlanInfo Engine::prepare(const LayerSpec& spec, const Recipe& recipe, GradMode grad,
                                  const std::string& arch) {
   codegen::check_supported(spec);
-  auto plan = impl_->prepared_plan(spec, recipe, grad, arch);
-  PreparedPlanInfo info;
-  info.arch = plan->arch;
-  for (const auto& kernel : plan->kernels) info.kernel_names.push_back(kernel->entry);
-  return info;
+  return engine::describe(
+      *impl_->prepared_plan(engine::PlanKey::make(spec, recipe, grad, -1), spec, arch));
+}
+
+PreparedPlanInfo Engine::prepare_backward(const LayerSpec& spec, const Recipe& recipe,
+                                          const GradientSet& gradients, const std::string& arch) {
+  codegen::check_supported(spec);
+  return engine::describe(*impl_->prepared_plan(
+      engine::PlanKey::make_backward(spec, recipe, gradients, -1), spec, arch));
 }
 
 EngineCounters Engine::counters() const {
   EngineCounters c;
-  c.plans_built = impl_->plans_built.load();
+  c.forward_plans_built = impl_->forward_plans_built.load();
+  c.backward_plans_built = impl_->backward_plans_built.load();
+  c.plans_built = c.forward_plans_built + c.backward_plans_built;
   c.kernels_compiled = impl_->store_counters.kernels_compiled.load();
   c.disk_reads = impl_->store_counters.disk_reads.load();
   c.disk_writes = impl_->store_counters.disk_writes.load();

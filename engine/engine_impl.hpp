@@ -31,14 +31,20 @@ namespace gmjit {
 struct Engine::Impl {
   explicit Impl(const EngineOptions& options);
 
-  std::shared_ptr<const engine::PreparedPlan> prepared_plan(const LayerSpec& layer,
-                                                            const Recipe& recipe, GradMode grad,
+  // The plan of `key` (its device field is ignored) compiled for `arch`, built once.
+  std::shared_ptr<const engine::PreparedPlan> prepared_plan(const engine::PlanKey& key,
+                                                            const LayerSpec& layer,
                                                             const std::string& arch);
-  engine::DevicePlan& device_plan(const engine::PlanKey& key, const LayerSpec& layer,
-                                  const Recipe& recipe, GradMode grad);
+  std::shared_ptr<const engine::PreparedPlan> build_plan(const engine::PlanKey& key,
+                                                         const LayerSpec& layer,
+                                                         const std::string& arch);
+  // The plan of `key` loaded on key.device, built once; warm lookups take no lock.
+  engine::DevicePlan& device_plan(const engine::PlanKey& key, const LayerSpec& layer);
 
+  const EngineOptions options;
   engine::StoreCounters store_counters;
-  std::atomic<std::uint64_t> plans_built{0};
+  std::atomic<std::uint64_t> forward_plans_built{0};
+  std::atomic<std::uint64_t> backward_plans_built{0};
   std::atomic<std::uint64_t> memory_hits{0};
   engine::KernelStore store;
   engine::WorkspacePool workspaces;

@@ -13,9 +13,9 @@ namespace gmjit::engine {
 namespace {
 
 constexpr std::uint32_t kPayloadMagic = 0x504b4d47;  // "GMKP"
-constexpr std::uint32_t kPayloadVersion = 1;
+constexpr std::uint32_t kPayloadVersion = 2;
 // Bump when anything about how kernels are generated or launched changes meaning.
-constexpr std::string_view kEngineFormat = "gmjit-kernel-v1";
+constexpr std::string_view kEngineFormat = "gmjit-kernel-v2";
 
 class Writer {
  public:

@@ -7,8 +7,8 @@
 namespace gmjit::engine {
 
 LoadedKernel::LoadedKernel(std::span<const std::byte> cubin, std::string entry,
-                           codegen::LaunchShape launch)
-    : entry_(std::move(entry)), launch_(launch) {
+                           codegen::KernelRole role, codegen::LaunchShape launch)
+    : entry_(std::move(entry)), role_(role), launch_(launch) {
   const DriverApi& api = driver();
   check_driver(
       api.cuLibraryLoadData(&library_, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
@@ -36,14 +36,17 @@ void LoadedKernel::prepare_for(const DeviceContext& device) {
   prepared_devices_[ordinal].store(true, std::memory_order_release);
 }
 
-void LoadedKernel::launch(std::uint64_t tokens, CUstream stream, void** args) const {
+void LoadedKernel::launch(const DeviceContext& device, std::uint64_t tokens, CUstream stream,
+                          void** args) const {
   // Callers validate the token count up front (validate.cpp), so this never truncates.
   const std::uint64_t rows = launch_.rows_y(static_cast<std::int64_t>(tokens));
   // A CUkernel launches in the current context, which the caller made the tensors' device.
-  check_driver(driver().cuLaunchKernel(reinterpret_cast<CUfunction>(kernel_), launch_.grid_x,
-                                       static_cast<unsigned>(rows), launch_.grid_z,
-                                       launch_.threads, 1, 1,
-                                       launch_.dynamic_smem_bytes, stream, args, nullptr),
+  const unsigned grid_x = launch_.grid == codegen::LaunchShape::Grid::persistent
+                              ? static_cast<unsigned>(device.info().multiprocessors)
+                              : launch_.grid_x;
+  check_driver(driver().cuLaunchKernel(reinterpret_cast<CUfunction>(kernel_), grid_x,
+                                       static_cast<unsigned>(rows), launch_.grid_z, launch_.threads,
+                                       1, 1, launch_.dynamic_smem_bytes, stream, args, nullptr),
                "cuLaunchKernel");
 }
 

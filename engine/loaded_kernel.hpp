@@ -17,7 +17,8 @@ class DeviceContext;
 
 class LoadedKernel {
  public:
-  LoadedKernel(std::span<const std::byte> cubin, std::string entry, codegen::LaunchShape launch);
+  LoadedKernel(std::span<const std::byte> cubin, std::string entry, codegen::KernelRole role,
+               codegen::LaunchShape launch);
   ~LoadedKernel();
   LoadedKernel(const LoadedKernel&) = delete;
   LoadedKernel& operator=(const LoadedKernel&) = delete;
@@ -25,17 +26,20 @@ class LoadedKernel {
   // Sets the kernel's per-device attributes the first time `device` is seen.
   void prepare_for(const DeviceContext& device);
 
-  // Launches on `stream`; the device's context must be current (the caller holds a
+  // Launches on `stream` of `device`, whose context must be current (the caller holds a
   // ScopedContext). `args` points at the kernel parameters.
-  void launch(std::uint64_t tokens, CUstream stream, void** args) const;
+  void launch(const DeviceContext& device, std::uint64_t tokens, CUstream stream,
+              void** args) const;
 
   const std::string& entry() const { return entry_; }
+  codegen::KernelRole role() const { return role_; }
   const codegen::LaunchShape& launch_shape() const { return launch_; }
 
  private:
   CUlibrary library_ = nullptr;
   CUkernel kernel_ = nullptr;
   std::string entry_;
+  codegen::KernelRole role_;
   codegen::LaunchShape launch_;
   std::array<std::atomic<bool>, 64> prepared_devices_{};
 };

@@ -22,11 +22,15 @@ struct PlanKey {
   std::uint64_t options_key = 0;
   std::uint32_t act_limit_bits = 0, act_alpha_bits = 0;  // floats as bits: memcmp-safe
   std::uint8_t activation = 0, glu_layout = 0, split_dtype = 0, grad = 0;
-  std::uint8_t fc1_bias = 0, fc2_bias = 0, probs = 0, reserved = 0;
-  std::int32_t device = -1;  // ordinal; -1 for an arch-only (prepared) plan
-  std::int32_t reserved2 = 0;
+  std::uint8_t fc1_bias = 0, fc2_bias = 0, probs = 0;
+  std::uint8_t gradients = 0;  // backward: GradientSet::bits(); forward: 0
+  std::int32_t device = -1;    // ordinal; -1 for an arch-only (prepared) plan
+  std::uint8_t backward = 0;   // 1: the backward plan of a grad-enabled forward
+  std::uint8_t padding[3] = {};
 
   static PlanKey make(const LayerSpec& layer, const Recipe& recipe, GradMode grad, int device);
+  static PlanKey make_backward(const LayerSpec& layer, const Recipe& recipe,
+                               const GradientSet& gradients, int device);
   friend bool operator==(const PlanKey& a, const PlanKey& b) {
     return std::memcmp(&a, &b, sizeof(PlanKey)) == 0;
   }
@@ -41,7 +45,7 @@ struct PlanKeyHash {
 
 struct PreparedPlan {
   LayerSpec layer;
-  GradMode grad = GradMode::no_grad;
+  PlanKey key;
   std::string arch;
   std::vector<std::shared_ptr<const CompiledKernel>> kernels;  // launch order
 };
@@ -51,5 +55,7 @@ struct DevicePlan {
   DeviceContext* device = nullptr;
   std::vector<std::unique_ptr<LoadedKernel>> kernels;  // same order as prepared->kernels
 };
+
+PreparedPlanInfo describe(const PreparedPlan& plan);
 
 }  // namespace gmjit::engine

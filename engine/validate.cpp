@@ -53,6 +53,12 @@ void check_absent(const char* name, const TensorRef& t, const char* flag) {
   }
 }
 
+// An optional output: absent is fine; present must match.
+void check_optional(const char* name, const TensorRef& t, DType dtype,
+                    std::initializer_list<std::int64_t> shape, const Device& device) {
+  if (t.data != nullptr) check_tensor(name, t, dtype, shape, device);
+}
+
 }  // namespace
 
 std::int64_t validate_forward(const LayerSpec& layer, GradMode grad, const ForwardArgs& args) {
@@ -95,6 +101,51 @@ std::int64_t validate_forward(const LayerSpec& layer, GradMode grad, const Forwa
     check_absent("saved_preact", args.saved_preact, "grad mode");
   }
   return tokens;
+}
+
+GradientSet validate_backward(const ForwardContext& context, const Recipe& recipe,
+                              const BackwardArgs& args) {
+  if (context.tokens < 0) fail("context", "was not produced by Engine::forward");
+  if (context.grad != GradMode::grad) {
+    fail("context",
+         "comes from a no-grad forward, which saves nothing for a backward; run the "
+         "forward with GradMode::grad");
+  }
+  if (context.options_key != recipe.options_key()) {
+    fail("recipe", "differs from the recipe of the forward (its options_key)");
+  }
+  const LayerSpec& layer = context.layer;
+  const std::int64_t T = context.tokens, E = layer.experts, H = layer.hidden, F = layer.ffn;
+  const std::int64_t F1 = layer.fc1_out();
+  const Device device = context.device;
+  check_tensor("dy", args.dy, DType::bf16, {T, H}, device);
+  check_tensor("x", args.x, DType::bf16, {T, H}, device);
+  check_tensor("split_sizes", args.split_sizes, layer.split_dtype, {E}, device);
+  check_tensor("w1", args.w1, DType::bf16, {E, F1, H}, device);
+  check_tensor("w2", args.w2, DType::bf16, {E, H, F}, device);
+  check_tensor("saved_preact", args.saved_preact, DType::bf16, {T, F1}, device);
+  if (args.saved_preact.data != context.saved_preact) {
+    fail("saved_preact", "is not the tensor the grad-enabled forward wrote");
+  }
+  if (layer.router_probs) {
+    check_tensor("probs", args.probs, DType::f32, {T}, device);
+  } else {
+    check_absent("probs", args.probs, "router_probs");
+    check_absent("dprobs", args.dprobs, "router_probs");
+  }
+  if (layer.fc2_bias && layer.router_probs) {
+    check_tensor("b2", args.b2, DType::bf16, {E, H}, device);  // dprobs needs ⟨dy, b2⟩
+  }
+  if (!layer.fc1_bias) check_absent("db1", args.db1, "fc1_bias");
+  if (!layer.fc2_bias) check_absent("db2", args.db2, "fc2_bias");
+  check_optional("dx", args.dx, DType::bf16, {T, H}, device);
+  check_optional("dw1", args.dw1, DType::f32, {E, F1, H}, device);
+  check_optional("db1", args.db1, DType::f32, {E, F1}, device);
+  check_optional("dw2", args.dw2, DType::f32, {E, H, F}, device);
+  check_optional("db2", args.db2, DType::f32, {E, H}, device);
+  check_optional("dprobs", args.dprobs, DType::f32, {T}, device);
+  return GradientSet{args.dx.present(), args.dw1.present(), args.db1.present(), args.dw2.present(),
+                     args.db2.present()};
 }
 
 }  // namespace gmjit::engine

@@ -10,4 +10,10 @@ namespace gmjit::engine {
 // args.x's CUDA device) and 16-byte alignment.
 std::int64_t validate_forward(const LayerSpec& layer, GradMode grad, const ForwardArgs& args);
 
+// Checks that `context` comes from a grad-enabled forward with this recipe and that every
+// tensor matches the forward's layer, token count and device. Returns the gradients asked for
+// (the optional outputs that are present).
+GradientSet validate_backward(const ForwardContext& context, const Recipe& recipe,
+                              const BackwardArgs& args);
+
 }  // namespace gmjit::engine

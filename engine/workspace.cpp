@@ -6,13 +6,17 @@
 
 namespace gmjit::engine {
 
-void* WorkspacePool::get(DeviceContext& device, CUstream stream, std::size_t bytes) {
+void* WorkspacePool::get(DeviceContext& device, CUstream stream, Workspace which,
+                         std::size_t bytes) {
   std::lock_guard lock(mutex_);
   Slot* slot = nullptr;
   for (Slot& candidate : slots_) {
-    if (candidate.device == device.ordinal() && candidate.stream == stream) slot = &candidate;
+    if (candidate.device == device.ordinal() && candidate.stream == stream &&
+        candidate.which == which) {
+      slot = &candidate;
+    }
   }
-  if (slot == nullptr) slot = &slots_.emplace_back(Slot{device.ordinal(), stream, {}});
+  if (slot == nullptr) slot = &slots_.emplace_back(Slot{device.ordinal(), stream, which, {}});
   if (slot->buffer.size() < bytes) {
     // The old buffer may still be read by work queued on this stream.
     check_driver(driver().cuStreamSynchronize(stream), "cuStreamSynchronize");

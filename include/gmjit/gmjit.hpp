@@ -29,12 +29,42 @@ struct ForwardArgs {
   TensorRef saved_preact;  // [T, F1] bf16, written in grad mode (what backward needs)
 };
 
+// What a forward leaves for its backward: a plain value the caller keeps with its tensors.
+struct ForwardContext {
+  LayerSpec layer;
+  GradMode grad = GradMode::no_grad;
+  std::uint64_t options_key = 0;
+  std::int64_t tokens = -1;  // -1: not produced by a forward
+  Device device{};
+  const void* saved_preact = nullptr;  // the tensor the grad-enabled forward wrote
+};
+
+struct BackwardArgs {
+  TensorRef dy;  // [T, H] bf16, gradient of y
+  // The forward's inputs, which the caller holds (gmjit's forward saves only the
+  // pre-activation, in the caller's saved_preact):
+  TensorRef x, split_sizes, w1, w2, b2, probs, saved_preact;
+  // Gradients: give the ones you need; absent ones are not computed.
+  TensorRef dx;             // [T, H] bf16
+  TensorRef dw1;            // [E, F1, H] fp32
+  TensorRef db1;            // [E, F1] fp32 (layer with fc1_bias)
+  TensorRef dw2;            // [E, H, F] fp32
+  TensorRef db2;            // [E, H] fp32 (layer with fc2_bias)
+  TensorRef dprobs;         // [T] fp32 (layer with router_probs)
+  bool accumulate = false;  // add into dw1/db1/dw2/db2 (fp32 main-grad buffers)
+};
+
 struct EngineOptions {
   bool use_disk_cache = true;  // the environment can still disable it (GMJIT_CACHE_DISABLE)
+  // Use the portable (mma.sync) forward kernels even where Hopper kernels exist: for testing
+  // both paths on one machine and for comparing them.
+  bool portable_kernels_only = false;
 };
 
 struct EngineCounters {
-  std::uint64_t plans_built = 0;
+  std::uint64_t plans_built = 0;  // forward + backward
+  std::uint64_t forward_plans_built = 0;
+  std::uint64_t backward_plans_built = 0;
   std::uint64_t kernels_compiled = 0;
   std::uint64_t disk_reads = 0;   // kernels served from the disk cache
   std::uint64_t disk_writes = 0;  // kernels published to the disk cache
@@ -65,13 +95,20 @@ class Engine {
 
   // Runs the forward on the device holding the tensors, on `stream` (a stream of that device) or
   // that device's default stream. Invalid arguments are rejected before anything is launched.
-  void forward(const LayerSpec& spec, const Recipe& recipe, const ForwardArgs& args,
-               GradMode grad = GradMode::no_grad, StreamHandle stream = nullptr);
+  ForwardContext forward(const LayerSpec& spec, const Recipe& recipe, const ForwardArgs& args,
+                         GradMode grad = GradMode::no_grad, StreamHandle stream = nullptr);
+
+  // Gradients of the layer, on the stream's (or the default stream of) the tensors' device.
+  // `context` must come from a grad-enabled forward of the same layer and token count.
+  void backward(const ForwardContext& context, const Recipe& recipe, const BackwardArgs& args,
+                StreamHandle stream = nullptr);
 
   // Generates and compiles (or loads from the caches) every kernel of the plan for `arch`,
   // without a GPU. Used to warm a cache ahead of time.
   PreparedPlanInfo prepare(const LayerSpec& spec, const Recipe& recipe, GradMode grad,
                            const std::string& arch);
+  PreparedPlanInfo prepare_backward(const LayerSpec& spec, const Recipe& recipe,
+                                    const GradientSet& gradients, const std::string& arch);
 
   EngineCounters counters() const;
   std::string cache_directory() const;

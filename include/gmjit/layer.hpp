@@ -89,6 +89,24 @@ struct LayerSpec {
   std::string describe() const;  // "E=8 H=4096 F=14336 swiglu(halves) b1 b2 probs i64"
 };
 
+// Which gradients a backward computes. FC1's pre-activation gradient is always computed (it is
+// needed by the others); everything else only when asked: frozen FC1 weights need no dW1, an
+// input that needs no grad gets no dx.
+struct GradientSet {
+  bool dx = true;
+  bool dw1 = true;
+  bool db1 = false;
+  bool dw2 = true;
+  bool db2 = false;
+
+  std::uint8_t bits() const {
+    return static_cast<std::uint8_t>(dx | dw1 << 1 | db1 << 2 | dw2 << 3 | db2 << 4);
+  }
+  static GradientSet from_bits(std::uint8_t b) {
+    return {(b & 1) != 0, (b & 2) != 0, (b & 4) != 0, (b & 8) != 0, (b & 16) != 0};
+  }
+};
+
 // Where a tensor lives. Only CUDA devices run kernels; `cpu` tensors are rejected by forward.
 struct Device {
   enum class Kind : std::uint8_t { cpu, cuda };

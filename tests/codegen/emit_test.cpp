@@ -66,6 +66,28 @@ TEST(GroupedMlpEmit, Fc2IsSharedAcrossGradModesAndActivations) {
   EXPECT_EQ(a[1].entry, b[1].entry);
 }
 
+TEST(GroupedMlpEmit, Sm90aGetsPersistentTensorMapKernelsWhereDimsAllow) {
+  const auto hopper = emit_grouped_mlp_forward({mixtral(), false, "sm_90a", false});
+  for (const auto& k : hopper) {
+    EXPECT_EQ(k.launch.grid, LaunchShape::Grid::persistent) << k.entry;
+    EXPECT_EQ(k.launch.operands, LaunchShape::Operands::tensor_maps) << k.entry;
+    EXPECT_NE(k.source.find("sm90_mlp_fwd.cuh"), std::string::npos);
+  }
+  const auto portable = emit_grouped_mlp_forward({mixtral(), false, "sm_90a", true});
+  EXPECT_EQ(portable[0].launch.operands, LaunchShape::Operands::pointers);
+  EXPECT_EQ(emit_grouped_mlp_forward({mixtral(), false, "sm_80", false})[0].launch.operands,
+            LaunchShape::Operands::pointers);
+}
+
+TEST(GroupedMlpEmit, Sm90aFallsBackToPortableKernelsForWidthsNoHopperTileDivides) {
+  LayerSpec layer = mixtral();
+  layer.activation.kind = Activation::relu;
+  layer.ffn = 192;  // non-GLU FC1 needs ffn % 128 == 0 on Hopper
+  const auto kernels = emit_grouped_mlp_forward({layer, false, "sm_90a", false});
+  EXPECT_EQ(kernels[0].launch.operands, LaunchShape::Operands::pointers);
+  EXPECT_EQ(kernels[1].launch.operands, LaunchShape::Operands::tensor_maps);
+}
+
 TEST(GroupedMlpEmit, RejectsDimsTheKernelsCannotServe) {
   LayerSpec layer = mixtral();
   layer.hidden = 100;

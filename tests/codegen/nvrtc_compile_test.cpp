@@ -32,7 +32,8 @@ TEST_P(NvrtcCompilesPlanKernels, ToANonEmptyCubin) {
   layer.activation.kind = c.activation;
   layer.activation.layout = c.layout;
   layer.fc1_bias = layer.fc2_bias = layer.router_probs = c.biases_and_probs;
-  for (const KernelSource& kernel : emit_grouped_mlp_forward({layer, c.save_preact})) {
+  for (const KernelSource& kernel :
+       emit_grouped_mlp_forward({layer, c.save_preact, c.arch, false})) {
     const CompiledCubin cubin = compile_to_cubin(kernel, c.arch, "test");
     EXPECT_GT(cubin.cubin.size(), 1000u) << kernel.entry;
     EXPECT_LT(cubin.seconds, 30.0) << kernel.entry;
@@ -69,7 +70,7 @@ TEST_P(NvrtcCompilesBackwardKernels, EveryGradientKernel) {
   layer.activation.kind = c.activation;
   layer.activation.layout = c.layout;
   layer.fc1_bias = layer.fc2_bias = layer.router_probs = c.biases_and_probs;
-  BackwardOutputs all;
+  GradientSet all;
   all.db1 = all.db2 = true;
   const auto kernels = emit_grouped_mlp_backward({layer, all});
   ASSERT_EQ(kernels.size(), 6u);

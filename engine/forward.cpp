@@ -1,0 +1,96 @@
+// Engine::forward: validate, find the plan, launch FC1 and FC2 on the tensors' device.
+#include "engine/device_context.hpp"
+#include "engine/driver.hpp"
+#include "engine/engine_impl.hpp"
+#include "engine/tensor_maps.hpp"
+#include "engine/validate.hpp"
+#include "kernel_templates/params.cuh"
+
+namespace gmjit {
+namespace {
+
+// One forward GEMM's operands, in whichever parameter block its kernel takes.
+struct GemmOperands {
+  const void* a;
+  std::int64_t k;
+  const void* b;
+  std::int64_t n_total;
+  engine::Sm90BLayout b_layout;
+  kt::GroupedGemmParams plain;
+};
+
+void launch_gemm(const engine::LoadedKernel& kernel, const engine::DeviceContext& device,
+                 const LayerSpec& layer, const GemmOperands& op, CUstream stream) {
+  const auto& shape = kernel.launch_shape();
+  const auto tokens = static_cast<std::uint64_t>(op.plain.tokens);
+  if (shape.operands == codegen::LaunchShape::Operands::pointers) {
+    kt::GroupedGemmParams params = op.plain;
+    void* args[] = {&params};
+    kernel.launch(device, tokens, stream, args);
+    return;
+  }
+  kt::Sm90GemmParams params{};
+  const engine::Sm90GemmOperands maps{op.a,
+                                      op.plain.tokens,
+                                      static_cast<int>(op.k),
+                                      op.b,
+                                      static_cast<int>(layer.experts),
+                                      static_cast<int>(op.n_total),
+                                      static_cast<int>(shape.block_m),
+                                      static_cast<int>(shape.block_n),
+                                      op.b_layout};
+  engine::check_driver(
+      engine::encode_sm90_gemm_maps(engine::driver().cuTensorMapEncodeTiled, maps, params),
+      "cuTensorMapEncodeTiled");
+  params.bias = op.plain.bias;
+  params.probs = op.plain.probs;
+  params.split_sizes = op.plain.split_sizes;
+  params.out = op.plain.out;
+  params.preact_out = op.plain.preact_out;
+  params.tokens = op.plain.tokens;
+  void* args[] = {&params};
+  kernel.launch(device, tokens, stream, args);
+}
+
+engine::Sm90BLayout fc1_b_layout(const ActivationSpec& act) {
+  if (!is_glu(act.kind)) return engine::Sm90BLayout::kPlain;
+  return act.layout == GluLayout::interleaved32 ? engine::Sm90BLayout::kGluInterleaved32
+                                                : engine::Sm90BLayout::kGluHalves;
+}
+
+}  // namespace
+
+ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, const ForwardArgs& args,
+                               GradMode grad, StreamHandle stream) {
+  const std::int64_t tokens = engine::validate_forward(spec, grad, args);
+  const engine::PlanKey key = engine::PlanKey::make(spec, recipe, grad, args.x.device.ordinal);
+  engine::DevicePlan& plan = impl_->device_plan(key, spec);
+  const ForwardContext context{spec,   grad,          recipe.options_key(),
+                               tokens, args.x.device, args.saved_preact.data};
+  if (tokens == 0) return context;
+
+  auto cu_stream = static_cast<CUstream>(stream);
+  engine::ScopedContext scope(plan.device->context());
+  void* activation = impl_->workspaces.get(*plan.device, cu_stream, engine::Workspace::activation,
+                                           static_cast<std::size_t>(tokens * spec.ffn) * 2);
+  const auto* probs = static_cast<const float*>(args.probs.data);
+  const GemmOperands fc1{args.x.data,
+                         spec.hidden,
+                         args.w1.data,
+                         spec.fc1_out(),
+                         fc1_b_layout(spec.activation),
+                         {args.x.data, args.w1.data, args.b1.data, probs, args.split_sizes.data,
+                          activation, args.saved_preact.data, tokens}};
+  const GemmOperands fc2{activation,
+                         spec.ffn,
+                         args.w2.data,
+                         spec.hidden,
+                         engine::Sm90BLayout::kPlain,
+                         {activation, args.w2.data, args.b2.data, probs, args.split_sizes.data,
+                          args.y.data, nullptr, tokens}};
+  launch_gemm(*plan.kernels[0], *plan.device, spec, fc1, cu_stream);
+  launch_gemm(*plan.kernels[1], *plan.device, spec, fc2, cu_stream);
+  return context;
+}
+
+}  // namespace gmjit

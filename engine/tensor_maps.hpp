@@ -1,0 +1,48 @@
+#pragma once
+// Host-side TMA descriptors (CUtensorMap) for the Hopper forward kernels (Fc1Sm90 / Fc2Sm90 in
+// kernel_templates/sm90_mlp_fwd.cuh). The driver function is passed in (the engine loads libcuda
+// with dlopen), so this file links against nothing.
+//
+// Every map is bf16, 128-byte swizzle, box inner dimension 64 elements (= block_k, 128 bytes),
+// out-of-bounds elements zero-filled. The kernel's smem layout and coordinates depend on these
+// exact shapes: change them only together with the template.
+//   A  [tokens, K]            2-D {K, tokens}, box {64, block_m}
+//   B  kPlain                 2-D {K, E*N} over [E, N, K], box {64, block_n}
+//      kGluHalves             4-D {K, F, 2, E} (gate = rows [0, F), lin = rows [F, 2F)),
+//                             box {64, block_n/2, 1, 1}
+//      kGluInterleaved32      4-D {K, 32, 2, E*F/32} (blocks of 32 gate rows then 32 lin rows),
+//                             box {64, 32, 1, block_n/64}
+#include <cuda.h>
+
+#include "kernel_templates/params.cuh"
+
+namespace gmjit::engine {
+
+using TensorMapEncodeTiledFn = decltype(&cuTensorMapEncodeTiled);
+
+enum class Sm90BLayout {
+  kPlain = 0,             // FC1 with a non-GLU activation, and FC2
+  kGluHalves = 1,         // FC1 with GLU, GluLayout::kHalves
+  kGluInterleaved32 = 2,  // FC1 with GLU, GluLayout::kInterleaved32
+};
+
+struct Sm90GemmOperands {
+  const void* a;     // [tokens, k] bf16, 16-byte aligned
+  long long tokens;  // rows of a (0 allowed: the map then covers one row and is never read)
+  int k;             // reduction length: hidden for FC1, ffn for FC2 (multiple of 64)
+  const void* b;     // [experts, n_total, k] bf16, 16-byte aligned
+  int experts;
+  int n_total;  // B rows per expert: F1 (= 2F for GLU) for FC1, hidden for FC2
+  int block_m;  // Cfg::block_m of the kernel that uses the maps
+  int block_n;  // Cfg::block_n of the kernel that uses the maps
+  Sm90BLayout layout;
+};
+
+// Fills params.tmap_a / params.tmap_b (and params.a / params.b). Returns the first error of
+// `encode` (CUDA_ERROR_INVALID_VALUE for operands the maps cannot describe), CUDA_SUCCESS
+// otherwise. Other params fields are left to the caller. Maps depend only on pointers and shapes:
+// a plan may cache them per (pointer, tokens) and re-encode when either changes (~1 µs each).
+CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOperands& ops,
+                               gmjit::kt::Sm90GemmParams& params);
+
+}  // namespace gmjit::engine

@@ -1,0 +1,296 @@
+#pragma once
+// Hopper grouped NT GEMM body shared by Fc1Sm90 / Fc2Sm90: acc = A_rows · B_expertᵀ per tile,
+// A [tokens, K] and B [E, N, K] both K-contiguous bf16, fp32 accumulators, then Epi::store.
+//
+// Persistent, warp-specialized CTA of 384 threads (3 warpgroups):
+//   warpgroup 0  producer: one warp walks the tiles and issues TMA loads of A (block_m x 64) and
+//                B (block_n x 64) into a `stages`-deep ring; 128-byte swizzle, K-major
+//   warpgroups 1, 2  consumers: each owns block_m / 2 rows of the tile (block_m / 128 wgmma
+//                m64 tiles) times all block_n columns, issues wgmma from shared memory, and runs
+//                the epilogue (outputs leave through a per-warp smem buffer as 16-byte stores)
+// Ring protocol: full[s] (1 arrive + TMA transaction bytes) and empty[s] (one arrive per consumer
+// warp after its wgmma reading stage s retired). The producer runs ahead into the next tile while
+// the consumers store, so loads overlap the epilogue.
+// Tiles: t = blockIdx.x, += gridDim.x over num_m * num_n, where num_m is the exact number of
+// row tiles (expert tiles + tail tiles, from the device split sizes); grouped rasterization
+// (group_m row tiles per column sweep) keeps A and B tiles shared in L2. Only the producer warp
+// runs the schedule: it writes each tile's (expert, rows, column tile) into the info slot of the
+// tile's first stage, so the consumers' critical path has no split-size scan. Tail tiles and the
+// final "done" marker take one stage each, with no data (plain arrive on full[s]).
+
+#include "gmjit/bf16.cuh"
+#include "gmjit/expert_schedule.cuh"
+#include "gmjit/params.cuh"
+#include "gmjit/sm90_wgmma.cuh"
+
+namespace gmjit::kt::sm90 {
+
+template <bool kInt64>
+struct SplitType {
+  using type = int;
+};
+template <>
+struct SplitType<true> {
+  using type = long long;
+};
+
+// Tile/pipeline constants derived from a Cfg.
+template <class Cfg>
+struct Shape {
+  static constexpr int block_m = Cfg::block_m, block_n = Cfg::block_n, stages = Cfg::stages;
+  static constexpr int block_k = 64;  // one 128-byte swizzle row of bf16
+  static constexpr int threads = 384;
+  static constexpr int consumer_warps = 8;
+  // setmaxnreg budgets (entry cap 168 = 65536 / 384 rounded down to 8): the consumers take what
+  // the producer warpgroup gives back (128 * 40 + 256 * 232 <= 65536).
+  static constexpr int producer_regs = 40;
+  static constexpr int consumer_regs = 232;
+  static constexpr int mt = block_m / 128;  // m64 wgmma tiles per consumer warpgroup
+  static constexpr int regs = block_n / 2;  // fp32 accumulators per thread per m64 tile
+  static constexpr int a_stage_bytes = block_m * 128;
+  static constexpr int b_stage_bytes = block_n * 128;
+  static constexpr int stage_bytes = a_stage_bytes + b_stage_bytes;
+  // Epilogue staging: per consumer warp 16 rows x 64 columns bf16, rows padded to 144 B so that
+  // both the fragment writes and the 16-byte row reads are conflict-free (18432 B in all).
+  static constexpr int stage_row_bytes = 144;
+  static constexpr int out_stage_bytes = consumer_warps * 16 * stage_row_bytes;
+  // Ring + 1024 B to align it + 1024 B for 48 B per stage (2 mbarriers, a 32 B tile-info slot)
+  // + epilogue staging.
+  static constexpr int smem_bytes = stages * (block_m + block_n) * 128 + 2048 + out_stage_bytes;
+
+  static_assert(Cfg::block_k == 64, "sm90 kernels use block_k = 64 (128-byte swizzle rows)");
+  static_assert(block_m == 128 || block_m == 256, "block_m must be 128 or 256");
+  static_assert(block_n == 128 || block_n == 256, "block_n must be 128 or 256");
+  static_assert(mt * regs <= 128, "accumulators exceed 128 registers per thread");
+  static_assert(stages >= 2 && stages <= 16, "stages must be in [2, 16]");
+  static_assert(Cfg::smem_bytes == smem_bytes,
+                "Cfg::smem_bytes != stages * (block_m + block_n) * 128 + 20480");
+  static_assert(smem_bytes <= 232448, "exceeds the 227 KiB of shared memory of a CTA");
+};
+
+// Number of row tiles (expert tiles + tail tiles) that find_row_tile enumerates. Warp-collective.
+template <class SplitT, int kExperts, int kBlockM>
+__device__ __forceinline__ int count_row_tiles(const SplitT* __restrict__ split, long long tokens) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  long long row_base = 0;
+  int tiles = 0;
+  for (int e0 = 0; e0 < kExperts; e0 += 32) {
+    const int e = e0 + lane;
+    long long n = e < kExperts ? static_cast<long long>(split[e]) : 0;
+    if (n < 0) n = 0;
+    const long long end_u = row_base + kt::detail::warp_inclusive_scan(n, lane);
+    const long long beg_u = end_u - n;
+    const long long beg = beg_u < tokens ? beg_u : tokens;
+    const long long end = end_u < tokens ? end_u : tokens;
+    int t = static_cast<int>((end - beg + kBlockM - 1) / kBlockM);
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) t += __shfl_xor_sync(0xffffffffu, t, d);
+    tiles += t;
+    row_base = kt::detail::shfl_idx(end_u, 31);
+  }
+  const long long covered = row_base < tokens ? row_base : tokens;
+  return tiles + static_cast<int>((tokens - covered + kBlockM - 1) / kBlockM);
+}
+
+// Linear tile index -> (row tile, column tile), walking `group` row tiles per column sweep.
+__device__ __forceinline__ void tile_coords(int t, int num_m, int num_n, int group, int& tile_m,
+                                            int& tile_n) {
+  const int per_group = group * num_n;
+  const int first_m = (t / per_group) * group;
+  const int size_m = num_m - first_m < group ? num_m - first_m : group;
+  const int in_group = t % per_group;
+  tile_m = first_m + in_group % size_m;
+  tile_n = in_group / size_m;
+}
+
+__device__ __forceinline__ unsigned char* dyn_smem() {
+  extern __shared__ __align__(1024) unsigned char gmjit_sm90_smem[];
+  return gmjit_sm90_smem;
+}
+
+// One consumer warp's 16 x 64 bf16 output block, staged in shared memory so that global stores
+// are whole 128-byte row segments (16 B per lane) instead of 4-byte fragment scatters.
+struct WarpStage {
+  unsigned int buf;  // shared address of 16 rows x 144 B, this warp's own (only __syncwarp)
+
+  // Fragment value of row (lane/4 + 8*half), columns 8*j + 2*(lane%4) + {0, 1}, j in [0, 8).
+  __device__ __forceinline__ void put(int j, int half, unsigned int bf16x2) const {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const unsigned int a = buf + ((lane >> 2) + 8 * half) * 144 + j * 16 + (lane & 3) * 4;
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(a), "r"(bf16x2) : "memory");
+  }
+
+  // Writes the block to out[row0 + r][col0 .. col0 + 64) for rows row0 + r < row_end.
+  __device__ __forceinline__ void flush(unsigned short* out, long long ld, long long row0,
+                                        long long row_end, int col0) const {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = (lane >> 3) + 4 * i, c = lane & 7;
+      unsigned int v0, v1, v2, v3;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                   : "r"(buf + r * 144 + c * 16)
+                   : "memory");
+      if (row0 + r < row_end)
+        asm volatile(
+            "st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + (row0 + r) * ld + col0 + c * 8),
+            "r"(v0), "r"(v1), "r"(v2), "r"(v3)
+            : "memory");
+    }
+    __syncwarp();
+  }
+};
+
+// What the producer tells the consumers about the tile whose first stage carries it.
+struct TileInfo {
+  long long row_begin, row_end;
+  int expert;  // >= 0: expert tile; -1: tail tile (zero rows, stage has no data); -2: done
+  int tile_n;
+};
+
+// Epi must provide: SplitT, kK (reduction length, multiple of 64), num_n (column tiles),
+//   load_b(p, dst, bar, expert, tile_n, k): TMA loads of the B tile (block_n rows x 64 at k),
+//   store(p, acc, rt, tile_n, row0, ws): epilogue of one consumer warpgroup, rows from row0,
+//     ws = this warp's output staging buffer,
+//   zero_rows(p, tile_n, r0, r1, tid, nthreads): tail rows of the column tile set to zero.
+template <class Cfg, class Epi>
+__device__ __forceinline__ void grouped_gemm(const Sm90GemmParams& p) {
+  using S = Shape<Cfg>;
+  using SplitT = typename Epi::SplitT;
+  static_assert(Epi::kK % 64 == 0, "K must be a multiple of 64");
+  constexpr int kKTiles = Epi::kK / 64;
+
+  const unsigned int base = (smem_u32(dyn_smem()) + 1023u) & ~1023u;
+  const unsigned int full = base + S::stages * S::stage_bytes;
+  const unsigned int empty = full + S::stages * 8;
+  // Info slots, as a generic pointer (ordinary loads/stores, ordered by the mbarriers).
+  TileInfo* info =
+      reinterpret_cast<TileInfo*>(dyn_smem() + (empty + S::stages * 8 - smem_u32(dyn_smem())));
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    for (int s = 0; s < S::stages; ++s) {
+      mbar_init(full + 8 * s, 1);
+      mbar_init(empty + 8 * s, S::consumer_warps);
+    }
+    fence_barrier_init();
+  } else if (tid == 32) {
+    tma_prefetch_map(p.tmap_a);
+    tma_prefetch_map(p.tmap_b);
+  }
+  __syncthreads();
+  int stage = 0;
+  unsigned int phase = 0;
+
+  if (warp < 4) {
+    // Producer warpgroup: give registers to the consumers; warp 0 schedules, lane 0 copies.
+    setmaxnreg_dec<S::producer_regs>();
+    if (warp != 0) return;
+    const SplitT* split = static_cast<const SplitT*>(p.split_sizes);
+    const int num_m = count_row_tiles<SplitT, Cfg::experts, S::block_m>(split, p.tokens);
+    const int num_tiles = num_m * Epi::num_n;
+    // Publishes tile info in the current stage; data-less stages complete with a plain arrive.
+    auto post = [&](const TileInfo& ti, bool data) {
+      if (lane == 0) {
+        info[stage] = ti;
+        if (!data) mbar_arrive(full + 8 * stage);
+      }
+    };
+    for (int t = static_cast<int>(blockIdx.x); t < num_tiles; t += static_cast<int>(gridDim.x)) {
+      int tile_m, tile_n;
+      tile_coords(t, num_m, Epi::num_n, Cfg::group_m, tile_m, tile_n);
+      const RowTile rt = find_row_tile<SplitT, Cfg::experts, S::block_m>(split, p.tokens, tile_m);
+      if (rt.row_begin >= rt.row_end) continue;
+      const TileInfo ti{rt.row_begin, rt.row_end, rt.expert, tile_n};
+      const int stages_used = rt.expert < 0 ? 1 : kKTiles;
+#pragma unroll 1
+      for (int kt = 0; kt < stages_used; ++kt) {
+        mbar_wait(empty + 8 * stage, phase ^ 1u);
+        if (kt == 0) post(ti, rt.expert >= 0);
+        if (lane == 0 && rt.expert >= 0) {
+          const unsigned int bar = full + 8 * stage;
+          const unsigned int dst = base + stage * S::stage_bytes;
+          mbar_arrive_expect_tx(bar, S::stage_bytes);
+          tma_load_2d(dst, p.tmap_a, bar, kt * 64, static_cast<int>(rt.row_begin));
+          Epi::load_b(p, dst + S::a_stage_bytes, bar, rt.expert, tile_n, kt * 64);
+        }
+        __syncwarp();
+        if (++stage == S::stages) stage = 0, phase ^= 1u;
+      }
+    }
+    mbar_wait(empty + 8 * stage, phase ^ 1u);
+    post(TileInfo{0, 0, -2, 0}, false);
+    return;
+  }
+
+  // Consumer warpgroups.
+  setmaxnreg_inc<S::consumer_regs>();
+  const int wg = warp / 4 - 1;
+  const WarpStage ws{full + 1024 + (warp - 4) * 16 * S::stage_row_bytes};
+  float acc[S::mt][S::regs];
+#pragma unroll
+  for (int m = 0; m < S::mt; ++m)
+#pragma unroll
+    for (int i = 0; i < S::regs; ++i) acc[m][i] = 0.0f;
+
+  for (;;) {
+    mbar_wait(full + 8 * stage, phase);
+    const TileInfo ti = info[stage];
+    if (ti.expert == -2) break;
+    if (ti.expert < 0) {
+      __syncwarp();  // every lane has read the slot before it is released
+      if (lane == 0) mbar_arrive(empty + 8 * stage);
+      if (++stage == S::stages) stage = 0, phase ^= 1u;
+      Epi::zero_rows(p, ti.tile_n, ti.row_begin, ti.row_end, tid - 128, 256);
+      continue;
+    }
+    int prev = 0;
+#pragma unroll 1
+    for (int kt = 0; kt < kKTiles; ++kt) {
+      if (kt > 0) mbar_wait(full + 8 * stage, phase);
+      const unsigned int a_s = base + stage * S::stage_bytes + wg * S::mt * 64 * 128;
+      const unsigned int b_s = base + stage * S::stage_bytes + S::a_stage_bytes;
+#pragma unroll
+      for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const unsigned long long db = make_desc_sw128(b_s + 32 * k);
+#pragma unroll
+        for (int m = 0; m < S::mt; ++m)
+          wgmma_k16(acc[m], make_desc_sw128(a_s + m * 64 * 128 + 32 * k), db,
+                    (kt > 0 || k > 0) ? 1 : 0);
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
+      // Keep this K tile's wgmma in flight; the previous one has retired, so its stage is free.
+      wgmma_wait<1>();
+      if (kt > 0 && lane == 0) mbar_arrive(empty + 8 * prev);
+      prev = stage;
+      if (++stage == S::stages) stage = 0, phase ^= 1u;
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
+    if (lane == 0) mbar_arrive(empty + 8 * prev);
+    const RowTile rt{ti.expert, ti.row_begin, ti.row_end};
+    Epi::store(p, acc, rt, ti.tile_n, ti.row_begin + wg * S::mt * 64, ws);
+  }
+}
+
+// Zeroes rows [r0, r1) x 8-column groups [0, groups) of a bf16 matrix with row stride `ld`;
+// group g starts at column col_of(g). Work split over `nthreads` threads, this one being `tid`.
+template <class ColOf>
+__device__ __forceinline__ void zero_groups(void* base, long long ld, long long r0, long long r1,
+                                            int groups, int tid, int nthreads, ColOf col_of) {
+  unsigned short* out = static_cast<unsigned short*>(base);
+  const long long items = (r1 - r0) * groups;
+  for (long long it = tid; it < items; it += nthreads) {
+    const long long row = r0 + it / groups;
+    store_zero16(out + row * ld + col_of(static_cast<int>(it % groups)));
+  }
+}
+
+}  // namespace gmjit::kt::sm90

@@ -1,0 +1,247 @@
+#pragma once
+// Hopper (sm_90a) forward kernels of the grouped MLP (BF16): FC1 (+ bias, activation, * probs,
+// optional pre-activation save) and FC2 (+ bias * probs). Same math and output contract as
+// Fc1 / Fc2 in grouped_mlp_fwd.cuh; mainloop in sm90_grouped_gemm.cuh (TMA + wgmma, persistent,
+// warp-specialized).
+//
+// Config structs (all `static constexpr`), written by codegen:
+//   experts, hidden, ffn     int    E, H, F (H and F multiples of 64; see divisibility below)
+//   split_int64              bool   split_sizes are int64 (else int32)
+//   has_bias, has_probs      bool   params.bias / params.probs are used (else ignored)
+//   block_m                  int    rows per tile: 128 or 256 (each consumer warpgroup owns half)
+//   block_n                  int    GEMM columns (B rows) per tile: 128 or 256; for GLU the tile
+//                                   holds block_n/2 gate rows then their block_n/2 lin rows, so
+//                                   it covers block_n/2 output columns. block_m * block_n <= 32768
+//   block_k                  int    must be 64 (one 128-byte swizzle row)
+//   stages                   int    TMA ring depth, 2..16; 4 for 128 x 256 (smem must fit 227 KiB)
+//   group_m                  int    row tiles walked per column sweep (L2 rasterization), e.g. 8
+//   smem_bytes               int    dynamic smem; must equal stages*(block_m+block_n)*128 + 20480
+//                                   (ring + alignment + barriers/tile info + epilogue staging)
+// FC1 only:
+//   act                      gmjit::kt::Act
+//   glu_layout               gmjit::kt::GluLayout (ignored for non-GLU activations)
+//   act_limit, act_alpha     float  ClampedSwiGLU parameters (ignored otherwise)
+//   save_preact              bool   write h (bf16, original [T, F1] column layout) to preact_out
+// Divisibility: FC1 K = hidden % 64 == 0, ffn % block_n_out == 0 (block_n_out = block_n/2 for
+// GLU, else block_n); FC2 K = ffn % 64 == 0, hidden % block_n == 0.
+//
+// Params: Sm90GemmParams (params.cuh), maps encoded by engine/tensor_maps.cpp with the same
+// block_m / block_n and the B layout: FC1 GLU halves / interleaved32 -> the 4-D gate/lin map,
+// FC1 non-GLU and FC2 -> the 2-D [E * N, K] map.
+//
+// Launch (host), K = Fc1Sm90<Cfg> or Fc2Sm90<Cfg>: persistent grid, no cluster.
+//   blockDim = 384 (K::threads), gridDim = (#SMs, 1, 1) (any >= 1 is correct; more
+//   only queues), dynamic smem = K::smem_bytes (set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+//   to it first). The kernel must be `__launch_bounds__(384, 1)`: setmaxnreg needs that
+//   register cap.
+//   T == 0: skip the launch (nothing to write).
+
+#include "gmjit/activations.cuh"
+#include "gmjit/bf16.cuh"
+#include "gmjit/sm90_grouped_gemm.cuh"
+
+namespace gmjit::kt {
+
+// ---- FC1: out = bf16(act(x W1ᵀ + b1) * p), optionally preact_out = bf16(x W1ᵀ + b1) -----------
+template <class Cfg>
+struct Fc1Sm90 {
+  using S = sm90::Shape<Cfg>;
+  using SplitT = typename sm90::SplitType<Cfg::split_int64>::type;
+  static constexpr bool kGlu = is_glu(Cfg::act);
+  static constexpr GluLayout kLayout = Cfg::glu_layout;
+  static constexpr int kN = kGlu ? 2 * Cfg::ffn : Cfg::ffn;  // F1: W1 rows / preact columns
+  static constexpr int kK = Cfg::hidden;
+  static constexpr int kNOut = Cfg::ffn;
+  static constexpr int block_n_out = kGlu ? Cfg::block_n / 2 : Cfg::block_n;
+  static constexpr int num_n = kNOut / block_n_out;
+  static constexpr int threads = S::threads;
+  static constexpr int smem_bytes = S::smem_bytes;
+  static_assert(kNOut % block_n_out == 0, "ffn must be a multiple of the output tile width");
+
+  // GLU: gate rows of output columns [c0, c0 + block_n/2) to smem rows [0, block_n/2), their lin
+  // rows after them (4-D map {K, inner, 2, outer}; see tensor_maps.hpp). So accumulator n8 chunk
+  // j (gate) and j + block_n/16 (lin) of a thread hold the same (row, output column).
+  __device__ static __forceinline__ void load_b(const Sm90GemmParams& p, unsigned int dst,
+                                                unsigned int bar, int expert, int tile_n, int k) {
+    if constexpr (kGlu) {
+      const int c0 = tile_n * block_n_out;
+      constexpr unsigned int kHalf = block_n_out * 128;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (kLayout == GluLayout::kHalves)
+          sm90::tma_load_4d(dst + h * kHalf, p.tmap_b, bar, k, c0, h, expert);
+        else
+          sm90::tma_load_4d(dst + h * kHalf, p.tmap_b, bar, k, 0, h,
+                            expert * (Cfg::ffn / 32) + c0 / 32);
+      }
+    } else {
+      sm90::tma_load_2d(dst, p.tmap_b, bar, k, expert * kN + tile_n * Cfg::block_n);
+    }
+  }
+
+  // Thread rows: (m, h) -> row0 + m*64 + (warp%4)*16 + lane/4 + 8h; output n8 chunk j holds
+  // columns 8j + 2*(lane%4) + {0, 1}. Groups of 8 chunks (64 columns) go out through the warp's
+  // staging buffer; preact (training only) is stored straight from the fragments.
+  __device__ static __forceinline__ void store(const Sm90GemmParams& p,
+                                               float (&acc)[S::mt][S::regs], const RowTile& rt,
+                                               int tile_n, long long row0,
+                                               const sm90::WarpStage& ws) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3, wrow = wq * 16 + (lane >> 2);
+    const ActParams ap{Cfg::act_limit, Cfg::act_alpha};
+    unsigned short* out = static_cast<unsigned short*>(p.out);
+    unsigned short* pre = static_cast<unsigned short*>(p.preact_out);
+    const unsigned short* bias = Cfg::has_bias ? static_cast<const unsigned short*>(p.bias) +
+                                                     static_cast<long long>(rt.expert) * kN
+                                               : nullptr;
+    float prob[S::mt][2];
+#pragma unroll
+    for (int m = 0; m < S::mt; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const long long row = row0 + m * 64 + wrow + h * 8;
+        prob[m][h] = Cfg::has_probs && row < rt.row_end ? p.probs[row] : 1.0f;
+      }
+    constexpr int kChunks = kGlu ? S::regs / 8 : S::regs / 4;  // output n8 chunks
+#pragma unroll
+    for (int m = 0; m < S::mt; ++m) {
+#pragma unroll
+      for (int cc = 0; cc < kChunks / 8; ++cc) {
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int j = cc * 8 + jj;
+          const int oc = tile_n * block_n_out + j * 8 + (lane & 3) * 2;
+          const int gc = kGlu ? gate_col<kLayout>(oc, Cfg::ffn) : oc;
+          const int lc = kGlu ? lin_col<kLayout>(oc, Cfg::ffn) : oc;
+          float bg0 = 0.0f, bg1 = 0.0f, bl0 = 0.0f, bl1 = 0.0f;
+          if constexpr (Cfg::has_bias) {
+            load_bf16x2(bias + gc, bg0, bg1);
+            if constexpr (kGlu) load_bf16x2(bias + lc, bl0, bl1);
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const long long row = row0 + m * 64 + wrow + h * 8;
+            const bool valid = row < rt.row_end;
+            float a0, a1;
+            if constexpr (kGlu) {
+              const float g0 = acc[m][4 * j + 2 * h] + bg0, g1 = acc[m][4 * j + 2 * h + 1] + bg1;
+              const float* l = &acc[m][4 * (j + kChunks) + 2 * h];
+              const float l0 = l[0] + bl0, l1 = l[1] + bl1;
+              if (Cfg::save_preact && valid) {
+                store_bf16x2(pre + row * kN + gc, g0, g1);
+                store_bf16x2(pre + row * kN + lc, l0, l1);
+              }
+              a0 = glu_fwd<Cfg::act>(g0, l0, ap);
+              a1 = glu_fwd<Cfg::act>(g1, l1, ap);
+            } else {
+              const float h0 = acc[m][4 * j + 2 * h] + bg0, h1 = acc[m][4 * j + 2 * h + 1] + bg1;
+              if (Cfg::save_preact && valid) store_bf16x2(pre + row * kN + gc, h0, h1);
+              a0 = act_fwd<Cfg::act>(h0, ap);
+              a1 = act_fwd<Cfg::act>(h1, ap);
+            }
+            ws.put(jj, h, pack_bf16x2(a0 * prob[m][h], a1 * prob[m][h]));
+          }
+        }
+        ws.flush(out, kNOut, row0 + m * 64 + wq * 16, rt.row_end, tile_n * block_n_out + cc * 64);
+      }
+    }
+  }
+
+  // Tail rows: zero this column tile of `out` and the matching pre-activation columns.
+  __device__ static void zero_rows(const Sm90GemmParams& p, int tile_n, long long r0, long long r1,
+                                   int tid, int nthreads) {
+    const int c0 = tile_n * block_n_out;
+    sm90::zero_groups(p.out, kNOut, r0, r1, block_n_out / 8, tid, nthreads,
+                      [=](int g) { return c0 + g * 8; });
+    if constexpr (Cfg::save_preact) {
+      if constexpr (kGlu) {
+        // Each 8-column group stays inside one 32-column block, so its gate (and lin) columns
+        // are contiguous in both layouts.
+        sm90::zero_groups(p.preact_out, kN, r0, r1, block_n_out / 4, tid, nthreads, [=](int g) {
+          const int c = c0 + (g >> 1) * 8;
+          return (g & 1) ? lin_col<kLayout>(c, Cfg::ffn) : gate_col<kLayout>(c, Cfg::ffn);
+        });
+      } else {
+        sm90::zero_groups(p.preact_out, kN, r0, r1, block_n_out / 8, tid, nthreads,
+                          [=](int g) { return c0 + g * 8; });
+      }
+    }
+  }
+
+  __device__ static void run(const Sm90GemmParams& p) {
+    sm90::grouped_gemm<Cfg, Fc1Sm90>(p);
+  }
+};
+
+// ---- FC2: y = bf16(a W2ᵀ + b2 * p), a = FC1's output (already scaled by p) --------------------
+template <class Cfg>
+struct Fc2Sm90 {
+  using S = sm90::Shape<Cfg>;
+  using SplitT = typename sm90::SplitType<Cfg::split_int64>::type;
+  static constexpr int kN = Cfg::hidden;
+  static constexpr int kK = Cfg::ffn;
+  static constexpr int kNOut = Cfg::hidden;
+  static constexpr int block_n_out = Cfg::block_n;
+  static constexpr int num_n = kNOut / block_n_out;
+  static constexpr int threads = S::threads;
+  static constexpr int smem_bytes = S::smem_bytes;
+  static_assert(kNOut % block_n_out == 0, "hidden must be a multiple of block_n");
+
+  __device__ static __forceinline__ void load_b(const Sm90GemmParams& p, unsigned int dst,
+                                                unsigned int bar, int expert, int tile_n, int k) {
+    sm90::tma_load_2d(dst, p.tmap_b, bar, k, expert * kN + tile_n * Cfg::block_n);
+  }
+
+  __device__ static __forceinline__ void store(const Sm90GemmParams& p,
+                                               float (&acc)[S::mt][S::regs], const RowTile& rt,
+                                               int tile_n, long long row0,
+                                               const sm90::WarpStage& ws) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3, wrow = wq * 16 + (lane >> 2);
+    unsigned short* out = static_cast<unsigned short*>(p.out);
+    const unsigned short* bias = Cfg::has_bias ? static_cast<const unsigned short*>(p.bias) +
+                                                     static_cast<long long>(rt.expert) * kN
+                                               : nullptr;
+    float prob[S::mt][2];
+#pragma unroll
+    for (int m = 0; m < S::mt; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const long long row = row0 + m * 64 + wrow + h * 8;
+        prob[m][h] = Cfg::has_probs && row < rt.row_end ? p.probs[row] : 1.0f;
+      }
+#pragma unroll
+    for (int m = 0; m < S::mt; ++m) {
+#pragma unroll
+      for (int cc = 0; cc < S::regs / 32; ++cc) {
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int j = cc * 8 + jj;
+          const int oc = tile_n * Cfg::block_n + j * 8 + (lane & 3) * 2;
+          float b0 = 0.0f, b1 = 0.0f;
+          if constexpr (Cfg::has_bias) load_bf16x2(bias + oc, b0, b1);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float y0 = acc[m][4 * j + 2 * h] + b0 * prob[m][h];
+            const float y1 = acc[m][4 * j + 2 * h + 1] + b1 * prob[m][h];
+            ws.put(jj, h, pack_bf16x2(y0, y1));
+          }
+        }
+        ws.flush(out, kNOut, row0 + m * 64 + wq * 16, rt.row_end, tile_n * Cfg::block_n + cc * 64);
+      }
+    }
+  }
+
+  __device__ static void zero_rows(const Sm90GemmParams& p, int tile_n, long long r0, long long r1,
+                                   int tid, int nthreads) {
+    const int c0 = tile_n * block_n_out;
+    sm90::zero_groups(p.out, kNOut, r0, r1, block_n_out / 8, tid, nthreads,
+                      [=](int g) { return c0 + g * 8; });
+  }
+
+  __device__ static void run(const Sm90GemmParams& p) {
+    sm90::grouped_gemm<Cfg, Fc2Sm90>(p);
+  }
+};
+
+}  // namespace gmjit::kt
