@@ -17,10 +17,11 @@ ctest --test-dir build-gpu -L gpu -j1 --output-on-failure --timeout 600 >"$OUT/g
 gpu_rc=$?
 ctest --test-dir build-gpu -L cpu -j8 --timeout 600 >"$OUT/cpu_tests.log" 2>&1
 cpu_rc=$?
-grep -h "numerics \]" build-gpu/Testing/Temporary/LastTest*.log 2>/dev/null | sort -u | head -20
+grep -h "numerics \]" build-gpu/Testing/Temporary/LastTest*.log 2>/dev/null | sort -u >"$OUT/numerics.txt"
 build-gpu/cli/gmjit doctor
 for preset in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
-  build-gpu/cli/gmjit bench --preset "$preset" --json "$OUT/bench_$preset.json" >"$OUT/bench_$preset.log" 2>&1 ||
+  build-gpu/cli/gmjit bench --preset "$preset" --pattern recompute --json "$OUT/bench_$preset.json" \
+    >"$OUT/bench_$preset.log" 2>&1 ||
     tail -20 "$OUT/bench_$preset.log"
 done
 if [ -z "${GMJIT_SKIP_TORCH:-}" ]; then
@@ -28,9 +29,10 @@ if [ -z "${GMJIT_SKIP_TORCH:-}" ]; then
     --json "$OUT/torch.json" >"$OUT/torch.log" 2>&1 || tail -20 "$OUT/torch.log"
 fi
 echo "== GPU tests (rc $gpu_rc)"; grep -E "tests passed|tests failed|Failed|Skipped" "$OUT/gpu_tests.log" | head -20
+grep -E "Failure|error|Expected|Which is|rel err" "$OUT/gpu_tests.log" | grep -v "numerics \]" | head -30
 echo "== CPU tests (rc $cpu_rc)"; grep -E "tests passed|tests failed" "$OUT/cpu_tests.log"
 for preset in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
-  echo "== $preset"; grep -E "compile|disk-hit|memory-hit|forward|skipped" "$OUT/bench_$preset.log"
+  echo "== $preset"; grep -E "compile |disk-hit|memory-hit|forward|fwd\+bwd|cpu/call|recompute|skipped|error" "$OUT/bench_$preset.log"
 done
 [ -f "$OUT/torch.json" ] && python3 - "$OUT/torch.json" <<'PY'
 import json, sys

@@ -1,13 +1,17 @@
 #include "benchmarks/gpu_forward.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <functional>
 #include <vector>
 
+#include "codegen/nvrtc_compiler.hpp"
 #include "engine/device_buffer.hpp"
 #include "engine/device_context.hpp"
 #include "engine/device_random.hpp"
 #include "engine/driver.hpp"
+#include "engine/loaded_kernel.hpp"
 
 namespace gmjit::bench {
 namespace {
@@ -23,56 +27,14 @@ struct Event {
   Event& operator=(const Event&) = delete;
 };
 
-}  // namespace
-
-double forward_flops(const LayerSpec& layer, std::int64_t tokens) {
-  return 2.0 * tokens * layer.hidden * layer.fc1_out() + 2.0 * tokens * layer.ffn * layer.hidden;
-}
-
-ForwardTiming time_forward(Engine& engine, const Preset& preset, GradMode grad, int warmup,
-                           int repeats) {
-  const LayerSpec& l = preset.layer;
-  const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
-  const std::int64_t T = E * preset.tokens_per_expert;
-  engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
-  const Device dev{Device::Kind::cuda, 0};
-
-  auto buffer = [&](DType dtype, std::int64_t count) {
-    return engine::DeviceBuffer(device, static_cast<std::size_t>(count) * dtype_size(dtype));
-  };
-  engine::DeviceBuffer x = buffer(DType::bf16, T * H), w1 = buffer(DType::bf16, E * F1 * H),
-                       w2 = buffer(DType::bf16, E * H * F), y = buffer(DType::bf16, T * H),
-                       probs = buffer(DType::f32, T), splits = buffer(DType::i64, E),
-                       preact = buffer(DType::bf16, grad == GradMode::grad ? T * F1 : 0);
-  std::vector<std::int64_t> sizes(E, preset.tokens_per_expert);
-  splits.upload(std::as_bytes(std::span(sizes)));
-
-  ForwardArgs args;
-  args.x = make_tensor(x.data(), DType::bf16, {T, H}, dev);
-  args.w1 = make_tensor(w1.data(), DType::bf16, {E, F1, H}, dev);
-  args.w2 = make_tensor(w2.data(), DType::bf16, {E, H, F}, dev);
-  args.y = make_tensor(y.data(), DType::bf16, {T, H}, dev);
-  args.split_sizes = make_tensor(splits.data(), DType::i64, {E}, dev);
-  if (l.router_probs) args.probs = make_tensor(probs.data(), DType::f32, {T}, dev);
-  if (grad == GradMode::grad)
-    args.saved_preact = make_tensor(preact.data(), DType::bf16, {T, F1}, dev);
-
-  const float w1_bound = std::sqrt(3.0f / static_cast<float>(H));
-  const float w2_bound = std::sqrt(3.0f / static_cast<float>(F));
-  engine::fill_random(engine, args.x, 1, -1.0f, 1.0f);
-  engine::fill_random(engine, args.w1, 2, -w1_bound, w1_bound);
-  engine::fill_random(engine, args.w2, 3, -w2_bound, w2_bound);
-  if (l.router_probs) engine::fill_random(engine, args.probs, 4, 0.05f, 1.0f);
-
-  const Recipe recipe = Recipe::bf16();
-  for (int i = 0; i < warmup; ++i) engine.forward(l, recipe, args, grad);
-  engine::ScopedContext context(device.context());
+double median_ms(int warmup, int repeats, const std::function<void()>& run) {
+  for (int i = 0; i < warmup; ++i) run();
   check_driver(driver().cuCtxSynchronize(), "cuCtxSynchronize");
   std::vector<double> times;
   Event start, stop;
   for (int i = 0; i < repeats; ++i) {
     check_driver(driver().cuEventRecord(start.event, nullptr), "cuEventRecord");
-    engine.forward(l, recipe, args, grad);
+    run();
     check_driver(driver().cuEventRecord(stop.event, nullptr), "cuEventRecord");
     check_driver(driver().cuEventSynchronize(stop.event), "cuEventSynchronize");
     float ms = 0;
@@ -80,10 +42,132 @@ ForwardTiming time_forward(Engine& engine, const Preset& preset, GradMode grad, 
     times.push_back(ms);
   }
   std::sort(times.begin(), times.end());
-  ForwardTiming timing;
-  timing.median_ms = times[times.size() / 2];
-  timing.tflops = forward_flops(l, T) / (timing.median_ms * 1e-3) / 1e12;
-  return timing;
+  return times[times.size() / 2];
+}
+
+// Device tensors of one layer call, filled with random non-zero data.
+struct LayerTensors {
+  std::vector<engine::DeviceBuffer> buffers;
+  ForwardArgs forward;
+  BackwardArgs backward;
+
+  LayerTensors(Engine& eng, engine::DeviceContext& device, const LayerSpec& l, std::int64_t T,
+               bool with_backward) {
+    const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
+    const Device dev{Device::Kind::cuda, device.ordinal()};
+    auto tensor = [&](DType dtype, std::initializer_list<std::int64_t> shape) {
+      std::int64_t count = 1;
+      for (auto extent : shape) count *= extent;
+      buffers.emplace_back(device, std::max<std::size_t>(count * dtype_size(dtype), 16));
+      return make_tensor(buffers.back().data(), dtype, shape, dev);
+    };
+    forward.x = tensor(DType::bf16, {T, H});
+    forward.w1 = tensor(DType::bf16, {E, F1, H});
+    forward.w2 = tensor(DType::bf16, {E, H, F});
+    forward.y = tensor(DType::bf16, {T, H});
+    forward.split_sizes = tensor(DType::i64, {E});
+    if (l.router_probs) forward.probs = tensor(DType::f32, {T});
+    std::vector<std::int64_t> sizes(E, T / E);
+    sizes.back() += T - (T / E) * E;
+    buffers[4].upload(std::as_bytes(std::span(sizes)));
+    const float w1_bound = std::sqrt(3.0f / static_cast<float>(H));
+    const float w2_bound = std::sqrt(3.0f / static_cast<float>(F));
+    engine::fill_random(eng, forward.x, 1, -1.0f, 1.0f);
+    engine::fill_random(eng, forward.w1, 2, -w1_bound, w1_bound);
+    engine::fill_random(eng, forward.w2, 3, -w2_bound, w2_bound);
+    if (l.router_probs) engine::fill_random(eng, forward.probs, 4, 0.05f, 1.0f);
+    if (!with_backward) return;
+    forward.saved_preact = tensor(DType::bf16, {T, F1});
+    BackwardArgs& b = backward;
+    b.dy = tensor(DType::bf16, {T, H});
+    engine::fill_random(eng, b.dy, 5, -1.0f, 1.0f);
+    b.x = forward.x;
+    b.split_sizes = forward.split_sizes;
+    b.w1 = forward.w1;
+    b.w2 = forward.w2;
+    b.probs = forward.probs;
+    b.saved_preact = forward.saved_preact;
+    // As torch autograd in torch_reference.py: gradients of x, W1 and W2.
+    b.dx = tensor(DType::bf16, {T, H});
+    b.dw1 = tensor(DType::f32, {E, F1, H});
+    b.dw2 = tensor(DType::f32, {E, H, F});
+  }
+};
+
+}  // namespace
+
+double forward_flops(const LayerSpec& layer, std::int64_t tokens) {
+  return 2.0 * tokens * layer.hidden * layer.fc1_out() + 2.0 * tokens * layer.ffn * layer.hidden;
+}
+
+GpuTimings time_on_gpu(Engine& eng, const Preset& preset, int warmup, int repeats) {
+  const LayerSpec& l = preset.layer;
+  const std::int64_t T = l.experts * preset.tokens_per_expert;
+  engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
+  LayerTensors t(eng, device, l, T, true);
+  const Recipe recipe = Recipe::bf16();
+  engine::ScopedContext context(device.context());
+  GpuTimings timings;
+  timings.forward_ms =
+      median_ms(warmup, repeats, [&] { eng.forward(l, recipe, t.forward, GradMode::no_grad); });
+  timings.fwd_bwd_ms = median_ms(warmup, repeats, [&] {
+    const ForwardContext ctx = eng.forward(l, recipe, t.forward, GradMode::grad);
+    eng.backward(ctx, recipe, t.backward);
+  });
+  const double flops = forward_flops(l, T);
+  timings.forward_tflops = flops / (timings.forward_ms * 1e-3) / 1e12;
+  timings.fwd_bwd_tflops = 3 * flops / (timings.fwd_bwd_ms * 1e-3) / 1e12;
+  timings.saved_bytes_per_token = static_cast<double>(l.fc1_out()) * 2;
+  return timings;
+}
+
+CpuCallCost measure_call_cost(Engine& eng) {
+  // A layer small enough that the GPU keeps up with the CPU, so host time is what is measured.
+  Preset tiny = *find_preset("tiny");
+  tiny.layer.experts = 2;
+  const std::int64_t T = 64;
+  engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
+  LayerTensors t(eng, device, tiny.layer, T, false);
+  const Recipe recipe = Recipe::bf16();
+
+  codegen::KernelSource empty;
+  empty.entry = "gmjit_empty";
+  empty.source = "extern \"C\" __global__ void gmjit_empty() {}\n";
+  empty.launch.grid = codegen::LaunchShape::Grid::fixed;
+  empty.launch.threads = 32;
+  const auto cubin = codegen::compile_to_cubin(empty, device.info().arch, "empty");
+  engine::LoadedKernel empty_kernel(cubin.cubin, empty.entry, codegen::KernelRole::fill_random,
+                                    empty.launch);
+  empty_kernel.prepare_for(device);
+
+  constexpr int kBatch = 200, kBatches = 20;
+  auto per_call_us = [&](const std::function<void()>& call) {
+    std::vector<double> us;
+    for (int b = 0; b < kBatches; ++b) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < kBatch; ++i) call();
+      us.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+              .count() /
+          kBatch);
+      engine::ScopedContext scope(device.context());
+      check_driver(driver().cuCtxSynchronize(), "cuCtxSynchronize");
+    }
+    std::sort(us.begin(), us.end());
+    return us[us.size() / 2];
+  };
+  CpuCallCost cost;
+  cost.kernels_per_forward = 2;
+  eng.forward(tiny.layer, recipe, t.forward);  // build the plan
+  cost.forward_call_us = per_call_us([&] { eng.forward(tiny.layer, recipe, t.forward); });
+  // The driver's own cost: two launches into the already-current context.
+  engine::ScopedContext current(device.context());
+  cost.raw_launches_us = per_call_us([&] {
+    void* no_args[] = {nullptr};
+    empty_kernel.launch(device, 0, nullptr, no_args);
+    empty_kernel.launch(device, 0, nullptr, no_args);
+  });
+  return cost;
 }
 
 }  // namespace gmjit::bench

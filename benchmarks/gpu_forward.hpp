@@ -1,20 +1,31 @@
 #pragma once
-// Times the forward of a preset on GPU 0 with CUDA events (median of repeats, random data,
-// warm-up first).
+// GPU measurements of a preset on GPU 0: forward and forward+backward time with CUDA events
+// (median of repeats, random data, warm-up first), and the CPU cost of a warm call beside raw
+// cuLaunchKernel of the same number of empty kernels.
 #include "benchmarks/presets.hpp"
 #include "gmjit/gmjit.hpp"
 
 namespace gmjit::bench {
 
-struct ForwardTiming {
-  double median_ms = 0;
-  double tflops = 0;
+struct GpuTimings {
+  double forward_ms = 0;
+  double forward_tflops = 0;
+  double fwd_bwd_ms = 0;  // grad-enabled forward + backward (dx, dW1, dW2), as torch autograd
+  double fwd_bwd_tflops = 0;
+  double saved_bytes_per_token = 0;  // what the grad-enabled forward keeps for the backward
 };
 
-// FLOPs of one forward: FC1 (2·T·H·F1) + FC2 (2·T·F·H).
+struct CpuCallCost {
+  double forward_call_us = 0;  // Engine::forward on a warm plan, host time per call
+  double raw_launches_us = 0;  // the same number of cuLaunchKernel of an empty kernel
+  int kernels_per_forward = 0;
+};
+
+// FLOPs of one forward: FC1 (2·T·H·F1) + FC2 (2·T·F·H). A backward costs twice that.
 double forward_flops(const LayerSpec& layer, std::int64_t tokens);
 
-ForwardTiming time_forward(Engine& engine, const Preset& preset, GradMode grad, int warmup,
-                           int repeats);
+GpuTimings time_on_gpu(Engine& engine, const Preset& preset, int warmup, int repeats);
+
+CpuCallCost measure_call_cost(Engine& engine);
 
 }  // namespace gmjit::bench

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "benchmarks/gpu_forward.hpp"
+#include "benchmarks/recompute.hpp"
 
 namespace gmjit::bench {
 namespace {
@@ -151,18 +152,31 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   std::printf("  %-12s %11.3f us %11.0fx\n", "memory-hit", memory_s * 1e6, compile_s / memory_s);
 
   if (have_gpu) {
-    const ForwardTiming timing =
-        time_forward(engine, options.preset, options.grad, options.warmup, options.repeats);
+    const GpuTimings t = time_on_gpu(engine, options.preset, options.warmup, options.repeats);
+    const CpuCallCost cost = measure_call_cost(engine);
     report["forward"] = {{"ran", true},
                          {"device", devices[0].name},
-                         {"ms", timing.median_ms},
-                         {"tflops", timing.tflops},
+                         {"ms", t.forward_ms},
+                         {"tflops", t.forward_tflops},
                          {"repeats", options.repeats}};
-    std::printf("  %-12s %11.3f ms %9.1f TFLOP/s  (%s, median of %d)\n", "forward",
-                timing.median_ms, timing.tflops, devices[0].name.c_str(), options.repeats);
+    report["fwd_bwd"] = {{"ms", t.fwd_bwd_ms},
+                         {"tflops", t.fwd_bwd_tflops},
+                         {"saved_bytes_per_token", t.saved_bytes_per_token}};
+    report["cpu_call"] = {{"forward_call_us", cost.forward_call_us},
+                          {"raw_launches_us", cost.raw_launches_us},
+                          {"kernels", cost.kernels_per_forward},
+                          {"overhead_us", cost.forward_call_us - cost.raw_launches_us}};
+    std::printf("  %-12s %11.3f ms %9.1f TFLOP/s  (%s, median of %d)\n", "forward", t.forward_ms,
+                t.forward_tflops, devices[0].name.c_str(), options.repeats);
+    std::printf("  %-12s %11.3f ms %9.1f TFLOP/s  (grad forward + backward: dx, dW1, dW2)\n",
+                "fwd+bwd", t.fwd_bwd_ms, t.fwd_bwd_tflops);
+    std::printf("  %-12s %11.2f us  vs %.2f us for %d raw cuLaunchKernel: overhead %.2f us\n",
+                "cpu/call", cost.forward_call_us, cost.raw_launches_us, cost.kernels_per_forward,
+                cost.forward_call_us - cost.raw_launches_us);
   } else {
     report["forward"] = {{"ran", false}, {"skipped_reason", why_no_gpu}};
-    std::printf("  skipped: forward timing (no GPU: %s)\n", why_no_gpu.c_str());
+    std::printf("  skipped: forward, fwd+bwd and CPU-cost timings (no GPU: %s)\n",
+                why_no_gpu.c_str());
   }
   const EngineCounters c = engine.counters();
   report["counters"] = {{"plans_built", c.plans_built},
@@ -170,6 +184,8 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
                         {"disk_reads", c.disk_reads},
                         {"disk_writes", c.disk_writes},
                         {"memory_hits", c.memory_hits}};
+  // The pattern's counters replace the phases' under "counters" (documented in docs/BENCH.md).
+  if (options.pattern == "recompute") run_recompute_pattern(options, have_gpu, report);
   if (temporary_cache) {
     std::error_code ec;
     std::filesystem::remove_all(cache_dir, ec);

@@ -20,6 +20,10 @@ struct BenchOptions {
   int warmup = 3;
   int repeats = 20;
   bool skip_gpu = false;
+  // "recompute": N steps of no-grad forward, grad-enabled forward and backward (on a GPU the
+  // launches too, else plan builds and compiles only), reporting the engine's counters.
+  std::string pattern;
+  int steps = 8;
 };
 
 // Runs every phase this machine can, prints a table to stdout and returns the JSON report

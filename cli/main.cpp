@@ -43,6 +43,9 @@ int main(int argc, char** argv) {
   bench->add_option("--repeats", bench_options.repeats, "timed forward repeats")
       ->capture_default_str();
   bench->add_flag("--no-gpu", bench_options.skip_gpu, "run only the phases that need no GPU");
+  bench->add_option("--pattern", bench_options.pattern, "also run a call pattern: recompute")
+      ->check(CLI::IsMember({"recompute"}));
+  bench->add_option("--steps", bench_options.steps, "steps of --pattern")->capture_default_str();
   bench->add_flag("--child-disk-hit", child_disk_hit)->group("");  // internal: the fresh process
 
   gmjit::cli::CompileOptions compile_options;

@@ -57,6 +57,33 @@ TEST_F(PlanCache, GradFlipBuildsExactlyTwoPlansThenOnlyHits) {
   EXPECT_EQ(engine.counters().kernels_compiled, 3u);
 }
 
+// The recompute pattern without a GPU: no-grad forward, grad-enabled recompute forward and
+// backward, eight steps. Two forward plans and one backward plan; everything is compiled or
+// read from disk in step 1, later steps only hit memory.
+TEST_F(PlanCache, RecomputeStepsBuildTwoForwardPlansAndOneBackwardPlanInStepOne) {
+  const LayerSpec layer = testing::small_layer();
+  {
+    Engine warm_the_disk;  // a previous run of the job left half the kernels on disk
+    warm_the_disk.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a");
+  }
+  Engine engine;
+  EngineCounters after_first{};
+  for (int step = 0; step < 8; ++step) {
+    engine.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a");
+    engine.prepare(layer, Recipe::bf16(), GradMode::grad, "sm_90a");
+    engine.prepare_backward(layer, Recipe::bf16(), GradientSet{}, "sm_90a");
+    if (step == 0) after_first = engine.counters();
+  }
+  const EngineCounters last = engine.counters();
+  EXPECT_EQ(last.forward_plans_built, 2u);
+  EXPECT_EQ(last.backward_plans_built, 1u);
+  EXPECT_EQ(after_first.disk_reads, 2u);  // the no-grad FC1 and the shared FC2
+  EXPECT_GT(after_first.kernels_compiled, 0u);
+  EXPECT_EQ(last.kernels_compiled, after_first.kernels_compiled);
+  EXPECT_EQ(last.disk_reads, after_first.disk_reads);
+  EXPECT_EQ(last.memory_hits - after_first.memory_hits, 7u * 3u);
+}
+
 TEST_F(PlanCache, RacingThreadsCompileOneKeyOnce) {
   const LayerSpec layer = testing::small_layer();
   Engine engine;

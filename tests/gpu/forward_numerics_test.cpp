@@ -23,6 +23,7 @@ struct Case {
   std::int64_t tail = 0;  // rows after the last expert (must come out zero)
   GradMode grad = GradMode::no_grad;
   std::int64_t hidden = 256, ffn = 192;
+  bool portable = false;  // force the mma.sync kernels (on sm_90a the Hopper ones are default)
 };
 
 std::vector<Case> cases() {
@@ -71,6 +72,14 @@ std::vector<Case> cases() {
        512,
        1024},
   };
+  // Every case again on the portable kernels, so that both paths are tested on a Hopper GPU.
+  const std::size_t hopper_cases = all.size();
+  for (std::size_t i = 0; i < hopper_cases; ++i) {
+    Case portable = all[i];
+    portable.name += "_portable";
+    portable.portable = true;
+    all.push_back(portable);
+  }
   return all;
 }
 
@@ -96,7 +105,7 @@ TEST_P(ForwardMatchesFloat64Reference, WithinBf16Bounds) {
   const HostLayer host = make_host_layer(layer, c.splits, tokens, 42);
   const Reference ref = reference_forward(host);
   DeviceLayer device(host, c.grad);
-  Engine engine(EngineOptions{.use_disk_cache = false});
+  Engine engine(EngineOptions{.use_disk_cache = false, .portable_kernels_only = c.portable});
   engine.forward(layer, Recipe::bf16(), device.args, c.grad);
   engine::ScopedContext context(engine::DeviceRegistry::instance().get(0).context());
   engine::check_driver(engine::driver().cuCtxSynchronize(), "cuCtxSynchronize");

@@ -29,6 +29,14 @@ struct Reference {
 };
 Reference reference_forward(const HostLayer& host);
 
+struct ReferenceGrads {
+  std::vector<double> dx, dw1, db1, dw2, db2, dprobs;
+};
+// Gradients for dy (DESIGN §1), from the same inputs as reference_forward.
+ReferenceGrads reference_backward(const HostLayer& host, const std::vector<std::uint16_t>& dy);
+
+double relative_error(const std::vector<float>& out, const std::vector<double>& ref);
+
 // ‖out − ref‖ / ‖ref‖ over all elements.
 double relative_error(const std::vector<std::uint16_t>& out, const std::vector<double>& ref);
 

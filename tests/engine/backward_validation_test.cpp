@@ -1,0 +1,99 @@
+// The backward checks its context and tensors before anything is launched.
+#include <gtest/gtest.h>
+
+#include "engine/validate.hpp"
+#include "tests/engine/test_layers.hpp"
+
+namespace gmjit::engine {
+namespace {
+
+using gmjit::testing::fake_args;
+using gmjit::testing::small_layer;
+
+struct Fixture {
+  LayerSpec layer = small_layer();
+  ForwardArgs forward = fake_args(layer, 100);
+  ForwardContext context;
+  BackwardArgs args;
+
+  Fixture() {
+    const Device dev{Device::Kind::cuda, 0};
+    auto fake = [](std::uintptr_t n) { return reinterpret_cast<void*>(n << 16); };
+    forward.saved_preact = make_tensor(fake(9), DType::bf16, {100, layer.fc1_out()}, dev);
+    context = {layer, GradMode::grad,           Recipe::bf16().options_key(), 100,
+               dev,   forward.saved_preact.data};
+    args.dy = make_tensor(fake(10), DType::bf16, {100, layer.hidden}, dev);
+    args.x = forward.x;
+    args.split_sizes = forward.split_sizes;
+    args.w1 = forward.w1;
+    args.w2 = forward.w2;
+    args.probs = forward.probs;
+    args.saved_preact = forward.saved_preact;
+    args.dw1 = make_tensor(fake(11), DType::f32, {4, layer.fc1_out(), layer.hidden}, dev);
+    args.dw2 = make_tensor(fake(12), DType::f32, {4, layer.hidden, layer.ffn}, dev);
+  }
+};
+
+void expect_rejected(const Fixture& f, const std::string& needle) {
+  try {
+    validate_backward(f.context, Recipe::bf16(), f.args);
+    FAIL() << "expected a rejection mentioning " << needle;
+  } catch (const Error& error) {
+    EXPECT_EQ(error.status(), Status::invalid_argument);
+    EXPECT_NE(std::string(error.what()).find(needle), std::string::npos) << error.what();
+  }
+}
+
+TEST(BackwardValidation, ReturnsTheGradientsAskedFor) {
+  Fixture f;
+  const GradientSet wanted = validate_backward(f.context, Recipe::bf16(), f.args);
+  EXPECT_FALSE(wanted.dx);  // x needs no grad: no dx
+  EXPECT_TRUE(wanted.dw1);
+  EXPECT_TRUE(wanted.dw2);
+  EXPECT_FALSE(wanted.db1);
+}
+
+TEST(BackwardValidation, ContextOfANoGradForwardIsRejected) {
+  Fixture f;
+  f.context.grad = GradMode::no_grad;
+  expect_rejected(f, "no-grad forward");
+}
+
+TEST(BackwardValidation, DefaultContextIsRejected) {
+  Fixture f;
+  f.context = ForwardContext{};
+  expect_rejected(f, "'context'");
+}
+
+TEST(BackwardValidation, TensorsOfAnotherTokenCountAreRejected) {
+  Fixture f;
+  f.args.dy.shape[0] = 99;
+  expect_rejected(f, "'dy'");
+}
+
+TEST(BackwardValidation, AnotherSavedPreactivationIsRejected) {
+  Fixture f;
+  f.args.saved_preact.data = static_cast<char*>(f.args.saved_preact.data) + 4096;
+  expect_rejected(f, "'saved_preact'");
+}
+
+TEST(BackwardValidation, BiasGradientForALayerWithoutBiasIsRejected) {
+  Fixture f;
+  f.args.db1 = f.args.dw1;
+  expect_rejected(f, "'db1'");
+}
+
+TEST(BackwardValidation, WrongGradientDtypeIsRejected) {
+  Fixture f;
+  f.args.dw2.dtype = DType::bf16;
+  expect_rejected(f, "'dw2'");
+}
+
+TEST(BackwardValidation, ADifferentRecipeIsRejected) {
+  Fixture f;
+  f.context.options_key ^= 1;
+  expect_rejected(f, "recipe");
+}
+
+}  // namespace
+}  // namespace gmjit::engine

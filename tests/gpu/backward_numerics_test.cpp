@@ -1,0 +1,190 @@
+// Backward numerics against a float64 reference: every gradient (dx, dW1, db1, dW2, db2,
+// dprobs) for every activation and GLU layout, ragged and empty experts, tails, frozen weights,
+// accumulation into main-grad buffers. Gradient outputs are poisoned first (NaN).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "engine/driver.hpp"
+#include "tests/gpu/gpu_fixture.hpp"
+
+namespace gmjit::testing {
+namespace {
+
+constexpr double kTolerance = 1e-2;
+
+struct Case {
+  std::string name;
+  Activation activation = Activation::swiglu;
+  GluLayout layout = GluLayout::halves;
+  bool biases = false, probs = false;
+  std::vector<std::int64_t> splits;
+  std::int64_t tail = 0;
+  GradientSet wanted{};  // dx, dw1, dw2 by default
+  bool accumulate = false;
+  bool portable = false;  // force the mma.sync forward kernels
+};
+
+std::vector<Case> cases() {
+  const std::vector<std::int64_t> ragged = {0, 300, 7, 129, 0, 264};
+  GradientSet all{true, true, true, true, true};
+  GradientSet frozen_fc1{true, false, false, true, true};
+  GradientSet weights_only{false, true, true, true, true};
+  return {
+      {"swiglu_all", Activation::swiglu, GluLayout::halves, true, true, ragged, 0, all},
+      {"swiglu_all_portable_fwd", Activation::swiglu, GluLayout::halves, true, true, ragged, 0, all,
+       false, true},
+      {"geglu_interleaved_tail", Activation::geglu, GluLayout::interleaved32, false, false, ragged,
+       33, GradientSet{}},
+      {"clamped_swiglu", Activation::clamped_swiglu, GluLayout::halves, true, true, ragged, 0, all},
+      {"srelu_accumulate", Activation::srelu, GluLayout::halves, true, true, ragged, 0, all, true},
+      {"gelu_frozen_fc1", Activation::gelu, GluLayout::halves, true, true, ragged, 0, frozen_fc1},
+      {"relu_no_dx", Activation::relu, GluLayout::halves, false, true, ragged, 5, weights_only},
+  };
+}
+
+std::vector<float> download_f32(const engine::DeviceBuffer& buffer, std::size_t count) {
+  std::vector<float> out(count);
+  buffer.download(std::as_writable_bytes(std::span(out)));
+  return out;
+}
+
+class BackwardMatchesFloat64Reference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BackwardMatchesFloat64Reference, EveryGradientWithinBf16Bounds) {
+  GMJIT_REQUIRE_GPU();
+  const Case c = GetParam();
+  LayerSpec layer;
+  layer.experts = static_cast<std::int64_t>(c.splits.size());
+  layer.hidden = 256;
+  layer.ffn = 192;
+  layer.activation.kind = c.activation;
+  layer.activation.layout = c.layout;
+  layer.activation.limit = 0.75f;
+  layer.fc1_bias = layer.fc2_bias = c.biases;
+  layer.router_probs = c.probs;
+  std::int64_t tokens = c.tail;
+  for (auto s : c.splits) tokens += s;
+  const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
+
+  const HostLayer host = make_host_layer(layer, c.splits, tokens, 11);
+  std::mt19937_64 rng(99);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<std::uint16_t> dy_host(tokens * H);
+  for (auto& v : dy_host) v = to_bf16(dist(rng));
+  const ReferenceGrads ref = reference_backward(host, dy_host);
+
+  DeviceLayer device(host, GradMode::grad);
+  engine::DeviceContext& ctx = engine::DeviceRegistry::instance().get(0);
+  const Device dev{Device::Kind::cuda, 0};
+  auto make = [&](std::size_t bytes, unsigned char fill) {
+    engine::DeviceBuffer b(ctx, std::max<std::size_t>(bytes, 16));
+    b.fill_bytes(fill);
+    return b;
+  };
+  // Accumulating buffers start at 0.0f (zero bytes); others are poisoned with NaN.
+  const unsigned char poison = c.accumulate ? 0x00 : 0xFF;
+  engine::DeviceBuffer dy = make(tokens * H * 2, 0), dx = make(tokens * H * 2, 0xFF),
+                       dw1 = make(E * F1 * H * 4, poison), db1 = make(E * F1 * 4, poison),
+                       dw2 = make(E * H * F * 4, poison), db2 = make(E * H * 4, poison),
+                       dprobs = make(tokens * 4, 0xFF);
+  if (tokens > 0) dy.upload(std::as_bytes(std::span(dy_host)));
+
+  Engine engine(EngineOptions{.use_disk_cache = false, .portable_kernels_only = c.portable});
+  const ForwardContext context = engine.forward(layer, Recipe::bf16(), device.args, GradMode::grad);
+  BackwardArgs args;
+  args.dy = make_tensor(dy.data(), DType::bf16, {tokens, H}, dev);
+  args.x = device.args.x;
+  args.split_sizes = device.args.split_sizes;
+  args.w1 = device.args.w1;
+  args.w2 = device.args.w2;
+  args.b2 = device.args.b2;
+  args.probs = device.args.probs;
+  args.saved_preact = device.args.saved_preact;
+  if (c.wanted.dx) args.dx = make_tensor(dx.data(), DType::bf16, {tokens, H}, dev);
+  if (c.wanted.dw1) args.dw1 = make_tensor(dw1.data(), DType::f32, {E, F1, H}, dev);
+  if (c.wanted.db1 && layer.fc1_bias) args.db1 = make_tensor(db1.data(), DType::f32, {E, F1}, dev);
+  if (c.wanted.dw2) args.dw2 = make_tensor(dw2.data(), DType::f32, {E, H, F}, dev);
+  if (c.wanted.db2 && layer.fc2_bias) args.db2 = make_tensor(db2.data(), DType::f32, {E, H}, dev);
+  if (layer.router_probs) args.dprobs = make_tensor(dprobs.data(), DType::f32, {tokens}, dev);
+  args.accumulate = c.accumulate;
+  // Accumulating twice from zero must give twice the gradient.
+  const int repeats = c.accumulate ? 2 : 1;
+  for (int i = 0; i < repeats; ++i) engine.backward(context, Recipe::bf16(), args);
+  {
+    engine::ScopedContext scope(ctx.context());
+    engine::check_driver(engine::driver().cuCtxSynchronize(), "cuCtxSynchronize");
+  }
+  auto scaled = [&](std::vector<double> v) {
+    for (auto& x : v) x *= repeats;
+    return v;
+  };
+  auto check = [&](const char* name, const std::vector<float>& got,
+                   const std::vector<double>& want) {
+    std::int64_t bad = 0;
+    for (float v : got) bad += !std::isfinite(v);
+    EXPECT_EQ(bad, 0) << name << ": unwritten or non-finite";
+    const double error = relative_error(got, want);
+    EXPECT_LT(error, kTolerance) << name;
+    std::printf("[ numerics ] %-26s %-7s rel err %.3e\n", c.name.c_str(), name, error);
+  };
+  if (args.dx.present()) {
+    const auto got = DeviceLayer::download(dx, tokens * H);
+    EXPECT_EQ(count_non_finite(got), 0) << "dx";
+    EXPECT_LT(relative_error(got, ref.dx), kTolerance) << "dx";
+  }
+  if (args.dw1.present()) check("dw1", download_f32(dw1, E * F1 * H), scaled(ref.dw1));
+  if (args.db1.present()) check("db1", download_f32(db1, E * F1), scaled(ref.db1));
+  if (args.dw2.present()) check("dw2", download_f32(dw2, E * H * F), scaled(ref.dw2));
+  if (args.db2.present()) check("db2", download_f32(db2, E * H), scaled(ref.db2));
+  if (args.dprobs.present()) check("dprobs", download_f32(dprobs, tokens), ref.dprobs);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layers, BackwardMatchesFloat64Reference, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(RecomputeOnGpu, EightStepsBuildTwoForwardPlansAndOneBackwardPlanThenOnlyHit) {
+  GMJIT_REQUIRE_GPU();
+  LayerSpec layer;
+  layer.experts = 4;
+  layer.hidden = 256;
+  layer.ffn = 128;
+  layer.router_probs = true;
+  const HostLayer host = make_host_layer(layer, {64, 0, 100, 92}, 256, 5);
+  DeviceLayer no_grad(host, GradMode::no_grad), grad(host, GradMode::grad);
+  engine::DeviceContext& ctx = engine::DeviceRegistry::instance().get(0);
+  engine::DeviceBuffer dy(ctx, 256 * 256 * 2), dw1(ctx, 4 * 256 * 256 * 4),
+      dw2(ctx, 4 * 256 * 128 * 4), dx(ctx, 256 * 256 * 2);
+  dy.fill_bytes(0x3C);  // a small positive bf16 pattern
+  const Device dev{Device::Kind::cuda, 0};
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  EngineCounters after_first{};
+  for (int step = 0; step < 8; ++step) {
+    engine.forward(layer, Recipe::bf16(), no_grad.args, GradMode::no_grad);
+    const ForwardContext context = engine.forward(layer, Recipe::bf16(), grad.args, GradMode::grad);
+    BackwardArgs args;
+    args.dy = make_tensor(dy.data(), DType::bf16, {256, 256}, dev);
+    args.x = grad.args.x;
+    args.split_sizes = grad.args.split_sizes;
+    args.w1 = grad.args.w1;
+    args.w2 = grad.args.w2;
+    args.probs = grad.args.probs;
+    args.saved_preact = grad.args.saved_preact;
+    args.dx = make_tensor(dx.data(), DType::bf16, {256, 256}, dev);
+    args.dw1 = make_tensor(dw1.data(), DType::f32, {4, 256, 256}, dev);
+    args.dw2 = make_tensor(dw2.data(), DType::f32, {4, 256, 128}, dev);
+    engine.backward(context, Recipe::bf16(), args);
+    if (step == 0) after_first = engine.counters();
+  }
+  engine::ScopedContext scope(ctx.context());
+  engine::check_driver(engine::driver().cuCtxSynchronize(), "cuCtxSynchronize");
+  const EngineCounters last = engine.counters();
+  EXPECT_EQ(last.forward_plans_built, 2u);
+  EXPECT_EQ(last.backward_plans_built, 1u);
+  EXPECT_EQ(last.kernels_compiled, after_first.kernels_compiled);
+  EXPECT_EQ(last.memory_hits - after_first.memory_hits, 7u * 3u);
+}
+
+}  // namespace
+}  // namespace gmjit::testing
