@@ -114,7 +114,12 @@ ReferenceGrads reference_backward(const HostLayer& host, const std::vector<std::
   for (std::int64_t e = 0; e < E; ++e) {
     for (std::int64_t i = 0; i < host.splits[e] && row < T; ++i, ++row) {
       const double p = l.router_probs ? host.probs[row] : 1.0;
-      const double* h = &fwd.preact[row * F1];
+      // The backward works from the pre-activation the forward saved, which is bf16: round it
+      // here too, or a clamp boundary can fall on different sides in the two computations.
+      std::vector<double> h(F1);
+      for (std::int64_t j = 0; j < F1; ++j) {
+        h[j] = from_bf16(to_bf16(static_cast<float>(fwd.preact[row * F1 + j])));
+      }
       const std::uint16_t* dy_row = &dy[row * H];
       for (std::int64_t c = 0; c < F; ++c) {
         double acc = 0;
