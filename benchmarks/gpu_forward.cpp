@@ -108,8 +108,10 @@ GpuTimings time_on_gpu(Engine& eng, const Preset& preset, int warmup, int repeat
   const Recipe recipe = Recipe::bf16();
   engine::ScopedContext context(device.context());
   GpuTimings timings;
+  ForwardArgs no_grad = t.forward;
+  no_grad.saved_preact = TensorRef{};  // a no-grad forward saves nothing
   timings.forward_ms =
-      median_ms(warmup, repeats, [&] { eng.forward(l, recipe, t.forward, GradMode::no_grad); });
+      median_ms(warmup, repeats, [&] { eng.forward(l, recipe, no_grad, GradMode::no_grad); });
   timings.fwd_bwd_ms = median_ms(warmup, repeats, [&] {
     const ForwardContext ctx = eng.forward(l, recipe, t.forward, GradMode::grad);
     eng.backward(ctx, recipe, t.backward);
