@@ -13,11 +13,11 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DXXHASH_INCLUDE_DIR
 ninja -C build-gpu >"$OUT/build.log" 2>&1 || { grep -A5 -E "error|FAILED" "$OUT/build.log" | head -60; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 export GMJIT_CACHE_DIR=/tmp/gmjit-gpu-cache
-ctest --test-dir build-gpu -L gpu -j1 --output-on-failure --timeout 600 >"$OUT/gpu_tests.log" 2>&1
+ctest --test-dir build-gpu -L gpu -j1 -V --timeout 600 >"$OUT/gpu_tests.log" 2>&1
 gpu_rc=$?
 ctest --test-dir build-gpu -L cpu -j8 --timeout 600 >"$OUT/cpu_tests.log" 2>&1
 cpu_rc=$?
-grep -h "numerics \]" build-gpu/Testing/Temporary/LastTest*.log 2>/dev/null | sort -u >"$OUT/numerics.txt"
+grep -h "numerics \]" "$OUT/gpu_tests.log" | sed "s/^[0-9]*: //" | sort -u >"$OUT/numerics.txt"
 build-gpu/cli/gmjit doctor
 for preset in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
   build-gpu/cli/gmjit bench --preset "$preset" --pattern recompute --json "$OUT/bench_$preset.json" \

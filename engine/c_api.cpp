@@ -12,6 +12,10 @@ struct gmjit_engine {
   gmjit::Engine engine;
 };
 
+struct gmjit_forward_context {
+  gmjit::ForwardContext context;
+};
+
 namespace {
 
 thread_local std::string last_error;
@@ -78,6 +82,54 @@ gmjit_status guarded(Body&& body) {
   }
 }
 
+struct ForwardCall {
+  gmjit::LayerSpec spec;
+  gmjit::ForwardArgs args;
+};
+
+ForwardCall convert_forward(gmjit_engine* engine, const gmjit_layer* layer,
+                            const gmjit_forward_args* args) {
+  if (engine == nullptr || layer == nullptr || args == nullptr) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       "arguments 'engine', 'layer' and 'args' must not be null");
+  }
+  if (layer->activation < GMJIT_SWIGLU || layer->activation > GMJIT_RELU) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       fmt::format("argument 'layer.activation': {} is not a gmjit_activation",
+                                   static_cast<int>(layer->activation)));
+  }
+  ForwardCall call;
+  gmjit::ForwardArgs& forward = call.args;
+  forward.x = to_ref(args->x, "x");
+  forward.split_sizes = to_ref(args->split_sizes, "split_sizes");
+  forward.w1 = to_ref(args->w1, "w1");
+  forward.b1 = to_ref(args->b1, "b1");
+  forward.w2 = to_ref(args->w2, "w2");
+  forward.b2 = to_ref(args->b2, "b2");
+  forward.probs = to_ref(args->probs, "probs");
+  forward.y = to_ref(args->y, "y");
+  forward.saved_preact = to_ref(args->saved_preact, "saved_preact");
+  if (!forward.split_sizes.present()) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       "argument 'split_sizes' is required but was null");
+  }
+  gmjit::LayerSpec& spec = call.spec;
+  spec.experts = layer->experts;
+  spec.hidden = layer->hidden;
+  spec.ffn = layer->ffn;
+  spec.activation.kind = static_cast<gmjit::Activation>(layer->activation);
+  spec.activation.layout = layer->glu_layout == GMJIT_GLU_INTERLEAVED32
+                               ? gmjit::GluLayout::interleaved32
+                               : gmjit::GluLayout::halves;
+  spec.activation.limit = layer->clamp_limit;
+  spec.activation.alpha = layer->clamp_alpha;
+  spec.fc1_bias = forward.b1.present();
+  spec.fc2_bias = forward.b2.present();
+  spec.router_probs = forward.probs.present();
+  spec.split_dtype = forward.split_sizes.dtype;
+  return call;
+}
+
 }  // namespace
 
 extern "C" {
@@ -98,46 +150,55 @@ void gmjit_engine_destroy(gmjit_engine* engine) {
 gmjit_status gmjit_forward(gmjit_engine* engine, const gmjit_layer* layer,
                            const gmjit_forward_args* args, int grad, void* stream) {
   return guarded([&] {
-    if (engine == nullptr || layer == nullptr || args == nullptr) {
-      throw gmjit::Error(gmjit::Status::invalid_argument,
-                         "arguments 'engine', 'layer' and 'args' must not be null");
-    }
-    if (layer->activation < GMJIT_SWIGLU || layer->activation > GMJIT_RELU) {
-      throw gmjit::Error(gmjit::Status::invalid_argument,
-                         fmt::format("argument 'layer.activation': {} is not a gmjit_activation",
-                                     static_cast<int>(layer->activation)));
-    }
-    gmjit::ForwardArgs forward;
-    forward.x = to_ref(args->x, "x");
-    forward.split_sizes = to_ref(args->split_sizes, "split_sizes");
-    forward.w1 = to_ref(args->w1, "w1");
-    forward.b1 = to_ref(args->b1, "b1");
-    forward.w2 = to_ref(args->w2, "w2");
-    forward.b2 = to_ref(args->b2, "b2");
-    forward.probs = to_ref(args->probs, "probs");
-    forward.y = to_ref(args->y, "y");
-    forward.saved_preact = to_ref(args->saved_preact, "saved_preact");
-    if (!forward.split_sizes.present()) {
-      throw gmjit::Error(gmjit::Status::invalid_argument,
-                         "argument 'split_sizes' is required but was null");
-    }
-
-    gmjit::LayerSpec spec;
-    spec.experts = layer->experts;
-    spec.hidden = layer->hidden;
-    spec.ffn = layer->ffn;
-    spec.activation.kind = static_cast<gmjit::Activation>(layer->activation);
-    spec.activation.layout = layer->glu_layout == GMJIT_GLU_INTERLEAVED32
-                                 ? gmjit::GluLayout::interleaved32
-                                 : gmjit::GluLayout::halves;
-    spec.activation.limit = layer->clamp_limit;
-    spec.activation.alpha = layer->clamp_alpha;
-    spec.fc1_bias = forward.b1.present();
-    spec.fc2_bias = forward.b2.present();
-    spec.router_probs = forward.probs.present();
-    spec.split_dtype = forward.split_sizes.dtype;
-    engine->engine.forward(spec, gmjit::Recipe::bf16(), forward,
+    const ForwardCall call = convert_forward(engine, layer, args);
+    engine->engine.forward(call.spec, gmjit::Recipe::bf16(), call.args,
                            grad ? gmjit::GradMode::grad : gmjit::GradMode::no_grad, stream);
+  });
+}
+
+gmjit_status gmjit_forward_train(gmjit_engine* engine, const gmjit_layer* layer,
+                                 const gmjit_forward_args* args, void* stream,
+                                 gmjit_forward_context** context) {
+  return guarded([&] {
+    if (context == nullptr) {
+      throw gmjit::Error(gmjit::Status::invalid_argument, "argument 'context' must not be null");
+    }
+    const ForwardCall call = convert_forward(engine, layer, args);
+    auto made = std::make_unique<gmjit_forward_context>();
+    made->context = engine->engine.forward(call.spec, gmjit::Recipe::bf16(), call.args,
+                                           gmjit::GradMode::grad, stream);
+    *context = made.release();
+  });
+}
+
+void gmjit_forward_context_destroy(gmjit_forward_context* context) {
+  std::unique_ptr<gmjit_forward_context> owned(context);
+}
+
+gmjit_status gmjit_backward(gmjit_engine* engine, const gmjit_forward_context* context,
+                            const gmjit_backward_args* args, void* stream) {
+  return guarded([&] {
+    if (engine == nullptr || context == nullptr || args == nullptr) {
+      throw gmjit::Error(gmjit::Status::invalid_argument,
+                         "arguments 'engine', 'context' and 'args' must not be null");
+    }
+    gmjit::BackwardArgs b;
+    b.dy = to_ref(args->dy, "dy");
+    b.x = to_ref(args->x, "x");
+    b.split_sizes = to_ref(args->split_sizes, "split_sizes");
+    b.w1 = to_ref(args->w1, "w1");
+    b.w2 = to_ref(args->w2, "w2");
+    b.b2 = to_ref(args->b2, "b2");
+    b.probs = to_ref(args->probs, "probs");
+    b.saved_preact = to_ref(args->saved_preact, "saved_preact");
+    b.dx = to_ref(args->dx, "dx");
+    b.dw1 = to_ref(args->dw1, "dw1");
+    b.db1 = to_ref(args->db1, "db1");
+    b.dw2 = to_ref(args->dw2, "dw2");
+    b.db2 = to_ref(args->db2, "db2");
+    b.dprobs = to_ref(args->dprobs, "dprobs");
+    b.accumulate = args->accumulate != 0;
+    engine->engine.backward(context->context, gmjit::Recipe::bf16(), b, stream);
   });
 }
 

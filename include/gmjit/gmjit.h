@@ -65,6 +65,40 @@ void gmjit_engine_destroy(gmjit_engine* engine);
 gmjit_status gmjit_forward(gmjit_engine* engine, const gmjit_layer* layer,
                            const gmjit_forward_args* args, int grad, void* stream);
 
+/* What a grad-enabled forward leaves for its backward (owned by the caller). */
+typedef struct gmjit_forward_context gmjit_forward_context;
+
+/* A grad-enabled forward: like gmjit_forward with grad = 1 (args->saved_preact required), and
+ * returns the context the backward needs in *context (destroy it with
+ * gmjit_forward_context_destroy). */
+gmjit_status gmjit_forward_train(gmjit_engine* engine, const gmjit_layer* layer,
+                                 const gmjit_forward_args* args, void* stream,
+                                 gmjit_forward_context** context);
+void gmjit_forward_context_destroy(gmjit_forward_context* context);
+
+/* The forward's inputs, dy, and the gradients wanted (NULL = not computed). Weight gradients
+ * are float32; accumulate != 0 adds into them (main-grad buffers). */
+typedef struct gmjit_backward_args {
+  const DLTensor* dy;
+  const DLTensor* x;
+  const DLTensor* split_sizes;
+  const DLTensor* w1;
+  const DLTensor* w2;
+  const DLTensor* b2;
+  const DLTensor* probs;
+  const DLTensor* saved_preact;
+  const DLTensor* dx;
+  const DLTensor* dw1;
+  const DLTensor* db1;
+  const DLTensor* dw2;
+  const DLTensor* db2;
+  const DLTensor* dprobs;
+  int accumulate;
+} gmjit_backward_args;
+
+gmjit_status gmjit_backward(gmjit_engine* engine, const gmjit_forward_context* context,
+                            const gmjit_backward_args* args, void* stream);
+
 /* The message of the last failed call on this thread ("" if none). Valid until the next call. */
 const char* gmjit_last_error(void);
 

@@ -86,6 +86,19 @@ TEST_F(CApi, GradWithoutSavedPreactivationIsRejected) {
   EXPECT_NE(std::string(gmjit_last_error()).find("saved_preact"), std::string::npos);
 }
 
+TEST_F(CApi, BackwardWithoutAContextIsRejected) {
+  gmjit_backward_args args{};
+  EXPECT_EQ(gmjit_backward(engine_, nullptr, &args, nullptr), GMJIT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(gmjit_last_error()).find("'context'"), std::string::npos);
+}
+
+TEST_F(CApi, TrainingForwardNeedsSomewhereToPutTheContext) {
+  Tensors t;
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  EXPECT_EQ(gmjit_forward_train(engine_, &layer, &args, nullptr, nullptr), GMJIT_INVALID_ARGUMENT);
+}
+
 TEST(CApiStatus, HasReadableNames) {
   EXPECT_STREQ(gmjit_status_string(GMJIT_NO_DEVICE), "no_device");
 }

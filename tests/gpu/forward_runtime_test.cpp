@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "engine/driver.hpp"
+#include "gmjit/gmjit.h"
 #include "tests/gpu/gpu_fixture.hpp"
 
 namespace gmjit::testing {
@@ -105,6 +106,78 @@ TEST(ForwardRuntime, TensorsOnAMissingDeviceAreRejected) {
   } catch (const Error& error) {
     EXPECT_EQ(error.status(), Status::no_device);
   }
+}
+
+}  // namespace
+}  // namespace gmjit::testing
+
+namespace gmjit::testing {
+namespace {
+
+DLTensor dl(const TensorRef& t, std::int64_t* shape_storage) {
+  DLTensor d{};
+  d.data = t.data;
+  d.device = DLDevice{kDLCUDA, t.device.ordinal};
+  d.ndim = t.ndim;
+  for (int i = 0; i < t.ndim; ++i) shape_storage[i] = t.shape[i];
+  d.shape = shape_storage;
+  switch (t.dtype) {
+    case DType::bf16:
+      d.dtype = DLDataType{kDLBfloat, 16, 1};
+      break;
+    case DType::f32:
+      d.dtype = DLDataType{kDLFloat, 32, 1};
+      break;
+    case DType::i32:
+      d.dtype = DLDataType{kDLInt, 32, 1};
+      break;
+    case DType::i64:
+      d.dtype = DLDataType{kDLInt, 64, 1};
+      break;
+  }
+  return d;
+}
+
+TEST(CApiOnGpu, TrainingForwardAndBackwardThroughDLTensors) {
+  GMJIT_REQUIRE_GPU();
+  const LayerSpec layer = runtime_layer();
+  const HostLayer host = make_host_layer(layer, {30, 0, 200, 26}, 256, 13);
+  const Reference ref = reference_forward(host);
+  DeviceLayer device(host, GradMode::grad);
+  engine::DeviceContext& ctx = engine::DeviceRegistry::instance().get(0);
+  engine::DeviceBuffer dy(ctx, 256 * 256 * 2), dw2(ctx, 4 * 256 * 128 * 4);
+  dy.fill_bytes(0x3C);
+  std::int64_t shapes[16][4];
+  int next = 0;
+  auto wrap = [&](const TensorRef& t) { return dl(t, shapes[next++]); };
+  const ForwardArgs& a = device.args;
+  const DLTensor x = wrap(a.x), split = wrap(a.split_sizes), w1 = wrap(a.w1), w2 = wrap(a.w2),
+                 b2 = wrap(a.b2), probs = wrap(a.probs), y = wrap(a.y),
+                 preact = wrap(a.saved_preact),
+                 dy_t = wrap(make_tensor(dy.data(), DType::bf16, {256, 256}, a.x.device)),
+                 dw2_t = wrap(make_tensor(dw2.data(), DType::f32, {4, 256, 128}, a.x.device));
+  gmjit_engine* engine = nullptr;
+  ASSERT_EQ(gmjit_engine_create(&engine), GMJIT_OK);
+  const gmjit_layer c_layer{4, 256, 128, GMJIT_SWIGLU, GMJIT_GLU_HALVES, 7.0f, 1.702f};
+  const gmjit_forward_args fwd{&x, &split, &w1, nullptr, &w2, &b2, &probs, &y, &preact};
+  gmjit_forward_context* context = nullptr;
+  ASSERT_EQ(gmjit_forward_train(engine, &c_layer, &fwd, nullptr, &context), GMJIT_OK)
+      << gmjit_last_error();
+  gmjit_backward_args bwd{};
+  bwd.dy = &dy_t;
+  bwd.x = &x;
+  bwd.split_sizes = &split;
+  bwd.w1 = &w1;
+  bwd.w2 = &w2;
+  bwd.b2 = &b2;
+  bwd.probs = &probs;
+  bwd.saved_preact = &preact;
+  bwd.dw2 = &dw2_t;
+  EXPECT_EQ(gmjit_backward(engine, context, &bwd, nullptr), GMJIT_OK) << gmjit_last_error();
+  synchronize_device();
+  EXPECT_LT(relative_error(DeviceLayer::download(device.y, 256 * 256), ref.y), 1e-2);
+  gmjit_forward_context_destroy(context);
+  gmjit_engine_destroy(engine);
 }
 
 }  // namespace
