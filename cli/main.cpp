@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "benchmarks/harness.hpp"
+#include "benchmarks/plot.hpp"
 #include "cli/commands.hpp"
 
 namespace {
@@ -38,6 +39,8 @@ int main(int argc, char** argv) {
                                    "and, on a GPU, forward throughput");
   gmjit::cli::add_layer_options(*bench, bench_layer);
   bench->add_option("--json", json_path, "write the report as JSON to FILE");
+  std::string plot_path;
+  bench->add_option("--plot", plot_path, "draw the phases (and throughput) to FILE.png");
   bench->add_option("--cache-dir", bench_layer.cache_dir,
                     "cache directory to use (default: a fresh temporary one)");
   bench->add_option("--repeats", bench_options.repeats, "timed forward repeats")
@@ -69,6 +72,9 @@ int main(int argc, char** argv) {
       if (!bench_layer.cache_dir.empty()) bench_options.cache_dir = bench_layer.cache_dir;
       if (child_disk_hit) return gmjit::bench::run_disk_hit_child(bench_options);
       const nlohmann::json report = gmjit::bench::run_bench(bench_options, self_executable());
+      if (!plot_path.empty() && gmjit::bench::write_plot(report, plot_path)) {
+        std::printf("  wrote %s\n", plot_path.c_str());
+      }
       if (!json_path.empty()) {
         std::ofstream(json_path) << report.dump(2) << "\n";
         std::printf("  wrote %s\n", json_path.c_str());

@@ -4,6 +4,8 @@
 #include "engine/device_context.hpp"
 #include "engine/driver.hpp"
 #include "engine/engine_impl.hpp"
+#include "engine/log.hpp"
+#include "engine/nvtx.hpp"
 #include "engine/validate.hpp"
 #include "kernel_templates/params.cuh"
 
@@ -19,7 +21,12 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
   const std::int64_t tokens = context.tokens;
   if (tokens == 0) return;  // nothing to launch; weight gradients of zero rows stay as they are
 
+  engine::NvtxRange range("gmjit backward");
   auto cu_stream = static_cast<CUstream>(stream);
+  if (engine::log_enabled(engine::LogLevel::debug)) {
+    engine::log(engine::LogLevel::debug, "backward {} T={} on cuda:{} stream {}", layer.describe(),
+                tokens, plan.device->ordinal(), stream);
+  }
   engine::ScopedContext scope(plan.device->context());
   engine::WorkspacePool& ws = impl_->workspaces;
   const auto T = static_cast<std::size_t>(tokens);

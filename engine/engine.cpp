@@ -10,6 +10,7 @@
 #include "engine/engine_impl.hpp"
 #include "engine/fuser.hpp"
 #include "engine/log.hpp"
+#include "engine/nvtx.hpp"
 
 namespace gmjit {
 namespace engine {
@@ -95,6 +96,7 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::prepared_plan(
 std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engine::PlanKey& key,
                                                                      const LayerSpec& layer,
                                                                      const std::string& arch) {
+  engine::NvtxRange range(key.backward ? "gmjit build backward plan" : "gmjit build forward plan");
   const auto start = std::chrono::steady_clock::now();
   const std::vector<engine::Op> ops = engine::ops_for_layer(layer);
   const std::vector<engine::FusedOp> fused = engine::fuse(ops, engine::forward_fusion_rules());
@@ -132,6 +134,7 @@ engine::DevicePlan& Engine::Impl::device_plan(const engine::PlanKey& key, const 
   engine::DevicePlan& plan = device_plans.get(
       key,
       [&] {
+        engine::NvtxRange range("gmjit load plan");
         engine::DeviceContext& device = engine::DeviceRegistry::instance().get(key.device);
         auto loaded = std::make_shared<engine::DevicePlan>();
         loaded->prepared = prepared_plan(key, layer, device.info().arch);
@@ -172,6 +175,7 @@ EngineCounters Engine::counters() const {
   c.backward_plans_built = impl_->backward_plans_built.load();
   c.plans_built = c.forward_plans_built + c.backward_plans_built;
   c.kernels_compiled = impl_->store_counters.kernels_compiled.load();
+  c.nvrtc_seconds = static_cast<double>(impl_->store_counters.nvrtc_microseconds.load()) * 1e-6;
   c.disk_reads = impl_->store_counters.disk_reads.load();
   c.disk_writes = impl_->store_counters.disk_writes.load();
   c.memory_hits = impl_->memory_hits.load();

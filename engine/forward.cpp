@@ -2,6 +2,8 @@
 #include "engine/device_context.hpp"
 #include "engine/driver.hpp"
 #include "engine/engine_impl.hpp"
+#include "engine/log.hpp"
+#include "engine/nvtx.hpp"
 #include "engine/tensor_maps.hpp"
 #include "engine/validate.hpp"
 #include "kernel_templates/params.cuh"
@@ -69,7 +71,12 @@ ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, cons
                                tokens, args.x.device, args.saved_preact.data};
   if (tokens == 0) return context;
 
+  engine::NvtxRange range("gmjit forward");
   auto cu_stream = static_cast<CUstream>(stream);
+  if (engine::log_enabled(engine::LogLevel::debug)) {
+    engine::log(engine::LogLevel::debug, "forward {} T={} on cuda:{} stream {}", spec.describe(),
+                tokens, plan.device->ordinal(), stream);
+  }
   engine::ScopedContext scope(plan.device->context());
   void* activation = impl_->workspaces.get(*plan.device, cu_stream, engine::Workspace::activation,
                                            static_cast<std::size_t>(tokens * spec.ffn) * 2);

@@ -7,6 +7,7 @@
 #include "codegen/embedded_templates.hpp"
 #include "codegen/nvrtc_compiler.hpp"
 #include "engine/log.hpp"
+#include "engine/nvtx.hpp"
 #include "gmjit/error.hpp"
 
 namespace gmjit::engine {
@@ -141,8 +142,10 @@ std::shared_ptr<const CompiledKernel> KernelStore::load_or_compile(
           key.hex(), source.entry);
     }
   }
+  NvtxRange range("gmjit compile kernel");
   codegen::CompiledCubin compiled = codegen::compile_to_cubin(source, arch, key.hex());
   ++counters_.kernels_compiled;
+  counters_.nvrtc_microseconds += static_cast<std::uint64_t>(compiled.seconds * 1e6);
   log(LogLevel::info, "compiled {} for {} in {:.3f} s ({} bytes)", source.entry, arch,
       compiled.seconds, compiled.cubin.size());
   if (!compiled.log.empty())

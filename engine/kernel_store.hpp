@@ -33,6 +33,7 @@ cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view a
 
 struct StoreCounters {
   std::atomic<std::uint64_t> kernels_compiled{0};
+  std::atomic<std::uint64_t> nvrtc_microseconds{0};  // summed over kernels
   std::atomic<std::uint64_t> disk_reads{0};
   std::atomic<std::uint64_t> disk_writes{0};
 };
