@@ -137,6 +137,50 @@ std::vector<KernelSource> emit_grouped_mlp_forward(const GroupedMlpForwardDesc& 
           emit_forward_kernel(desc, KernelRole::fc2_forward, fc2_fields, fc2_entry(layer))};
 }
 
+KernelSource emit_grouped_linear(const GroupedLinearDesc& d) {
+  // The FC2 templates are the grouped linear out = in · Wᵀ + b (· p); their Cfg names the output
+  // width `hidden` and the reduction `ffn` after that use.
+  GroupedMlpForwardDesc desc;
+  desc.layer.experts = d.experts;
+  desc.layer.hidden = d.out_features;
+  desc.layer.ffn = d.in_features;
+  desc.layer.fc2_bias = d.bias;
+  desc.layer.router_probs = d.scale_bias_by_probs;
+  desc.layer.split_dtype = d.split_dtype;
+  desc.arch = d.arch;
+  desc.portable_only = d.portable_only;
+  check_supported(desc.layer);
+  const std::string fields = detail::layer_fields(desc.layer) +
+                             fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n",
+                                         d.bias, d.scale_bias_by_probs);
+  KernelSource k = emit_forward_kernel(
+      desc, KernelRole::fc2_forward, fields,
+      fmt::format("gmjit_linear_e{}_{}x{}{}{}", d.experts, d.in_features, d.out_features,
+                  d.bias ? "_b" : "", d.scale_bias_by_probs ? "_p" : ""));
+  k.role = KernelRole::linear;
+  return k;
+}
+
+KernelSource emit_activation(const ActivationDesc& d) {
+  using namespace detail;
+  KernelSource k;
+  k.role = KernelRole::activation;
+  k.entry = fmt::format("gmjit_activation_f{}_{}{}{}", d.ffn, activation_name(d.activation.kind),
+                        d.activation.layout == GluLayout::interleaved32 ? "_i32" : "",
+                        d.scale_by_probs ? "_p" : "");
+  k.source = translation_unit(
+      {"activation_fwd.cuh", "ActivationFwd", "ActivationParams",
+       fmt::format("  static constexpr int ffn = {}, threads = 256, min_blocks = 1;\n"
+                   "  static constexpr bool has_probs = {};\n",
+                   d.ffn, d.scale_by_probs) +
+           activation_fields(d.activation),
+       k.entry});
+  k.launch.grid = LaunchShape::Grid::fixed;
+  k.launch.threads = 256;
+  k.launch.grid_x = 1024;
+  return k;
+}
+
 KernelSource emit_fill_random() {
   KernelSource fill;
   fill.role = KernelRole::fill_random;

@@ -56,6 +56,24 @@ void check_supported(const LayerSpec& layer);
 
 std::vector<KernelSource> emit_grouped_mlp_forward(const GroupedMlpForwardDesc& desc);
 
+// Op-by-op execution (no fusion rule matched, or fusion off): each op is a kernel of its own.
+struct GroupedLinearDesc {
+  std::int64_t experts = 0, in_features = 0, out_features = 0;
+  bool bias = false;
+  bool scale_bias_by_probs = false;  // FC2's b2 ⊙ p
+  DType split_dtype = DType::i64;
+  std::string arch = "sm_80";
+  bool portable_only = false;
+};
+KernelSource emit_grouped_linear(const GroupedLinearDesc& desc);
+
+struct ActivationDesc {
+  ActivationSpec activation;
+  std::int64_t ffn = 0;  // output width F (input is 2F for GLU)
+  bool scale_by_probs = false;
+};
+KernelSource emit_activation(const ActivationDesc& desc);
+
 KernelSource emit_fill_random();
 
 }  // namespace gmjit::codegen

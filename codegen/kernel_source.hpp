@@ -38,12 +38,14 @@ enum class KernelRole : std::uint8_t {
   fc1_forward,
   fc2_forward,
   fill_random,
-  fc2_dgrad,  // dy·W2 + activation backward + dprobs; writes dh and a ⊙ p
-  wgrad_w2,   // dW2 = dyᵀ (a ⊙ p)
-  bgrad_b2,   // db2 = Σ dy · p
-  wgrad_w1,   // dW1 = dhᵀ x
-  bgrad_b1,   // db1 = Σ dh
-  fc1_dgrad,  // dx = dh · W1
+  fc2_dgrad,   // dy·W2 + activation backward + dprobs; writes dh and a ⊙ p
+  wgrad_w2,    // dW2 = dyᵀ (a ⊙ p)
+  bgrad_b2,    // db2 = Σ dy · p
+  wgrad_w1,    // dW1 = dhᵀ x
+  bgrad_b1,    // db1 = Σ dh
+  fc1_dgrad,   // dx = dh · W1
+  linear,      // op by op: one grouped linear, out = in · Wᵀ + b (· p)
+  activation,  // op by op: a = act(h) · p
 };
 
 struct KernelSource {

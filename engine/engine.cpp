@@ -99,17 +99,21 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engin
   engine::NvtxRange range(key.backward ? "gmjit build backward plan" : "gmjit build forward plan");
   const auto start = std::chrono::steady_clock::now();
   const std::vector<engine::Op> ops = engine::ops_for_layer(layer);
-  const std::vector<engine::FusedOp> fused = engine::fuse(ops, engine::forward_fusion_rules());
-  if (fused.size() != 1 || fused[0].kind != engine::FusedKind::grouped_mlp) {
-    throw Error(Status::unsupported,
-                "this layer does not fuse into one grouped-MLP op; op-by-op execution is not "
-                "implemented yet");
-  }
+  const std::vector<engine::FusedOp> fused =
+      engine::fuse(ops, options.fuse_ops ? engine::forward_fusion_rules()
+                                         : std::span<const engine::FusionRule>{});
   const bool grad = key.grad != 0;
-  const std::vector<codegen::KernelSource> sources =
-      key.backward
-          ? codegen::emit_grouped_mlp_backward({layer, GradientSet::from_bits(key.gradients)})
-          : codegen::emit_grouped_mlp_forward({layer, grad, arch, options.portable_kernels_only});
+  std::vector<codegen::KernelSource> sources;
+  if (key.backward) {
+    // The backward needs only the saved pre-activation, which both forward paths write.
+    sources = codegen::emit_grouped_mlp_backward({layer, GradientSet::from_bits(key.gradients)});
+  } else {
+    for (const engine::FusedOp& op : fused) {
+      auto emitted =
+          engine::emit_fused_op(op, ops, layer, grad, arch, options.portable_kernels_only);
+      sources.insert(sources.end(), emitted.begin(), emitted.end());
+    }
+  }
   const engine::KernelLabels labels{key.options_key, grad};
   // The kernels of a plan compile in parallel: a cold plan costs about its slowest kernel.
   std::vector<std::future<std::shared_ptr<const engine::CompiledKernel>>> pending;

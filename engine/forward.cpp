@@ -95,8 +95,30 @@ ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, cons
                          engine::Sm90BLayout::kPlain,
                          {activation, args.w2.data, args.b2.data, probs, args.split_sizes.data,
                           args.y.data, nullptr, tokens}};
-  launch_gemm(*plan.kernels[0], *plan.device, spec, fc1, cu_stream);
-  launch_gemm(*plan.kernels[1], *plan.device, spec, fc2, cu_stream);
+  if (plan.kernels[0]->role() != codegen::KernelRole::linear) {
+    launch_gemm(*plan.kernels[0], *plan.device, spec, fc1, cu_stream);
+    launch_gemm(*plan.kernels[1], *plan.device, spec, fc2, cu_stream);
+    return context;
+  }
+  // Op by op: FC1 as a plain grouped linear into h (the caller's saved_preact in grad mode),
+  // the activation, then FC2.
+  void* preact = args.saved_preact.data;
+  if (preact == nullptr) {
+    preact = impl_->workspaces.get(*plan.device, cu_stream, engine::Workspace::dpreact,
+                                   static_cast<std::size_t>(tokens * spec.fc1_out()) * 2);
+  }
+  const GemmOperands linear1{args.x.data,
+                             spec.hidden,
+                             args.w1.data,
+                             spec.fc1_out(),
+                             engine::Sm90BLayout::kPlain,
+                             {args.x.data, args.w1.data, args.b1.data, nullptr,
+                              args.split_sizes.data, preact, nullptr, tokens}};
+  launch_gemm(*plan.kernels[0], *plan.device, spec, linear1, cu_stream);
+  kt::ActivationParams act{preact, probs, activation, tokens};
+  void* act_args[] = {&act};
+  plan.kernels[1]->launch(*plan.device, static_cast<std::uint64_t>(tokens), cu_stream, act_args);
+  launch_gemm(*plan.kernels[2], *plan.device, spec, fc2, cu_stream);
   return context;
 }
 

@@ -1,5 +1,7 @@
 #include "engine/fuser.hpp"
 
+#include "codegen/grouped_mlp.hpp"
+
 namespace gmjit::engine {
 
 std::vector<Op> ops_for_layer(const LayerSpec& layer) {
@@ -49,6 +51,21 @@ std::vector<FusedOp> fuse(std::span<const Op> ops, std::span<const FusionRule> r
     }
   }
   return fused;
+}
+
+std::vector<codegen::KernelSource> emit_fused_op(const FusedOp& fused, std::span<const Op> ops,
+                                                 const LayerSpec& layer, bool grad,
+                                                 const std::string& arch, bool portable_only) {
+  if (fused.kind == FusedKind::grouped_mlp) {
+    return codegen::emit_grouped_mlp_forward({layer, grad, arch, portable_only});
+  }
+  const Op& op = ops[fused.first_op];
+  if (op.kind == OpKind::grouped_linear) {
+    return {
+        codegen::emit_grouped_linear({layer.experts, op.in_features, op.out_features, op.bias,
+                                      op.scale_by_probs, layer.split_dtype, arch, portable_only})};
+  }
+  return {codegen::emit_activation({op.activation, layer.ffn, layer.router_probs})};
 }
 
 }  // namespace gmjit::engine

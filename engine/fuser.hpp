@@ -5,9 +5,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
+#include "codegen/kernel_source.hpp"
 #include "gmjit/layer.hpp"
 
 namespace gmjit::engine {
@@ -43,6 +45,11 @@ struct FusedOp {
 
 // Forward rules, in priority order.
 std::span<const FusionRule> forward_fusion_rules();
+
+// The kernels of one fused op (a grouped MLP: FC1 and FC2; an unfused op: its own kernel).
+std::vector<codegen::KernelSource> emit_fused_op(const FusedOp& op, std::span<const Op> ops,
+                                                 const LayerSpec& layer, bool grad,
+                                                 const std::string& arch, bool portable_only);
 
 // Greedy left-to-right: at each op the first rule whose pattern matches wins; an op no rule
 // matches becomes an `unfused` op of its own.

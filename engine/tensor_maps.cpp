@@ -68,4 +68,53 @@ CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOper
   return CUDA_ERROR_INVALID_VALUE;
 }
 
+namespace {
+
+// 2-D map over a row-major [rows, cols] bf16 matrix, box {64, box_rows}; rows >= 1 always.
+CUresult encode_2d(TensorMapEncodeTiledFn encode, unsigned char (&out)[128], const void* base,
+                   long long rows, int cols, int box_rows) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols),
+                              static_cast<cuuint64_t>(rows > 0 ? rows : 1)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
+  return encode_bf16(encode, out, base, 2, dims, strides, box);
+}
+
+CUresult encode_dgrad(TensorMapEncodeTiledFn encode, const Sm90DgradOperands& o,
+                      unsigned char (&tmap_a)[128], unsigned char (&tmap_b)[128]) {
+  if (encode == nullptr || o.k <= 0 || o.k % 64 != 0 || o.n <= 0 || o.n % 64 != 0 ||
+      o.experts <= 0 || o.tokens < 0 || (o.block_m != 128 && o.block_m != 256))
+    return CUDA_ERROR_INVALID_VALUE;
+  const CUresult r = encode_2d(encode, tmap_a, o.a, o.tokens, o.k, o.block_m);
+  if (r != CUDA_SUCCESS) return r;
+  return encode_2d(encode, tmap_b, o.b, static_cast<long long>(o.experts) * o.k, o.n, 64);
+}
+
+}  // namespace
+
+CUresult encode_sm90_dgrad_maps(TensorMapEncodeTiledFn encode, const Sm90DgradOperands& o,
+                                gmjit::kt::Sm90Fc2DgradParams& params) {
+  params.dy = o.a;
+  params.w2 = o.b;
+  return encode_dgrad(encode, o, params.tmap_a, params.tmap_b);
+}
+
+CUresult encode_sm90_dgrad_maps(TensorMapEncodeTiledFn encode, const Sm90DgradOperands& o,
+                                gmjit::kt::Sm90GemmParams& params) {
+  params.a = o.a;
+  params.b = o.b;
+  return encode_dgrad(encode, o, params.tmap_a, params.tmap_b);
+}
+
+CUresult encode_sm90_wgrad_maps(TensorMapEncodeTiledFn encode, const Sm90WgradOperands& o,
+                                gmjit::kt::Sm90WgradParams& params) {
+  if (encode == nullptr || o.m <= 0 || o.m % 64 != 0 || o.n <= 0 || o.n % 64 != 0 || o.tokens < 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  params.a = o.a;
+  params.b = o.b;
+  const CUresult r = encode_2d(encode, params.tmap_a, o.a, o.tokens, o.m, 64);
+  if (r != CUDA_SUCCESS) return r;
+  return encode_2d(encode, params.tmap_b, o.b, o.tokens, o.n, 64);
+}
+
 }  // namespace gmjit::engine

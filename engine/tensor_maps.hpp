@@ -45,4 +45,39 @@ struct Sm90GemmOperands {
 CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOperands& ops,
                                gmjit::kt::Sm90GemmParams& params);
 
+// ---- Backward (kernel_templates/sm90_mlp_bwd.cuh, sm90_grouped_wgrad.cuh) ----
+// Same map style (bf16, 128-byte swizzle, box inner extent 64, OOB zero-filled).
+//   dgrad A  [tokens, K]      2-D {K, tokens}, box {64, block_m}   (K-major, as the forward)
+//   dgrad B  [E, K, N]        2-D {N, E*K}, box {64, 64}           (N-major W: 64 cols x 64 K rows)
+//   wgrad A  [tokens, M]      2-D {M, tokens}, box {64, 64}        (64 cols x 64 token rows)
+//   wgrad B  [tokens, N]      2-D {N, tokens}, box {64, 64}
+struct Sm90DgradOperands {
+  const void* a;     // [tokens, k] bf16 (dy for Fc2DgradSm90, dpreact for Fc1DgradSm90)
+  long long tokens;  // rows of a (0 allowed)
+  int k;             // hidden for Fc2DgradSm90, F1 for Fc1DgradSm90 (multiple of 64)
+  const void* b;     // [experts, k, n] bf16: w2 [E, H, F] / w1 [E, F1, H]
+  int experts;
+  int n;        // ffn for Fc2DgradSm90, hidden for Fc1DgradSm90 (multiple of 64)
+  int block_m;  // Cfg::block_m of the kernel
+};
+
+// Fc2DgradSm90: fills params.tmap_a / tmap_b (and params.dy = a, params.w2 = b).
+CUresult encode_sm90_dgrad_maps(TensorMapEncodeTiledFn encode, const Sm90DgradOperands& ops,
+                                gmjit::kt::Sm90Fc2DgradParams& params);
+// Fc1DgradSm90: fills params.tmap_a / tmap_b (and params.a = dpreact, params.b = w1).
+CUresult encode_sm90_dgrad_maps(TensorMapEncodeTiledFn encode, const Sm90DgradOperands& ops,
+                                gmjit::kt::Sm90GemmParams& params);
+
+struct Sm90WgradOperands {
+  const void* a;     // [tokens, m] bf16 (dy for dW2, dpreact for dW1)
+  const void* b;     // [tokens, n] bf16 (act_scaled for dW2, x for dW1)
+  long long tokens;  // rows of a and b (0 allowed)
+  int m;             // rows of each out_g (multiple of 64)
+  int n;             // cols of each out_g (multiple of 64)
+};
+
+// GroupedWgradSm90: fills params.tmap_a / tmap_b (and params.a / params.b).
+CUresult encode_sm90_wgrad_maps(TensorMapEncodeTiledFn encode, const Sm90WgradOperands& ops,
+                                gmjit::kt::Sm90WgradParams& params);
+
 }  // namespace gmjit::engine

@@ -18,7 +18,7 @@ class DeviceContext;
 // earlier one no longer needs (the backward's a ⊙ p reuses the forward's activation buffer).
 enum class Workspace : int {
   activation,      // bf16 [T, F]: FC1's output (forward), a ⊙ p (backward)
-  dpreact,         // bf16 [T, F1]: dh (backward)
+  dpreact,         // bf16 [T, F1]: dh (backward), h (op-by-op no-grad forward)
   dprobs_scratch,  // fp32 [T]: dprobs when the caller does not want them
 };
 

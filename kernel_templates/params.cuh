@@ -99,3 +99,57 @@ struct ColumnSumParams {
 };
 
 }  // namespace gmjit::kt
+
+namespace gmjit::kt {
+
+// ---- Hopper backward (sm90_mlp_bwd.cuh, sm90_grouped_wgrad.cuh) ----
+// Maps encoded by engine/tensor_maps.cpp (encode_sm90_dgrad_maps / encode_sm90_wgrad_maps); every
+// map is bf16, 128-byte swizzle, box inner extent 64 elements, OOB zero-filled. Passed by value as
+// `const __grid_constant__`. Fc1DgradSm90 uses Sm90GemmParams (a = dpreact, b = w1, out = dx).
+
+// Fc2DgradSm90: same fields and contract as Fc2DgradParams, plus
+//   tmap_a  over dy [tokens, H]: box {64, block_m} (K-major A, as the forward)
+//   tmap_b  over w2 as [E * H, F]: box {64, 64} (MN-major B, block_n / 64 boxes per stage)
+struct Sm90Fc2DgradParams {
+  alignas(64) unsigned char tmap_a[128];
+  alignas(64) unsigned char tmap_b[128];
+  const void* dy;           // [tokens, H] bf16
+  const void* w2;           // [E, H, F] bf16
+  const void* b2;           // [E, H] bf16 (only read with has_bias && has_probs), or null
+  const float* probs;       // [tokens] fp32 (only read with has_probs), or null
+  const void* preact;       // [tokens, F1] bf16, h saved by the forward
+  const void* split_sizes;  // [E] int32 or int64, on the device
+  void* dpreact;            // out: [tokens, F1] bf16 dh, in h's column layout
+  void* act_scaled;         // out: [tokens, F] bf16, a ⊙ p
+  float* dprobs;            // out: [tokens] fp32 (has_probs only), ZEROED BY THE HOST beforehand
+  long long tokens;
+};
+
+// GroupedWgradSm90: same fields and contract as WgradParams, plus
+//   tmap_a  over a [tokens, M]: box {64, 64} (MN-major: 64 columns of M x 64 token rows)
+//   tmap_b  over b [tokens, N]: box {64, 64}
+struct Sm90WgradParams {
+  alignas(64) unsigned char tmap_a[128];
+  alignas(64) unsigned char tmap_b[128];
+  const void* a;            // [tokens, M] bf16 (dy for dW2, dh for dW1)
+  const void* b;            // [tokens, N] bf16 (a ⊙ p for dW2, x for dW1)
+  const void* split_sizes;  // [E] int32 or int64, on the device
+  float* out;               // [E, M, N] fp32
+  long long tokens;         // rows of a / b
+  int accumulate;           // 1: out += result (experts without rows untouched); 0: out = result
+};
+
+}  // namespace gmjit::kt
+
+namespace gmjit::kt {
+
+// Standalone activation (op-by-op execution, when no fusion rule applies):
+// out[t, c] = bf16(act(in[t, ...]) * p_t) for every row t < tokens.
+struct ActivationParams {
+  const void* in;      // [tokens, F1] bf16 pre-activation
+  const float* probs;  // [tokens] fp32 (has_probs only), or null
+  void* out;           // [tokens, F] bf16
+  long long tokens;
+};
+
+}  // namespace gmjit::kt

@@ -59,6 +59,9 @@ struct EngineOptions {
   // Use the portable (mma.sync) forward kernels even where Hopper kernels exist: for testing
   // both paths on one machine and for comparing them.
   bool portable_kernels_only = false;
+  // Apply the fusion rules (the default). Off, every op runs as a kernel of its own through the
+  // same codegen, compile and cache path: slower, and a reference for the fused kernels.
+  bool fuse_ops = true;
 };
 
 struct EngineCounters {

@@ -84,6 +84,19 @@ TEST_F(PlanCache, RecomputeStepsBuildTwoForwardPlansAndOneBackwardPlanInStepOne)
   EXPECT_EQ(last.memory_hits - after_first.memory_hits, 7u * 3u);
 }
 
+TEST_F(PlanCache, WithFusionOffEachOpIsAKernelThroughTheSamePipeline) {
+  const LayerSpec layer = testing::small_layer();
+  for (const char* arch : {"sm_90a", "sm_80"}) {
+    Engine engine(EngineOptions{.use_disk_cache = false, .fuse_ops = false});
+    const PreparedPlanInfo info = engine.prepare(layer, Recipe::bf16(), GradMode::grad, arch);
+    ASSERT_EQ(info.kernel_names.size(), 3u) << arch;
+    EXPECT_NE(info.kernel_names[0].find("linear"), std::string::npos);
+    EXPECT_NE(info.kernel_names[1].find("activation"), std::string::npos);
+    EXPECT_NE(info.kernel_names[2].find("linear"), std::string::npos);
+    EXPECT_EQ(engine.counters().kernels_compiled, 3u);
+  }
+}
+
 TEST_F(PlanCache, RacingThreadsCompileOneKeyOnce) {
   const LayerSpec layer = testing::small_layer();
   Engine engine;

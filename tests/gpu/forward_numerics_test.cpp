@@ -24,6 +24,7 @@ struct Case {
   GradMode grad = GradMode::no_grad;
   std::int64_t hidden = 256, ffn = 192;
   bool portable = false;  // force the mma.sync kernels (on sm_90a the Hopper ones are default)
+  bool unfused = false;   // op by op: linear, activation, linear
 };
 
 std::vector<Case> cases() {
@@ -80,6 +81,13 @@ std::vector<Case> cases() {
     portable.portable = true;
     all.push_back(portable);
   }
+  // And op by op (fusion off) for a few, GLU and not, with a tail.
+  for (std::size_t i : {std::size_t{0}, std::size_t{3}, std::size_t{7}}) {
+    Case unfused = all[i];
+    unfused.name += "_unfused";
+    unfused.unfused = true;
+    all.push_back(unfused);
+  }
   return all;
 }
 
@@ -105,7 +113,8 @@ TEST_P(ForwardMatchesFloat64Reference, WithinBf16Bounds) {
   const HostLayer host = make_host_layer(layer, c.splits, tokens, 42);
   const Reference ref = reference_forward(host);
   DeviceLayer device(host, c.grad);
-  Engine engine(EngineOptions{.use_disk_cache = false, .portable_kernels_only = c.portable});
+  Engine engine(EngineOptions{
+      .use_disk_cache = false, .portable_kernels_only = c.portable, .fuse_ops = !c.unfused});
   engine.forward(layer, Recipe::bf16(), device.args, c.grad);
   engine::ScopedContext context(engine::DeviceRegistry::instance().get(0).context());
   engine::check_driver(engine::driver().cuCtxSynchronize(), "cuCtxSynchronize");
