@@ -24,6 +24,8 @@ for preset in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
     >"$OUT/bench_$preset.log" 2>&1 ||
     tail -20 "$OUT/bench_$preset.log"
 done
+PYTHONUNBUFFERED=1 python3 benchmarks/torch_saved_bytes.py >"$OUT/saved_bytes.json" 2>"$OUT/saved_bytes.log" ||
+  tail -5 "$OUT/saved_bytes.log"
 if [ -z "${GMJIT_SKIP_TORCH:-}" ]; then
   PYTHONUNBUFFERED=1 python3 .devcarry/torch_reference.py ${GMJIT_TORCH_ARGS:---compile} \
     --json "$OUT/torch.json" >"$OUT/torch.log" 2>&1 || tail -20 "$OUT/torch.log"
@@ -34,6 +36,7 @@ echo "== CPU tests (rc $cpu_rc)"; grep -E "tests passed|tests failed" "$OUT/cpu_
 for preset in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
   echo "== $preset"; grep -E "compile |disk-hit|memory-hit|forward|fwd\+bwd|cpu/call|recompute|skipped|error" "$OUT/bench_$preset.log"
 done
+echo "== saved for backward"; cat "$OUT/saved_bytes.json"
 [ -f "$OUT/torch.json" ] && python3 - "$OUT/torch.json" <<'PY'
 import json, sys
 for r in json.load(open(sys.argv[1])):
