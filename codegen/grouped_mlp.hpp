@@ -45,6 +45,8 @@ std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole ro
 struct GroupedMlpBackwardDesc {
   LayerSpec layer;
   GradientSet outputs;
+  std::string arch = "sm_80";  // "sm_90a": the Hopper dgrad and wgrad kernels where dims allow
+  bool portable_only = false;
 };
 
 // Kernels in launch order: fc2_dgrad first (it produces dh and a ⊙ p), then wgrad_w2, bgrad_b2,

@@ -1,4 +1,6 @@
 // Codegen for the grouped-MLP backward (kernel_templates/grouped_mlp_bwd.cuh).
+#include <optional>
+
 #include <fmt/format.h>
 
 #include "codegen/emit_common.hpp"
@@ -30,7 +32,50 @@ std::string entry_name(std::string_view role, const LayerSpec& l, std::string_vi
   return fmt::format("gmjit_{}_e{}_h{}_f{}{}", role, l.experts, l.hidden, l.ffn, flags);
 }
 
-KernelSource dgrad(KernelRole role, const LayerSpec& layer) {
+// The Hopper tile for an output of `cols` columns (and `rows` rows for wgrad), if one divides.
+std::optional<TileConfig> sm90_tile(std::int64_t rows, std::int64_t cols) {
+  if (rows % 128 != 0) return std::nullopt;
+  for (int block_n : {256, 128}) {
+    if (cols % block_n != 0) continue;
+    TileConfig tile;
+    tile.block_m = 128;
+    tile.block_n = block_n;
+    tile.block_k = 64;
+    tile.stages = 4;
+    tile.group_m = 8;
+    return tile;
+  }
+  return std::nullopt;
+}
+
+int sm90_smem(const TileConfig& t) {
+  return t.stages * (t.block_m + t.block_n) * 128 + 20480;
+}
+
+std::string sm90_tile_fields(const TileConfig& t) {
+  return fmt::format(
+      "  static constexpr int block_m = {}, block_n = {}, block_k = {}, stages = {}, group_m = "
+      "{};\n"
+      "  static constexpr int smem_bytes = {};\n",
+      t.block_m, t.block_n, t.block_k, t.stages, t.group_m, sm90_smem(t));
+}
+
+void make_sm90_launch(KernelSource& k, const TileConfig& tile, std::int64_t experts) {
+  k.launch.grid = LaunchShape::Grid::persistent;
+  k.launch.operands = LaunchShape::Operands::tensor_maps;
+  k.launch.threads = 384;
+  k.launch.dynamic_smem_bytes = static_cast<std::uint32_t>(sm90_smem(tile));
+  k.launch.block_m = static_cast<std::uint32_t>(tile.block_m);
+  k.launch.block_n = static_cast<std::uint32_t>(tile.block_n);
+  k.launch.experts = static_cast<std::uint32_t>(experts);
+}
+
+bool hopper(const GroupedMlpBackwardDesc& desc) {
+  return desc.arch == "sm_90a" && !desc.portable_only;
+}
+
+KernelSource dgrad(KernelRole role, const GroupedMlpBackwardDesc& desc) {
+  const LayerSpec& layer = desc.layer;
   const bool fc2 = role == KernelRole::fc2_dgrad;
   TileConfig tile;
   tile.block_n = widest_dividing(fc2 ? layer.ffn : layer.hidden, {128, 64});
@@ -49,6 +94,16 @@ KernelSource dgrad(KernelRole role, const LayerSpec& layer) {
   } else {
     k.entry = entry_name("fc1_dgrad", layer, is_glu(layer.activation.kind) ? "_glu" : "");
   }
+  // Rows are tokens: any multiple of 128 stands for "rows tile freely" here.
+  if (const auto sm90 =
+          hopper(desc) ? sm90_tile(128, fc2 ? layer.ffn : layer.hidden) : std::nullopt) {
+    k.entry += "_sm90";
+    k.source = translation_unit({"sm90_mlp_bwd.cuh", fc2 ? "Fc2DgradSm90" : "Fc1DgradSm90",
+                                 fc2 ? "Sm90Fc2DgradParams" : "Sm90GemmParams",
+                                 fields + sm90_tile_fields(*sm90), k.entry, "384, 1"});
+    make_sm90_launch(k, *sm90, layer.experts);
+    return k;
+  }
   k.source = translation_unit({"grouped_mlp_bwd.cuh", fc2 ? "Fc2Dgrad" : "Fc1Dgrad",
                                fc2 ? "Fc2DgradParams" : "GroupedGemmParams",
                                fields + tile_fields(tile, smem), k.entry});
@@ -58,7 +113,9 @@ KernelSource dgrad(KernelRole role, const LayerSpec& layer) {
 }
 
 // out[E, rows, cols] = Σ_t a_tᵀ b_t per expert.
-KernelSource wgrad(KernelRole role, const LayerSpec& layer, std::int64_t rows, std::int64_t cols) {
+KernelSource wgrad(KernelRole role, const GroupedMlpBackwardDesc& desc, std::int64_t rows,
+                   std::int64_t cols) {
+  const LayerSpec& layer = desc.layer;
   TileConfig tile;
   tile.block_m = widest_dividing(rows, {256, 128, 64});
   tile.block_n = widest_dividing(cols, {128, 64});
@@ -67,6 +124,17 @@ KernelSource wgrad(KernelRole role, const LayerSpec& layer, std::int64_t rows, s
   k.role = role;
   k.entry = entry_name(role == KernelRole::wgrad_w2 ? "wgrad_w2" : "wgrad_w1", layer,
                        fmt::format("_{}x{}", rows, cols));
+  const std::string shape_fields = fmt::format(
+      "  static constexpr int experts = {}, rows = {}, cols = {};\n"
+      "  static constexpr bool split_int64 = {};\n",
+      layer.experts, rows, cols, layer.split_dtype == DType::i64);
+  if (const auto sm90 = hopper(desc) ? sm90_tile(rows, cols) : std::nullopt) {
+    k.entry += "_sm90";
+    k.source = translation_unit({"sm90_grouped_wgrad.cuh", "GroupedWgradSm90", "Sm90WgradParams",
+                                 shape_fields + sm90_tile_fields(*sm90), k.entry, "384, 1"});
+    make_sm90_launch(k, *sm90, layer.experts);
+    return k;
+  }
   k.source =
       translation_unit({"grouped_mlp_bwd.cuh", "GroupedWgrad", "WgradParams",
                         fmt::format("  static constexpr int experts = {}, rows = {}, cols = {};\n"
@@ -113,14 +181,14 @@ std::vector<KernelSource> emit_grouped_mlp_backward(const GroupedMlpBackwardDesc
   const GradientSet& out = desc.outputs;
   check_supported(layer);
   std::vector<KernelSource> kernels;
-  kernels.push_back(dgrad(KernelRole::fc2_dgrad, layer));
-  if (out.dw2) kernels.push_back(wgrad(KernelRole::wgrad_w2, layer, layer.hidden, layer.ffn));
+  kernels.push_back(dgrad(KernelRole::fc2_dgrad, desc));
+  if (out.dw2) kernels.push_back(wgrad(KernelRole::wgrad_w2, desc, layer.hidden, layer.ffn));
   if (out.db2) {
     kernels.push_back(column_sum(KernelRole::bgrad_b2, layer, layer.hidden, layer.router_probs));
   }
-  if (out.dw1) kernels.push_back(wgrad(KernelRole::wgrad_w1, layer, layer.fc1_out(), layer.hidden));
+  if (out.dw1) kernels.push_back(wgrad(KernelRole::wgrad_w1, desc, layer.fc1_out(), layer.hidden));
   if (out.db1) kernels.push_back(column_sum(KernelRole::bgrad_b1, layer, layer.fc1_out(), false));
-  if (out.dx) kernels.push_back(dgrad(KernelRole::fc1_dgrad, layer));
+  if (out.dx) kernels.push_back(dgrad(KernelRole::fc1_dgrad, desc));
   return kernels;
 }
 

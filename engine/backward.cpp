@@ -1,15 +1,153 @@
 // Engine::backward: validate against the forward's context, find the backward plan, launch its
 // kernels in order (FC2 dgrad with the activation backward first; then the weight and bias
-// gradients and FC1 dgrad that were asked for).
+// gradients and FC1 dgrad that were asked for). Each kernel takes plain pointers (portable
+// kernels) or TMA descriptors encoded here (Hopper kernels).
 #include "engine/device_context.hpp"
 #include "engine/driver.hpp"
 #include "engine/engine_impl.hpp"
 #include "engine/log.hpp"
 #include "engine/nvtx.hpp"
+#include "engine/tensor_maps.hpp"
 #include "engine/validate.hpp"
 #include "kernel_templates/params.cuh"
 
 namespace gmjit {
+namespace {
+
+using codegen::KernelRole;
+
+// Everything the backward kernels read and write, resolved once per call.
+struct BackwardBuffers {
+  const BackwardArgs& args;
+  const LayerSpec& layer;
+  std::int64_t tokens;
+  void* dpreact;     // dh, bf16 [T, F1]
+  void* act_scaled;  // a ⊙ p, bf16 [T, F]
+  float* dprobs;     // the caller's, or scratch; null without router probs
+  int accumulate;
+};
+
+void check_encode(CUresult result) {
+  engine::check_driver(result, "cuTensorMapEncodeTiled");
+}
+
+// Weight-gradient kernel operands: out_g = aᵀ b over the expert's rows.
+struct WgradOperands {
+  const void* a;
+  const void* b;
+  std::int64_t m, n;
+  float* out;
+};
+
+WgradOperands wgrad_operands(KernelRole role, const BackwardBuffers& x) {
+  const LayerSpec& l = x.layer;
+  if (role == KernelRole::wgrad_w2) {
+    return {x.args.dy.data, x.act_scaled, l.hidden, l.ffn, static_cast<float*>(x.args.dw2.data)};
+  }
+  return {x.dpreact, x.args.x.data, l.fc1_out(), l.hidden, static_cast<float*>(x.args.dw1.data)};
+}
+
+void launch(const engine::LoadedKernel& kernel, const engine::DeviceContext& device,
+            const BackwardBuffers& x, CUstream stream) {
+  const BackwardArgs& a = x.args;
+  const LayerSpec& l = x.layer;
+  const auto* probs = static_cast<const float*>(a.probs.data);
+  const bool maps = kernel.launch_shape().operands == codegen::LaunchShape::Operands::tensor_maps;
+  auto encode = engine::driver().cuTensorMapEncodeTiled;
+  const int block_m = static_cast<int>(kernel.launch_shape().block_m);
+  const auto E = static_cast<int>(l.experts);
+
+  kt::Fc2DgradParams fc2{a.dy.data,          a.w2.data, a.b2.data,    probs,    a.saved_preact.data,
+                         a.split_sizes.data, x.dpreact, x.act_scaled, x.dprobs, x.tokens};
+  kt::Sm90Fc2DgradParams fc2_maps{};
+  kt::WgradParams wgrad{};
+  kt::Sm90WgradParams wgrad_maps{};
+  kt::ColumnSumParams column_sum{};
+  kt::GroupedGemmParams fc1{};
+  kt::Sm90GemmParams fc1_maps{};
+  void* params = nullptr;
+  switch (kernel.role()) {
+    case KernelRole::fc2_dgrad:
+      params = &fc2;
+      if (maps) {
+        check_encode(
+            engine::encode_sm90_dgrad_maps(encode,
+                                           {a.dy.data, x.tokens, static_cast<int>(l.hidden),
+                                            a.w2.data, E, static_cast<int>(l.ffn), block_m},
+                                           fc2_maps));
+        fc2_maps.b2 = fc2.b2;
+        fc2_maps.probs = fc2.probs;
+        fc2_maps.preact = fc2.preact;
+        fc2_maps.split_sizes = fc2.split_sizes;
+        fc2_maps.dpreact = fc2.dpreact;
+        fc2_maps.act_scaled = fc2.act_scaled;
+        fc2_maps.dprobs = fc2.dprobs;
+        fc2_maps.tokens = fc2.tokens;
+        params = &fc2_maps;
+      }
+      break;
+    case KernelRole::wgrad_w2:
+    case KernelRole::wgrad_w1: {
+      const WgradOperands op = wgrad_operands(kernel.role(), x);
+      wgrad = {op.a, op.b, a.split_sizes.data, op.out, x.tokens, x.accumulate};
+      params = &wgrad;
+      if (maps) {
+        check_encode(engine::encode_sm90_wgrad_maps(
+            encode, {op.a, op.b, x.tokens, static_cast<int>(op.m), static_cast<int>(op.n)},
+            wgrad_maps));
+        wgrad_maps.split_sizes = a.split_sizes.data;
+        wgrad_maps.out = op.out;
+        wgrad_maps.tokens = x.tokens;
+        wgrad_maps.accumulate = x.accumulate;
+        params = &wgrad_maps;
+      }
+      break;
+    }
+    case KernelRole::bgrad_b2:
+      column_sum = {a.dy.data, probs,       a.split_sizes.data, static_cast<float*>(a.db2.data),
+                    x.tokens,  x.accumulate};
+      params = &column_sum;
+      break;
+    case KernelRole::bgrad_b1:
+      column_sum = {x.dpreact, nullptr,     a.split_sizes.data, static_cast<float*>(a.db1.data),
+                    x.tokens,  x.accumulate};
+      params = &column_sum;
+      break;
+    case KernelRole::fc1_dgrad:
+      fc1 = {x.dpreact,          a.w1.data, nullptr, nullptr,
+             a.split_sizes.data, a.dx.data, nullptr, x.tokens};
+      params = &fc1;
+      if (maps) {
+        check_encode(
+            engine::encode_sm90_dgrad_maps(encode,
+                                           {x.dpreact, x.tokens, static_cast<int>(l.fc1_out()),
+                                            a.w1.data, E, static_cast<int>(l.hidden), block_m},
+                                           fc1_maps));
+        fc1_maps.split_sizes = a.split_sizes.data;
+        fc1_maps.out = a.dx.data;
+        fc1_maps.tokens = x.tokens;
+        params = &fc1_maps;
+      }
+      break;
+    default:
+      throw Error(Status::internal, "a backward plan holds a kernel of a forward role");
+  }
+  void* kernel_args[] = {params};
+  kernel.launch(device, static_cast<std::uint64_t>(x.tokens), stream, kernel_args);
+}
+
+// With no tokens the gradients are zero: clear the overwritten outputs, launch nothing.
+void zero_gradients(const BackwardArgs& args, CUstream stream) {
+  for (const TensorRef* t : {&args.dw1, &args.db1, &args.dw2, &args.db2}) {
+    if (!t->present() || args.accumulate) continue;
+    engine::check_driver(
+        engine::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t->data), 0,
+                                          static_cast<std::size_t>(t->numel()), stream),
+        "cuMemsetD32Async(weight gradient)");
+  }
+}
+
+}  // namespace
 
 void Engine::backward(const ForwardContext& context, const Recipe& recipe, const BackwardArgs& args,
                       StreamHandle stream) {
@@ -19,7 +157,6 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
       engine::PlanKey::make_backward(layer, recipe, gradients, context.device.ordinal);
   engine::DevicePlan& plan = impl_->device_plan(key, layer);
   const std::int64_t tokens = context.tokens;
-  if (tokens == 0) return;  // nothing to launch; weight gradients of zero rows stay as they are
 
   engine::NvtxRange range("gmjit backward");
   auto cu_stream = static_cast<CUstream>(stream);
@@ -28,72 +165,33 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
                 tokens, plan.device->ordinal(), stream);
   }
   engine::ScopedContext scope(plan.device->context());
+  if (tokens == 0) {
+    zero_gradients(args, cu_stream);
+    return;
+  }
   engine::WorkspacePool& ws = impl_->workspaces;
   const auto T = static_cast<std::size_t>(tokens);
-  void* dpreact = ws.get(*plan.device, cu_stream, engine::Workspace::dpreact,
-                         T * static_cast<std::size_t>(layer.fc1_out()) * 2);
-  void* act_scaled = ws.get(*plan.device, cu_stream, engine::Workspace::activation,
-                            T * static_cast<std::size_t>(layer.ffn) * 2);
-  auto* dprobs = static_cast<float*>(args.dprobs.data);
+  BackwardBuffers buffers{args,
+                          layer,
+                          tokens,
+                          ws.get(*plan.device, cu_stream, engine::Workspace::dpreact,
+                                 T * static_cast<std::size_t>(layer.fc1_out()) * 2),
+                          ws.get(*plan.device, cu_stream, engine::Workspace::activation,
+                                 T * static_cast<std::size_t>(layer.ffn) * 2),
+                          static_cast<float*>(args.dprobs.data),
+                          args.accumulate ? 1 : 0};
   if (layer.router_probs) {
     // FC2 dgrad adds its partial dot products atomically; a caller that wants no dprobs still
     // gets them computed, into scratch.
-    if (dprobs == nullptr) {
-      dprobs = static_cast<float*>(
+    if (buffers.dprobs == nullptr) {
+      buffers.dprobs = static_cast<float*>(
           ws.get(*plan.device, cu_stream, engine::Workspace::dprobs_scratch, T * 4));
     }
-    engine::check_driver(
-        engine::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(dprobs), 0, T, cu_stream),
-        "cuMemsetD32Async(dprobs)");
+    engine::check_driver(engine::driver().cuMemsetD32Async(
+                             reinterpret_cast<CUdeviceptr>(buffers.dprobs), 0, T, cu_stream),
+                         "cuMemsetD32Async(dprobs)");
   }
-  const auto* probs = static_cast<const float*>(args.probs.data);
-  const int accumulate = args.accumulate ? 1 : 0;
-  for (const auto& kernel : plan.kernels) {
-    const auto role = kernel->role();
-    kt::Fc2DgradParams fc2_dgrad{
-        args.dy.data,          args.w2.data, args.b2.data, probs,  args.saved_preact.data,
-        args.split_sizes.data, dpreact,      act_scaled,   dprobs, tokens};
-    kt::WgradParams wgrad{};
-    kt::ColumnSumParams column_sum{};
-    kt::GroupedGemmParams fc1_dgrad{};
-    void* params = nullptr;
-    switch (role) {
-      case codegen::KernelRole::fc2_dgrad:
-        params = &fc2_dgrad;
-        break;
-      case codegen::KernelRole::wgrad_w2:
-        wgrad = {
-            args.dy.data, act_scaled, args.split_sizes.data, static_cast<float*>(args.dw2.data),
-            tokens,       accumulate};
-        params = &wgrad;
-        break;
-      case codegen::KernelRole::wgrad_w1:
-        wgrad = {dpreact, args.x.data, args.split_sizes.data, static_cast<float*>(args.dw1.data),
-                 tokens,  accumulate};
-        params = &wgrad;
-        break;
-      case codegen::KernelRole::bgrad_b2:
-        column_sum = {
-            args.dy.data, probs,     args.split_sizes.data, static_cast<float*>(args.db2.data),
-            tokens,       accumulate};
-        params = &column_sum;
-        break;
-      case codegen::KernelRole::bgrad_b1:
-        column_sum = {dpreact, nullptr,   args.split_sizes.data, static_cast<float*>(args.db1.data),
-                      tokens,  accumulate};
-        params = &column_sum;
-        break;
-      case codegen::KernelRole::fc1_dgrad:
-        fc1_dgrad = {dpreact,      args.w1.data, nullptr, nullptr, args.split_sizes.data,
-                     args.dx.data, nullptr,      tokens};
-        params = &fc1_dgrad;
-        break;
-      default:
-        throw Error(Status::internal, "backward plan holds a kernel of a forward role");
-    }
-    void* kernel_args[] = {params};
-    kernel->launch(*plan.device, static_cast<std::uint64_t>(tokens), cu_stream, kernel_args);
-  }
+  for (const auto& kernel : plan.kernels) launch(*kernel, *plan.device, buffers, cu_stream);
 }
 
 }  // namespace gmjit

@@ -106,7 +106,8 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engin
   std::vector<codegen::KernelSource> sources;
   if (key.backward) {
     // The backward needs only the saved pre-activation, which both forward paths write.
-    sources = codegen::emit_grouped_mlp_backward({layer, GradientSet::from_bits(key.gradients)});
+    sources = codegen::emit_grouped_mlp_backward(
+        {layer, GradientSet::from_bits(key.gradients), arch, options.portable_kernels_only});
   } else {
     for (const engine::FusedOp& op : fused) {
       auto emitted =

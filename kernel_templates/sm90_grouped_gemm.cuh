@@ -155,12 +155,26 @@ struct TileInfo {
 //   store(p, acc, rt, tile_n, row0, ws): epilogue of one consumer warpgroup, rows from row0,
 //     ws = this warp's output staging buffer,
 //   zero_rows(p, tile_n, r0, r1, tid, nthreads): tail rows of the column tile set to zero.
-template <class Cfg, class Epi>
-__device__ __forceinline__ void grouped_gemm(const Sm90GemmParams& p) {
+// Optional: `static constexpr bool kBMnMajor = true` when load_b writes B as MN-major boxes of
+// {64 N, 64 K} (8 KiB each, block_n / 64 of them; backward dgrad reading W [K, N] row-major); the
+// default is K-major B (block_n rows x 64 K). P: Sm90GemmParams or any params struct with
+// tmap_a, tmap_b, split_sizes and tokens.
+template <class Epi, class = void>
+struct BMnMajor {
+  static constexpr bool value = false;
+};
+template <class Epi>
+struct BMnMajor<Epi, decltype(void(Epi::kBMnMajor))> {
+  static constexpr bool value = Epi::kBMnMajor;
+};
+
+template <class Cfg, class Epi, class P>
+__device__ __forceinline__ void grouped_gemm(const P& p) {
   using S = Shape<Cfg>;
   using SplitT = typename Epi::SplitT;
   static_assert(Epi::kK % 64 == 0, "K must be a multiple of 64");
   constexpr int kKTiles = Epi::kK / 64;
+  constexpr bool kBMn = BMnMajor<Epi>::value;
 
   const unsigned int base = (smem_u32(dyn_smem()) + 1023u) & ~1023u;
   const unsigned int full = base + S::stages * S::stage_bytes;
@@ -256,11 +270,12 @@ __device__ __forceinline__ void grouped_gemm(const Sm90GemmParams& p) {
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const unsigned long long db = make_desc_sw128(b_s + 32 * k);
+        const unsigned long long db =
+            kBMn ? make_desc_sw128_mn(b_s + 2048 * k, 8192) : make_desc_sw128(b_s + 32 * k);
 #pragma unroll
         for (int m = 0; m < S::mt; ++m)
-          wgmma_k16(acc[m], make_desc_sw128(a_s + m * 64 * 128 + 32 * k), db,
-                    (kt > 0 || k > 0) ? 1 : 0);
+          wgmma_k16<S::regs, 0, kBMn ? 1 : 0>(acc[m], make_desc_sw128(a_s + m * 64 * 128 + 32 * k),
+                                              db, (kt > 0 || k > 0) ? 1 : 0);
       }
       wgmma_commit();
 #pragma unroll

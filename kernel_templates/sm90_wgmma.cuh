@@ -101,6 +101,28 @@ __device__ __forceinline__ unsigned long long make_desc_sw128(unsigned int smem_
          (1ull << 62);                                                   // layout: 128B swizzle
 }
 
+// Descriptor for an MN-major bf16 tile written by TMA with 128-byte swizzle as boxes of
+// {64 MN elements, rows of K}: K row r at 128*r, 8-row atoms of 1024 B (stride byte offset), the
+// next 64 MN elements `lbo_bytes` further (leading byte offset: one box). A k16 step is 16 rows,
+// i.e. +2048 bytes on the start address (atom-aligned, so no swizzle phase to account for).
+__device__ __forceinline__ unsigned long long make_desc_sw128_mn(unsigned int smem_addr,
+                                                                 unsigned int lbo_bytes) {
+  return static_cast<unsigned long long>((smem_addr & 0x3FFFFu) >> 4) |         // start address
+         (static_cast<unsigned long long>((lbo_bytes >> 4) & 0x3FFFu) << 16) |  // LBO
+         (64ull << 32) |                                                        // SBO = 1024 B
+         (1ull << 62);  // layout: 128B swizzle
+}
+
+// Makes this thread's generic-proxy shared-memory writes visible to the async proxy (wgmma, TMA).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Named barrier over `count` threads (multiple of 32); id 0 is __syncthreads.
+__device__ __forceinline__ void named_barrier(int id, int count) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
@@ -125,7 +147,9 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
 #define GMJIT_ACC32(d, i) \
   GMJIT_ACC8(d, i), GMJIT_ACC8(d, i + 8), GMJIT_ACC8(d, i + 16), GMJIT_ACC8(d, i + 24)
 
-// D[64 x 256] (+)= A(smem desc) * B(smem desc)ᵀ; both K-major. scale_d = 0 overwrites D.
+// D[64 x 256] (+)= A(smem desc) * B(smem desc)ᵀ; K-major unless kTnspA / kTnspB (then MN-major,
+// bf16 only). scale_d = 0 overwrites D.
+template <int kTnspA = 0, int kTnspB = 0>
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], unsigned long long da,
                                                  unsigned long long db, int scale_d) {
   asm volatile(
@@ -140,12 +164,13 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], unsigned long 
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
       "%127}, "
-      "%128, %129, p, 1, 1, 0, 0;\n}\n"
+      "%128, %129, p, 1, 1, %131, %132;\n}\n"
       : GMJIT_ACC32(d, 0), GMJIT_ACC32(d, 32), GMJIT_ACC32(d, 64), GMJIT_ACC32(d, 96)
-      : "l"(da), "l"(db), "r"(scale_d));
+      : "l"(da), "l"(db), "r"(scale_d), "n"(kTnspA), "n"(kTnspB));
 }
 
-// D[64 x 128] (+)= A(smem desc) * B(smem desc)ᵀ; both K-major. scale_d = 0 overwrites D.
+// D[64 x 128] (+)= A(smem desc) * B(smem desc)ᵀ; majors as in wgmma_m64n256k16.
+template <int kTnspA = 0, int kTnspB = 0>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], unsigned long long da,
                                                  unsigned long long db, int scale_d) {
   asm volatile(
@@ -155,23 +180,23 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], unsigned long l
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      "%64, %65, p, 1, 1, %67, %68;\n}\n"
       : GMJIT_ACC32(d, 0), GMJIT_ACC32(d, 32)
-      : "l"(da), "l"(db), "r"(scale_d));
+      : "l"(da), "l"(db), "r"(scale_d), "n"(kTnspA), "n"(kTnspB));
 }
 
 #undef GMJIT_ACC32
 #undef GMJIT_ACC8
 
 // One k16 step of a 64 x N tile, N = 128 or 256 (register count R = N / 2).
-template <int R>
+template <int R, int kTnspA = 0, int kTnspB = 0>
 __device__ __forceinline__ void wgmma_k16(float (&d)[R], unsigned long long da,
                                           unsigned long long db, int scale_d) {
   static_assert(R == 64 || R == 128, "wgmma tile N must be 128 or 256");
   if constexpr (R == 128) {
-    wgmma_m64n256k16(d, da, db, scale_d);
+    wgmma_m64n256k16<kTnspA, kTnspB>(d, da, db, scale_d);
   } else {
-    wgmma_m64n128k16(d, da, db, scale_d);
+    wgmma_m64n128k16<kTnspA, kTnspB>(d, da, db, scale_d);
   }
 }
 

@@ -72,7 +72,7 @@ TEST_P(NvrtcCompilesBackwardKernels, EveryGradientKernel) {
   layer.fc1_bias = layer.fc2_bias = layer.router_probs = c.biases_and_probs;
   GradientSet all;
   all.db1 = all.db2 = true;
-  const auto kernels = emit_grouped_mlp_backward({layer, all});
+  const auto kernels = emit_grouped_mlp_backward({layer, all, c.arch, false});
   ASSERT_EQ(kernels.size(), 6u);
   for (const KernelSource& kernel : kernels) {
     EXPECT_GT(compile_to_cubin(kernel, c.arch, "test").cubin.size(), 1000u) << kernel.entry;
@@ -82,6 +82,8 @@ TEST_P(NvrtcCompilesBackwardKernels, EveryGradientKernel) {
 INSTANTIATE_TEST_SUITE_P(Arches, NvrtcCompilesBackwardKernels,
                          ::testing::Values(Case{"sm90a_swiglu", "sm_90a", Activation::swiglu,
                                                 GluLayout::halves, true, true},
+                                           Case{"sm90a_geglu_i32_f256", "sm_90a", Activation::geglu,
+                                                GluLayout::interleaved32, false, true, 512, 256},
                                            Case{"sm80_geglu_i32", "sm_80", Activation::geglu,
                                                 GluLayout::interleaved32, false, true},
                                            Case{"sm90a_relu_narrow", "sm_90a", Activation::relu,

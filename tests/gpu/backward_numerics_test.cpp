@@ -23,7 +23,8 @@ struct Case {
   std::int64_t tail = 0;
   GradientSet wanted{};  // dx, dw1, dw2 by default
   bool accumulate = false;
-  bool portable = false;  // force the mma.sync forward kernels
+  bool portable = false;   // force the mma.sync kernels (forward and backward)
+  std::int64_t ffn = 192;  // 192: Hopper FC1-dgrad and dW1 only; 256: every Hopper kernel
 };
 
 std::vector<Case> cases() {
@@ -31,7 +32,7 @@ std::vector<Case> cases() {
   GradientSet all{true, true, true, true, true};
   GradientSet frozen_fc1{true, false, false, true, true};
   GradientSet weights_only{false, true, true, true, true};
-  return {
+  std::vector<Case> list = {
       {"swiglu_all", Activation::swiglu, GluLayout::halves, true, true, ragged, 0, all},
       {"swiglu_all_portable_fwd", Activation::swiglu, GluLayout::halves, true, true, ragged, 0, all,
        false, true},
@@ -41,7 +42,22 @@ std::vector<Case> cases() {
       {"srelu_accumulate", Activation::srelu, GluLayout::halves, true, true, ragged, 0, all, true},
       {"gelu_frozen_fc1", Activation::gelu, GluLayout::halves, true, true, ragged, 0, frozen_fc1},
       {"relu_no_dx", Activation::relu, GluLayout::halves, false, true, ragged, 5, weights_only},
+      {"swiglu_all_f256", Activation::swiglu, GluLayout::halves, true, true, ragged, 0, all, false,
+       false, 256},
+      {"geglu_interleaved_tail_f256", Activation::geglu, GluLayout::interleaved32, false, true,
+       ragged, 40, all, true, false, 256},
+      {"relu_f256", Activation::relu, GluLayout::halves, true, true, ragged, 3, all, false, false,
+       256},
   };
+  // The F=256 cases (every kernel on its Hopper version) again on the portable kernels.
+  const std::size_t count = list.size();
+  for (std::size_t i = count - 3; i < count; ++i) {
+    Case portable = list[i];
+    portable.name += "_portable";
+    portable.portable = true;
+    list.push_back(portable);
+  }
+  return list;
 }
 
 std::vector<float> download_f32(const engine::DeviceBuffer& buffer, std::size_t count) {
@@ -58,7 +74,7 @@ TEST_P(BackwardMatchesFloat64Reference, EveryGradientWithinBf16Bounds) {
   LayerSpec layer;
   layer.experts = static_cast<std::int64_t>(c.splits.size());
   layer.hidden = 256;
-  layer.ffn = 192;
+  layer.ffn = c.ffn;
   layer.activation.kind = c.activation;
   layer.activation.layout = c.layout;
   layer.activation.limit = 0.75f;

@@ -1,0 +1,273 @@
+#pragma once
+// Hopper (sm_90a) grouped weight gradient: out_g[M, N] (+)= A_gᵀ B_g over expert g's token rows,
+// A [T, M] and B [T, N] token-major bf16 (both MN-major operands: wgmma with transposed A and B),
+// fp32 out [E, M, N]. Same contract as GroupedWgrad (grouped_wgrad_sm80.cuh):
+//   dW2_g = dy_gᵀ (a ⊙ p)_g  (a = dy, b = act_scaled, rows = H, cols = F)
+//   dW1_g = dh_gᵀ x_g         (a = dpreact, b = x, rows = F1, cols = H)
+//
+// Persistent, warp-specialized CTA of 384 threads as in sm90_grouped_gemm.cuh: warp 0 walks the
+// tiles (expert-major; group_m rasterization inside an expert), lane 0 issues TMA loads of A
+// (block_m / 64 boxes of {64 M, 64 tokens}) and B (block_n / 64 boxes of {64 N, 64 tokens}) per
+// 64-token K step; two consumer warpgroups each own block_m / 2 rows of M. The K range is the
+// expert's rows [beg, end) (device split sizes): TMA zero-fills rows past T, and in the last K
+// step the consumers zero the rows past `end` (they belong to the next expert) in both A and B
+// before any wgmma reads the stage (generic-proxy stores + fence.proxy.async + a named barrier
+// over the 256 consumer threads). Experts without rows: zeros (accumulate = 0) or untouched.
+//
+// Config (all `static constexpr`):
+//   experts, rows, cols      int    E, M, N of out (rows % block_m == 0, cols % block_n == 0)
+//   split_int64              bool
+//   block_m, block_n         int    128 or 256 each, block_m * block_n <= 32768
+//   block_k                  int    must be 64 (token rows per K step)
+//   stages                   int    TMA ring depth, 2..16 (4 for 128 x 256)
+//   group_m                  int    M tiles per N sweep inside an expert, e.g. 8
+//   smem_bytes               int    must equal stages * (block_m + block_n) * 128 + 20480
+// Params: Sm90WgradParams; maps from encode_sm90_wgrad_maps (engine/tensor_maps.hpp).
+// Launch: blockDim 384, gridDim (#SMs, 1, 1) (persistent; any >= 1 is correct), dynamic smem =
+//   K::smem_bytes, `__launch_bounds__(384, 1)`. No host zeroing. T == 0 with accumulate = 0 still
+//   needs the launch (it writes the zeros); T == 0 with accumulate = 1 may skip it.
+
+#include "gmjit/bf16.cuh"
+#include "gmjit/params.cuh"
+#include "gmjit/sm90_grouped_gemm.cuh"
+
+namespace gmjit::kt {
+
+namespace sm90 {
+
+// Row range [beg, end) of expert g, clamped to [0, tokens). Warp-collective; same on all lanes.
+template <class SplitT>
+__device__ __forceinline__ void expert_rows(const SplitT* __restrict__ split, long long tokens,
+                                            int g, long long& beg, long long& end) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  long long s = 0;
+  for (int e = lane; e < g; e += 32) {
+    const long long n = static_cast<long long>(split[e]);
+    s += n > 0 ? n : 0;
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) s += kt::detail::shfl_idx(s, lane ^ d);
+  long long n = static_cast<long long>(split[g]);
+  if (n < 0) n = 0;
+  beg = s < tokens ? s : tokens;
+  end = s + n < tokens ? s + n : tokens;
+}
+
+struct WgradTileInfo {
+  long long beg, end;  // the expert's token rows
+  int expert;          // >= 0: tile of expert `expert` (no data when beg == end); -2: done
+  int tile_m, tile_n;
+};
+
+}  // namespace sm90
+
+template <class Cfg>
+struct GroupedWgradSm90 {
+  using S = sm90::Shape<Cfg>;
+  using SplitT = typename sm90::SplitType<Cfg::split_int64>::type;
+  static constexpr int kM = Cfg::rows, kN = Cfg::cols;
+  static constexpr int num_m = kM / Cfg::block_m, num_n = kN / Cfg::block_n;
+  static constexpr int threads = S::threads;
+  static constexpr int smem_bytes = S::smem_bytes;
+  static_assert(kM % Cfg::block_m == 0 && kN % Cfg::block_n == 0,
+                "rows / cols must be multiples of block_m / block_n");
+
+  // Zeroes token rows [valid, 64) of `boxes` 8 KiB boxes (a 128-byte row is its own swizzle unit).
+  __device__ static __forceinline__ void zero_box_rows(unsigned int base, int boxes, int valid,
+                                                       int tid, int nthreads) {
+    const int chunks = (64 - valid) * 8;  // 16-byte chunks per box
+    for (int i = tid; i < boxes * chunks; i += nthreads) {
+      const int box = i / chunks, c = i % chunks;
+      const unsigned int a = base + box * 8192 + valid * 128 + c * 16;
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(a), "r"(0) : "memory");
+    }
+  }
+
+  __device__ static void run(const Sm90WgradParams& p) {
+    using namespace sm90;
+    const unsigned int base = (smem_u32(dyn_smem()) + 1023u) & ~1023u;
+    const unsigned int full = base + S::stages * S::stage_bytes;
+    const unsigned int empty = full + S::stages * 8;
+    WgradTileInfo* info = reinterpret_cast<WgradTileInfo*>(
+        dyn_smem() + (empty + S::stages * 8 - smem_u32(dyn_smem())));
+    const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+      for (int s = 0; s < S::stages; ++s) {
+        mbar_init(full + 8 * s, 1);
+        mbar_init(empty + 8 * s, S::consumer_warps);
+      }
+      fence_barrier_init();
+    } else if (tid == 32) {
+      tma_prefetch_map(p.tmap_a);
+      tma_prefetch_map(p.tmap_b);
+    }
+    __syncthreads();
+    int stage = 0;
+    unsigned int phase = 0;
+
+    if (warp < 4) {
+      setmaxnreg_dec<S::producer_regs>();
+      if (warp != 0) return;
+      const SplitT* split = static_cast<const SplitT*>(p.split_sizes);
+      constexpr int kPerExpert = num_m * num_n;
+      const int num_tiles = Cfg::experts * kPerExpert;
+      int cur = -1;
+      long long beg = 0, end = 0;
+      for (int t = static_cast<int>(blockIdx.x); t < num_tiles; t += static_cast<int>(gridDim.x)) {
+        const int g = t / kPerExpert;
+        if (g != cur) expert_rows(split, p.tokens, g, beg, end), cur = g;
+        const int k_tiles = static_cast<int>((end - beg + 63) / 64);
+        if (k_tiles == 0 && p.accumulate) continue;
+        int tile_m, tile_n;
+        tile_coords(t - g * kPerExpert, num_m, num_n, Cfg::group_m, tile_m, tile_n);
+        const int steps = k_tiles > 0 ? k_tiles : 1;
+#pragma unroll 1
+        for (int kt = 0; kt < steps; ++kt) {
+          mbar_wait(empty + 8 * stage, phase ^ 1u);
+          if (lane == 0) {
+            const unsigned int bar = full + 8 * stage;
+            if (kt == 0) info[stage] = WgradTileInfo{beg, end, g, tile_m, tile_n};
+            if (k_tiles == 0) {
+              mbar_arrive(bar);
+            } else {
+              const unsigned int dst = base + stage * S::stage_bytes;
+              const int row = static_cast<int>(beg) + kt * 64;
+              mbar_arrive_expect_tx(bar, S::stage_bytes);
+#pragma unroll
+              for (int i = 0; i < Cfg::block_m / 64; ++i)
+                tma_load_2d(dst + i * 8192, p.tmap_a, bar, tile_m * Cfg::block_m + i * 64, row);
+#pragma unroll
+              for (int i = 0; i < Cfg::block_n / 64; ++i)
+                tma_load_2d(dst + S::a_stage_bytes + i * 8192, p.tmap_b, bar,
+                            tile_n * Cfg::block_n + i * 64, row);
+            }
+          }
+          __syncwarp();
+          if (++stage == S::stages) stage = 0, phase ^= 1u;
+        }
+      }
+      mbar_wait(empty + 8 * stage, phase ^ 1u);
+      if (lane == 0) {
+        info[stage] = WgradTileInfo{0, 0, -2, 0, 0};
+        mbar_arrive(full + 8 * stage);
+      }
+      return;
+    }
+
+    setmaxnreg_inc<S::consumer_regs>();
+    const int wg = warp / 4 - 1, ctid = tid - 128;
+    float acc[S::mt][S::regs];
+#pragma unroll
+    for (int m = 0; m < S::mt; ++m)
+#pragma unroll
+      for (int i = 0; i < S::regs; ++i) acc[m][i] = 0.0f;
+    for (;;) {
+      mbar_wait(full + 8 * stage, phase);
+      const WgradTileInfo ti = info[stage];
+      if (ti.expert == -2) break;
+      const long long rows = ti.end - ti.beg;
+      const int k_tiles = static_cast<int>((rows + 63) / 64);
+      if (k_tiles == 0) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + 8 * stage);
+        if (++stage == S::stages) stage = 0, phase ^= 1u;
+        store_zeros(p, ti, wg);
+        continue;
+      }
+      int prev = 0;
+#pragma unroll 1
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        if (kt > 0) mbar_wait(full + 8 * stage, phase);
+        const unsigned int a_s = base + stage * S::stage_bytes;
+        const unsigned int b_s = a_s + S::a_stage_bytes;
+        const int valid = static_cast<int>(rows - kt * 64LL);
+        if (valid < 64) {  // last K step: rows of the next expert (or TMA zeros) -> 0
+          zero_box_rows(a_s, Cfg::block_m / 64, valid, ctid, 256);
+          zero_box_rows(b_s, Cfg::block_n / 64, valid, ctid, 256);
+          fence_proxy_async();
+          named_barrier(1, 256);
+        }
+#pragma unroll
+        for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const unsigned long long db = make_desc_sw128_mn(b_s + 2048 * k, 8192);
+#pragma unroll
+          for (int m = 0; m < S::mt; ++m)
+            wgmma_k16<S::regs, 1, 1>(
+                acc[m], make_desc_sw128_mn(a_s + (wg * S::mt + m) * 8192 + 2048 * k, 8192), db,
+                (kt > 0 || k > 0) ? 1 : 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
+        wgmma_wait<1>();
+        if (kt > 0 && lane == 0) mbar_arrive(empty + 8 * prev);
+        prev = stage;
+        if (++stage == S::stages) stage = 0, phase ^= 1u;
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
+      if (lane == 0) mbar_arrive(empty + 8 * prev);
+      store(p, acc, ti, wg);
+    }
+  }
+
+  // Expert without rows (accumulate = 0): this warpgroup's rows of the tile become zeros.
+  __device__ static void store_zeros(const Sm90WgradParams& p, const sm90::WgradTileInfo& ti,
+                                     int wg) {
+    constexpr int kRows = Cfg::block_m / 2, kChunks = Cfg::block_n / 4;  // 16-byte chunks / row
+    float* out = p.out + static_cast<long long>(ti.expert) * kM * kN;
+    const long long r0 = static_cast<long long>(ti.tile_m) * Cfg::block_m + wg * kRows;
+    for (int i = static_cast<int>(threadIdx.x) & 127; i < kRows * kChunks; i += 128) {
+      float* o = out + (r0 + i / kChunks) * kN + ti.tile_n * Cfg::block_n + (i % kChunks) * 4;
+      asm volatile("st.global.v4.f32 [%0], {%1, %1, %1, %1};" ::"l"(o), "f"(0.0f) : "memory");
+    }
+  }
+
+  // This warpgroup's rows of the tile: (m, h) -> M row tile_m*block_m + (wg*mt + m)*64 +
+  // (warp%4)*16 + lane/4 + 8h; n8 chunk j -> columns 8j + 2*(lane%4) + {0, 1}.
+  __device__ static __forceinline__ void store(const Sm90WgradParams& p,
+                                               float (&acc)[S::mt][S::regs],
+                                               const sm90::WgradTileInfo& ti, int wg) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3;
+    float* out = p.out + static_cast<long long>(ti.expert) * kM * kN;
+    const int col0 = ti.tile_n * Cfg::block_n + (lane & 3) * 2;
+#pragma unroll
+    for (int m = 0; m < S::mt; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const long long r = static_cast<long long>(ti.tile_m) * Cfg::block_m +
+                            (wg * S::mt + m) * 64 + wq * 16 + (lane >> 2) + 8 * h;
+        float* o = out + r * kN + col0;
+        if (p.accumulate) {
+#pragma unroll
+          for (int j0 = 0; j0 < S::regs / 4; j0 += 8) {
+            float prev[16];  // 8 loads in flight, then the adds and stores
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              asm volatile("ld.global.v2.f32 {%0, %1}, [%2];"
+                           : "=f"(prev[2 * j]), "=f"(prev[2 * j + 1])
+                           : "l"(o + 8 * (j0 + j)));
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(o + 8 * (j0 + j)),
+                           "f"(acc[m][4 * (j0 + j) + 2 * h] + prev[2 * j]),
+                           "f"(acc[m][4 * (j0 + j) + 2 * h + 1] + prev[2 * j + 1])
+                           : "memory");
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < S::regs / 4; ++j)
+            asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(o + 8 * j),
+                         "f"(acc[m][4 * j + 2 * h]), "f"(acc[m][4 * j + 2 * h + 1])
+                         : "memory");
+        }
+      }
+  }
+};
+
+}  // namespace gmjit::kt

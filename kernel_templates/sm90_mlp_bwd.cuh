@@ -1,0 +1,271 @@
+#pragma once
+// Hopper (sm_90a) backward dgrad kernels of the grouped MLP (BF16 in, fp32 accumulate). Same math
+// and output contract as Fc2Dgrad / Fc1Dgrad in grouped_mlp_bwd.cuh:
+//   Fc2DgradSm90   g = dy · W2_g; dh = act'(h) · (g ⊙ p) -> dpreact; a ⊙ p -> act_scaled;
+//                  dp_t += <g_t, a_t> (+ <dy_t, b2_g> when has_bias && has_probs)
+//   Fc1DgradSm90   dx = dh · W1_g
+// Mainloop: sm90::grouped_gemm (sm90_grouped_gemm.cuh; persistent, warp-specialized, TMA +
+// wgmma), with B read N-major: W2 [E, H, F] / W1 [E, F1, H] are row-major [K, N] per expert, so
+// each stage holds block_n / 64 TMA boxes of {64 N columns, 64 K rows} and wgmma runs with
+// transposed B. The weight gradients are in sm90_grouped_wgrad.cuh.
+//
+// Config structs (all `static constexpr`), written by codegen:
+//   experts, hidden, ffn     int    E, H, F (multiples of 64)
+//   split_int64              bool   split_sizes are int64 (else int32)
+//   act                      Act    Fc1DgradSm90 only needs is_glu(act) (K = F1 = 2F for GLU)
+//   block_m                  int    128 or 256 rows per tile (each consumer warpgroup owns half)
+//   block_n                  int    128 or 256 output columns (F for Fc2DgradSm90, H for
+//                                   Fc1DgradSm90); block_m * block_n <= 32768
+//   block_k                  int    must be 64
+//   stages                   int    TMA ring depth, 2..16 (4 for 128 x 256)
+//   group_m                  int    row tiles per column sweep (L2 rasterization), e.g. 8
+//   smem_bytes               int    must equal stages * (block_m + block_n) * 128 + 20480
+// Fc2DgradSm90 only:
+//   glu_layout, act_limit, act_alpha, has_bias, has_probs   as for Fc2Dgrad
+// Divisibility: Fc2DgradSm90: hidden % 64 == 0, ffn % block_n == 0; Fc1DgradSm90: F1 % 64 == 0,
+// hidden % block_n == 0.
+//
+// Params / maps (engine/tensor_maps.hpp, encode_sm90_dgrad_maps, with Cfg::block_m):
+//   Fc2DgradSm90  Sm90Fc2DgradParams; a = dy [T, H] (K = H), b = w2 as [E * H, F]
+//   Fc1DgradSm90  Sm90GemmParams{a = dpreact, b = w1, out = dx, split_sizes, tokens; rest null};
+//                 a = dpreact [T, F1] (K = F1), b = w1 as [E * F1, H]
+// Launch (host), K = the kernel struct: persistent, blockDim = 384 (K::threads), gridDim =
+//   (#SMs, 1, 1), dynamic smem = K::smem_bytes (raise the max dynamic smem attribute first),
+//   kernel `__launch_bounds__(384, 1)`. T == 0: skip the launch. Fc2DgradSm90 with has_probs: the
+//   host zeroes dprobs ([T] fp32) before the launch (partials are atomicAdd-ed). Tail rows
+//   [sum n_g, T) get zeros in dpreact / act_scaled / dx (dprobs keeps the host's zeros).
+
+#include "gmjit/activations.cuh"
+#include "gmjit/bf16.cuh"
+#include "gmjit/sm90_grouped_gemm.cuh"
+
+namespace gmjit::kt {
+
+namespace sm90 {
+
+// TMA loads of an MN-major B tile: block_n / 64 boxes {64 columns, 64 K rows} of the 2-D map over
+// [E * K, N], box i at dst + 8 KiB * i (the leading byte offset of make_desc_sw128_mn).
+template <int kBlockN>
+__device__ __forceinline__ void load_b_mn(const void* tmap, unsigned int dst, unsigned int bar,
+                                          int col0, int row0) {
+#pragma unroll
+  for (int i = 0; i < kBlockN / 64; ++i)
+    tma_load_2d(dst + i * 8192, tmap, bar, col0 + i * 64, row0);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+}
+
+}  // namespace sm90
+
+// ---- FC2 dgrad + activation backward ---------------------------------------------------------
+template <class Cfg>
+struct Fc2DgradSm90 {
+  using S = sm90::Shape<Cfg>;
+  using SplitT = typename sm90::SplitType<Cfg::split_int64>::type;
+  static constexpr bool kGlu = is_glu(Cfg::act);
+  static constexpr GluLayout kLayout = Cfg::glu_layout;
+  static constexpr int kH = Cfg::hidden, kF = Cfg::ffn, kF1 = kGlu ? 2 * kF : kF;
+  static constexpr int kK = kH;  // [T, H] · [H, F]
+  static constexpr int num_n = kF / Cfg::block_n;
+  static constexpr bool kBMnMajor = true;
+  static constexpr int threads = S::threads;
+  static constexpr int smem_bytes = S::smem_bytes;
+  static_assert(kF % Cfg::block_n == 0, "ffn must be a multiple of block_n");
+
+  __device__ static __forceinline__ void load_b(const Sm90Fc2DgradParams& p, unsigned int dst,
+                                                unsigned int bar, int expert, int tile_n, int k) {
+    sm90::load_b_mn<Cfg::block_n>(p.tmap_b, dst, bar, tile_n * Cfg::block_n, expert * kK + k);
+  }
+
+  // Thread rows: (m, h) -> row0 + m*64 + (warp%4)*16 + lane/4 + 8h; n8 chunk j holds columns
+  // 8j + 2*(lane%4) + {0, 1}. act_scaled leaves through the warp's staging buffer (64 columns at
+  // a time); dpreact is stored from the fragments (gate / lin columns of the chunk).
+  __device__ static __forceinline__ void store(const Sm90Fc2DgradParams& p,
+                                               float (&acc)[S::mt][S::regs], const RowTile& rt,
+                                               int tile_n, long long row0,
+                                               const sm90::WarpStage& ws) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3, wrow = wq * 16 + (lane >> 2);
+    const ActParams ap{Cfg::act_limit, Cfg::act_alpha};
+    const unsigned short* pre = static_cast<const unsigned short*>(p.preact);
+    unsigned short* dpre = static_cast<unsigned short*>(p.dpreact);
+    unsigned short* as = static_cast<unsigned short*>(p.act_scaled);
+#pragma unroll
+    for (int m = 0; m < S::mt; ++m) {
+      float prob[2], dp[2] = {0.0f, 0.0f};
+      long long rows[2];
+      bool valid[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        rows[h] = row0 + m * 64 + wrow + h * 8;
+        valid[h] = rows[h] < rt.row_end;
+        prob[h] = Cfg::has_probs && valid[h] ? p.probs[rows[h]] : 1.0f;
+        if (!valid[h]) rows[h] = rt.row_begin;  // in-bounds dummy row for the loads below
+      }
+#pragma unroll
+      for (int cc = 0; cc < S::regs / 32; ++cc) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // All loads of h for the 8 chunks first (the dh stores could alias them).
+          const unsigned short* hr = pre + rows[h] * kF1;
+          unsigned short* dh = dpre + rows[h] * kF1;
+          unsigned int hg[8], hl[8];
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+            const int c = tile_n * Cfg::block_n + (cc * 8 + jj) * 8 + (lane & 3) * 2;
+            if constexpr (kGlu) {
+              hg[jj] = *reinterpret_cast<const unsigned int*>(hr + gate_col<kLayout>(c, kF));
+              hl[jj] = *reinterpret_cast<const unsigned int*>(hr + lin_col<kLayout>(c, kF));
+            } else {
+              hg[jj] = *reinterpret_cast<const unsigned int*>(hr + c);
+              hl[jj] = 0u;
+            }
+          }
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+            const int j = cc * 8 + jj;
+            const int c = tile_n * Cfg::block_n + j * 8 + (lane & 3) * 2;
+            const float g0 = acc[m][4 * j + 2 * h], g1 = acc[m][4 * j + 2 * h + 1];
+            const float x0 = bf16x2_lo(hg[jj]), x1 = bf16x2_hi(hg[jj]);
+            float a0, a1;
+            if constexpr (kGlu) {
+              const float l0 = bf16x2_lo(hl[jj]), l1 = bf16x2_hi(hl[jj]);
+              a0 = glu_fwd<Cfg::act>(x0, l0, ap);
+              a1 = glu_fwd<Cfg::act>(x1, l1, ap);
+              float dg0, dg1, dl0, dl1;
+              glu_bwd<Cfg::act>(x0, l0, g0 * prob[h], ap, dg0, dl0);
+              glu_bwd<Cfg::act>(x1, l1, g1 * prob[h], ap, dg1, dl1);
+              if (valid[h]) {
+                store_bf16x2(dh + gate_col<kLayout>(c, kF), dg0, dg1);
+                store_bf16x2(dh + lin_col<kLayout>(c, kF), dl0, dl1);
+              }
+            } else {
+              a0 = act_fwd<Cfg::act>(x0, ap);
+              a1 = act_fwd<Cfg::act>(x1, ap);
+              if (valid[h])
+                store_bf16x2(dh + c, act_bwd<Cfg::act>(x0, g0 * prob[h], ap),
+                             act_bwd<Cfg::act>(x1, g1 * prob[h], ap));
+            }
+            ws.put(jj, h, pack_bf16x2(a0 * prob[h], a1 * prob[h]));
+            dp[h] += g0 * a0 + g1 * a1;
+          }
+        }
+        ws.flush(as, kF, row0 + m * 64 + wq * 16, rt.row_end, tile_n * Cfg::block_n + cc * 64);
+      }
+      if constexpr (Cfg::has_probs) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // The quad's 4 lanes share the row: one atomic per warp, row and tile.
+          float d = dp[h] + __shfl_xor_sync(0xffffffffu, dp[h], 1);
+          d += __shfl_xor_sync(0xffffffffu, d, 2);
+          if (valid[h] && (lane & 3) == 0) atomicAdd(p.dprobs + rows[h], d);
+        }
+      }
+    }
+    if constexpr (Cfg::has_probs && Cfg::has_bias) {
+      if (tile_n == 0) add_dy_dot_b2(p, rt, row0);
+    }
+  }
+
+  // dp_t += <dy_t, b2_g> for this warpgroup's rows [row0, row0 + 64 * mt): a warp per row.
+  __device__ static void add_dy_dot_b2(const Sm90Fc2DgradParams& p, const RowTile& rt,
+                                       long long row0) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3;
+    const unsigned short* b2 =
+        static_cast<const unsigned short*>(p.b2) + static_cast<long long>(rt.expert) * kH;
+    const long long r1 = row0 + 64 * S::mt < rt.row_end ? row0 + 64 * S::mt : rt.row_end;
+    for (long long row = row0 + wq; row < r1; row += 4) {
+      const unsigned short* dy = static_cast<const unsigned short*>(p.dy) + row * kH;
+      float s = 0.0f;
+      for (int c = lane * 2; c < kH; c += 64) {
+        float d0, d1, b0, b1;
+        load_bf16x2(dy + c, d0, d1);
+        load_bf16x2(b2 + c, b0, b1);
+        s += d0 * b0 + d1 * b1;
+      }
+      s = sm90::warp_sum(s);
+      if (lane == 0) atomicAdd(p.dprobs + row, s);
+    }
+  }
+
+  // Tail rows: zero this column tile of act_scaled and the matching dpreact columns.
+  __device__ static void zero_rows(const Sm90Fc2DgradParams& p, int tile_n, long long r0,
+                                   long long r1, int tid, int nthreads) {
+    const int c0 = tile_n * Cfg::block_n;
+    sm90::zero_groups(p.act_scaled, kF, r0, r1, Cfg::block_n / 8, tid, nthreads,
+                      [=](int g) { return c0 + g * 8; });
+    if constexpr (kGlu) {
+      // An 8-column group stays inside one 32-column block: its gate / lin columns are contiguous.
+      sm90::zero_groups(p.dpreact, kF1, r0, r1, Cfg::block_n / 4, tid, nthreads, [=](int g) {
+        const int c = c0 + (g >> 1) * 8;
+        return (g & 1) ? lin_col<kLayout>(c, kF) : gate_col<kLayout>(c, kF);
+      });
+    } else {
+      sm90::zero_groups(p.dpreact, kF1, r0, r1, Cfg::block_n / 8, tid, nthreads,
+                        [=](int g) { return c0 + g * 8; });
+    }
+  }
+
+  __device__ static void run(const Sm90Fc2DgradParams& p) {
+    sm90::grouped_gemm<Cfg, Fc2DgradSm90>(p);
+  }
+};
+
+// ---- FC1 dgrad: dx = dh · W1_g ----------------------------------------------------------------
+template <class Cfg>
+struct Fc1DgradSm90 {
+  using S = sm90::Shape<Cfg>;
+  using SplitT = typename sm90::SplitType<Cfg::split_int64>::type;
+  static constexpr int kH = Cfg::hidden;
+  static constexpr int kF1 = is_glu(Cfg::act) ? 2 * Cfg::ffn : Cfg::ffn;
+  static constexpr int kK = kF1;  // [T, F1] · [F1, H]
+  static constexpr int num_n = kH / Cfg::block_n;
+  static constexpr bool kBMnMajor = true;
+  static constexpr int threads = S::threads;
+  static constexpr int smem_bytes = S::smem_bytes;
+  static_assert(kH % Cfg::block_n == 0, "hidden must be a multiple of block_n");
+
+  __device__ static __forceinline__ void load_b(const Sm90GemmParams& p, unsigned int dst,
+                                                unsigned int bar, int expert, int tile_n, int k) {
+    sm90::load_b_mn<Cfg::block_n>(p.tmap_b, dst, bar, tile_n * Cfg::block_n, expert * kK + k);
+  }
+
+  __device__ static __forceinline__ void store(const Sm90GemmParams& p,
+                                               float (&acc)[S::mt][S::regs], const RowTile& rt,
+                                               int tile_n, long long row0,
+                                               const sm90::WarpStage& ws) {
+    const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3;
+    unsigned short* out = static_cast<unsigned short*>(p.out);
+#pragma unroll
+    for (int m = 0; m < S::mt; ++m)
+#pragma unroll
+      for (int cc = 0; cc < S::regs / 32; ++cc) {
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int j = cc * 8 + jj;
+            ws.put(jj, h, pack_bf16x2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
+          }
+        ws.flush(out, kH, row0 + m * 64 + wq * 16, rt.row_end, tile_n * Cfg::block_n + cc * 64);
+      }
+  }
+
+  __device__ static void zero_rows(const Sm90GemmParams& p, int tile_n, long long r0, long long r1,
+                                   int tid, int nthreads) {
+    const int c0 = tile_n * Cfg::block_n;
+    sm90::zero_groups(p.out, kH, r0, r1, Cfg::block_n / 8, tid, nthreads,
+                      [=](int g) { return c0 + g * 8; });
+  }
+
+  __device__ static void run(const Sm90GemmParams& p) {
+    sm90::grouped_gemm<Cfg, Fc1DgradSm90>(p);
+  }
+};
+
+}  // namespace gmjit::kt
