@@ -3,7 +3,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "engine/device_buffer.hpp"
+#include "benchmarks/layer_tensors.hpp"
 #include "engine/device_context.hpp"
 #include "engine/driver.hpp"
 
@@ -42,42 +42,13 @@ void run_recompute_pattern(const BenchOptions& options, bool have_gpu, nlohmann:
   const auto start = std::chrono::steady_clock::now();
   if (have_gpu) {
     // A small token count: this pattern is about plans and caches, not throughput.
-    const std::int64_t T = layer.experts * 16, H = layer.hidden, F = layer.ffn;
-    const std::int64_t E = layer.experts, F1 = layer.fc1_out();
     engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
-    const Device dev{Device::Kind::cuda, 0};
-    std::vector<engine::DeviceBuffer> keep;
-    auto tensor = [&](DType dtype, std::initializer_list<std::int64_t> shape) {
-      std::int64_t count = 1;
-      for (auto extent : shape) count *= extent;
-      keep.emplace_back(device, static_cast<std::size_t>(count) * dtype_size(dtype));
-      keep.back().fill_bytes(0);
-      return make_tensor(keep.back().data(), dtype, shape, dev);
-    };
-    ForwardArgs f;
-    f.x = tensor(DType::bf16, {T, H});
-    f.split_sizes = tensor(DType::i64, {E});
-    f.w1 = tensor(DType::bf16, {E, F1, H});
-    f.w2 = tensor(DType::bf16, {E, H, F});
-    f.y = tensor(DType::bf16, {T, H});
-    if (layer.router_probs) f.probs = tensor(DType::f32, {T});
-    ForwardArgs g = f;
-    g.saved_preact = tensor(DType::bf16, {T, F1});
-    BackwardArgs b;
-    b.dy = tensor(DType::bf16, {T, H});
-    b.x = f.x;
-    b.split_sizes = f.split_sizes;
-    b.w1 = f.w1;
-    b.w2 = f.w2;
-    b.probs = f.probs;
-    b.saved_preact = g.saved_preact;
-    b.dx = tensor(DType::bf16, {T, H});
-    b.dw1 = tensor(DType::f32, {E, F1, H});
-    b.dw2 = tensor(DType::f32, {E, H, F});
+    Engine filler;  // the random fill's kernel stays out of the pattern's counters
+    LayerTensors t(filler, device, layer, layer.experts * 16, true);
     for (int step = 0; step < options.steps; ++step) {
-      engine.forward(layer, recipe, f, GradMode::no_grad);
-      const ForwardContext context = engine.forward(layer, recipe, g, GradMode::grad);
-      engine.backward(context, recipe, b);
+      engine.forward(layer, recipe, t.no_grad, GradMode::no_grad);
+      const ForwardContext context = engine.forward(layer, recipe, t.forward, GradMode::grad);
+      engine.backward(context, recipe, t.backward);
       if (step == 0) after_first = engine.counters();
     }
     engine::ScopedContext scope(device.context());

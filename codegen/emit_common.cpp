@@ -64,6 +64,42 @@ std::string translation_unit(const Instantiation& inst) {
       inst.header, inst.cfg_fields, bounds, inst.entry, inst.params, inst.kernel);
 }
 
+std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_rows_per_column) {
+  for (int block_n : {256, 128}) {
+    if (out_columns % (block_n / b_rows_per_column) != 0) continue;
+    TileConfig tile;
+    tile.block_m = 128;
+    tile.block_n = block_n;
+    tile.block_k = 64;
+    tile.stages = 4;
+    tile.group_m = 8;
+    return tile;
+  }
+  return std::nullopt;
+}
+
+int sm90_smem_bytes(const TileConfig& t) {
+  return t.stages * (t.block_m + t.block_n) * 128 + 20480;
+}
+
+std::string sm90_tile_fields(const TileConfig& t) {
+  return fmt::format(
+      "  static constexpr int block_m = {}, block_n = {}, block_k = {}, stages = {}, group_m = "
+      "{};\n"
+      "  static constexpr int smem_bytes = {};\n",
+      t.block_m, t.block_n, t.block_k, t.stages, t.group_m, sm90_smem_bytes(t));
+}
+
+void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t experts) {
+  launch.grid = LaunchShape::Grid::persistent;
+  launch.operands = LaunchShape::Operands::tensor_maps;
+  launch.threads = 384;
+  launch.dynamic_smem_bytes = static_cast<std::uint32_t>(sm90_smem_bytes(tile));
+  launch.block_m = static_cast<std::uint32_t>(tile.block_m);
+  launch.block_n = static_cast<std::uint32_t>(tile.block_n);
+  launch.experts = static_cast<std::uint32_t>(experts);
+}
+
 LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,
                                 std::int64_t out_columns_per_tile, std::int64_t out_columns,
                                 std::int64_t experts) {

@@ -1,6 +1,7 @@
 #pragma once
 // Pieces shared by the emitters: the Cfg fields every kernel takes and the one shape of a
 // generated translation unit (include a template header, define a Cfg, declare the entry).
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -28,6 +29,15 @@ struct Instantiation {
   std::string launch_bounds = {};
 };
 std::string translation_unit(const Instantiation& inst);
+
+// Hopper (TMA + wgmma) kernels: 128-row tiles of 128 or 256 B rows, block_k 64, 4 stages —
+// the measured best on the H200 for every DESIGN shape. The widest B tile whose output columns
+// (block_n / b_rows_per_column) divide `out_columns`, or nullopt.
+std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_rows_per_column);
+int sm90_smem_bytes(const TileConfig& tile);  // the templates static_assert the same formula
+std::string sm90_tile_fields(const TileConfig& tile);
+// Persistent grid (one block per SM), 384 threads, operands as TMA descriptors.
+void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t experts);
 
 // Row-tiled (grouped_rows) launch with `out_columns / out_columns_per_tile` column tiles.
 LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,

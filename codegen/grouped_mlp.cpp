@@ -55,35 +55,10 @@ TileConfig choose_tile(const LayerSpec& layer, KernelRole role) {
 std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole role) {
   const bool glu_fc1 = role == KernelRole::fc1_forward && is_glu(layer.activation.kind);
   const std::int64_t out_columns = role == KernelRole::fc2_forward ? layer.hidden : layer.ffn;
-  // Measured best on the H200: 128 x 256 on every DESIGN shape (256 x 128 ties on Mixtral);
-  // narrower B tiles serve widths that 256 does not divide.
-  for (int block_n : {256, 128}) {
-    const int out_per_tile = glu_fc1 ? block_n / 2 : block_n;
-    if (out_columns % out_per_tile != 0) continue;
-    TileConfig tile;
-    tile.block_m = 128;
-    tile.block_n = block_n;
-    tile.block_k = 64;
-    tile.stages = 4;
-    tile.group_m = 8;
-    return tile;
-  }
-  return std::nullopt;
+  return detail::sm90_tile_dividing(out_columns, glu_fc1 ? 2 : 1);
 }
 
 namespace {
-
-int sm90_smem_bytes(const TileConfig& t) {
-  return t.stages * (t.block_m + t.block_n) * 128 + 20480;
-}
-
-std::string sm90_tile_fields(const TileConfig& t) {
-  return fmt::format(
-      "  static constexpr int block_m = {}, block_n = {}, block_k = {}, stages = {}, group_m = "
-      "{};\n"
-      "  static constexpr int smem_bytes = {};\n",
-      t.block_m, t.block_n, t.block_k, t.stages, t.group_m, sm90_smem_bytes(t));
-}
 
 // One forward GEMM kernel: the Hopper template where the arch and dims allow, else the portable.
 KernelSource emit_forward_kernel(const GroupedMlpForwardDesc& desc, KernelRole role,
@@ -101,13 +76,7 @@ KernelSource emit_forward_kernel(const GroupedMlpForwardDesc& desc, KernelRole r
     k.entry = entry + "_sm90";
     k.source = translation_unit({"sm90_mlp_fwd.cuh", fc1 ? "Fc1Sm90" : "Fc2Sm90", "Sm90GemmParams",
                                  fields + sm90_tile_fields(*hopper), k.entry, "384, 1"});
-    k.launch.grid = LaunchShape::Grid::persistent;
-    k.launch.operands = LaunchShape::Operands::tensor_maps;
-    k.launch.threads = 384;
-    k.launch.dynamic_smem_bytes = static_cast<std::uint32_t>(sm90_smem_bytes(*hopper));
-    k.launch.block_m = static_cast<std::uint32_t>(hopper->block_m);
-    k.launch.block_n = static_cast<std::uint32_t>(hopper->block_n);
-    k.launch.experts = static_cast<std::uint32_t>(layer.experts);
+    set_sm90_launch(k.launch, *hopper, layer.experts);
     return k;
   }
   const TileConfig tile = choose_tile(layer, role);

@@ -32,42 +32,10 @@ std::string entry_name(std::string_view role, const LayerSpec& l, std::string_vi
   return fmt::format("gmjit_{}_e{}_h{}_f{}{}", role, l.experts, l.hidden, l.ffn, flags);
 }
 
-// The Hopper tile for an output of `cols` columns (and `rows` rows for wgrad), if one divides.
+// The Hopper tile for an output of rows x cols (rows are tokens for the dgrad kernels), if any.
 std::optional<TileConfig> sm90_tile(std::int64_t rows, std::int64_t cols) {
   if (rows % 128 != 0) return std::nullopt;
-  for (int block_n : {256, 128}) {
-    if (cols % block_n != 0) continue;
-    TileConfig tile;
-    tile.block_m = 128;
-    tile.block_n = block_n;
-    tile.block_k = 64;
-    tile.stages = 4;
-    tile.group_m = 8;
-    return tile;
-  }
-  return std::nullopt;
-}
-
-int sm90_smem(const TileConfig& t) {
-  return t.stages * (t.block_m + t.block_n) * 128 + 20480;
-}
-
-std::string sm90_tile_fields(const TileConfig& t) {
-  return fmt::format(
-      "  static constexpr int block_m = {}, block_n = {}, block_k = {}, stages = {}, group_m = "
-      "{};\n"
-      "  static constexpr int smem_bytes = {};\n",
-      t.block_m, t.block_n, t.block_k, t.stages, t.group_m, sm90_smem(t));
-}
-
-void make_sm90_launch(KernelSource& k, const TileConfig& tile, std::int64_t experts) {
-  k.launch.grid = LaunchShape::Grid::persistent;
-  k.launch.operands = LaunchShape::Operands::tensor_maps;
-  k.launch.threads = 384;
-  k.launch.dynamic_smem_bytes = static_cast<std::uint32_t>(sm90_smem(tile));
-  k.launch.block_m = static_cast<std::uint32_t>(tile.block_m);
-  k.launch.block_n = static_cast<std::uint32_t>(tile.block_n);
-  k.launch.experts = static_cast<std::uint32_t>(experts);
+  return sm90_tile_dividing(cols, 1);
 }
 
 bool hopper(const GroupedMlpBackwardDesc& desc) {
@@ -101,7 +69,7 @@ KernelSource dgrad(KernelRole role, const GroupedMlpBackwardDesc& desc) {
     k.source = translation_unit({"sm90_mlp_bwd.cuh", fc2 ? "Fc2DgradSm90" : "Fc1DgradSm90",
                                  fc2 ? "Sm90Fc2DgradParams" : "Sm90GemmParams",
                                  fields + sm90_tile_fields(*sm90), k.entry, "384, 1"});
-    make_sm90_launch(k, *sm90, layer.experts);
+    set_sm90_launch(k.launch, *sm90, layer.experts);
     return k;
   }
   k.source = translation_unit({"grouped_mlp_bwd.cuh", fc2 ? "Fc2Dgrad" : "Fc1Dgrad",
@@ -132,7 +100,7 @@ KernelSource wgrad(KernelRole role, const GroupedMlpBackwardDesc& desc, std::int
     k.entry += "_sm90";
     k.source = translation_unit({"sm90_grouped_wgrad.cuh", "GroupedWgradSm90", "Sm90WgradParams",
                                  shape_fields + sm90_tile_fields(*sm90), k.entry, "384, 1"});
-    make_sm90_launch(k, *sm90, layer.experts);
+    set_sm90_launch(k.launch, *sm90, layer.experts);
     return k;
   }
   k.source =

@@ -1,0 +1,54 @@
+#include "benchmarks/layer_tensors.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+
+#include "engine/device_random.hpp"
+
+namespace gmjit::bench {
+
+LayerTensors::LayerTensors(Engine& eng, engine::DeviceContext& device, const LayerSpec& l,
+                           std::int64_t T, bool with_backward) {
+  const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
+  const Device dev{Device::Kind::cuda, device.ordinal()};
+  auto tensor = [&](DType dtype, std::initializer_list<std::int64_t> shape) {
+    std::int64_t count = 1;
+    for (auto extent : shape) count *= extent;
+    buffers.emplace_back(device, std::max<std::size_t>(count * dtype_size(dtype), 16));
+    return make_tensor(buffers.back().data(), dtype, shape, dev);
+  };
+  forward.x = tensor(DType::bf16, {T, H});
+  forward.w1 = tensor(DType::bf16, {E, F1, H});
+  forward.w2 = tensor(DType::bf16, {E, H, F});
+  forward.y = tensor(DType::bf16, {T, H});
+  forward.split_sizes = tensor(DType::i64, {E});
+  if (l.router_probs) forward.probs = tensor(DType::f32, {T});
+  std::vector<std::int64_t> sizes(E, T / E);
+  sizes.back() += T - (T / E) * E;
+  buffers[4].upload(std::as_bytes(std::span(sizes)));
+  const float w1_bound = std::sqrt(3.0f / static_cast<float>(H));
+  const float w2_bound = std::sqrt(3.0f / static_cast<float>(F));
+  engine::fill_random(eng, forward.x, 1, -1.0f, 1.0f);
+  engine::fill_random(eng, forward.w1, 2, -w1_bound, w1_bound);
+  engine::fill_random(eng, forward.w2, 3, -w2_bound, w2_bound);
+  if (l.router_probs) engine::fill_random(eng, forward.probs, 4, 0.05f, 1.0f);
+  no_grad = forward;
+  if (!with_backward) return;
+  forward.saved_preact = tensor(DType::bf16, {T, F1});
+  BackwardArgs& b = backward;
+  b.dy = tensor(DType::bf16, {T, H});
+  engine::fill_random(eng, b.dy, 5, -1.0f, 1.0f);
+  b.x = forward.x;
+  b.split_sizes = forward.split_sizes;
+  b.w1 = forward.w1;
+  b.w2 = forward.w2;
+  b.probs = forward.probs;
+  b.saved_preact = forward.saved_preact;
+  // As torch autograd in torch_reference.py: gradients of x, W1 and W2.
+  b.dx = tensor(DType::bf16, {T, H});
+  b.dw1 = tensor(DType::f32, {E, F1, H});
+  b.dw2 = tensor(DType::f32, {E, H, F});
+}
+
+}  // namespace gmjit::bench
