@@ -4,40 +4,44 @@
 # Needs .devcarry/ (git-ignored) with include/xxhash.h, include/dlpack/dlpack.h and
 # torch_reference.py, since that machine lacks those headers.
 set -uo pipefail
+# $OUT keeps what is worth fetching back (at most 8 files); other logs go to $LOGS.
 OUT=${OUT:-/tmp/gmjit-gpu-out}
-mkdir -p "$OUT"
+LOGS=${LOGS:-/tmp/gmjit-gpu-logs}
+mkdir -p "$OUT" "$LOGS"
 root=$(pwd)
 inc="$root/.devcarry/include"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DXXHASH_INCLUDE_DIR="$inc" \
-  -DDLPACK_INCLUDE_DIR="$inc" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-ninja -C build-gpu >"$OUT/build.log" 2>&1 || { grep -A5 -E "error|FAILED" "$OUT/build.log" | head -60; exit 1; }
+  -DDLPACK_INCLUDE_DIR="$inc" >"$LOGS/configure.log" 2>&1 || { tail -30 "$LOGS/configure.log"; exit 1; }
+ninja -C build-gpu >"$LOGS/build.log" 2>&1 || { grep -A5 -E "error|FAILED" "$LOGS/build.log" | head -60; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 export GMJIT_CACHE_DIR=/tmp/gmjit-gpu-cache
 ctest --test-dir build-gpu -L gpu -j1 -V --timeout 600 >"$OUT/gpu_tests.log" 2>&1
 gpu_rc=$?
 cpu_rc=skipped
 if [ -z "${GMJIT_SKIP_CPU_TESTS:-}" ]; then
-  ctest --test-dir build-gpu -L cpu -j8 --timeout 600 >"$OUT/cpu_tests.log" 2>&1
+  ctest --test-dir build-gpu -L cpu -j8 --timeout 600 >"$LOGS/cpu_tests.log" 2>&1
   cpu_rc=$?
 fi
 grep -h "numerics \]" "$OUT/gpu_tests.log" | sed "s/^[0-9]*: //" | sort -u >"$OUT/numerics.txt"
 build-gpu/cli/gmjit doctor
-for preset in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
-  build-gpu/cli/gmjit bench --preset "$preset" --pattern recompute --json "$OUT/bench_$preset.json" \
-    >"$OUT/bench_$preset.log" 2>&1 ||
-    tail -20 "$OUT/bench_$preset.log"
-done
-PYTHONUNBUFFERED=1 python3 benchmarks/torch_saved_bytes.py >"$OUT/saved_bytes.json" 2>"$OUT/saved_bytes.log" ||
-  tail -5 "$OUT/saved_bytes.log"
+PYTHONUNBUFFERED=1 python3 benchmarks/torch_saved_bytes.py >"$OUT/saved_bytes.json" 2>"$LOGS/saved_bytes.log" ||
+  tail -5 "$LOGS/saved_bytes.log"
 if [ -z "${GMJIT_SKIP_TORCH:-}" ]; then
   PYTHONUNBUFFERED=1 python3 .devcarry/torch_reference.py ${GMJIT_TORCH_ARGS:---compile} \
-    --json "$OUT/torch.json" >"$OUT/torch.log" 2>&1 || tail -20 "$OUT/torch.log"
+    --json "$OUT/torch.json" >"$LOGS/torch.log" 2>&1 || tail -20 "$LOGS/torch.log"
 fi
+for preset in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
+  ref=""
+  [ -f "$OUT/torch.json" ] && ref="--reference $OUT/torch.json"
+  build-gpu/cli/gmjit bench --preset "$preset" --pattern recompute $ref --json "$OUT/bench_$preset.json" \
+    >"$LOGS/bench_$preset.log" 2>&1 ||
+    tail -20 "$LOGS/bench_$preset.log"
+done
 echo "== GPU tests (rc $gpu_rc)"; grep -E "tests passed|tests failed|Failed|Skipped" "$OUT/gpu_tests.log" | head -20
 grep -E "Failure|error|Expected|Which is|rel err" "$OUT/gpu_tests.log" | grep -v "numerics \]" | head -30
-echo "== CPU tests (rc $cpu_rc)"; grep -sE "tests passed|tests failed" "$OUT/cpu_tests.log"
+echo "== CPU tests (rc $cpu_rc)"; grep -sE "tests passed|tests failed" "$LOGS/cpu_tests.log"
 for preset in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
-  echo "== $preset"; grep -E "compile |disk-hit|memory-hit|forward|fwd\+bwd|cpu/call|recompute|skipped|error" "$OUT/bench_$preset.log"
+  echo "== $preset"; grep -E "compile |disk-hit|memory-hit|forward|fwd\+bwd|cpu/call|recompute|skipped|error|vs torch" "$LOGS/bench_$preset.log"
 done
 echo "== saved for backward"; cat "$OUT/saved_bytes.json"
 [ -f "$OUT/torch.json" ] && python3 - "$OUT/torch.json" <<'PY'

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include <fmt/format.h>
@@ -63,6 +64,38 @@ std::string make_temp_cache_dir() {
 }
 
 }  // namespace
+
+void add_reference(const std::string& path, nlohmann::json& report) {
+  std::ifstream in(path);
+  if (!in)
+    throw Error(Status::invalid_argument, fmt::format("--reference: cannot read '{}'", path));
+  const nlohmann::json all = nlohmann::json::parse(in);
+  for (const auto& r : all) {
+    if (r.value("shape", "") != report.at("preset").get<std::string>()) continue;
+    const double fwd = report.at("forward").at("tflops").get<double>();
+    const double fb = report.at("fwd_bwd").at("tflops").get<double>();
+    nlohmann::json ref = {{"source", path}, {"torch", r.value("torch", "")}};
+    std::printf("\n  vs torch (%s)        eager            torch.compile\n", path.c_str());
+    auto row = [&](const char* label, double ours, const char* eager_key,
+                   const char* compiled_key) {
+      const double eager = r.value(eager_key, 0.0), compiled = r.value(compiled_key, 0.0);
+      ref[eager_key] = eager;
+      if (eager > 0) ref[std::string(eager_key) + "_ratio"] = ours / eager;
+      if (compiled > 0) {
+        ref[compiled_key] = compiled;
+        ref[std::string(compiled_key) + "_ratio"] = ours / compiled;
+      }
+      std::printf("  %-10s %6.1f     %6.1f (%.2fx)    %6.1f (%.2fx)\n", label, ours, eager,
+                  eager > 0 ? ours / eager : 0.0, compiled, compiled > 0 ? ours / compiled : 0.0);
+    };
+    row("forward", fwd, "forward_tflops", "forward_compiled_tflops");
+    row("fwd+bwd", fb, "fwd_bwd_tflops", "fwd_bwd_compiled_tflops");
+    report["reference"] = ref;
+    return;
+  }
+  std::printf("  (no '%s' shape in %s)\n", report.at("preset").get<std::string>().c_str(),
+              path.c_str());
+}
 
 int run_disk_hit_child(const BenchOptions& options) {
   // Driver start-up is the same for every CUDA program; report it apart from our cost.
@@ -199,6 +232,8 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
                         {"disk_writes", c.disk_writes},
                         {"memory_hits", c.memory_hits}};
   // The pattern's counters replace the phases' under "counters" (documented in docs/BENCH.md).
+  if (options.reference_json && report.contains("fwd_bwd"))
+    add_reference(*options.reference_json, report);
   if (options.pattern == "recompute") run_recompute_pattern(options, have_gpu, report);
   if (temporary_cache) {
     std::error_code ec;

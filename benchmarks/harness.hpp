@@ -24,11 +24,18 @@ struct BenchOptions {
   // launches too, else plan builds and compiles only), reporting the engine's counters.
   std::string pattern;
   int steps = 8;
+  // torch_reference.py --json output from the same machine: adds the ratios to the report.
+  std::optional<std::string> reference_json;
 };
 
 // Runs every phase this machine can, prints a table to stdout and returns the JSON report
 // (schema in docs/BENCH.md).
 nlohmann::json run_bench(const BenchOptions& options, const std::string& self_executable);
+
+// Adds "reference" (torch's forward and fwd+bwd TFLOP/s for the report's preset, from
+// torch_reference.py --json, and our ratios to them) to a report that has GPU timings, and prints
+// them. torch_reference.py names its shapes as our presets.
+void add_reference(const std::string& torch_json_path, nlohmann::json& report);
 
 // The child side of the disk-hit phase: prepares the plan in this fresh process and prints
 // {"seconds": S} to stdout.

@@ -38,8 +38,18 @@ int run_compile(const CompileOptions& o) {
     for (const auto& arch : o.arches) {
       for (GradMode grad : modes) {
         const auto info = engine.prepare(preset.layer, Recipe::bf16(), grad, arch);
-        std::printf("%-10s %-7s %-7s %zu kernels\n", name.c_str(), arch.c_str(),
+        std::printf("%-10s %-7s %-9s %zu kernels\n", name.c_str(), arch.c_str(),
                     grad == GradMode::grad ? "grad" : "no-grad", info.kernel_names.size());
+        if (grad == GradMode::grad) {
+          // The backward a grad-enabled forward is followed by: dx, dW1, dW2 (bias gradients
+          // when the layer has biases).
+          GradientSet gradients;
+          gradients.db1 = preset.layer.fc1_bias;
+          gradients.db2 = preset.layer.fc2_bias;
+          const auto bwd = engine.prepare_backward(preset.layer, Recipe::bf16(), gradients, arch);
+          std::printf("%-10s %-7s %-9s %zu kernels\n", name.c_str(), arch.c_str(), "backward",
+                      bwd.kernel_names.size());
+        }
       }
     }
   }

@@ -49,6 +49,9 @@ int main(int argc, char** argv) {
   bench->add_option("--pattern", bench_options.pattern, "also run a call pattern: recompute")
       ->check(CLI::IsMember({"recompute"}));
   bench->add_option("--steps", bench_options.steps, "steps of --pattern")->capture_default_str();
+  std::string reference_json;
+  bench->add_option("--reference", reference_json,
+                    "torch_reference.py --json output: print and record the ratios");
   bench->add_flag("--child-disk-hit", child_disk_hit)->group("");  // internal: the fresh process
 
   gmjit::cli::CompileOptions compile_options;
@@ -70,6 +73,7 @@ int main(int argc, char** argv) {
       bench_options.grad = bench_layer.grad ? gmjit::GradMode::grad : gmjit::GradMode::no_grad;
       if (!bench_layer.arch.empty()) bench_options.arch = bench_layer.arch;
       if (!bench_layer.cache_dir.empty()) bench_options.cache_dir = bench_layer.cache_dir;
+      if (!reference_json.empty()) bench_options.reference_json = reference_json;
       if (child_disk_hit) return gmjit::bench::run_disk_hit_child(bench_options);
       const nlohmann::json report = gmjit::bench::run_bench(bench_options, self_executable());
       if (!plot_path.empty() && gmjit::bench::write_plot(report, plot_path)) {
