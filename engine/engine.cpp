@@ -56,8 +56,6 @@ std::size_t PlanKey::hash() const {
   return static_cast<std::size_t>(h ^ (h >> 31));
 }
 
-namespace {}  // namespace
-
 PreparedPlanInfo describe(const PreparedPlan& plan) {
   PreparedPlanInfo info;
   info.arch = plan.arch;
