@@ -37,6 +37,7 @@ for preset in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
     >"$LOGS/bench_$preset.log" 2>&1 ||
     tail -20 "$LOGS/bench_$preset.log"
 done
+build-gpu/cli/gmjit plot "$OUT"/bench_*.json -o "$OUT/shapes.png" >/dev/null || echo "plot failed"
 echo "== GPU tests (rc $gpu_rc)"; grep -E "tests passed|tests failed|Failed|Skipped" "$OUT/gpu_tests.log" | head -20
 grep -E "Failure|error|Expected|Which is|rel err" "$OUT/gpu_tests.log" | grep -v "numerics \]" | head -30
 echo "== CPU tests (rc $cpu_rc)"; grep -sE "tests passed|tests failed" "$LOGS/cpu_tests.log"

@@ -1,5 +1,7 @@
 #include "benchmarks/plot.hpp"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -8,43 +10,72 @@
 #include <fmt/format.h>
 
 namespace gmjit::bench {
+namespace {
 
-bool write_plot(const nlohmann::json& report, const std::string& png_path) {
+double number_at(const nlohmann::json& j, std::initializer_list<const char*> path) {
+  const nlohmann::json* at = &j;
+  for (const char* key : path) {
+    if (!at->contains(key)) return 0.0;
+    at = &at->at(key);
+  }
+  return at->is_number() ? at->get<double>() : 0.0;
+}
+
+std::string histogram(const std::string& file, const std::string& title, const std::string& ylabel,
+                      std::initializer_list<const char*> series) {
+  std::string out = fmt::format("set title '{}'\nset ylabel '{}'\nplot ", title, ylabel);
+  int column = 2;
+  for (const char* name : series) {
+    out += fmt::format("{}'{}' using {}{} title '{}'", column == 2 ? "" : ", ", file, column,
+                       column == 2 ? ":xtic(1)" : "", name);
+    ++column;
+  }
+  return out + "\n";
+}
+
+}  // namespace
+
+bool write_plot(std::span<const nlohmann::json> reports, const std::string& png_path) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / fmt::format("gmjit-plot-{}", ::getpid());
   fs::create_directories(dir);
-  const auto& phases = report.at("phases");
+  const std::string phases = (dir / "phases.dat").string();
+  const std::string forward = (dir / "forward.dat").string();
+  const std::string fwd_bwd = (dir / "fwd_bwd.dat").string();
+  bool gpu = false;
   {
-    std::ofstream data(dir / "phases.dat");
-    data << "compile " << phases.at("compile").at("seconds").get<double>() << "\n"
-         << "disk-hit " << phases.at("disk_hit").at("seconds").get<double>() << "\n"
-         << "memory-hit " << phases.at("memory_hit").at("seconds").get<double>() << "\n";
+    std::ofstream p(phases), f(forward), b(fwd_bwd);
+    for (const auto& r : reports) {
+      const std::string shape = r.value("preset", "layer");
+      p << shape << ' ' << number_at(r, {"phases", "compile", "seconds"}) << ' '
+        << number_at(r, {"phases", "disk_hit", "seconds"}) << ' '
+        << number_at(r, {"phases", "memory_hit", "seconds"}) << '\n';
+      if (!r.contains("fwd_bwd")) continue;
+      gpu = true;
+      f << shape << ' ' << number_at(r, {"forward", "tflops"}) << ' '
+        << number_at(r, {"reference", "forward_tflops"}) << ' '
+        << number_at(r, {"reference", "forward_compiled_tflops"}) << '\n';
+      b << shape << ' ' << number_at(r, {"fwd_bwd", "tflops"}) << ' '
+        << number_at(r, {"reference", "fwd_bwd_tflops"}) << ' '
+        << number_at(r, {"reference", "fwd_bwd_compiled_tflops"}) << '\n';
+    }
   }
-  const bool gpu = report.contains("fwd_bwd");
-  if (gpu) {
-    std::ofstream data(dir / "throughput.dat");
-    data << "forward " << report.at("forward").at("tflops").get<double>() << "\n"
-         << "fwd+bwd " << report.at("fwd_bwd").at("tflops").get<double>() << "\n";
-  }
-  const std::string title =
-      fmt::format("gmjit bench: {} ({})", report.at("preset").get<std::string>(),
-                  report.at("arch").get<std::string>());
+  const std::string arch = reports.empty() ? "" : reports.front().value("arch", "");
   {
     std::ofstream script(dir / "plot.gp");
-    script << "set terminal pngcairo size " << (gpu ? 1200 : 700) << ",450 noenhanced\n"
-           << "set output '" << png_path << "'\n"
-           << "set style fill solid 0.8\nset boxwidth 0.6\nset grid ytics\nset key off\n"
-           << (gpu ? "set multiplot layout 1,2 title '" + title + "'\n" : "") << "set title '"
-           << (gpu ? "plan ready (log scale)" : title + ": plan ready") << "'\n"
-           << "set logscale y\nset format y '%g'\nset ylabel 'seconds'\n"
-           << "plot '" << (dir / "phases.dat").string()
-           << "' using 0:2:xtic(1) with boxes lc rgb '#4477aa', '' using 0:2:(sprintf('%.3g s', "
-              "$2)) with labels offset 0,1\n";
+    script << fmt::format("set terminal pngcairo size {},480 noenhanced\nset output '{}'\n",
+                          gpu ? 1500 : 700, png_path)
+           << "set style data histograms\nset style histogram clustered gap 1\n"
+           << "set style fill solid 0.85 border -1\nset grid ytics\nset key below horizontal\n"
+           << (gpu ? fmt::format("set multiplot layout 1,3 title 'gmjit bench ({})'\n", arch) : "")
+           << "set logscale y\nset format y '%g'\n"
+           << histogram(phases, "plan ready: cold compile, restarted process, warm (log)",
+                        "seconds", {"compile", "disk-hit", "memory-hit"});
     if (gpu) {
-      script << "unset logscale y\nset title 'throughput'\nset ylabel 'TFLOP/s'\nset yrange [0:*]\n"
-             << "plot '" << (dir / "throughput.dat").string()
-             << "' using 0:2:xtic(1) with boxes lc rgb '#228833', '' using "
-                "0:2:(sprintf('%.0f', $2)) with labels offset 0,1\n"
+      script << "unset logscale y\nset format y '%g'\nset yrange [0:*]\n"
+             << histogram(forward, "forward", "TFLOP/s", {"gmjit", "torch eager", "torch.compile"})
+             << histogram(fwd_bwd, "forward + backward", "TFLOP/s",
+                          {"gmjit", "torch eager", "torch.compile"})
              << "unset multiplot\n";
     }
   }
@@ -52,7 +83,7 @@ bool write_plot(const nlohmann::json& report, const std::string& png_path) {
   const int status = std::system(command.c_str());
   fs::remove_all(dir);
   if (status != 0) {
-    std::fprintf(stderr, "gmjit: --plot: gnuplot failed or is not installed (status %d)\n", status);
+    std::fprintf(stderr, "gmjit: plot: gnuplot failed or is not installed (status %d)\n", status);
     return false;
   }
   return true;

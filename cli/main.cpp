@@ -59,6 +59,14 @@ int main(int argc, char** argv) {
       app.add_subcommand("compile", "fill the kernel cache ahead of time (no GPU needed)");
   gmjit::cli::add_compile_options(*compile, compile_options);
 
+  std::vector<std::string> plot_inputs;
+  std::string plot_output = "gmjit-bench.png";
+  auto* plot = app.add_subcommand("plot", "draw bench --json reports (one per shape) to a PNG");
+  plot->add_option("reports", plot_inputs, "bench JSON files")
+      ->required()
+      ->check(CLI::ExistingFile);
+  plot->add_option("-o,--output", plot_output, "PNG to write")->capture_default_str();
+
   gmjit::cli::CacheCommand cache_command;
   auto* cache = app.add_subcommand("cache", "inspect and maintain the persistent kernel cache");
   gmjit::cli::add_cache_options(*cache, cache_command);
@@ -68,6 +76,14 @@ int main(int argc, char** argv) {
     if (doctor->parsed()) return gmjit::cli::run_doctor();
     if (compile->parsed()) return gmjit::cli::run_compile(compile_options);
     if (cache->parsed()) return gmjit::cli::run_cache(cache_command);
+    if (plot->parsed()) {
+      std::vector<nlohmann::json> reports;
+      for (const auto& path : plot_inputs)
+        reports.push_back(nlohmann::json::parse(std::ifstream(path)));
+      if (!gmjit::bench::write_plot(reports, plot_output)) return 1;
+      std::printf("wrote %s\n", plot_output.c_str());
+      return 0;
+    }
     if (bench->parsed()) {
       bench_options.preset = gmjit::cli::resolve_layer(bench_layer);
       bench_options.grad = bench_layer.grad ? gmjit::GradMode::grad : gmjit::GradMode::no_grad;
@@ -76,7 +92,7 @@ int main(int argc, char** argv) {
       if (!reference_json.empty()) bench_options.reference_json = reference_json;
       if (child_disk_hit) return gmjit::bench::run_disk_hit_child(bench_options);
       const nlohmann::json report = gmjit::bench::run_bench(bench_options, self_executable());
-      if (!plot_path.empty() && gmjit::bench::write_plot(report, plot_path)) {
+      if (!plot_path.empty() && gmjit::bench::write_plot(std::span(&report, 1), plot_path)) {
         std::printf("  wrote %s\n", plot_path.c_str());
       }
       if (!json_path.empty()) {
