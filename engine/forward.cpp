@@ -1,4 +1,7 @@
 // Engine::forward: validate, find the plan, launch FC1 and FC2 on the tensors' device.
+#include <array>
+#include <cstdint>
+
 #include "engine/device_context.hpp"
 #include "engine/driver.hpp"
 #include "engine/engine_impl.hpp"
@@ -21,6 +24,45 @@ struct GemmOperands {
   kt::GroupedGemmParams plain;
 };
 
+// Recently encoded TMA descriptors of this thread. A descriptor depends only on the kernel (tile,
+// dims, B layout) and on the operands' addresses and token count, so a repeated call with the
+// same tensors reuses them instead of encoding again (about a microsecond for the pair).
+struct EncodedMaps {
+  std::uint64_t kernel = 0;  // LoadedKernel::serial()
+  const void* a = nullptr;
+  const void* b = nullptr;
+  long long tokens = -1;
+  kt::Sm90GemmParams params{};
+};
+
+const kt::Sm90GemmParams& encoded_maps(const engine::LoadedKernel& kernel, const LayerSpec& layer,
+                                       const GemmOperands& op) {
+  thread_local std::array<EncodedMaps, 8> recent;
+  const auto slot_index =
+      (kernel.serial() ^ reinterpret_cast<std::uintptr_t>(op.a) / 256) % recent.size();
+  EncodedMaps& slot = recent[slot_index];
+  if (slot.kernel == kernel.serial() && slot.a == op.a && slot.b == op.b &&
+      slot.tokens == op.plain.tokens) {
+    return slot.params;
+  }
+  const auto& shape = kernel.launch_shape();
+  const engine::Sm90GemmOperands maps{op.a,
+                                      op.plain.tokens,
+                                      static_cast<int>(op.k),
+                                      op.b,
+                                      static_cast<int>(layer.experts),
+                                      static_cast<int>(op.n_total),
+                                      static_cast<int>(shape.block_m),
+                                      static_cast<int>(shape.block_n),
+                                      op.b_layout};
+  slot.kernel = 0;  // invalid until the encode succeeds
+  engine::check_driver(
+      engine::encode_sm90_gemm_maps(engine::driver().cuTensorMapEncodeTiled, maps, slot.params),
+      "cuTensorMapEncodeTiled");
+  slot = EncodedMaps{kernel.serial(), op.a, op.b, op.plain.tokens, slot.params};
+  return slot.params;
+}
+
 void launch_gemm(const engine::LoadedKernel& kernel, const engine::DeviceContext& device,
                  const LayerSpec& layer, const GemmOperands& op, CUstream stream) {
   const auto& shape = kernel.launch_shape();
@@ -31,19 +73,7 @@ void launch_gemm(const engine::LoadedKernel& kernel, const engine::DeviceContext
     kernel.launch(device, tokens, stream, args);
     return;
   }
-  kt::Sm90GemmParams params{};
-  const engine::Sm90GemmOperands maps{op.a,
-                                      op.plain.tokens,
-                                      static_cast<int>(op.k),
-                                      op.b,
-                                      static_cast<int>(layer.experts),
-                                      static_cast<int>(op.n_total),
-                                      static_cast<int>(shape.block_m),
-                                      static_cast<int>(shape.block_n),
-                                      op.b_layout};
-  engine::check_driver(
-      engine::encode_sm90_gemm_maps(engine::driver().cuTensorMapEncodeTiled, maps, params),
-      "cuTensorMapEncodeTiled");
+  kt::Sm90GemmParams params = encoded_maps(kernel, layer, op);
   params.bias = op.plain.bias;
   params.probs = op.plain.probs;
   params.split_sizes = op.plain.split_sizes;

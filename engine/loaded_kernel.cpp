@@ -5,10 +5,16 @@
 #include "gmjit/error.hpp"
 
 namespace gmjit::engine {
+namespace {
+std::uint64_t next_serial() {
+  static std::atomic<std::uint64_t> next{1};
+  return next++;
+}
+}  // namespace
 
 LoadedKernel::LoadedKernel(std::span<const std::byte> cubin, std::string entry,
                            codegen::KernelRole role, codegen::LaunchShape launch)
-    : entry_(std::move(entry)), role_(role), launch_(launch) {
+    : entry_(std::move(entry)), role_(role), serial_(next_serial()), launch_(launch) {
   const DriverApi& api = driver();
   check_driver(
       api.cuLibraryLoadData(&library_, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),

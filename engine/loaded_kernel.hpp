@@ -33,6 +33,8 @@ class LoadedKernel {
 
   const std::string& entry() const { return entry_; }
   codegen::KernelRole role() const { return role_; }
+  // Unique for the process's lifetime (addresses may be reused after a kernel is unloaded).
+  std::uint64_t serial() const { return serial_; }
   const codegen::LaunchShape& launch_shape() const { return launch_; }
 
  private:
@@ -40,6 +42,7 @@ class LoadedKernel {
   CUkernel kernel_ = nullptr;
   std::string entry_;
   codegen::KernelRole role_;
+  std::uint64_t serial_;
   codegen::LaunchShape launch_;
   std::array<std::atomic<bool>, 64> prepared_devices_{};
 };

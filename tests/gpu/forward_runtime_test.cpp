@@ -182,3 +182,35 @@ TEST(CApiOnGpu, TrainingForwardAndBackwardThroughDLTensors) {
 
 }  // namespace
 }  // namespace gmjit::testing
+
+namespace gmjit::testing {
+namespace {
+
+// The engine reuses TMA descriptors for repeated operands: alternating between two sets of
+// tensors (and token counts) of one layer must still read each call's own tensors.
+TEST(ForwardRuntime, AlternatingTensorsOfOneLayerEachGetTheirOwnResult) {
+  GMJIT_REQUIRE_GPU();
+  const LayerSpec layer = runtime_layer();
+  const HostLayer first = make_host_layer(layer, {100, 0, 57, 300}, 457, 21);
+  const HostLayer second = make_host_layer(layer, {10, 90, 0, 156}, 256, 22);
+  const Reference first_ref = reference_forward(first), second_ref = reference_forward(second);
+  DeviceLayer a(first, GradMode::no_grad), b(second, GradMode::no_grad);
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  for (int round = 0; round < 3; ++round) {
+    a.y.fill_bytes(0xFF);
+    b.y.fill_bytes(0xFF);
+    engine.forward(layer, Recipe::bf16(), a.args);
+    engine.forward(layer, Recipe::bf16(), b.args);
+    synchronize_device();
+    EXPECT_LT(relative_error(DeviceLayer::download(a.y, first.tokens * layer.hidden), first_ref.y),
+              1e-2)
+        << "round " << round;
+    EXPECT_LT(
+        relative_error(DeviceLayer::download(b.y, second.tokens * layer.hidden), second_ref.y),
+        1e-2)
+        << "round " << round;
+  }
+}
+
+}  // namespace
+}  // namespace gmjit::testing
