@@ -24,9 +24,9 @@ if [ -z "${GMJIT_SKIP_CPU_TESTS:-}" ]; then
 fi
 grep -h "numerics \]" "$OUT/gpu_tests.log" | sed "s/^[0-9]*: //" | sort -u >"$OUT/numerics.txt"
 build-gpu/cli/gmjit doctor
-PYTHONUNBUFFERED=1 python3 benchmarks/torch_saved_bytes.py >"$OUT/saved_bytes.json" 2>"$LOGS/saved_bytes.log" ||
-  tail -5 "$LOGS/saved_bytes.log"
 if [ -z "${GMJIT_SKIP_TORCH:-}" ]; then
+  PYTHONUNBUFFERED=1 python3 benchmarks/torch_saved_bytes.py >"$OUT/saved_bytes.json" \
+    2>"$LOGS/saved_bytes.log" || tail -5 "$LOGS/saved_bytes.log"
   PYTHONUNBUFFERED=1 python3 .devcarry/torch_reference.py ${GMJIT_TORCH_ARGS:---compile} \
     --json "$OUT/torch.json" >"$LOGS/torch.log" 2>&1 || tail -20 "$LOGS/torch.log"
 fi
@@ -44,7 +44,7 @@ echo "== CPU tests (rc $cpu_rc)"; grep -sE "tests passed|tests failed" "$LOGS/cp
 for preset in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
   echo "== $preset"; grep -E "compile |disk-hit|memory-hit|forward|fwd\+bwd|cpu/call|recompute|skipped|error|vs torch" "$LOGS/bench_$preset.log"
 done
-echo "== saved for backward"; cat "$OUT/saved_bytes.json"
+[ -f "$OUT/saved_bytes.json" ] && { echo "== saved for backward"; cat "$OUT/saved_bytes.json"; }
 [ -f "$OUT/torch.json" ] && python3 - "$OUT/torch.json" <<'PY'
 import json, sys
 for r in json.load(open(sys.argv[1])):
