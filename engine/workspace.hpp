@@ -1,12 +1,15 @@
 #pragma once
-// Per-(device, stream) grow-only scratch memory (FC1's activation output between the two
-// kernels). A warm call of an already-seen size allocates nothing; calls on different streams
-// never share a buffer.
+// Grow-only scratch memory for the kernels of a call (FC1's output, dh, ...). Each calling
+// thread gets its own buffers per (device, stream, purpose), found through a thread-local table:
+// a warm call takes no lock and allocates nothing, calls on different streams never share
+// scratch, and a buffer is only ever grown (after synchronising its stream) by the one thread
+// that uses it.
 #include <cuda.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <deque>
 #include <mutex>
-#include <vector>
 
 #include "engine/device_buffer.hpp"
 
@@ -24,18 +27,20 @@ enum class Workspace : int {
 
 class WorkspacePool {
  public:
-  // The context of `device` must be current.
+  WorkspacePool();
+  WorkspacePool(const WorkspacePool&) = delete;
+  WorkspacePool& operator=(const WorkspacePool&) = delete;
+
+  // At least `bytes` of device memory for this thread's use on `stream`. The context of
+  // `device` must be current.
   void* get(DeviceContext& device, CUstream stream, Workspace which, std::size_t bytes);
 
  private:
-  struct Slot {
-    int device = -1;
-    CUstream stream = nullptr;
-    Workspace which{};
-    DeviceBuffer buffer;
-  };
-  std::mutex mutex_;
-  std::vector<Slot> slots_;
+  DeviceBuffer& new_buffer();
+
+  const std::uint64_t serial_;        // tags thread-local entries; never reused
+  std::mutex mutex_;                  // guards buffers_ (creation only)
+  std::deque<DeviceBuffer> buffers_;  // stable addresses; freed with the pool
 };
 
 }  // namespace gmjit::engine
