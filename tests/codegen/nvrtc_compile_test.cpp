@@ -19,19 +19,24 @@ struct Case {
   bool biases_and_probs;
   bool save_preact;
   std::int64_t hidden = 1024, ffn = 512;
+
+  LayerSpec layer(std::int64_t experts) const {
+    LayerSpec l;
+    l.experts = experts;
+    l.hidden = hidden;
+    l.ffn = ffn;
+    l.activation.kind = activation;
+    l.activation.layout = layout;
+    l.fc1_bias = l.fc2_bias = l.router_probs = biases_and_probs;
+    return l;
+  }
 };
 
 class NvrtcCompilesPlanKernels : public ::testing::TestWithParam<Case> {};
 
 TEST_P(NvrtcCompilesPlanKernels, ToANonEmptyCubin) {
   const Case c = GetParam();
-  LayerSpec layer;
-  layer.experts = 8;
-  layer.hidden = c.hidden;
-  layer.ffn = c.ffn;
-  layer.activation.kind = c.activation;
-  layer.activation.layout = c.layout;
-  layer.fc1_bias = layer.fc2_bias = layer.router_probs = c.biases_and_probs;
+  const LayerSpec layer = c.layer(8);
   for (const KernelSource& kernel :
        emit_grouped_mlp_forward({layer, c.save_preact, c.arch, false})) {
     const CompiledCubin cubin = compile_to_cubin(kernel, c.arch, "test");
@@ -63,13 +68,7 @@ class NvrtcCompilesBackwardKernels : public ::testing::TestWithParam<Case> {};
 
 TEST_P(NvrtcCompilesBackwardKernels, EveryGradientKernel) {
   const Case c = GetParam();
-  LayerSpec layer;
-  layer.experts = 4;
-  layer.hidden = c.hidden;
-  layer.ffn = c.ffn;
-  layer.activation.kind = c.activation;
-  layer.activation.layout = c.layout;
-  layer.fc1_bias = layer.fc2_bias = layer.router_probs = c.biases_and_probs;
+  const LayerSpec layer = c.layer(4);
   GradientSet all;
   all.db1 = all.db2 = true;
   const auto kernels = emit_grouped_mlp_backward({layer, all, c.arch, false});
