@@ -147,49 +147,66 @@ void zero_gradients(const BackwardArgs& args, CUstream stream) {
   }
 }
 
+// Where a backward's scratch buffers sit in its workspace block.
+struct BackwardWorkspace {
+  engine::WorkspaceLayout layout;
+  std::size_t dpreact, act_scaled, dprobs = 0;
+
+  BackwardWorkspace(const LayerSpec& layer, std::int64_t tokens) {
+    const auto T = static_cast<std::size_t>(tokens);
+    dpreact = layout.add(T * static_cast<std::size_t>(layer.fc1_out()) * 2);
+    act_scaled = layout.add(T * static_cast<std::size_t>(layer.ffn) * 2);
+    if (layer.router_probs) dprobs = layout.add(T * 4);
+  }
+};
+
 }  // namespace
+
+std::size_t Engine::backward_workspace_bytes(const LayerSpec& spec, std::int64_t tokens) const {
+  return BackwardWorkspace(spec, tokens).layout.total();
+}
 
 void Engine::backward(const ForwardContext& context, const Recipe& recipe, const BackwardArgs& args,
                       StreamHandle stream) {
   const GradientSet gradients = engine::validate_backward(context, recipe, args);
   const LayerSpec& layer = context.layer;
+  const std::int64_t tokens = context.tokens;
+  auto cu_stream = static_cast<CUstream>(stream);
+  if (tokens == 0) {
+    // No tokens: no plan to build; only the weight and bias gradients have a value (zero).
+    engine::DeviceContext& device = engine::DeviceRegistry::instance().get(context.device.ordinal);
+    engine::ScopedContext scope(device.context());
+    zero_gradients(args, cu_stream);
+    return;
+  }
   const engine::PlanKey key =
       engine::PlanKey::make_backward(layer, recipe, gradients, context.device.ordinal);
-  engine::DevicePlan& plan = impl_->device_plan(key, layer);
-  const std::int64_t tokens = context.tokens;
+  engine::DevicePlan& plan = impl_->device_plan(key, layer, stream);
 
   engine::NvtxRange range("gmjit backward");
-  auto cu_stream = static_cast<CUstream>(stream);
   if (engine::log_enabled(engine::LogLevel::debug)) {
     engine::log(engine::LogLevel::debug, "backward {} T={} on cuda:{} stream {}", layer.describe(),
                 tokens, plan.device->ordinal(), stream);
   }
   engine::ScopedContext scope(plan.device->context());
-  if (tokens == 0) {
-    zero_gradients(args, cu_stream);
-    return;
-  }
-  engine::WorkspacePool& ws = impl_->workspaces;
-  const auto T = static_cast<std::size_t>(tokens);
+  const BackwardWorkspace parts(layer, tokens);
+  const engine::WorkspaceLease workspace(impl_->workspaces, *plan.device, cu_stream,
+                                         parts.layout.total(), args.workspace);
   BackwardBuffers buffers{args,
                           layer,
                           tokens,
-                          ws.get(*plan.device, cu_stream, engine::Workspace::dpreact,
-                                 T * static_cast<std::size_t>(layer.fc1_out()) * 2),
-                          ws.get(*plan.device, cu_stream, engine::Workspace::activation,
-                                 T * static_cast<std::size_t>(layer.ffn) * 2),
+                          workspace.at(parts.dpreact),
+                          workspace.at(parts.act_scaled),
                           static_cast<float*>(args.dprobs.data),
                           args.accumulate ? 1 : 0};
   if (layer.router_probs) {
     // FC2 dgrad adds its partial dot products atomically; a caller that wants no dprobs still
     // gets them computed, into scratch.
-    if (buffers.dprobs == nullptr) {
-      buffers.dprobs = static_cast<float*>(
-          ws.get(*plan.device, cu_stream, engine::Workspace::dprobs_scratch, T * 4));
-    }
-    engine::check_driver(engine::driver().cuMemsetD32Async(
-                             reinterpret_cast<CUdeviceptr>(buffers.dprobs), 0, T, cu_stream),
-                         "cuMemsetD32Async(dprobs)");
+    if (buffers.dprobs == nullptr) buffers.dprobs = static_cast<float*>(workspace.at(parts.dprobs));
+    engine::check_driver(
+        engine::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(buffers.dprobs), 0,
+                                          static_cast<std::size_t>(tokens), cu_stream),
+        "cuMemsetD32Async(dprobs)");
   }
   for (const auto& kernel : plan.kernels) launch(*kernel, *plan.device, buffers, cu_stream);
 }

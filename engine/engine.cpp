@@ -132,23 +132,61 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engin
   return plan;
 }
 
-engine::DevicePlan& Engine::Impl::device_plan(const engine::PlanKey& key, const LayerSpec& layer) {
+namespace {
+
+// Switches the calling thread to relaxed stream-capture mode for a scope. A cold call may come
+// while a CUDA graph is being captured, on its own stream or (global capture mode) on another
+// thread's: building a plan touches no stream, but loading a module counts as a potentially
+// unsafe call there, which would invalidate the capture.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() {
+    engine::check_driver(engine::driver().cuThreadExchangeStreamCaptureMode(&previous_),
+                         "cuThreadExchangeStreamCaptureMode");
+  }
+  ~RelaxedCaptureMode() { engine::driver().cuThreadExchangeStreamCaptureMode(&previous_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  CUstreamCaptureMode previous_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+};
+
+bool is_capturing(StreamHandle stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return engine::driver().cuStreamIsCapturing(static_cast<CUstream>(stream), &status) ==
+             CUDA_SUCCESS &&
+         status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+}  // namespace
+
+engine::DevicePlan& Engine::Impl::device_plan(const engine::PlanKey& key, const LayerSpec& layer,
+                                              StreamHandle stream) {
   bool built = false;
   engine::DevicePlan& plan = device_plans.get(
       key,
       [&] {
         engine::NvtxRange range("gmjit load plan");
-        engine::DeviceContext& device = engine::DeviceRegistry::instance().get(key.device);
-        auto loaded = std::make_shared<engine::DevicePlan>();
-        loaded->prepared = prepared_plan(key, layer, device.info().arch);
-        loaded->device = &device;
-        for (const auto& kernel : loaded->prepared->kernels) {
-          auto& added = loaded->kernels.emplace_back(std::make_unique<engine::LoadedKernel>(
-              kernel->cubin, kernel->entry, kernel->role, kernel->launch));
-          added->prepare_for(device);
+        const RelaxedCaptureMode relaxed;
+        try {
+          engine::DeviceContext& device = engine::DeviceRegistry::instance().get(key.device);
+          auto loaded = std::make_shared<engine::DevicePlan>();
+          loaded->prepared = prepared_plan(key, layer, device.info().arch);
+          loaded->device = &device;
+          for (const auto& kernel : loaded->prepared->kernels) {
+            auto& added = loaded->kernels.emplace_back(std::make_unique<engine::LoadedKernel>(
+                kernel->cubin, kernel->entry, kernel->role, kernel->launch));
+            added->prepare_for(device);
+          }
+          engine::log(LogLevel::debug, "loaded plan {} on cuda:{}", layer.describe(), key.device);
+          return loaded;
+        } catch (const Error& e) {
+          if (!is_capturing(stream)) throw;
+          throw Error(e.status(), std::string(e.what()) +
+                                      " (the layer's first call came while its stream was being "
+                                      "captured into a CUDA graph; run it once before capture)");
         }
-        engine::log(LogLevel::debug, "loaded plan {} on cuda:{}", layer.describe(), key.device);
-        return loaded;
       },
       &built);
   if (!built) ++memory_hits;
@@ -182,6 +220,7 @@ EngineCounters Engine::counters() const {
   c.disk_reads = impl_->store_counters.disk_reads.load();
   c.disk_writes = impl_->store_counters.disk_writes.load();
   c.memory_hits = impl_->memory_hits.load();
+  if (engine::driver_available()) c.workspace_bytes = impl_->workspaces.reserved_bytes();
   return c;
 }
 

@@ -39,7 +39,10 @@ struct Engine::Impl {
                                                          const LayerSpec& layer,
                                                          const std::string& arch);
   // The plan of `key` loaded on key.device, built once; warm lookups take no lock.
-  engine::DevicePlan& device_plan(const engine::PlanKey& key, const LayerSpec& layer);
+  // A first call made while `stream` is being captured into a CUDA graph builds and loads
+  // without touching any stream, so the capture stays valid.
+  engine::DevicePlan& device_plan(const engine::PlanKey& key, const LayerSpec& layer,
+                                  StreamHandle stream);
 
   const EngineOptions options;
   engine::StoreCounters store_counters;
@@ -47,7 +50,7 @@ struct Engine::Impl {
   std::atomic<std::uint64_t> backward_plans_built{0};
   std::atomic<std::uint64_t> memory_hits{0};
   engine::KernelStore store;
-  engine::WorkspacePool workspaces;
+  engine::WorkspacePools workspaces;
 
   engine::OnceMap<engine::PreparedKey, std::shared_ptr<const engine::PreparedPlan>,
                   engine::PreparedKeyHash>

@@ -90,16 +90,37 @@ engine::Sm90BLayout fc1_b_layout(const ActivationSpec& act) {
                                                 : engine::Sm90BLayout::kGluHalves;
 }
 
+// Where a forward's scratch buffers sit in its workspace block.
+struct ForwardWorkspace {
+  engine::WorkspaceLayout layout;
+  std::size_t activation = 0;  // bf16 [T, F]: FC1's output after the activation
+  std::size_t preact = 0;      // bf16 [T, F1]: h of the op-by-op no-grad path
+
+  ForwardWorkspace(const LayerSpec& spec, GradMode grad, std::int64_t tokens, bool op_by_op) {
+    const auto T = static_cast<std::size_t>(tokens);
+    activation = layout.add(T * static_cast<std::size_t>(spec.ffn) * 2);
+    if (op_by_op && grad == GradMode::no_grad) {
+      preact = layout.add(T * static_cast<std::size_t>(spec.fc1_out()) * 2);
+    }
+  }
+};
+
 }  // namespace
+
+std::size_t Engine::forward_workspace_bytes(const LayerSpec& spec, GradMode grad,
+                                            std::int64_t tokens) const {
+  return ForwardWorkspace(spec, grad, tokens, !impl_->options.fuse_ops).layout.total();
+}
 
 ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, const ForwardArgs& args,
                                GradMode grad, StreamHandle stream) {
   const std::int64_t tokens = engine::validate_forward(spec, grad, args);
-  const engine::PlanKey key = engine::PlanKey::make(spec, recipe, grad, args.x.device.ordinal);
-  engine::DevicePlan& plan = impl_->device_plan(key, spec);
   const ForwardContext context{spec,   grad,          recipe.options_key(),
                                tokens, args.x.device, args.saved_preact.data};
+  // No tokens (an expert-parallel rank that received none): nothing to compute or build.
   if (tokens == 0) return context;
+  const engine::PlanKey key = engine::PlanKey::make(spec, recipe, grad, args.x.device.ordinal);
+  engine::DevicePlan& plan = impl_->device_plan(key, spec, stream);
 
   engine::NvtxRange range("gmjit forward");
   auto cu_stream = static_cast<CUstream>(stream);
@@ -108,16 +129,12 @@ ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, cons
                 tokens, plan.device->ordinal(), stream);
   }
   engine::ScopedContext scope(plan.device->context());
-  void* activation = impl_->workspaces.get(*plan.device, cu_stream, engine::Workspace::activation,
-                                           static_cast<std::size_t>(tokens * spec.ffn) * 2);
+  const bool op_by_op = plan.kernels[0]->role() == codegen::KernelRole::linear;
+  const ForwardWorkspace parts(spec, grad, tokens, op_by_op);
+  const engine::WorkspaceLease workspace(impl_->workspaces, *plan.device, cu_stream,
+                                         parts.layout.total(), args.workspace);
+  void* activation = workspace.at(parts.activation);
   const auto* probs = static_cast<const float*>(args.probs.data);
-  const GemmOperands fc1{args.x.data,
-                         spec.hidden,
-                         args.w1.data,
-                         spec.fc1_out(),
-                         fc1_b_layout(spec.activation),
-                         {args.x.data, args.w1.data, args.b1.data, probs, args.split_sizes.data,
-                          activation, args.saved_preact.data, tokens}};
   const GemmOperands fc2{activation,
                          spec.ffn,
                          args.w2.data,
@@ -125,18 +142,21 @@ ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, cons
                          engine::Sm90BLayout::kPlain,
                          {activation, args.w2.data, args.b2.data, probs, args.split_sizes.data,
                           args.y.data, nullptr, tokens}};
-  if (plan.kernels[0]->role() != codegen::KernelRole::linear) {
+  if (!op_by_op) {
+    const GemmOperands fc1{args.x.data,
+                           spec.hidden,
+                           args.w1.data,
+                           spec.fc1_out(),
+                           fc1_b_layout(spec.activation),
+                           {args.x.data, args.w1.data, args.b1.data, probs, args.split_sizes.data,
+                            activation, args.saved_preact.data, tokens}};
     launch_gemm(*plan.kernels[0], *plan.device, spec, fc1, cu_stream);
     launch_gemm(*plan.kernels[1], *plan.device, spec, fc2, cu_stream);
     return context;
   }
   // Op by op: FC1 as a plain grouped linear into h (the caller's saved_preact in grad mode),
   // the activation, then FC2.
-  void* preact = args.saved_preact.data;
-  if (preact == nullptr) {
-    preact = impl_->workspaces.get(*plan.device, cu_stream, engine::Workspace::dpreact,
-                                   static_cast<std::size_t>(tokens * spec.fc1_out()) * 2);
-  }
+  void* preact = grad == GradMode::grad ? args.saved_preact.data : workspace.at(parts.preact);
   const GemmOperands linear1{args.x.data,
                              spec.hidden,
                              args.w1.data,

@@ -39,6 +39,11 @@ void LoadedKernel::prepare_for(const DeviceContext& device) {
                                              static_cast<int>(launch_.dynamic_smem_bytes), kernel_,
                                              device.device()),
                "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+  // Load the module into the device's context now rather than lazily at the first launch,
+  // which may be inside a CUDA graph capture.
+  ScopedContext scope(device.context());
+  CUfunction function = nullptr;
+  check_driver(driver().cuKernelGetFunction(&function, kernel_), "cuKernelGetFunction");
   prepared_devices_[ordinal].store(true, std::memory_order_release);
 }
 

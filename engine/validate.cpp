@@ -25,7 +25,7 @@ std::string shape_text(const TensorRef& t) {
 
 void check_tensor(const char* name, const TensorRef& t, DType dtype,
                   std::initializer_list<std::int64_t> shape, const Device& device) {
-  if (t.data == nullptr) fail(name, "is required but was null");
+  if (!t.present()) fail(name, "is required but was null");
   if (t.dtype != dtype) {
     fail(name, fmt::format("expected dtype {}, got {}", dtype_name(dtype), dtype_name(t.dtype)));
   }
@@ -42,13 +42,14 @@ void check_tensor(const char* name, const TensorRef& t, DType dtype,
                            "on one device",
                            t.device.ordinal, device.ordinal));
   }
+  if (t.data == nullptr && t.numel() != 0) fail(name, "has elements but a null data pointer");
   if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) {
     fail(name, "data pointer must be 16-byte aligned");
   }
 }
 
 void check_absent(const char* name, const TensorRef& t, const char* flag) {
-  if (t.data != nullptr) {
+  if (t.present()) {
     fail(name, fmt::format("was given but the layer has {} = false", flag));
   }
 }
@@ -56,14 +57,14 @@ void check_absent(const char* name, const TensorRef& t, const char* flag) {
 // An optional output: absent is fine; present must match.
 void check_optional(const char* name, const TensorRef& t, DType dtype,
                     std::initializer_list<std::int64_t> shape, const Device& device) {
-  if (t.data != nullptr) check_tensor(name, t, dtype, shape, device);
+  if (t.present()) check_tensor(name, t, dtype, shape, device);
 }
 
 }  // namespace
 
 std::int64_t validate_forward(const LayerSpec& layer, GradMode grad, const ForwardArgs& args) {
   const TensorRef& x = args.x;
-  if (x.data == nullptr) fail("x", "is required but was null");
+  if (!x.present()) fail("x", "is required but was null");
   if (x.device.kind != Device::Kind::cuda) fail("x", "must be on a CUDA device, not the CPU");
   if (x.ndim != 2) fail("x", fmt::format("expected a 2-D tensor [T, H], got {}", shape_text(x)));
   const std::int64_t tokens = x.shape[0];
@@ -124,7 +125,7 @@ GradientSet validate_backward(const ForwardContext& context, const Recipe& recip
   check_tensor("w1", args.w1, DType::bf16, {E, F1, H}, device);
   check_tensor("w2", args.w2, DType::bf16, {E, H, F}, device);
   check_tensor("saved_preact", args.saved_preact, DType::bf16, {T, F1}, device);
-  if (args.saved_preact.data != context.saved_preact) {
+  if (T > 0 && args.saved_preact.data != context.saved_preact) {
     fail("saved_preact", "is not the tensor the grad-enabled forward wrote");
   }
   if (layer.router_probs) {

@@ -1,69 +1,108 @@
 #include "engine/workspace.hpp"
 
-#include <array>
-#include <atomic>
+#include <fmt/format.h>
+
+#include <limits>
 
 #include "engine/device_context.hpp"
 #include "engine/driver.hpp"
 #include "engine/log.hpp"
 
 namespace gmjit::engine {
-namespace {
 
-std::uint64_t next_pool_serial() {
-  static std::atomic<std::uint64_t> next{1};
-  return next++;
+WorkspacePools::~WorkspacePools() {
+  // Blocks still queued for release are returned by the driver once their streams reach the
+  // free; destroying the pool then is allowed (the driver defers the release).
+  if (!driver_available()) return;
+  for (auto& slot : pools_) {
+    if (CUmemoryPool pool = slot.load()) driver().cuMemPoolDestroy(pool);
+  }
 }
 
-struct Entry {
-  std::uint64_t pool = 0;
-  int device = -1;
-  CUstream stream = nullptr;
-  Workspace which{};
-  DeviceBuffer* buffer = nullptr;
-};
-
-// This thread's buffers. A full table overwrites round-robin; the evicted buffer stays owned by
-// its pool (freed with it), so nothing dangles.
-struct ThreadTable {
-  std::array<Entry, 32> entries;
-  std::size_t next_victim = 0;
-};
-thread_local ThreadTable table;
-
-}  // namespace
-
-WorkspacePool::WorkspacePool() : serial_(next_pool_serial()) {}
-
-DeviceBuffer& WorkspacePool::new_buffer() {
+CUmemoryPool WorkspacePools::pool(const DeviceContext& device) {
+  const int ordinal = device.ordinal();
+  if (ordinal < 0 || ordinal >= kMaxDevices) {
+    throw Error(Status::invalid_argument,
+                fmt::format("device ordinal {} is outside the {} devices gmjit serves", ordinal,
+                            kMaxDevices));
+  }
+  std::atomic<CUmemoryPool>& slot = pools_[static_cast<std::size_t>(ordinal)];
+  if (CUmemoryPool pool = slot.load(std::memory_order_acquire)) return pool;
   std::lock_guard lock(mutex_);
-  return buffers_.emplace_back();
+  if (CUmemoryPool pool = slot.load(std::memory_order_acquire)) return pool;
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = ordinal;
+  CUmemoryPool pool = nullptr;
+  check_driver(driver().cuMemPoolCreate(&pool, &props), "cuMemPoolCreate");
+  // Keep reserved memory across synchronisations: a warm call then never goes to the OS.
+  cuuint64_t threshold = std::numeric_limits<cuuint64_t>::max();
+  if (CUresult rc =
+          driver().cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+      rc != CUDA_SUCCESS) {
+    driver().cuMemPoolDestroy(pool);
+    check_driver(rc, "cuMemPoolSetAttribute(RELEASE_THRESHOLD)");
+  }
+  slot.store(pool, std::memory_order_release);
+  log(LogLevel::debug, "workspace pool created on cuda:{}", ordinal);
+  return pool;
 }
 
-void* WorkspacePool::get(DeviceContext& device, CUstream stream, Workspace which,
-                         std::size_t bytes) {
-  DeviceBuffer* buffer = nullptr;
-  for (const Entry& e : table.entries) {
-    if (e.pool == serial_ && e.device == device.ordinal() && e.stream == stream &&
-        e.which == which) {
-      buffer = e.buffer;
-      break;
+std::uint64_t WorkspacePools::reserved_bytes() const {
+  std::uint64_t total = 0;
+  for (const auto& slot : pools_) {
+    CUmemoryPool pool = slot.load(std::memory_order_acquire);
+    if (pool == nullptr) continue;
+    cuuint64_t bytes = 0;
+    check_driver(driver().cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &bytes),
+                 "cuMemPoolGetAttribute(RESERVED_MEM_CURRENT)");
+    total += bytes;
+  }
+  return total;
+}
+
+WorkspaceLease::WorkspaceLease(WorkspacePools& pools, const DeviceContext& device, CUstream stream,
+                               std::size_t bytes, const TensorRef& caller_workspace)
+    : stream_(stream) {
+  if (bytes == 0) return;
+  if (caller_workspace.present()) {
+    const auto given =
+        static_cast<std::size_t>(caller_workspace.numel()) * dtype_size(caller_workspace.dtype);
+    if (given < bytes || caller_workspace.data == nullptr) {
+      throw Error(Status::invalid_argument,
+                  fmt::format("argument 'workspace': this call needs {} bytes, got {}; ask "
+                              "Engine::forward_workspace_bytes / backward_workspace_bytes",
+                              bytes, given));
     }
+    if (caller_workspace.device != Device{Device::Kind::cuda, device.ordinal()}) {
+      throw Error(Status::invalid_argument,
+                  fmt::format("argument 'workspace': must be on cuda:{}", device.ordinal()));
+    }
+    if (reinterpret_cast<std::uintptr_t>(caller_workspace.data) % WorkspaceLayout::kAlignment) {
+      throw Error(Status::invalid_argument,
+                  fmt::format("argument 'workspace': data pointer must be {}-byte aligned",
+                              WorkspaceLayout::kAlignment));
+    }
+    base_ = caller_workspace.data;
+    return;
   }
-  if (buffer == nullptr) {
-    buffer = &new_buffer();
-    table.entries[table.next_victim] = Entry{serial_, device.ordinal(), stream, which, buffer};
-    table.next_victim = (table.next_victim + 1) % table.entries.size();
+  CUdeviceptr block = 0;
+  check_driver(driver().cuMemAllocFromPoolAsync(&block, bytes, pools.pool(device), stream),
+               "cuMemAllocFromPoolAsync(workspace)");
+  base_ = reinterpret_cast<void*>(block);
+  owned_ = true;
+}
+
+WorkspaceLease::~WorkspaceLease() {
+  if (!owned_) return;
+  // Ordered after the call's kernels on the same stream; the pool reuses the block for later
+  // work on any stream once this point is reached.
+  if (CUresult rc = driver().cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(base_), stream_);
+      rc != CUDA_SUCCESS) {
+    log(LogLevel::warn, "cuMemFreeAsync(workspace) failed ({}); the block stays with the pool",
+        static_cast<int>(rc));
   }
-  if (buffer->size() < bytes) {
-    // Work this thread queued earlier on the stream may still read the old buffer.
-    check_driver(driver().cuStreamSynchronize(stream), "cuStreamSynchronize");
-    const std::size_t grown = bytes + bytes / 4;
-    log(LogLevel::info, "workspace on cuda:{} grows to {} bytes", device.ordinal(), grown);
-    *buffer = DeviceBuffer();
-    *buffer = DeviceBuffer(device, grown);
-  }
-  return buffer->data();
 }
 
 }  // namespace gmjit::engine

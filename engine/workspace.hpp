@@ -1,46 +1,78 @@
 #pragma once
-// Grow-only scratch memory for the kernels of a call (FC1's output, dh, ...). Each calling
-// thread gets its own buffers per (device, stream, purpose), found through a thread-local table:
-// a warm call takes no lock and allocates nothing, calls on different streams never share
-// scratch, and a buffer is only ever grown (after synchronising its stream) by the one thread
-// that uses it.
+// Scratch memory for the kernels of one call (FC1's output, dh, dprobs scratch). A call takes
+// one block with stream-ordered allocation from a memory pool the engine owns per device, and
+// gives it back on the same stream once its kernels are queued (docs/DESIGN.md, runtime rules).
+// Why this shape:
+//  - no host synchronisation and no blocking allocation, so a warm call can be captured in a
+//    CUDA graph (capture records the pair as graph memory nodes);
+//  - memory is shared by every stream and thread of the engine and bounded by the peak that
+//    calls in flight need; nothing is tied to a stream or thread that may go away;
+//  - the pool keeps what it reserved (release threshold: unbounded), so a warm call reuses it.
+// A caller may instead pass its own workspace (ForwardArgs::workspace, BackwardArgs::workspace)
+// of at least the size Engine::*_workspace_bytes reports, as cuBLASLt and cuDNN callers do.
 #include <cuda.h>
 
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <mutex>
 
-#include "engine/device_buffer.hpp"
+#include "gmjit/layer.hpp"
 
 namespace gmjit::engine {
 
 class DeviceContext;
 
-// Scratch buffers of a call. Work on one stream is ordered, so a later call may reuse what an
-// earlier one no longer needs (the backward's a ⊙ p reuses the forward's activation buffer).
-enum class Workspace : int {
-  activation,      // bf16 [T, F]: FC1's output (forward), a ⊙ p (backward)
-  dpreact,         // bf16 [T, F1]: dh (backward), h (op-by-op no-grad forward)
-  dprobs_scratch,  // fp32 [T]: dprobs when the caller does not want them
-};
-
-class WorkspacePool {
+// Offsets of a call's scratch buffers inside one block; every part is 256-byte aligned.
+class WorkspaceLayout {
  public:
-  WorkspacePool();
-  WorkspacePool(const WorkspacePool&) = delete;
-  WorkspacePool& operator=(const WorkspacePool&) = delete;
-
-  // At least `bytes` of device memory for this thread's use on `stream`. The context of
-  // `device` must be current.
-  void* get(DeviceContext& device, CUstream stream, Workspace which, std::size_t bytes);
+  static constexpr std::size_t kAlignment = 256;
+  std::size_t add(std::size_t bytes) {
+    const std::size_t offset = total_;
+    total_ += (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    return offset;
+  }
+  std::size_t total() const { return total_; }
 
  private:
-  DeviceBuffer& new_buffer();
+  std::size_t total_ = 0;
+};
 
-  const std::uint64_t serial_;        // tags thread-local entries; never reused
-  std::mutex mutex_;                  // guards buffers_ (creation only)
-  std::deque<DeviceBuffer> buffers_;  // stable addresses; freed with the pool
+class WorkspacePools {
+ public:
+  static constexpr int kMaxDevices = 64;
+  WorkspacePools() = default;
+  ~WorkspacePools();
+  WorkspacePools(const WorkspacePools&) = delete;
+  WorkspacePools& operator=(const WorkspacePools&) = delete;
+
+  // The pool of `device`, created on first use.
+  CUmemoryPool pool(const DeviceContext& device);
+  // Device memory the pools hold now (reserved, whether in use or cached for reuse).
+  std::uint64_t reserved_bytes() const;
+
+ private:
+  std::mutex mutex_;  // pool creation only
+  std::array<std::atomic<CUmemoryPool>, kMaxDevices> pools_{};
+};
+
+// One call's workspace: the caller's tensor when given, else a block from the device's pool,
+// freed on `stream` when the lease ends (after the call's launches are queued).
+class WorkspaceLease {
+ public:
+  WorkspaceLease(WorkspacePools& pools, const DeviceContext& device, CUstream stream,
+                 std::size_t bytes, const TensorRef& caller_workspace);
+  ~WorkspaceLease();
+  WorkspaceLease(const WorkspaceLease&) = delete;
+  WorkspaceLease& operator=(const WorkspaceLease&) = delete;
+
+  void* at(std::size_t offset) const { return static_cast<std::byte*>(base_) + offset; }
+
+ private:
+  void* base_ = nullptr;
+  CUstream stream_ = nullptr;
+  bool owned_ = false;
 };
 
 }  // namespace gmjit::engine

@@ -1,6 +1,7 @@
 #pragma once
 // gmjit C++ API: an Engine turns a layer description into a compiled, cached plan and runs it on
 // the device that holds the tensors.
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -14,7 +15,9 @@ namespace gmjit {
 
 enum class GradMode : std::uint8_t { no_grad, grad };
 
-// A CUstream; nullptr means the default stream of the tensors' device.
+// A CUstream; nullptr means the default stream of the tensors' device. Warm calls do nothing a
+// CUDA graph capture forbids (no synchronisation, no blocking allocation, no host reads of
+// device data), so they may be captured on any stream.
 using StreamHandle = void*;
 
 struct ForwardArgs {
@@ -27,6 +30,9 @@ struct ForwardArgs {
   TensorRef probs;         // [T] fp32, when spec.router_probs
   TensorRef y;             // [T, H] bf16 output
   TensorRef saved_preact;  // [T, F1] bf16, written in grad mode (what backward needs)
+  // Optional scratch of at least Engine::forward_workspace_bytes (any dtype, 256-byte aligned);
+  // absent: the engine takes it from its stream-ordered pool.
+  TensorRef workspace;
 };
 
 // What a forward leaves for its backward: a plain value the caller keeps with its tensors.
@@ -52,6 +58,8 @@ struct BackwardArgs {
   TensorRef db2;            // [E, H] fp32 (layer with fc2_bias)
   TensorRef dprobs;         // [T] fp32 (layer with router_probs)
   bool accumulate = false;  // add into dw1/db1/dw2/db2 (fp32 main-grad buffers)
+  // Optional scratch of at least Engine::backward_workspace_bytes; absent: from the pool.
+  TensorRef workspace;
 };
 
 struct EngineOptions {
@@ -73,6 +81,9 @@ struct EngineCounters {
   std::uint64_t disk_reads = 0;   // kernels served from the disk cache
   std::uint64_t disk_writes = 0;  // kernels published to the disk cache
   std::uint64_t memory_hits = 0;  // plan lookups served from memory
+  // Device memory the engine's workspace pools hold now (all devices); bounded by the peak
+  // that calls in flight need, not by the number of streams or threads.
+  std::uint64_t workspace_bytes = 0;
 };
 
 // A plan compiled for an arch but not loaded on any device: what `gmjit compile` and the
@@ -106,6 +117,11 @@ class Engine {
   // `context` must come from a grad-enabled forward of the same layer and token count.
   void backward(const ForwardContext& context, const Recipe& recipe, const BackwardArgs& args,
                 StreamHandle stream = nullptr);
+
+  // Scratch bytes a call with `tokens` tokens needs when the caller provides the workspace.
+  std::size_t forward_workspace_bytes(const LayerSpec& spec, GradMode grad,
+                                      std::int64_t tokens) const;
+  std::size_t backward_workspace_bytes(const LayerSpec& spec, std::int64_t tokens) const;
 
   // Generates and compiles (or loads from the caches) every kernel of the plan for `arch`,
   // without a GPU. Used to warm a cache ahead of time.

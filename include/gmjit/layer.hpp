@@ -123,7 +123,9 @@ struct TensorRef {
   std::array<std::int64_t, 4> shape{};
   Device device{};
 
-  bool present() const noexcept { return data != nullptr; }
+  // Given by the caller: a data pointer, or a shape with a zero extent (a tensor without
+  // elements may have a null pointer, as PyTorch hands empty tensors over DLPack).
+  bool present() const noexcept { return data != nullptr || (ndim > 0 && numel() == 0); }
   std::int64_t numel() const noexcept;
 };
 
