@@ -5,6 +5,7 @@
 
 #include "codegen/grouped_mlp.hpp"
 #include "codegen/nvrtc_compiler.hpp"
+#include "engine/capture_mode.hpp"
 #include "engine/device_context.hpp"
 #include "engine/driver.hpp"
 #include "engine/engine_impl.hpp"
@@ -134,24 +135,6 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engin
 
 namespace {
 
-// Switches the calling thread to relaxed stream-capture mode for a scope. A cold call may come
-// while a CUDA graph is being captured, on its own stream or (global capture mode) on another
-// thread's: building a plan touches no stream, but loading a module counts as a potentially
-// unsafe call there, which would invalidate the capture.
-class RelaxedCaptureMode {
- public:
-  RelaxedCaptureMode() {
-    engine::check_driver(engine::driver().cuThreadExchangeStreamCaptureMode(&previous_),
-                         "cuThreadExchangeStreamCaptureMode");
-  }
-  ~RelaxedCaptureMode() { engine::driver().cuThreadExchangeStreamCaptureMode(&previous_); }
-  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
-  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
-
- private:
-  CUstreamCaptureMode previous_ = CU_STREAM_CAPTURE_MODE_RELAXED;
-};
-
 bool is_capturing(StreamHandle stream) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   return engine::driver().cuStreamIsCapturing(static_cast<CUstream>(stream), &status) ==
@@ -168,7 +151,7 @@ engine::DevicePlan& Engine::Impl::device_plan(const engine::PlanKey& key, const 
       key,
       [&] {
         engine::NvtxRange range("gmjit load plan");
-        const RelaxedCaptureMode relaxed;
+        const engine::RelaxedCaptureMode relaxed;
         try {
           engine::DeviceContext& device = engine::DeviceRegistry::instance().get(key.device);
           auto loaded = std::make_shared<engine::DevicePlan>();

@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include "engine/capture_mode.hpp"
 #include "engine/device_context.hpp"
 #include "engine/driver.hpp"
 #include "engine/log.hpp"
@@ -30,6 +31,7 @@ CUmemoryPool WorkspacePools::pool(const DeviceContext& device) {
   if (CUmemoryPool pool = slot.load(std::memory_order_acquire)) return pool;
   std::lock_guard lock(mutex_);
   if (CUmemoryPool pool = slot.load(std::memory_order_acquire)) return pool;
+  const RelaxedCaptureMode relaxed;
   CUmemPoolProps props{};
   props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
   props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;

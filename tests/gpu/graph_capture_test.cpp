@@ -1,0 +1,177 @@
+// CUDA graph capture: a warm call does nothing capture forbids, so a forward and a
+// forward+backward captured on any stream replay to the same bits as eager calls; a first call
+// made during capture builds and loads without touching the stream and is captured correctly.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "engine/driver.hpp"
+#include "tests/gpu/training_layer.hpp"
+
+namespace gmjit::testing {
+namespace {
+
+const engine::DriverApi& api() {
+  return engine::driver();
+}
+
+void check(CUresult rc, const char* call) {
+  engine::check_driver(rc, call);
+}
+
+// An owned non-blocking stream (what torch.cuda.graph captures on) of device 0.
+struct Stream {
+  CUstream handle = nullptr;
+  Stream() { check(api().cuStreamCreate(&handle, CU_STREAM_NON_BLOCKING), "cuStreamCreate"); }
+  ~Stream() { api().cuStreamDestroy(handle); }
+  void synchronize() const { check(api().cuStreamSynchronize(handle), "cuStreamSynchronize"); }
+};
+
+// Captures `work` on `stream` in global mode (the strictest, and torch's default) and
+// instantiates it.
+struct CapturedGraph {
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  CapturedGraph(CUstream stream, const std::function<void()>& work) {
+    check(api().cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL),
+          "cuStreamBeginCapture");
+    work();
+    check(api().cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+    check(api().cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiate");
+  }
+  ~CapturedGraph() {
+    if (exec) api().cuGraphExecDestroy(exec);
+    if (graph) api().cuGraphDestroy(graph);
+  }
+  void replay(CUstream stream, int times) const {
+    for (int i = 0; i < times; ++i) check(api().cuGraphLaunch(exec, stream), "cuGraphLaunch");
+  }
+};
+
+HostLayer capture_layer(bool probs) {
+  LayerSpec layer;
+  layer.experts = 4;
+  layer.hidden = 256;
+  layer.ffn = 256;
+  layer.fc1_bias = layer.fc2_bias = true;
+  // FC2 dgrad adds dprobs atomically (order-dependent), so bitwise tests leave probs out.
+  layer.router_probs = probs;
+  return make_host_layer(layer, {100, 0, 157, 243}, 520, 21);
+}
+
+void run_forward(Engine& engine, TrainingLayer& t, CUstream stream) {
+  engine.forward(t.host.layer, Recipe::bf16(), t.device.args, GradMode::grad, stream);
+}
+
+void run_training_step(Engine& engine, TrainingLayer& t, CUstream stream) {
+  const ForwardContext context =
+      engine.forward(t.host.layer, Recipe::bf16(), t.device.args, GradMode::grad, stream);
+  engine.backward(context, Recipe::bf16(), t.grads, stream);
+}
+
+TEST(GraphCapture, ForwardReplayedHundredTimesIsBitwiseEqualToEager) {
+  GMJIT_REQUIRE_GPU();
+  engine::ScopedContext scope(engine::DeviceRegistry::instance().get(0).context());
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  TrainingLayer t(capture_layer(false));
+  Stream eager;
+  run_forward(engine, t, eager.handle);
+  eager.synchronize();
+  const auto expected = t.outputs();
+  t.poison_outputs();
+
+  Stream capture;  // never seen by the engine before
+  CapturedGraph graph(capture.handle, [&] { run_forward(engine, t, capture.handle); });
+  graph.replay(capture.handle, 100);
+  capture.synchronize();
+  const auto replayed = t.outputs();
+  EXPECT_EQ(replayed[0], expected[0]) << "y";
+  EXPECT_EQ(replayed[1], expected[1]) << "saved_preact";
+}
+
+TEST(GraphCapture, ForwardBackwardReplayedHundredTimesIsBitwiseEqualToEager) {
+  GMJIT_REQUIRE_GPU();
+  engine::ScopedContext scope(engine::DeviceRegistry::instance().get(0).context());
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  TrainingLayer t(capture_layer(false));
+  Stream eager;
+  run_training_step(engine, t, eager.handle);
+  eager.synchronize();
+  const auto expected = t.outputs();
+  t.poison_outputs();
+
+  Stream capture;
+  CapturedGraph graph(capture.handle, [&] { run_training_step(engine, t, capture.handle); });
+  graph.replay(capture.handle, 100);
+  capture.synchronize();
+  const auto replayed = t.outputs();
+  const char* names[] = {"y", "saved_preact", "dx", "dw1", "dw2", "db1", "db2"};
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(replayed[i], expected[i]) << names[i];
+}
+
+TEST(GraphCapture, RoutedForwardBackwardReplaysWithinFloatTolerance) {
+  GMJIT_REQUIRE_GPU();
+  engine::ScopedContext scope(engine::DeviceRegistry::instance().get(0).context());
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  TrainingLayer t(capture_layer(true));
+  Stream eager;
+  run_training_step(engine, t, eager.handle);
+  eager.synchronize();
+  const auto expected = t.outputs();
+  t.poison_outputs();
+  Stream capture;
+  CapturedGraph graph(capture.handle, [&] { run_training_step(engine, t, capture.handle); });
+  graph.replay(capture.handle, 10);
+  capture.synchronize();
+  const auto replayed = t.outputs();
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(replayed[i], expected[i]) << "output " << i;
+  // dprobs: atomic partial sums, so only close.
+  const auto* got = reinterpret_cast<const float*>(replayed[7].data());
+  const auto* want = reinterpret_cast<const float*>(expected[7].data());
+  for (std::int64_t i = 0; i < t.host.tokens; ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-4 + 1e-4 * std::abs(want[i])) << "dprobs[" << i << "]";
+  }
+}
+
+TEST(GraphCapture, FirstCallDuringCaptureBuildsWithoutBreakingTheCapture) {
+  GMJIT_REQUIRE_GPU();
+  engine::ScopedContext scope(engine::DeviceRegistry::instance().get(0).context());
+  TrainingLayer t(capture_layer(false));
+  {
+    Engine reference(EngineOptions{.use_disk_cache = false});
+    Stream eager;
+    run_training_step(reference, t, eager.handle);
+    eager.synchronize();
+  }
+  const auto expected = t.outputs();
+  t.poison_outputs();
+
+  Engine cold(EngineOptions{.use_disk_cache = false});  // nothing built or loaded yet
+  Stream capture;
+  CapturedGraph graph(capture.handle, [&] { run_training_step(cold, t, capture.handle); });
+  EXPECT_EQ(cold.counters().plans_built, 2u);
+  graph.replay(capture.handle, 3);
+  capture.synchronize();
+  const auto replayed = t.outputs();
+  const char* names[] = {"y", "saved_preact", "dx", "dw1", "dw2", "db1", "db2"};
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(replayed[i], expected[i]) << names[i];
+}
+
+TEST(GraphCapture, ZeroTokenCallsCaptureToo) {
+  GMJIT_REQUIRE_GPU();
+  engine::ScopedContext scope(engine::DeviceRegistry::instance().get(0).context());
+  LayerSpec layer = capture_layer(false).layer;
+  TrainingLayer t(make_host_layer(layer, {0, 0, 0, 0}, 0, 3));
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  Stream capture;
+  CapturedGraph graph(capture.handle, [&] { run_training_step(engine, t, capture.handle); });
+  graph.replay(capture.handle, 2);
+  capture.synchronize();
+  const auto out = t.outputs();
+  for (int i : {3, 4, 5, 6}) {  // weight and bias gradients: zero-filled, not poisoned
+    for (std::byte b : out[i]) ASSERT_EQ(b, std::byte{0}) << "output " << i;
+  }
+}
+
+}  // namespace
+}  // namespace gmjit::testing
