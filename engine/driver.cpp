@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <mutex>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -36,20 +37,26 @@ LoadResult load_driver() {
   }
   DriverApi& api = result.api;
   const int requested_version = 12080;
-#define GMJIT_DRIVER_FUNCTION(name)                                                      \
-  {                                                                                      \
-    void* fn = nullptr;                                                                  \
-    CUdriverProcAddressQueryResult status{};                                             \
-    if (get_proc(#name, &fn, requested_version, CU_GET_PROC_ADDRESS_DEFAULT, &status) != \
-            CUDA_SUCCESS ||                                                              \
-        fn == nullptr) {                                                                 \
-      result.error = fmt::format("the CUDA driver lacks {} (driver too old?)", #name);   \
-      return result;                                                                     \
-    }                                                                                    \
-    api.name = reinterpret_cast<decltype(api.name)>(fn);                                 \
-  }
+  const char* missing = nullptr;  // the first entry point the driver lacks
+  auto resolve = [&](const char* name, auto& slot) {
+    if (missing != nullptr) return;
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult status{};
+    if (get_proc(name, &fn, requested_version, CU_GET_PROC_ADDRESS_DEFAULT, &status) !=
+            CUDA_SUCCESS ||
+        fn == nullptr) {
+      missing = name;
+      return;
+    }
+    slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(fn);
+  };
+#define GMJIT_DRIVER_FUNCTION(name) resolve(#name, api.name);
 #include "engine/driver_functions.inc"
 #undef GMJIT_DRIVER_FUNCTION
+  if (missing != nullptr) {
+    result.error = fmt::format("the CUDA driver lacks {} (driver too old?)", missing);
+    return result;
+  }
 
   if (CUresult rc = api.cuInit(0); rc != CUDA_SUCCESS) {
     const char* text = nullptr;
