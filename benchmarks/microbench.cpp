@@ -1,5 +1,6 @@
 // gmjit_microbench: the warm path's CPU pieces, each benchmark named for what it times.
-// DESIGN §8 targets: plan lookup ≤ 100 ns; the whole engine overhead ≤ 1 µs above the driver.
+// docs/DESIGN.md §9 targets: plan lookup ≤ 100 ns; the whole engine overhead ≤ 1 µs above the
+// driver.
 #include <benchmark/benchmark.h>
 
 #include "engine/plan.hpp"

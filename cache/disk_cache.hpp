@@ -1,5 +1,5 @@
 #pragma once
-// Persistent on-disk cache of compiled kernels (DESIGN §5). One file per entry; publish is
+// Persistent on-disk cache of compiled kernels (docs/DESIGN.md §5). One file per entry; publish is
 // write-to-temp + fsync + rename; readers take no lock; any failed check is a miss that removes
 // the entry. The cache stores opaque payload bytes under a Key128 plus human-readable labels.
 //

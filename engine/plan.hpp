@@ -15,8 +15,8 @@ namespace gmjit::engine {
 
 class DeviceContext;
 
-// The memory plan key (DESIGN §3). Plain bytes, zero-initialised, so equality and hashing are
-// memcmp and a word-wise mix: cheap enough for every warm call.
+// The memory plan key (docs/DESIGN.md §4). Plain bytes, zero-initialised, so equality and hashing
+// are memcmp and a word-wise mix: cheap enough for every warm call.
 struct PlanKey {
   std::int64_t experts = 0, hidden = 0, ffn = 0;
   std::uint64_t options_key = 0;
