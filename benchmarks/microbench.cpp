@@ -7,7 +7,7 @@
 #include "engine/plan_cache.hpp"
 #include "engine/validate.hpp"
 #include "kernel_templates/params.cuh"
-#include "tests/engine/test_layers.hpp"
+#include "testing/layers.hpp"
 
 namespace gmjit::engine {
 namespace {

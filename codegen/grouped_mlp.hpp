@@ -76,6 +76,4 @@ struct ActivationDesc {
 };
 KernelSource emit_activation(const ActivationDesc& desc);
 
-KernelSource emit_fill_random();
-
 }  // namespace gmjit::codegen

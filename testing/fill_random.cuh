@@ -1,9 +1,27 @@
 #pragma once
-// Device-side random fill used by the benchmark harness and GPU tests (a counter-based hash, so
-// the values depend only on seed and index, never on the launch shape).
-#include "gmjit/params.cuh"
+// Device-side random fill for the benchmark harness and GPU tests: a counter-based hash, so the
+// values depend only on seed and index, never on the launch shape. Not part of the library:
+// testing/device_random.cpp embeds this file as the whole translation unit it hands to NVRTC.
+// The parameter block is plain C++, so host code includes this header as well.
 
-namespace gmjit::kt {
+namespace gmjit::testing {
+
+enum FillDType : int { kFillBf16 = 0, kFillF32 = 1 };
+
+struct FillRandomParams {
+  void* data;
+  long long count;
+  unsigned long long seed;
+  float lo;
+  float hi;
+  int dtype;  // FillDType
+};
+
+}  // namespace gmjit::testing
+
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+
+namespace gmjit::testing {
 
 __device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
   z += 0x9E3779B97F4A7C15ull;
@@ -25,7 +43,7 @@ __device__ __forceinline__ void fill_random(const FillRandomParams& p) {
     const unsigned long long r = splitmix64(p.seed ^ (static_cast<unsigned long long>(i) << 1));
     const float unit = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1)
     const float value = p.lo + (p.hi - p.lo) * unit;
-    if (p.dtype == 0) {
+    if (p.dtype == kFillBf16) {
       static_cast<unsigned short*>(p.data)[i] = float_to_bf16_bits(value);
     } else {
       static_cast<float*>(p.data)[i] = value;
@@ -33,4 +51,11 @@ __device__ __forceinline__ void fill_random(const FillRandomParams& p) {
   }
 }
 
-}  // namespace gmjit::kt
+}  // namespace gmjit::testing
+
+extern "C" __global__ void __launch_bounds__(256)
+    gmjit_fill_random(const __grid_constant__ gmjit::testing::FillRandomParams p) {
+  gmjit::testing::fill_random(p);
+}
+
+#endif
