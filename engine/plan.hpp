@@ -1,6 +1,7 @@
 #pragma once
-// Plans: the fused, compiled kernels of one (layer, options_key, grad mode) for an arch
-// (PreparedPlan), and the same loaded for one device (DevicePlan).
+// Plans: the compiled kernels of one forward (layer, options_key, grad mode) or backward (the
+// same plus the gradient set) for an arch (PreparedPlan), and the same loaded for one device
+// (DevicePlan).
 #include <cstdint>
 #include <cstring>
 #include <memory>
