@@ -15,9 +15,8 @@
 #include "testing/fill_random_source.hpp"  // generated: the text of fill_random.cuh
 
 namespace gmjit::testing {
-namespace {
 
-codegen::KernelSource fill_source() {
+codegen::KernelSource fill_random_kernel_source() {
   codegen::KernelSource source;
   source.role = codegen::KernelRole::activation;  // a label only; grid-stride like that kernel
   source.entry = "gmjit_fill_random";
@@ -28,6 +27,8 @@ codegen::KernelSource fill_source() {
   return source;
 }
 
+namespace {
+
 // The fill kernel loaded on `device`, compiled once per arch. Never unloaded: the driver may be
 // gone by the time static objects are destroyed.
 const engine::LoadedKernel& fill_kernel(engine::DeviceContext& device) {
@@ -37,7 +38,7 @@ const engine::LoadedKernel& fill_kernel(engine::DeviceContext& device) {
   const std::lock_guard lock(mutex);
   std::unique_ptr<engine::LoadedKernel>& kernel = (*loaded)[device.ordinal()];
   if (!kernel) {
-    static const codegen::KernelSource source = fill_source();
+    static const codegen::KernelSource source = fill_random_kernel_source();
     const std::string& arch = device.info().arch;
     auto cubin = cubins->find(arch);
     if (cubin == cubins->end()) {

@@ -5,9 +5,13 @@
 // cache. Synchronises `stream` before returning: a setup utility, not a warm path.
 #include <cstdint>
 
+#include "codegen/kernel_source.hpp"
 #include "gmjit/gmjit.hpp"
 
 namespace gmjit::testing {
+
+// The fill kernel's translation unit (testing/fill_random.cuh) and launch shape.
+codegen::KernelSource fill_random_kernel_source();
 
 void fill_random(const TensorRef& tensor, std::uint64_t seed, float lo, float hi,
                  StreamHandle stream = nullptr);

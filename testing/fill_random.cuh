@@ -1,8 +1,10 @@
-#pragma once
 // Device-side random fill for the benchmark harness and GPU tests: a counter-based hash, so the
 // values depend only on seed and index, never on the launch shape. Not part of the library:
 // testing/device_random.cpp embeds this file as the whole translation unit it hands to NVRTC.
-// The parameter block is plain C++, so host code includes this header as well.
+// The parameter block is plain C++, so host code includes this header as well. An include guard
+// rather than #pragma once, since the file is also a main translation unit.
+#ifndef GMJIT_TESTING_FILL_RANDOM_CUH_
+#define GMJIT_TESTING_FILL_RANDOM_CUH_
 
 namespace gmjit::testing {
 
@@ -59,3 +61,5 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 #endif
+
+#endif  // GMJIT_TESTING_FILL_RANDOM_CUH_
