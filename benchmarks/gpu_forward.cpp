@@ -55,7 +55,7 @@ GpuTimings time_on_gpu(Engine& eng, const Preset& preset, int warmup, int repeat
   const LayerSpec& l = preset.layer;
   const std::int64_t T = l.experts * preset.tokens_per_expert;
   engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
-  LayerTensors t(eng, device, l, T, true);
+  LayerTensors t(device, l, T, true);
   const Recipe recipe = Recipe::bf16();
   engine::ScopedContext context(device.context());
   GpuTimings timings;
@@ -78,7 +78,7 @@ CpuCallCost measure_call_cost(Engine& eng) {
   tiny.layer.experts = 2;
   const std::int64_t T = 64;
   engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
-  LayerTensors t(eng, device, tiny.layer, T, false);
+  LayerTensors t(device, tiny.layer, T, false);
   const Recipe recipe = Recipe::bf16();
 
   codegen::KernelSource empty;
@@ -87,7 +87,7 @@ CpuCallCost measure_call_cost(Engine& eng) {
   empty.launch.grid = codegen::LaunchShape::Grid::fixed;
   empty.launch.threads = 32;
   const auto cubin = codegen::compile_to_cubin(empty, device.info().arch, "empty");
-  engine::LoadedKernel empty_kernel(cubin.cubin, empty.entry, codegen::KernelRole::fill_random,
+  engine::LoadedKernel empty_kernel(cubin.cubin, empty.entry, codegen::KernelRole::activation,
                                     empty.launch);
   empty_kernel.prepare_for(device);
 

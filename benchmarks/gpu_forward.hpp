@@ -2,8 +2,8 @@
 // GPU measurements of a preset on GPU 0: forward and forward+backward time with CUDA events
 // (median of repeats, random data, warm-up first), and the CPU cost of a warm call beside raw
 // cuLaunchKernel of the same number of empty kernels.
-#include "benchmarks/presets.hpp"
 #include "gmjit/gmjit.hpp"
+#include "presets/presets.hpp"
 
 namespace gmjit::bench {
 

@@ -197,7 +197,7 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
               "disk-hit", disk_s * 1e3, compile_s / disk_s,
               child.at("cuinit_seconds").get<double>() * 1e3);
   std::printf("  %-12s %11.3f us %11.0fx\n", "memory-hit", memory_s * 1e6, compile_s / memory_s);
-  // Measured on an H200 with torch 2.11 for this MLP (DESIGN §8); not re-measured here.
+  // Measured on an H200 with torch 2.11 for this MLP (docs/DESIGN.md §9); not re-measured here.
   std::printf("  (torch.compile for comparison: about 9 s cold and 7 s in a restarted process)\n");
 
   if (have_gpu) {

@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "benchmarks/presets.hpp"
 #include "gmjit/gmjit.hpp"
+#include "presets/presets.hpp"
 
 namespace gmjit::bench {
 

@@ -4,12 +4,12 @@
 #include <cmath>
 #include <span>
 
-#include "engine/device_random.hpp"
+#include "testing/device_random.hpp"
 
 namespace gmjit::bench {
 
-LayerTensors::LayerTensors(Engine& eng, engine::DeviceContext& device, const LayerSpec& l,
-                           std::int64_t T, bool with_backward) {
+LayerTensors::LayerTensors(engine::DeviceContext& device, const LayerSpec& l, std::int64_t T,
+                           bool with_backward) {
   const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
   const Device dev{Device::Kind::cuda, device.ordinal()};
   auto tensor = [&](DType dtype, std::initializer_list<std::int64_t> shape) {
@@ -29,16 +29,16 @@ LayerTensors::LayerTensors(Engine& eng, engine::DeviceContext& device, const Lay
   buffers[4].upload(std::as_bytes(std::span(sizes)));
   const float w1_bound = std::sqrt(3.0f / static_cast<float>(H));
   const float w2_bound = std::sqrt(3.0f / static_cast<float>(F));
-  engine::fill_random(eng, forward.x, 1, -1.0f, 1.0f);
-  engine::fill_random(eng, forward.w1, 2, -w1_bound, w1_bound);
-  engine::fill_random(eng, forward.w2, 3, -w2_bound, w2_bound);
-  if (l.router_probs) engine::fill_random(eng, forward.probs, 4, 0.05f, 1.0f);
+  testing::fill_random(forward.x, 1, -1.0f, 1.0f);
+  testing::fill_random(forward.w1, 2, -w1_bound, w1_bound);
+  testing::fill_random(forward.w2, 3, -w2_bound, w2_bound);
+  if (l.router_probs) testing::fill_random(forward.probs, 4, 0.05f, 1.0f);
   no_grad = forward;
   if (!with_backward) return;
   forward.saved_preact = tensor(DType::bf16, {T, F1});
   BackwardArgs& b = backward;
   b.dy = tensor(DType::bf16, {T, H});
-  engine::fill_random(eng, b.dy, 5, -1.0f, 1.0f);
+  testing::fill_random(b.dy, 5, -1.0f, 1.0f);
   b.x = forward.x;
   b.split_sizes = forward.split_sizes;
   b.w1 = forward.w1;

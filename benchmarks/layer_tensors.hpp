@@ -1,6 +1,6 @@
 #pragma once
 // Device tensors for one call of a layer (forward, and optionally backward), filled on the device
-// with random non-zero data, experts balanced. For the bench harness.
+// with random non-zero data (testing/device_random.hpp), experts balanced. For the bench harness.
 #include <vector>
 
 #include "engine/device_buffer.hpp"
@@ -15,8 +15,8 @@ struct LayerTensors {
   ForwardArgs no_grad;    // the same without saved_preact
   BackwardArgs backward;  // dy and, as torch autograd computes them, dx, dW1, dW2
 
-  LayerTensors(Engine& engine, engine::DeviceContext& device, const LayerSpec& layer,
-               std::int64_t tokens, bool with_backward);
+  LayerTensors(engine::DeviceContext& device, const LayerSpec& layer, std::int64_t tokens,
+               bool with_backward);
 };
 
 }  // namespace gmjit::bench

@@ -1,12 +1,13 @@
 // gmjit_microbench: the warm path's CPU pieces, each benchmark named for what it times.
-// DESIGN §8 targets: plan lookup ≤ 100 ns; the whole engine overhead ≤ 1 µs above the driver.
+// docs/DESIGN.md §9 targets: plan lookup ≤ 100 ns; the whole engine overhead ≤ 1 µs above the
+// driver.
 #include <benchmark/benchmark.h>
 
 #include "engine/plan.hpp"
 #include "engine/plan_cache.hpp"
 #include "engine/validate.hpp"
 #include "kernel_templates/params.cuh"
-#include "tests/engine/test_layers.hpp"
+#include "testing/layers.hpp"
 
 namespace gmjit::engine {
 namespace {

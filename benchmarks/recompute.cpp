@@ -43,8 +43,7 @@ void run_recompute_pattern(const BenchOptions& options, bool have_gpu, nlohmann:
   if (have_gpu) {
     // A small token count: this pattern is about plans and caches, not throughput.
     engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
-    Engine filler;  // the random fill's kernel stays out of the pattern's counters
-    LayerTensors t(filler, device, layer, layer.experts * 16, true);
+    LayerTensors t(device, layer, layer.experts * 16, true);
     for (int step = 0; step < options.steps; ++step) {
       engine.forward(layer, recipe, t.no_grad, GradMode::no_grad);
       const ForwardContext context = engine.forward(layer, recipe, t.forward, GradMode::grad);

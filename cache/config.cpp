@@ -117,20 +117,6 @@ DiskCacheConfig DiskCacheConfig::from_environment(
         "gmjit cache: neither GMJIT_CACHE_DIR, XDG_CACHE_HOME nor HOME is set; "
         "the disk cache is disabled");
   }
-
-  if (const char* fault = non_empty(getenv("GMJIT_CACHE_FAULT_INJECT"))) {
-    const std::string_view text = fault;
-    if (text == "enospc") {
-      config.fault = FaultInjection::kEnospc;
-    } else if (text == "kill-mid-write") {
-      config.fault = FaultInjection::kKillMidWrite;
-    } else if (text == "kill-before-rename") {
-      config.fault = FaultInjection::kKillBeforeRename;
-    } else {
-      warnings.push_back("gmjit cache: unknown GMJIT_CACHE_FAULT_INJECT='" + std::string(text) +
-                         "' ignored");
-    }
-  }
   return config;
 }
 

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <csignal>
 #include <cstdio>
 #include <mutex>
 #include <random>
@@ -230,18 +229,15 @@ int DiskCache::publish(const std::filesystem::path& fanout, const std::string& n
     unlink(temp.c_str());
     return error;
   };
-  std::span<const std::byte> to_write = bytes;
-  if (config_.fault != FaultInjection::kNone &&
-      config_.fault != FaultInjection::kKillBeforeRename) {
-    to_write = bytes.first(bytes.size() / 2);
-  }
+  const PublishHooks* hooks = config_.publish_hooks.get();
+  const std::span<const std::byte> to_write =
+      hooks ? bytes.first(std::min(bytes.size(), hooks->bytes_to_write(bytes.size()))) : bytes;
   if (const int error = fs::write_all(fd.get(), to_write); error != 0) return fail(error);
-  if (config_.fault == FaultInjection::kEnospc) return fail(ENOSPC);
-  if (config_.fault == FaultInjection::kKillMidWrite) raise(SIGKILL);
+  if (const int error = hooks ? hooks->after_write() : 0; error != 0) return fail(error);
   // fsync before rename: after a crash the name never points at a file with missing data.
   if (fsync(fd.get()) != 0) return fail(errno);
   if (close(fd.release()) != 0) return fail(errno);
-  if (config_.fault == FaultInjection::kKillBeforeRename) raise(SIGKILL);
+  if (hooks) hooks->before_rename();
   // Atomic replace: a racer publishing the same key wrote the same bytes, so either wins.
   if (rename(temp.c_str(), (fanout / name).c_str()) != 0) return fail(errno);
   fs::fsync_directory(fanout);

@@ -1,11 +1,12 @@
 #pragma once
-// Persistent on-disk cache of compiled kernels (DESIGN §5). One file per entry; publish is
+// Persistent on-disk cache of compiled kernels (docs/DESIGN.md §5). One file per entry; publish is
 // write-to-temp + fsync + rename; readers take no lock; any failed check is a miss that removes
 // the entry. The cache stores opaque payload bytes under a Key128 plus human-readable labels.
 //
 // A DiskCache may be shared by threads of one process, and any number of processes may use the
 // same directory at once. load() and store() never throw. A moved-from DiskCache may only be
 // destroyed or assigned to.
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -21,12 +22,19 @@
 
 namespace gmjit::cache {
 
-// Test seam (GMJIT_CACHE_FAULT_INJECT): simulates failures that are hard to cause for real.
-enum class FaultInjection {
-  kNone,
-  kEnospc,            // "enospc": the entry write fails half-way with ENOSPC
-  kKillMidWrite,      // "kill-mid-write": SIGKILL this process half-way through the temp file
-  kKillBeforeRename,  // "kill-before-rename": SIGKILL after the temp file is synced, before rename
+// Points inside a publish where a test can make the write fail or the process die, to check
+// what other processes then see (testing/cache_faults.hpp). Release code never sets one: it is
+// reachable only through DiskCacheConfig, which no public header exposes, and no environment
+// variable installs one.
+class PublishHooks {
+ public:
+  virtual ~PublishHooks() = default;
+  // How many of the entry's `total` bytes to write into the temp file.
+  virtual std::size_t bytes_to_write(std::size_t total) const { return total; }
+  // After the temp file is written, before fsync: an errno here fails the publish.
+  virtual int after_write() const { return 0; }
+  // After the temp file is synced and closed, just before the rename.
+  virtual void before_rename() const {}
 };
 
 struct DiskCacheConfig {
@@ -37,7 +45,7 @@ struct DiskCacheConfig {
   // Called with one line per problem worth a warning (bad entry removed, unwritable dir...).
   // When empty, warnings go to stderr.
   std::function<void(std::string_view)> warn;
-  FaultInjection fault = FaultInjection::kNone;  // GMJIT_CACHE_FAULT_INJECT
+  std::shared_ptr<const PublishHooks> publish_hooks;  // tests only; null in release use
   // Problems found by from_environment() (no HOME, bad GMJIT_CACHE_MAXSIZE...). DiskCache's
   // constructor passes them to warn, so that they are reported once the caller has set warn.
   std::vector<std::string> environment_warnings;

@@ -1,11 +1,12 @@
 #pragma once
 // Subcommands of the `gmjit` command, each in its own file.
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
-#include "benchmarks/presets.hpp"
+#include "presets/presets.hpp"
 
 namespace gmjit::cli {
 
@@ -23,6 +24,16 @@ void add_layer_options(CLI::App& command, LayerOptions& options);
 bench::Preset resolve_layer(const LayerOptions& options);
 
 int run_doctor();
+
+// A subcommand added to the app and what to run when it was parsed.
+struct Subcommand {
+  CLI::App* command = nullptr;
+  std::function<int()> run;
+};
+// `gmjit bench` and `gmjit plot` run the benchmark harness; they live in cli/bench.cpp, the only
+// file of the command that includes it.
+Subcommand add_bench_command(CLI::App& app);
+Subcommand add_plot_command(CLI::App& app);
 
 struct CompileOptions {
   std::vector<std::string> presets{std::string(bench::kDefaultPreset)};

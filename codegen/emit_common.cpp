@@ -22,6 +22,16 @@ const char* activation_enumerator(Activation activation) {
   return "kSwiGLU";
 }
 
+const char* glu_layout_enumerator(GluLayout layout) {
+  switch (layout) {
+    case GluLayout::halves:
+      return "kHalves";
+    case GluLayout::interleaved32:
+      return "kInterleaved32";
+  }
+  return "kHalves";
+}
+
 std::string layer_fields(const LayerSpec& layer) {
   return fmt::format(
       "  static constexpr int experts = {}, hidden = {}, ffn = {};\n"
@@ -30,13 +40,19 @@ std::string layer_fields(const LayerSpec& layer) {
 }
 
 std::string activation_fields(const ActivationSpec& act) {
+  // The enumerators are emitted by name; the static_asserts make NVRTC check that the template's
+  // numbering still matches gmjit::Activation / gmjit::GluLayout (and the C API's, which
+  // engine/c_api.cpp ties to those), so the three spellings cannot drift apart.
   // '#' keeps a decimal point ("7.00000000f"), which a float literal needs.
   return fmt::format(
       "  static constexpr gmjit::kt::Act act = gmjit::kt::Act::{};\n"
+      "  static_assert(static_cast<int>(act) == {}, \"kt::Act and gmjit::Activation differ\");\n"
       "  static constexpr gmjit::kt::GluLayout glu_layout = gmjit::kt::GluLayout::{};\n"
+      "  static_assert(static_cast<int>(glu_layout) == {}, \"kt::GluLayout and gmjit::GluLayout "
+      "differ\");\n"
       "  static constexpr float act_limit = {:#.9g}f, act_alpha = {:#.9g}f;\n",
-      activation_enumerator(act.kind),
-      act.layout == GluLayout::interleaved32 ? "kInterleaved32" : "kHalves", act.limit, act.alpha);
+      activation_enumerator(act.kind), static_cast<int>(act.kind),
+      glu_layout_enumerator(act.layout), static_cast<int>(act.layout), act.limit, act.alpha);
 }
 
 std::string tile_fields(const TileConfig& tile, int smem_bytes) {

@@ -11,6 +11,8 @@ namespace gmjit::codegen::detail {
 
 // "kSwiGLU", ... as in kernel_templates/activations.cuh.
 const char* activation_enumerator(Activation activation);
+// "kHalves" or "kInterleaved32", as in kernel_templates/activations.cuh.
+const char* glu_layout_enumerator(GluLayout layout);
 
 // experts, hidden, ffn, split_int64.
 std::string layer_fields(const LayerSpec& layer);
@@ -31,8 +33,8 @@ struct Instantiation {
 std::string translation_unit(const Instantiation& inst);
 
 // Hopper (TMA + wgmma) kernels: 128-row tiles of 128 or 256 B rows, block_k 64, 4 stages —
-// the measured best on the H200 for every DESIGN shape. The widest B tile whose output columns
-// (block_n / b_rows_per_column) divide `out_columns`, or nullopt.
+// the measured best on the H200 for every docs/DESIGN.md §9 shape. The widest B tile whose output
+// columns (block_n / b_rows_per_column) divide `out_columns`, or nullopt.
 std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_rows_per_column);
 int sm90_smem_bytes(const TileConfig& tile);  // the templates static_assert the same formula
 std::string sm90_tile_fields(const TileConfig& tile);

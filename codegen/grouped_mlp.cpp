@@ -150,20 +150,4 @@ KernelSource emit_activation(const ActivationDesc& d) {
   return k;
 }
 
-KernelSource emit_fill_random() {
-  KernelSource fill;
-  fill.role = KernelRole::fill_random;
-  fill.entry = "gmjit_fill_random";
-  fill.source =
-      "#include \"gmjit/fill_random.cuh\"\n\n"
-      "extern \"C\" __global__ void __launch_bounds__(256)\n"
-      "gmjit_fill_random(const __grid_constant__ gmjit::kt::FillRandomParams p) {\n"
-      "  gmjit::kt::fill_random(p);\n"
-      "}\n";
-  fill.launch.grid = LaunchShape::Grid::fixed;
-  fill.launch.threads = 256;
-  fill.launch.grid_x = 1024;
-  return fill;
-}
-
 }  // namespace gmjit::codegen

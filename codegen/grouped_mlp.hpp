@@ -1,6 +1,7 @@
 #pragma once
-// Codegen for the fused grouped-MLP forward: one generated translation unit per kernel, each a
-// handful of constants and an entry that instantiates a template from kernel_templates/.
+// Codegen for the grouped MLP: the fused forward (FC1 + activation, FC2), the backward, and the
+// op-by-op kernels (grouped linear, activation). One generated translation unit per kernel, each
+// a handful of constants and an entry that instantiates a template from kernel_templates/.
 #include <optional>
 #include <string>
 #include <vector>
@@ -75,7 +76,5 @@ struct ActivationDesc {
   bool scale_by_probs = false;
 };
 KernelSource emit_activation(const ActivationDesc& desc);
-
-KernelSource emit_fill_random();
 
 }  // namespace gmjit::codegen

@@ -34,18 +34,19 @@ struct LaunchShape {
   friend bool operator==(const LaunchShape&, const LaunchShape&) = default;
 };
 
+// Stored in cache payloads (engine/kernel_store.cpp): never renumber. 2 was the test-only random
+// fill, now compiled outside the library (testing/); the number stays unused.
 enum class KernelRole : std::uint8_t {
-  fc1_forward,
-  fc2_forward,
-  fill_random,
-  fc2_dgrad,   // dy·W2 + activation backward + dprobs; writes dh and a ⊙ p
-  wgrad_w2,    // dW2 = dyᵀ (a ⊙ p)
-  bgrad_b2,    // db2 = Σ dy · p
-  wgrad_w1,    // dW1 = dhᵀ x
-  bgrad_b1,    // db1 = Σ dh
-  fc1_dgrad,   // dx = dh · W1
-  linear,      // op by op: one grouped linear, out = in · Wᵀ + b (· p)
-  activation,  // op by op: a = act(h) · p
+  fc1_forward = 0,
+  fc2_forward = 1,
+  fc2_dgrad = 3,    // dy·W2 + activation backward + dprobs; writes dh and a ⊙ p
+  wgrad_w2 = 4,     // dW2 = dyᵀ (a ⊙ p)
+  bgrad_b2 = 5,     // db2 = Σ dy · p
+  wgrad_w1 = 6,     // dW1 = dhᵀ x
+  bgrad_b1 = 7,     // db1 = Σ dh
+  fc1_dgrad = 8,    // dx = dh · W1
+  linear = 9,       // op by op: one grouped linear, out = in · Wᵀ + b (· p)
+  activation = 10,  // op by op: a = act(h) · p
 };
 
 struct KernelSource {

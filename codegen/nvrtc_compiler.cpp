@@ -77,8 +77,8 @@ CompiledCubin compile_to_cubin(const KernelSource& kernel, std::string_view arch
                                std::string_view key_hex) {
   if (!is_supported_arch(arch)) {
     throw Error(Status::unsupported,
-                fmt::format("arch '{}' is not supported; expected one of sm_80, sm_86, sm_89, "
-                            "sm_90, sm_90a, sm_100, sm_120",
+                fmt::format("arch '{}' is not supported; expected one of sm_80, sm_86, sm_87, "
+                            "sm_89, sm_90, sm_90a, sm_100, sm_120",
                             arch));
   }
   dump_source_if_asked(kernel, key_hex);

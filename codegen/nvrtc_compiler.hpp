@@ -22,7 +22,8 @@ std::vector<std::string> canonical_nvrtc_options(std::string_view arch);
 // "major.minor" of the linked NVRTC.
 std::string nvrtc_version_string();
 
-// True for the arches we generate code for ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", ...).
+// True for the arches we generate code for: sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, sm_100,
+// sm_120 (docs/DESIGN.md §9).
 bool is_supported_arch(std::string_view arch);
 
 // `key_hex` only labels errors and dumped sources.

@@ -1,6 +1,7 @@
 // The C API: converts DLTensors to TensorRefs and exceptions to status codes.
 #include "gmjit/gmjit.h"
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -17,6 +18,88 @@ struct gmjit_forward_context {
 };
 
 namespace {
+
+// The C enums spell the C++ ones with the same values, so that conversions are casts. Each
+// switch below gives a C++ enumerator's C spelling (-Wswitch makes a new C++ enumerator without
+// one an error; anything else gives -1); the static_asserts check that the values agree.
+constexpr int c_status(gmjit::Status status) {
+  switch (status) {
+    case gmjit::Status::ok:
+      return GMJIT_OK;
+    case gmjit::Status::invalid_argument:
+      return GMJIT_INVALID_ARGUMENT;
+    case gmjit::Status::unsupported:
+      return GMJIT_UNSUPPORTED;
+    case gmjit::Status::no_device:
+      return GMJIT_NO_DEVICE;
+    case gmjit::Status::compile_failed:
+      return GMJIT_COMPILE_FAILED;
+    case gmjit::Status::driver_error:
+      return GMJIT_DRIVER_ERROR;
+    case gmjit::Status::internal:
+      return GMJIT_INTERNAL;
+  }
+  return -1;
+}
+
+constexpr int c_activation(gmjit::Activation activation) {
+  switch (activation) {
+    case gmjit::Activation::swiglu:
+      return GMJIT_SWIGLU;
+    case gmjit::Activation::geglu:
+      return GMJIT_GEGLU;
+    case gmjit::Activation::clamped_swiglu:
+      return GMJIT_CLAMPED_SWIGLU;
+    case gmjit::Activation::srelu:
+      return GMJIT_SRELU;
+    case gmjit::Activation::gelu:
+      return GMJIT_GELU;
+    case gmjit::Activation::relu:
+      return GMJIT_RELU;
+  }
+  return -1;
+}
+
+constexpr int c_glu_layout(gmjit::GluLayout layout) {
+  switch (layout) {
+    case gmjit::GluLayout::halves:
+      return GMJIT_GLU_HALVES;
+    case gmjit::GluLayout::interleaved32:
+      return GMJIT_GLU_INTERLEAVED32;
+  }
+  return -1;
+}
+
+template <typename Cpp>
+constexpr bool same_values(int (*to_c)(Cpp), std::initializer_list<Cpp> all) {
+  for (Cpp value : all) {
+    if (to_c(value) != static_cast<int>(value)) return false;
+  }
+  return true;
+}
+
+static_assert(same_values(c_status, {gmjit::Status::ok, gmjit::Status::invalid_argument,
+                                     gmjit::Status::unsupported, gmjit::Status::no_device,
+                                     gmjit::Status::compile_failed, gmjit::Status::driver_error,
+                                     gmjit::Status::internal}));
+static_assert(same_values(c_activation,
+                          {gmjit::Activation::swiglu, gmjit::Activation::geglu,
+                           gmjit::Activation::clamped_swiglu, gmjit::Activation::srelu,
+                           gmjit::Activation::gelu, gmjit::Activation::relu}));
+static_assert(same_values(c_glu_layout,
+                          {gmjit::GluLayout::halves, gmjit::GluLayout::interleaved32}));
+
+// The C++ value of a C enum field, or an invalid_argument error naming it. A value is valid
+// when the C++ enumerator with that number maps back to it.
+template <typename Cpp, typename C>
+Cpp from_c(C value, int (*to_c)(Cpp), const char* name) {
+  const int number = static_cast<int>(value);
+  if (number < 0 || number > 255 || to_c(static_cast<Cpp>(number)) != number) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       fmt::format("argument '{}': {} is not a valid value", name, number));
+  }
+  return static_cast<Cpp>(number);
+}
 
 thread_local std::string last_error;
 
@@ -75,7 +158,7 @@ gmjit_status guarded(Body&& body) {
     return GMJIT_OK;
   } catch (const gmjit::Error& error) {
     last_error = error.what();
-    return static_cast<gmjit_status>(error.status());
+    return static_cast<gmjit_status>(c_status(error.status()));
   } catch (const std::exception& error) {
     last_error = error.what();
     return GMJIT_INTERNAL;
@@ -93,11 +176,10 @@ ForwardCall convert_forward(gmjit_engine* engine, const gmjit_layer* layer,
     throw gmjit::Error(gmjit::Status::invalid_argument,
                        "arguments 'engine', 'layer' and 'args' must not be null");
   }
-  if (layer->activation < GMJIT_SWIGLU || layer->activation > GMJIT_RELU) {
-    throw gmjit::Error(gmjit::Status::invalid_argument,
-                       fmt::format("argument 'layer.activation': {} is not a gmjit_activation",
-                                   static_cast<int>(layer->activation)));
-  }
+  const auto activation =
+      from_c<gmjit::Activation>(layer->activation, c_activation, "layer.activation");
+  const auto glu_layout =
+      from_c<gmjit::GluLayout>(layer->glu_layout, c_glu_layout, "layer.glu_layout");
   ForwardCall call;
   gmjit::ForwardArgs& forward = call.args;
   forward.x = to_ref(args->x, "x");
@@ -117,10 +199,8 @@ ForwardCall convert_forward(gmjit_engine* engine, const gmjit_layer* layer,
   spec.experts = layer->experts;
   spec.hidden = layer->hidden;
   spec.ffn = layer->ffn;
-  spec.activation.kind = static_cast<gmjit::Activation>(layer->activation);
-  spec.activation.layout = layer->glu_layout == GMJIT_GLU_INTERLEAVED32
-                               ? gmjit::GluLayout::interleaved32
-                               : gmjit::GluLayout::halves;
+  spec.activation.kind = activation;
+  spec.activation.layout = glu_layout;
   spec.activation.limit = layer->clamp_limit;
   spec.activation.alpha = layer->clamp_alpha;
   spec.fc1_bias = forward.b1.present();

@@ -1,5 +1,6 @@
 #pragma once
-// Engine internals, shared by engine.cpp and the engine's own helpers (device_random.cpp).
+// Engine internals, shared by engine.cpp, forward.cpp and backward.cpp. Nothing outside engine/
+// reaches them: tests and benchmarks use the public API and the engine's internal headers.
 #include <atomic>
 #include <memory>
 #include <string>
@@ -56,10 +57,6 @@ struct Engine::Impl {
                   engine::PreparedKeyHash>
       prepared;
   engine::PlanCache<engine::PlanKey, engine::DevicePlan, engine::PlanKeyHash> device_plans;
-};
-
-struct EngineAccess {
-  static Engine::Impl& impl(Engine& engine) { return *engine.impl_; }
 };
 
 }  // namespace gmjit

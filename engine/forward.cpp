@@ -8,6 +8,7 @@
 #include "engine/log.hpp"
 #include "engine/nvtx.hpp"
 #include "engine/tensor_maps.hpp"
+#include "engine/thread_local_cache.hpp"
 #include "engine/validate.hpp"
 #include "kernel_templates/params.cuh"
 
@@ -24,26 +25,25 @@ struct GemmOperands {
   kt::GroupedGemmParams plain;
 };
 
-// Recently encoded TMA descriptors of this thread. A descriptor depends only on the kernel (tile,
-// dims, B layout) and on the operands' addresses and token count, so a repeated call with the
-// same tensors reuses them instead of encoding again (about a microsecond for the pair).
-struct EncodedMaps {
-  std::uint64_t kernel = 0;  // LoadedKernel::serial()
+// Recently encoded TMA descriptors of this thread, per kernel (its serial owns the entry). A
+// descriptor depends only on the kernel (tile, dims, B layout) and on the operands' addresses and
+// token count, so a repeated call with the same tensors reuses them instead of encoding again
+// (about a microsecond for the pair).
+struct EncodedMapsKey {
   const void* a = nullptr;
   const void* b = nullptr;
   long long tokens = -1;
-  kt::Sm90GemmParams params{};
+  friend bool operator==(const EncodedMapsKey&, const EncodedMapsKey&) = default;
 };
+using EncodedMapsCache = engine::ThreadLocalCache<EncodedMapsKey, kt::Sm90GemmParams, 8>;
 
 const kt::Sm90GemmParams& encoded_maps(const engine::LoadedKernel& kernel, const LayerSpec& layer,
                                        const GemmOperands& op) {
-  thread_local std::array<EncodedMaps, 8> recent;
-  const auto slot_index =
-      (kernel.serial() ^ reinterpret_cast<std::uintptr_t>(op.a) / 256) % recent.size();
-  EncodedMaps& slot = recent[slot_index];
-  if (slot.kernel == kernel.serial() && slot.a == op.a && slot.b == op.b &&
-      slot.tokens == op.plain.tokens) {
-    return slot.params;
+  const EncodedMapsKey key{op.a, op.b, op.plain.tokens};
+  const std::size_t hash = kernel.serial() ^ reinterpret_cast<std::uintptr_t>(op.a) / 256 ^
+                           reinterpret_cast<std::uintptr_t>(op.b) / 256 * 31;
+  if (const kt::Sm90GemmParams* cached = EncodedMapsCache::find(kernel.serial(), key, hash)) {
+    return *cached;
   }
   const auto& shape = kernel.launch_shape();
   const engine::Sm90GemmOperands maps{op.a,
@@ -55,12 +55,11 @@ const kt::Sm90GemmParams& encoded_maps(const engine::LoadedKernel& kernel, const
                                       static_cast<int>(shape.block_m),
                                       static_cast<int>(shape.block_n),
                                       op.b_layout};
-  slot.kernel = 0;  // invalid until the encode succeeds
+  kt::Sm90GemmParams params{};
   engine::check_driver(
-      engine::encode_sm90_gemm_maps(engine::driver().cuTensorMapEncodeTiled, maps, slot.params),
+      engine::encode_sm90_gemm_maps(engine::driver().cuTensorMapEncodeTiled, maps, params),
       "cuTensorMapEncodeTiled");
-  slot = EncodedMaps{kernel.serial(), op.a, op.b, op.plain.tokens, slot.params};
-  return slot.params;
+  return EncodedMapsCache::store(kernel.serial(), key, hash, params);
 }
 
 void launch_gemm(const engine::LoadedKernel& kernel, const engine::DeviceContext& device,

@@ -27,8 +27,8 @@ std::vector<std::byte> encode_payload(const CompiledKernel& kernel);
 // Returns false when the bytes are not a payload of this version.
 bool decode_payload(std::span<const std::byte> bytes, CompiledKernel& out);
 
-// Everything that can change the binary (DESIGN §3): format version, generated source, every
-// template header, canonical NVRTC options, target arch, NVRTC version.
+// Everything that can change the binary (docs/DESIGN.md §4): format version, generated source,
+// every template header, canonical NVRTC options, target arch, NVRTC version.
 cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view arch);
 
 struct StoreCounters {

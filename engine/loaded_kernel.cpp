@@ -2,15 +2,10 @@
 
 #include "engine/device_context.hpp"
 #include "engine/driver.hpp"
+#include "engine/thread_local_cache.hpp"
 #include "gmjit/error.hpp"
 
 namespace gmjit::engine {
-namespace {
-std::uint64_t next_serial() {
-  static std::atomic<std::uint64_t> next{1};
-  return next++;
-}
-}  // namespace
 
 LoadedKernel::LoadedKernel(std::span<const std::byte> cubin, std::string entry,
                            codegen::KernelRole role, codegen::LaunchShape launch)

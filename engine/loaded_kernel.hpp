@@ -33,7 +33,8 @@ class LoadedKernel {
 
   const std::string& entry() const { return entry_; }
   codegen::KernelRole role() const { return role_; }
-  // Unique for the process's lifetime (addresses may be reused after a kernel is unloaded).
+  // Never reused in this process (addresses may be, after a kernel is unloaded): names the
+  // kernel's entries in thread-local caches (engine/thread_local_cache.hpp).
   std::uint64_t serial() const { return serial_; }
   const codegen::LaunchShape& launch_shape() const { return launch_; }
 

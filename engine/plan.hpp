@@ -1,6 +1,7 @@
 #pragma once
-// Plans: the fused, compiled kernels of one (layer, options_key, grad mode) for an arch
-// (PreparedPlan), and the same loaded for one device (DevicePlan).
+// Plans: the compiled kernels of one forward (layer, options_key, grad mode) or backward (the
+// same plus the gradient set) for an arch (PreparedPlan), and the same loaded for one device
+// (DevicePlan).
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -15,8 +16,8 @@ namespace gmjit::engine {
 
 class DeviceContext;
 
-// The memory plan key (DESIGN §3). Plain bytes, zero-initialised, so equality and hashing are
-// memcmp and a word-wise mix: cheap enough for every warm call.
+// The memory plan key (docs/DESIGN.md §4). Plain bytes, zero-initialised, so equality and hashing
+// are memcmp and a word-wise mix: cheap enough for every warm call.
 struct PlanKey {
   std::int64_t experts = 0, hidden = 0, ffn = 0;
   std::uint64_t options_key = 0;

@@ -1,7 +1,7 @@
 #pragma once
 // Scratch memory for the kernels of one call (FC1's output, dh, dprobs scratch). A call takes
 // one block with stream-ordered allocation from a memory pool the engine owns per device, and
-// gives it back on the same stream once its kernels are queued (docs/DESIGN.md, runtime rules).
+// gives it back on the same stream once its kernels are queued (docs/DESIGN.md §6, §7).
 // Why this shape:
 //  - no host synchronisation and no blocking allocation, so a warm call can be captured in a
 //    CUDA graph (capture records the pair as graph memory nodes);

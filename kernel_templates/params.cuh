@@ -21,21 +21,6 @@ struct GroupedGemmParams {
 
 namespace gmjit::kt {
 
-// fill_random: deterministic uniform values in [lo, hi) from (seed, index), for benchmarks and
-// tests that need non-zero data on the device without a host round trip.
-struct FillRandomParams {
-  void* data;
-  long long count;
-  unsigned long long seed;
-  float lo;
-  float hi;
-  int dtype;  // 0 = bf16, 1 = fp32
-};
-
-}  // namespace gmjit::kt
-
-namespace gmjit::kt {
-
 // Hopper (sm_90a) grouped GEMM, used by Fc1Sm90 / Fc2Sm90 (sm90_mlp_fwd.cuh). Same operands as
 // GroupedGemmParams, plus two TMA descriptors (CUtensorMap, 128 opaque bytes each) encoded on the
 // host by engine/tensor_maps.cpp (encode_sm90_gemm_maps):

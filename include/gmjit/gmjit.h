@@ -9,7 +9,8 @@
 extern "C" {
 #endif
 
-/* Same values as gmjit::Status. */
+/* The enums below have the same values as gmjit::Status, gmjit::Activation and
+ * gmjit::GluLayout (checked at build time in engine/c_api.cpp). */
 typedef enum gmjit_status {
   GMJIT_OK = 0,
   GMJIT_INVALID_ARGUMENT = 1,

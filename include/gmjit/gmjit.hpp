@@ -140,7 +140,6 @@ class Engine {
   struct Impl;  // defined in engine/engine_impl.hpp
 
  private:
-  friend struct EngineAccess;  // engine-internal helpers (device random fill for tests/bench)
   std::unique_ptr<Impl> impl_;
 };
 

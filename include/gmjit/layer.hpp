@@ -1,5 +1,5 @@
 #pragma once
-// Describing a grouped-MLP layer and the tensors of a call (DESIGN §1).
+// Describing a grouped-MLP layer and the tensors of a call (docs/DESIGN.md §1).
 #include <array>
 #include <cstdint>
 #include <string>

@@ -9,6 +9,7 @@
 #include "cache/entry_format.hpp"
 #include "cache/layout.hpp"
 #include "test_support.hpp"
+#include "testing/cache_faults.hpp"
 
 namespace gmjit::cache {
 namespace {
@@ -121,7 +122,7 @@ TEST(ConcurrentThreads, OneCacheObjectSharedByThreads) {
 }
 
 // A child publishes with a fault that SIGKILLs it part-way; nothing bad may become visible.
-void ExpectKilledWriterLeavesNoVisibleEntry(FaultInjection fault) {
+void ExpectKilledWriterLeavesNoVisibleEntry(gmjit::testing::CacheFault fault) {
   TempDir tmp;
   const Key128 key = key_for(42);
   const std::vector<std::byte> payload = payload_for(key, 100000);
@@ -129,7 +130,7 @@ void ExpectKilledWriterLeavesNoVisibleEntry(FaultInjection fault) {
   if (pid == 0) {
     DiskCacheConfig config;
     config.root = tmp.path();
-    config.fault = fault;
+    config.publish_hooks = gmjit::testing::publish_fault(fault);
     DiskCache cache(config);
     cache.store(key, labels_for(42), payload);
     _exit(0);  // not reached: the fault kills us
@@ -158,11 +159,11 @@ void ExpectKilledWriterLeavesNoVisibleEntry(FaultInjection fault) {
 }
 
 TEST(CrashedWriter, KilledMidWriteLeavesNoVisibleEntry) {
-  ExpectKilledWriterLeavesNoVisibleEntry(FaultInjection::kKillMidWrite);
+  ExpectKilledWriterLeavesNoVisibleEntry(gmjit::testing::CacheFault::kKillMidWrite);
 }
 
 TEST(CrashedWriter, KilledBetweenWriteAndRenameLeavesNoVisibleEntry) {
-  ExpectKilledWriterLeavesNoVisibleEntry(FaultInjection::kKillBeforeRename);
+  ExpectKilledWriterLeavesNoVisibleEntry(gmjit::testing::CacheFault::kKillBeforeRename);
 }
 
 }  // namespace

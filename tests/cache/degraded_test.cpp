@@ -4,6 +4,7 @@
 #include <map>
 
 #include "test_support.hpp"
+#include "testing/cache_faults.hpp"
 
 namespace gmjit::cache {
 namespace {
@@ -112,7 +113,7 @@ TEST(FullDisk, InjectedEnospcMeansMemoryOnlyWithOneWarningAndNoTempFile) {
     ASSERT_TRUE(writer.store(key_for(1), labels_for(1), payload_for(key_for(1))));
   }
   DiskCacheConfig config = config_for(tmp.path(), warnings);
-  config.fault = FaultInjection::kEnospc;
+  config.publish_hooks = gmjit::testing::publish_fault(gmjit::testing::CacheFault::kEnospc);
   DiskCache cache(config);
   EXPECT_FALSE(cache.store(key_for(2), labels_for(2), payload_for(key_for(2), 100000)));
   EXPECT_FALSE(cache.store(key_for(3), labels_for(3), payload_for(key_for(3))));
@@ -125,14 +126,17 @@ TEST(FullDisk, InjectedEnospcMeansMemoryOnlyWithOneWarningAndNoTempFile) {
   EXPECT_FALSE(cache.load(key_for(2)).has_value());
 }
 
-TEST(FullDisk, FaultIsSelectedByEnvironmentVariable) {
+TEST(FullDisk, NoEnvironmentVariableInjectsFaults) {
+  // Fault injection is a test seam (testing/cache_faults.hpp); the environment cannot reach it.
   const std::map<std::string, const char*> env = {{"GMJIT_CACHE_DIR", "/x"},
                                                   {"GMJIT_CACHE_FAULT_INJECT", "enospc"}};
   const auto getenv = [&env](const char* name) -> const char* {
     const auto it = env.find(name);
     return it == env.end() ? nullptr : it->second;
   };
-  EXPECT_EQ(DiskCacheConfig::from_environment(getenv).fault, FaultInjection::kEnospc);
+  const DiskCacheConfig config = DiskCacheConfig::from_environment(getenv);
+  EXPECT_EQ(config.publish_hooks, nullptr);
+  EXPECT_TRUE(config.environment_warnings.empty());
 }
 
 // from_environment with a fake environment.

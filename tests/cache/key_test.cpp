@@ -47,7 +47,7 @@ TEST(KeyBuilder, IntegersAndStringsOfTheSameBytesDiffer) {
 }
 
 TEST(KeyBuilder, EveryFieldChangesTheKey) {
-  // The disk key's inputs (DESIGN §3): changing any one of them must change the key.
+  // The disk key's inputs (docs/DESIGN.md §4): changing any one of them must change the key.
   const std::vector<std::string> base = {"engine-v1",        "generated source",
                                          "template headers", "-std=c++17 -arch=sm_90a",
                                          "sm_90a",           "12.8"};

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/validate.hpp"
-#include "tests/engine/test_layers.hpp"
+#include "testing/layers.hpp"
 
 namespace gmjit::engine {
 namespace {

@@ -1,4 +1,4 @@
-// options_key and the memory plan key (DESIGN §3).
+// options_key and the memory plan key (docs/DESIGN.md §4).
 #include <gtest/gtest.h>
 
 #include "engine/plan.hpp"

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "tests/engine/test_layers.hpp"
+#include "testing/layers.hpp"
 
 namespace gmjit {
 namespace {

@@ -4,7 +4,7 @@
 #include <functional>
 
 #include "engine/validate.hpp"
-#include "tests/engine/test_layers.hpp"
+#include "testing/layers.hpp"
 
 namespace gmjit::engine {
 namespace {

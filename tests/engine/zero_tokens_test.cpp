@@ -6,7 +6,7 @@
 #include <string>
 
 #include "gmjit/gmjit.h"
-#include "tests/engine/test_layers.hpp"
+#include "testing/layers.hpp"
 
 namespace gmjit::testing {
 namespace {

@@ -1,5 +1,5 @@
 #pragma once
-// A float64 CPU reference of the grouped-MLP forward (DESIGN §1) and host-side test data.
+// A float64 CPU reference of the grouped-MLP forward (docs/DESIGN.md §1) and host-side test data.
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -32,7 +32,7 @@ Reference reference_forward(const HostLayer& host);
 struct ReferenceGrads {
   std::vector<double> dx, dw1, db1, dw2, db2, dprobs;
 };
-// Gradients for dy (DESIGN §1), from the same inputs as reference_forward.
+// Gradients for dy (docs/DESIGN.md §1), from the same inputs as reference_forward.
 ReferenceGrads reference_backward(const HostLayer& host, const std::vector<std::uint16_t>& dy);
 
 double relative_error(const std::vector<float>& out, const std::vector<double>& ref);

@@ -1,5 +1,5 @@
 #pragma once
-// Named benchmark layers (DESIGN §8 shapes) and the token count each is run with.
+// Named benchmark layers (docs/DESIGN.md §9 shapes) and the token count each is run with.
 #include <cstdint>
 #include <optional>
 #include <string>

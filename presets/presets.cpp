@@ -1,4 +1,4 @@
-#include "benchmarks/presets.hpp"
+#include "presets/presets.hpp"
 
 namespace gmjit::bench {
 namespace {

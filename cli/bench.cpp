@@ -1,0 +1,100 @@
+// `gmjit bench` and `gmjit plot`: the commands that run the benchmark harness (benchmarks/).
+// This is the only CLI file that includes it; the other commands use presets/ alone.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "benchmarks/harness.hpp"
+#include "benchmarks/plot.hpp"
+#include "cli/commands.hpp"
+
+namespace gmjit::cli {
+namespace {
+
+std::string self_executable() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return "gmjit";
+  path[n] = '\0';
+  return path;
+}
+
+struct BenchState {
+  LayerOptions layer;
+  std::string json_path;
+  std::string plot_path;
+  std::string reference_json;
+  bool child_disk_hit = false;
+  bench::BenchOptions options;
+};
+
+int run_bench(BenchState& s) {
+  s.options.preset = resolve_layer(s.layer);
+  s.options.grad = s.layer.grad ? GradMode::grad : GradMode::no_grad;
+  if (!s.layer.arch.empty()) s.options.arch = s.layer.arch;
+  if (!s.layer.cache_dir.empty()) s.options.cache_dir = s.layer.cache_dir;
+  if (!s.reference_json.empty()) s.options.reference_json = s.reference_json;
+  if (s.child_disk_hit) return bench::run_disk_hit_child(s.options);
+  const nlohmann::json report = bench::run_bench(s.options, self_executable());
+  if (!s.plot_path.empty() && bench::write_plot(std::span(&report, 1), s.plot_path)) {
+    std::printf("  wrote %s\n", s.plot_path.c_str());
+  }
+  if (!s.json_path.empty()) {
+    std::ofstream(s.json_path) << report.dump(2) << "\n";
+    std::printf("  wrote %s\n", s.json_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+Subcommand add_bench_command(CLI::App& app) {
+  auto state = std::make_shared<BenchState>();
+  BenchState& s = *state;
+  auto* bench = app.add_subcommand("bench",
+                                   "cold vs warm start (compile, disk-hit, memory-hit) "
+                                   "and, on a GPU, forward throughput");
+  add_layer_options(*bench, s.layer);
+  bench->add_option("--json", s.json_path, "write the report as JSON to FILE");
+  bench->add_option("--plot", s.plot_path, "draw the phases (and throughput) to FILE.png");
+  bench->add_option("--cache-dir", s.layer.cache_dir,
+                    "cache directory to use (default: a fresh temporary one)");
+  bench->add_option("--repeats", s.options.repeats, "timed forward repeats")->capture_default_str();
+  bench->add_flag("--no-gpu", s.options.skip_gpu, "run only the phases that need no GPU");
+  bench->add_option("--pattern", s.options.pattern, "also run a call pattern: recompute")
+      ->check(CLI::IsMember({"recompute"}));
+  bench->add_option("--steps", s.options.steps, "steps of --pattern")->capture_default_str();
+  bench->add_option("--reference", s.reference_json,
+                    "torch_reference.py --json output: print and record the ratios");
+  bench->add_flag("--child-disk-hit", s.child_disk_hit)->group("");  // internal: the fresh process
+  return {bench, [state] { return run_bench(*state); }};
+}
+
+Subcommand add_plot_command(CLI::App& app) {
+  struct PlotState {
+    std::vector<std::string> inputs;
+    std::string output = "gmjit-bench.png";
+  };
+  auto state = std::make_shared<PlotState>();
+  auto* plot = app.add_subcommand("plot", "draw bench --json reports (one per shape) to a PNG");
+  plot->add_option("reports", state->inputs, "bench JSON files")
+      ->required()
+      ->check(CLI::ExistingFile);
+  plot->add_option("-o,--output", state->output, "PNG to write")->capture_default_str();
+  return {plot, [state] {
+            std::vector<nlohmann::json> reports;
+            for (const auto& path : state->inputs) {
+              reports.push_back(nlohmann::json::parse(std::ifstream(path)));
+            }
+            if (!bench::write_plot(reports, state->output)) return 1;
+            std::printf("wrote %s\n", state->output.c_str());
+            return 0;
+          }};
+}
+
+}  // namespace gmjit::cli
