@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "codegen/arch_limits.hpp"
 #include "codegen/embedded_templates.hpp"
 #include "gmjit/error.hpp"
 
@@ -65,22 +66,12 @@ std::string nvrtc_version_string() {
 }
 
 bool is_supported_arch(std::string_view arch) {
-  static constexpr std::string_view known[] = {"sm_80", "sm_86",  "sm_87",  "sm_89",
-                                               "sm_90", "sm_90a", "sm_100", "sm_120"};
-  for (auto candidate : known) {
-    if (candidate == arch) return true;
-  }
-  return false;
+  return find_arch(arch) != nullptr;
 }
 
 CompiledCubin compile_to_cubin(const KernelSource& kernel, std::string_view arch,
                                std::string_view key_hex) {
-  if (!is_supported_arch(arch)) {
-    throw Error(Status::unsupported,
-                fmt::format("arch '{}' is not supported; expected one of sm_80, sm_86, sm_89, "
-                            "sm_90, sm_90a, sm_100, sm_120",
-                            arch));
-  }
+  arch_limits(arch);  // throws Error(unsupported) for an arch missing from the table
   dump_source_if_asked(kernel, key_hex);
   const auto start = std::chrono::steady_clock::now();
 

@@ -22,7 +22,7 @@ std::vector<std::string> canonical_nvrtc_options(std::string_view arch);
 // "major.minor" of the linked NVRTC.
 std::string nvrtc_version_string();
 
-// True for the arches we generate code for ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", ...).
+// True for the arches in the table of codegen/arch_limits.hpp.
 bool is_supported_arch(std::string_view arch);
 
 // `key_hex` only labels errors and dumped sources.
