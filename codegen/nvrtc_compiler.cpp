@@ -1,7 +1,10 @@
 #include "codegen/nvrtc_compiler.hpp"
 
+#include <dlfcn.h>
 #include <nvrtc.h>
+#include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -63,6 +66,23 @@ std::string nvrtc_version_string() {
   int major = 0, minor = 0;
   check(nvrtcVersion(&major, &minor), "nvrtcVersion");
   return fmt::format("{}.{}", major, minor);
+}
+
+std::string nvrtc_full_version() {
+  std::string version = nvrtc_version_string();
+  int count = 0;
+  check(nvrtcGetNumSupportedArchs(&count), "nvrtcGetNumSupportedArchs");
+  std::vector<int> arches(static_cast<std::size_t>(std::max(count, 0)));
+  if (!arches.empty()) check(nvrtcGetSupportedArchs(arches.data()), "nvrtcGetSupportedArchs");
+  version += fmt::format(" archs {}", fmt::join(arches, ","));
+  // The library file that holds nvrtcVersion: a patch release changes its size.
+  Dl_info info{};
+  struct stat st {};
+  if (dladdr(reinterpret_cast<void*>(&nvrtcVersion), &info) != 0 && info.dli_fname != nullptr &&
+      stat(info.dli_fname, &st) == 0) {
+    version += fmt::format(" library {} bytes", static_cast<long long>(st.st_size));
+  }
+  return version;
 }
 
 bool is_supported_arch(std::string_view arch) {
