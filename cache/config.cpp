@@ -41,6 +41,26 @@ const char* non_empty(const char* value) {
 
 }  // namespace
 
+std::optional<std::int64_t> parse_duration_seconds(std::string_view text) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  std::int64_t value = 0;
+  std::size_t i = 0;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+    const std::int64_t digit = text[i] - '0';
+    // Saturate: an absurdly long duration means "nothing is that old", never a wrap-around.
+    value = value > (kMax - digit) / 10 ? kMax : value * 10 + digit;
+  }
+  if (i == 0) return std::nullopt;
+  const std::string_view unit = text.substr(i);
+  const std::int64_t scale = unit.empty() || unit == "s" ? 1
+                             : unit == "m"               ? 60
+                             : unit == "h"               ? 3600
+                             : unit == "d"               ? 86400
+                                                         : 0;
+  if (scale == 0) return std::nullopt;
+  return value > kMax / scale ? kMax : value * scale;
+}
+
 std::optional<std::uint64_t> parse_size(std::string_view text) {
   std::uint64_t value = 0;
   std::size_t i = 0;

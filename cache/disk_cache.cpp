@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <unordered_set>
@@ -35,9 +37,15 @@ struct DiskCache::State {
   std::mutex rng_mutex;
   std::mt19937_64 rng{std::random_device{}() ^ static_cast<std::uint64_t>(fs::now_ns())};
   std::mutex maintain_mutex;  // one eviction walk at a time per object
-  std::atomic<bool> write_failed{false};
+  // The versioned directory, opened once; replaced only when it was removed from the tree.
+  std::mutex directory_mutex;
+  std::shared_ptr<const fs::UniqueFd> directory;
+  // 0: writes on. Otherwise the time before which stores are skipped after a failed write.
+  std::atomic<std::int64_t> writes_off_until_ns{0};
   std::atomic<bool> warned_unwritable{false};
+  std::atomic<bool> warned_writable_again{false};
   std::atomic<bool> warned_untrusted{false};
+  std::array<std::atomic<bool>, static_cast<std::size_t>(Operation::count)> warned_swallowed{};
   std::atomic<std::int64_t> size_estimate{-1};  // -1: unknown, scan on the next store
   std::atomic<std::uint64_t> stores_since_scan{0};
   std::mutex reported_mutex;
@@ -69,9 +77,22 @@ void DiskCache::warn(std::string_view message) const {
   }
 }
 
+// The cache is an optimisation, so an exception inside one of its operations (out of memory, a
+// filesystem exception) becomes a miss or a no-op; the first one of each operation says why.
+void DiskCache::warn_swallowed(Operation operation, const std::exception& error) const {
+  static constexpr const char* kNames[] = {"load", "store", "prune", "stats", "list"};
+  const auto index = static_cast<std::size_t>(operation);
+  if (state_->warned_swallowed[index].exchange(true)) return;
+  try {
+    warn(std::string("gmjit cache: ") + kNames[index] + " in " + directory_.string() +
+         " failed: " + error.what() + " (treated as a miss / no-op; reported once)");
+  } catch (const std::exception&) {
+    // Out of memory while building the message: nothing sensible is left to report it with.
+  }
+}
+
 // Missing directories are plain misses; untrusted ones are misses with one warning per object.
-bool DiskCache::directory_trusted(const std::filesystem::path& dir) const {
-  const fs::DirTrust trust = fs::check_directory(dir);
+bool DiskCache::trusted_or_warn(const std::filesystem::path& dir, fs::DirTrust trust) const {
   if (trust == fs::DirTrust::kTrusted) return true;
   if (trust != fs::DirTrust::kMissing && !state_->warned_untrusted.exchange(true)) {
     warn("gmjit cache: not using " + dir.string() + ": it is " + fs::to_string(trust) +
@@ -80,48 +101,112 @@ bool DiskCache::directory_trusted(const std::filesystem::path& dir) const {
   return false;
 }
 
+namespace {
+constexpr int kDirFlags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+}  // namespace
+
+// The versioned directory is opened once (not following a symlink in its place) and trusted by
+// what the open handle is; every later operation works relative to that handle, so swapping the
+// path for a symlink after the check cannot redirect a write. Null when it is missing, cannot be
+// made (create: *create_error gets the errno) or is not trusted (one warning).
+std::shared_ptr<const fs::UniqueFd> DiskCache::open_directory(bool create,
+                                                              int* create_error) const {
+  const std::lock_guard<std::mutex> lock(state_->directory_mutex);
+  if (state_->directory) {
+    // A directory removed from the tree (rm -rf of the cache) is made and opened anew.
+    struct stat st {};
+    if (fstat(state_->directory->get(), &st) == 0 && st.st_nlink > 0) return state_->directory;
+    state_->directory.reset();
+  }
+  if (create) {
+    if (const int error = fs::make_private_directories(directory_); error != 0) {
+      if (create_error != nullptr) *create_error = error;
+      return nullptr;
+    }
+  }
+  fs::UniqueFd fd = fs::open_directory_at(AT_FDCWD, directory_.c_str());
+  if (!fd.valid()) {
+    // By path only to word the warning: lstat tells a symlink from a missing parent.
+    trusted_or_warn(directory_, fs::check_directory(directory_));
+    return nullptr;
+  }
+  if (!trusted_or_warn(directory_, fs::check_directory(fd.get()))) return nullptr;
+  state_->directory = std::make_shared<const fs::UniqueFd>(std::move(fd));
+  return state_->directory;
+}
+
+// A fan-out directory inside dir_fd, opened without following a symlink and trusted by its
+// handle. Invalid when missing, untrusted (one warning) or, with create, not creatable
+// (*create_error gets the errno).
+fs::UniqueFd DiskCache::open_fanout(int dir_fd, const std::string& name, bool create,
+                                    int* create_error) const {
+  bool created = false;
+  if (create) {
+    if (mkdirat(dir_fd, name.c_str(), 0700) == 0) {
+      created = true;
+    } else if (errno != EEXIST) {
+      if (create_error != nullptr) *create_error = errno;
+      return {};
+    }
+  }
+  fs::UniqueFd fd = fs::open_directory_at(dir_fd, name.c_str());
+  if (!fd.valid()) {
+    trusted_or_warn(directory_ / name, fs::trust_after_open_error(dir_fd, name, errno));
+    return {};
+  }
+  // The umask may have removed bits we need; never add any for group/others.
+  if (created) fchmod(fd.get(), 0700);
+  if (!trusted_or_warn(directory_ / name, fs::check_directory(fd.get()))) return {};
+  return fd;
+}
+
 std::optional<std::vector<std::byte>> DiskCache::load(const Key128& key) {
   if (config_.disabled) return std::nullopt;
   try {
-    const std::filesystem::path fanout = directory_ / layout::fanout_name(key);
-    if (directory_trusted(directory_) && directory_trusted(fanout)) {
-      // The name also carries labels that load() does not know, so look the key up by prefix;
-      // a fan-out directory holds 1/256 of the entries.
-      const std::string prefix = key.hex() + ".";
-      for (const std::string& name : fs::list_directory(fanout)) {
-        if (!name.starts_with(prefix) || !layout::parse_entry_file_name(name)) continue;
-        if (auto payload = load_file(fanout / name, key)) {
-          ++state_->hits;
-          return payload;
+    if (const auto dir = open_directory(/*create=*/false, nullptr)) {
+      const std::string fanout_name = layout::fanout_name(key);
+      const fs::UniqueFd fanout = open_fanout(dir->get(), fanout_name, false, nullptr);
+      if (fanout.valid()) {
+        // The name also carries labels that load() does not know, so look the key up by prefix;
+        // a fan-out directory holds 1/256 of the entries.
+        const std::string prefix = key.hex() + ".";
+        for (const std::string& name : fs::list_directory(fanout.get())) {
+          if (!name.starts_with(prefix) || !layout::parse_entry_file_name(name)) continue;
+          if (auto payload = load_file(fanout.get(), name, directory_ / fanout_name / name, key)) {
+            ++state_->hits;
+            return payload;
+          }
         }
       }
     }
-  } catch (...) {
-    // Out of memory or a filesystem exception: the cache is an optimisation, so this is a miss.
+  } catch (const std::exception& error) {
+    warn_swallowed(Operation::load, error);
   }
   ++state_->misses;
   return std::nullopt;
 }
 
-std::optional<std::vector<std::byte>> DiskCache::load_file(const std::filesystem::path& path,
+std::optional<std::vector<std::byte>> DiskCache::load_file(int fanout_fd, const std::string& name,
+                                                           const std::filesystem::path& path,
                                                            const Key128& key) {
   // O_NOFOLLOW: a symlink planted in place of an entry is not followed. O_NONBLOCK: a FIFO does
   // not hang us (read_file rejects anything but regular files).
-  const fs::UniqueFd fd(open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  const fs::UniqueFd fd(
+      openat(fanout_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (!fd.valid()) {
-    if (errno == ELOOP) report_bad_entry(path, -1, "is a symbolic link");
+    if (errno == ELOOP) report_bad_entry(fanout_fd, name, path, -1, "is a symbolic link");
     return std::nullopt;  // ENOENT: evicted or replaced since the directory listing
   }
   if (fs::info_of(fd.get()).uid != geteuid()) {
-    report_bad_entry(path, fd.get(), "owned by another user");
+    report_bad_entry(fanout_fd, name, path, fd.get(), "owned by another user");
     return std::nullopt;
   }
   std::vector<std::byte> bytes;
   if (const int error = fs::read_file(fd.get(), kMaxEntryBytes, bytes); error != 0) {
     if (error == EINVAL) {
-      report_bad_entry(path, fd.get(), "not a regular file");
+      report_bad_entry(fanout_fd, name, path, fd.get(), "not a regular file");
     } else if (error == EFBIG) {
-      report_bad_entry(path, fd.get(), "larger than any entry");
+      report_bad_entry(fanout_fd, name, path, fd.get(), "larger than any entry");
     } else {
       warn("gmjit cache: cannot read " + path.string() + ": " + fs::errno_text(error));
     }
@@ -129,7 +214,7 @@ std::optional<std::vector<std::byte>> DiskCache::load_file(const std::filesystem
   }
   const DecodeResult<DecodedEntry> decoded = decode(bytes, key);
   if (!decoded) {
-    report_bad_entry(path, fd.get(), to_string(decoded.error()));
+    report_bad_entry(fanout_fd, name, path, fd.get(), to_string(decoded.error()));
     return std::nullopt;
   }
   if (!config_.read_only && fs::now_ns() - fs::info_of(fd.get()).mtime_ns > kStampRefreshNs) {
@@ -140,7 +225,8 @@ std::optional<std::vector<std::byte>> DiskCache::load_file(const std::filesystem
   return bytes;
 }
 
-void DiskCache::report_bad_entry(const std::filesystem::path& path, int fd,
+void DiskCache::report_bad_entry(int fanout_fd, const std::string& name,
+                                 const std::filesystem::path& path, int fd,
                                  std::string_view reason) {
   ++state_->bad_entries;
   const std::string what = path.string() + ": " + std::string(reason);
@@ -152,21 +238,26 @@ void DiskCache::report_bad_entry(const std::filesystem::path& path, int fd,
     return;
   }
   // Remove only the file we judged: a racer may have renamed a good entry over it meanwhile.
-  const std::optional<fs::FileInfo> now = fs::stat_no_follow(path);
+  const std::optional<fs::FileInfo> now = fs::stat_at(fanout_fd, name);
   if (fd >= 0 && now) {
     const fs::FileInfo judged = fs::info_of(fd);
     if (judged.dev != now->dev || judged.ino != now->ino) return;
   }
-  if (now) unlink(path.c_str());
+  if (now) unlinkat(fanout_fd, name.c_str(), 0);
   warn("gmjit cache: removed bad entry " + what);
 }
 
 bool DiskCache::fail_store(int error) {
   ++state_->store_failures;
-  state_->write_failed = true;  // memory-only from now on: no retry storm on a full disk
+  // Memory only for a while: no retry storm on a full disk, but no giving up for good either.
+  const std::int64_t retry_ns = std::min<std::int64_t>(
+      config_.write_retry_seconds, std::numeric_limits<std::int64_t>::max() / kNsPerSecond / 2);
+  state_->writes_off_until_ns = fs::now_ns() + std::max<std::int64_t>(retry_ns, 0) * kNsPerSecond;
   if (!state_->warned_unwritable.exchange(true)) {
     warn("gmjit cache: cannot write to " + directory_.string() + " (" + fs::errno_text(error) +
-         "); new kernels are kept in memory only");
+         "); disk writes are off and new kernels are kept in memory only; a write is tried "
+         "again every " +
+         std::to_string(config_.write_retry_seconds) + " s (this is reported once)");
   }
   return false;
 }
@@ -174,41 +265,51 @@ bool DiskCache::fail_store(int error) {
 bool DiskCache::store(const Key128& key, const EntryLabels& labels,
                       std::span<const std::byte> payload) {
   if (config_.disabled || config_.read_only) return false;
-  if (state_->write_failed) {
+  const std::int64_t off_until = state_->writes_off_until_ns.load();
+  if (off_until != 0 && fs::now_ns() < off_until) {
     ++state_->store_failures;
     return false;
   }
   try {
-    // Each level is checked before anything is created inside it.
-    const std::filesystem::path fanout = directory_ / layout::fanout_name(key);
-    for (const std::filesystem::path& dir : {directory_, fanout}) {
-      if (const int error = fs::make_private_directories(dir); error != 0) {
-        return fail_store(error);
-      }
-      if (!directory_trusted(dir)) {
-        ++state_->store_failures;  // warned once by directory_trusted; never write there
-        return false;
-      }
+    // Each level is checked, through its open handle, before anything is created inside it.
+    int error = 0;
+    const auto dir = open_directory(/*create=*/true, &error);
+    if (!dir) {
+      if (error != 0) return fail_store(error);
+      ++state_->store_failures;  // untrusted: warned once; never write there
+      return false;
+    }
+    const fs::UniqueFd fanout =
+        open_fanout(dir->get(), layout::fanout_name(key), /*create=*/true, &error);
+    if (!fanout.valid()) {
+      if (error != 0) return fail_store(error);
+      ++state_->store_failures;
+      return false;
     }
     const std::vector<std::byte> bytes = encode(key, labels, payload);
-    if (const int error = publish(fanout, layout::entry_file_name(key, labels), bytes);
-        error != 0) {
-      return fail_store(error);
+    if (const int publish_error =
+            publish(fanout.get(), layout::entry_file_name(key, labels), bytes);
+        publish_error != 0) {
+      return fail_store(publish_error);
+    }
+    if (off_until != 0 && state_->writes_off_until_ns.exchange(0) != 0 &&
+        !state_->warned_writable_again.exchange(true)) {
+      warn("gmjit cache: writing to " + directory_.string() + " again");
     }
     ++state_->stores;
-    account_store(bytes.size());
+    account_store(dir->get(), bytes.size());
     return true;
-  } catch (...) {
+  } catch (const std::exception& error) {
     ++state_->store_failures;  // out of memory: not a reason to give up on the directory
+    warn_swallowed(Operation::store, error);
     return false;
   }
 }
 
 // Returns 0 or an errno. Never leaves a temp file behind unless the process dies.
-int DiskCache::publish(const std::filesystem::path& fanout, const std::string& name,
-                       std::span<const std::byte> bytes) {
+int DiskCache::publish(int fanout_fd, const std::string& name, std::span<const std::byte> bytes) {
   fs::UniqueFd fd;
-  std::filesystem::path temp;
+  std::string temp;
   for (int attempt = 0; attempt < 8 && !fd.valid(); ++attempt) {
     std::uint64_t random = 0;
     {
@@ -218,15 +319,15 @@ int DiskCache::publish(const std::filesystem::path& fanout, const std::string& n
     char suffix[40];
     std::snprintf(suffix, sizeof(suffix), "%ld-%016llx", static_cast<long>(getpid()),
                   static_cast<unsigned long long>(random));
-    temp = fanout / (std::string(layout::kTempPrefix) + suffix);
-    fd = fs::UniqueFd(
-        open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    temp = std::string(layout::kTempPrefix) + suffix;
+    fd = fs::UniqueFd(openat(fanout_fd, temp.c_str(),
+                             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!fd.valid() && errno != EEXIST) return errno;
   }
   if (!fd.valid()) return EEXIST;
 
-  const auto fail = [&temp](int error) {
-    unlink(temp.c_str());
+  const auto fail = [&temp, fanout_fd](int error) {
+    unlinkat(fanout_fd, temp.c_str(), 0);
     return error;
   };
   const PublishHooks* hooks = config_.publish_hooks.get();
@@ -239,19 +340,19 @@ int DiskCache::publish(const std::filesystem::path& fanout, const std::string& n
   if (close(fd.release()) != 0) return fail(errno);
   if (hooks) hooks->before_rename();
   // Atomic replace: a racer publishing the same key wrote the same bytes, so either wins.
-  if (rename(temp.c_str(), (fanout / name).c_str()) != 0) return fail(errno);
-  fs::fsync_directory(fanout);
+  if (renameat(fanout_fd, temp.c_str(), fanout_fd, name.c_str()) != 0) return fail(errno);
+  fs::fsync_directory(fanout_fd);
   return 0;
 }
 
-void DiskCache::account_store(std::uint64_t bytes) {
+void DiskCache::account_store(int dir_fd, std::uint64_t bytes) {
   const std::int64_t estimate = state_->size_estimate.load();
   const bool rescan = ++state_->stores_since_scan >= kRescanEveryStores;
   // The new file is already in place, so a walk now sees it.
   if (estimate < 0 || rescan || static_cast<std::uint64_t>(estimate) + bytes > config_.max_bytes) {
     const auto target =
         static_cast<std::uint64_t>(static_cast<double>(config_.max_bytes) * kEvictTargetFraction);
-    maintain(config_.max_bytes, target, std::nullopt, /*from_store=*/true);
+    maintain(dir_fd, config_.max_bytes, target, std::nullopt, /*from_store=*/true);
   } else {
     state_->size_estimate += static_cast<std::int64_t>(bytes);
   }
@@ -259,7 +360,8 @@ void DiskCache::account_store(std::uint64_t bytes) {
 
 // Walks the directory (removing stale temp files), and when the total exceeds trigger_bytes
 // evicts least-recently-used entries down to target_bytes.
-std::uint64_t DiskCache::maintain(std::uint64_t trigger_bytes, std::uint64_t target_bytes,
+std::uint64_t DiskCache::maintain(int dir_fd, std::uint64_t trigger_bytes,
+                                  std::uint64_t target_bytes,
                                   std::optional<std::int64_t> older_than_ns, bool from_store) {
   std::unique_lock<std::mutex> lock(state_->maintain_mutex, std::defer_lock);
   if (from_store) {
@@ -268,12 +370,17 @@ std::uint64_t DiskCache::maintain(std::uint64_t trigger_bytes, std::uint64_t tar
     lock.lock();
   }
   const std::int64_t now = fs::now_ns();
-  maintenance::Scan scan = maintenance::scan(directory_, /*remove_stale_temps=*/true, now);
+  maintenance::Scan scan = maintenance::scan(dir_fd, directory_, /*remove_stale_temps=*/true, now);
   ++state_->scans;
   const std::uint64_t target = scan.total_bytes > trigger_bytes ? target_bytes : scan.total_bytes;
   std::optional<std::int64_t> cutoff;
-  if (older_than_ns) cutoff = now - *older_than_ns;
-  const maintenance::EvictResult result = maintenance::evict(std::move(scan), target, cutoff);
+  // Saturating: an age beyond the epoch means nothing is that old.
+  if (older_than_ns) {
+    cutoff =
+        *older_than_ns >= now ? std::numeric_limits<std::int64_t>::min() : now - *older_than_ns;
+  }
+  const maintenance::EvictResult result =
+      maintenance::evict(dir_fd, std::move(scan), target, cutoff);
   state_->size_estimate = static_cast<std::int64_t>(result.remaining_bytes);
   state_->stores_since_scan = 0;
   if (from_store) state_->evictions += result.removed;
@@ -284,12 +391,17 @@ std::uint64_t DiskCache::prune(std::uint64_t max_bytes,
                                std::optional<std::int64_t> older_than_seconds) {
   if (config_.disabled || config_.read_only) return 0;
   try {
-    if (!directory_trusted(directory_)) return 0;
+    const auto dir = open_directory(/*create=*/false, nullptr);
+    if (!dir) return 0;
     std::optional<std::int64_t> older_than_ns;
-    if (older_than_seconds)
-      older_than_ns = std::max<std::int64_t>(0, *older_than_seconds) * kNsPerSecond;
-    return maintain(max_bytes, max_bytes, older_than_ns, /*from_store=*/false);
-  } catch (...) {
+    if (older_than_seconds) {
+      // Saturating: seconds beyond what int64 nanoseconds hold mean "older than anything".
+      constexpr std::int64_t kMaxSeconds = std::numeric_limits<std::int64_t>::max() / kNsPerSecond;
+      older_than_ns = std::clamp<std::int64_t>(*older_than_seconds, 0, kMaxSeconds) * kNsPerSecond;
+    }
+    return maintain(dir->get(), max_bytes, max_bytes, older_than_ns, /*from_store=*/false);
+  } catch (const std::exception& error) {
+    warn_swallowed(Operation::prune, error);
     return 0;
   }
 }
@@ -299,7 +411,11 @@ std::uint64_t DiskCache::clear() {
 }
 
 bool DiskCache::writable() const {
-  if (config_.disabled || config_.read_only || state_->write_failed) return false;
+  if (config_.disabled || config_.read_only) return false;
+  if (const std::int64_t off_until = state_->writes_off_until_ns.load();
+      off_until != 0 && fs::now_ns() < off_until) {
+    return false;
+  }
   // Without side effects: the nearest existing directory must let us create what is missing.
   std::filesystem::path probe = directory_;
   while (!probe.empty()) {
@@ -321,12 +437,15 @@ CacheStats DiskCache::stats() const {
   stats.directory = directory_;
   if (config_.disabled) return stats;
   try {
-    const maintenance::Scan scan = maintenance::scan(directory_, false, fs::now_ns());
-    ++state_->scans;
-    stats.entries = scan.entries.size();
-    stats.total_bytes = scan.total_bytes;
+    if (const auto dir = open_directory(/*create=*/false, nullptr)) {
+      const maintenance::Scan scan = maintenance::scan(dir->get(), directory_, false, fs::now_ns());
+      ++state_->scans;
+      stats.entries = scan.entries.size();
+      stats.total_bytes = scan.total_bytes;
+    }
     stats.writable = writable();
-  } catch (...) {
+  } catch (const std::exception& error) {
+    warn_swallowed(Operation::stats, error);
   }
   return stats;
 }
@@ -335,7 +454,9 @@ std::vector<EntryListing> DiskCache::list() const {
   std::vector<EntryListing> listings;
   if (config_.disabled) return listings;
   try {
-    maintenance::Scan scan = maintenance::scan(directory_, false, fs::now_ns());
+    const auto dir = open_directory(/*create=*/false, nullptr);
+    if (!dir) return listings;
+    maintenance::Scan scan = maintenance::scan(dir->get(), directory_, false, fs::now_ns());
     ++state_->scans;
     std::vector<std::byte> head;
     for (maintenance::ScannedEntry& entry : scan.entries) {
@@ -345,8 +466,10 @@ std::vector<EntryListing> DiskCache::list() const {
       listing.last_used_unix = entry.mtime_ns / kNsPerSecond;
       // Labels come from the header when it is intact, else from the file name.
       head.assign(kMaxHeaderBytes, std::byte{0});
-      const fs::UniqueFd fd(
-          open(entry.path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+      const fs::UniqueFd fanout = fs::open_directory_at(dir->get(), entry.fanout.c_str());
+      const fs::UniqueFd fd(fanout.valid() ? openat(fanout.get(), entry.name.c_str(),
+                                                    O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+                                           : -1);
       const ssize_t n = fd.valid() ? pread(fd.get(), head.data(), head.size(), 0) : -1;
       head.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
       const DecodeResult<EntryHeader> header = decode_header(head);
@@ -360,7 +483,8 @@ std::vector<EntryListing> DiskCache::list() const {
       listing.path = std::move(entry.path);
       listings.push_back(std::move(listing));
     }
-  } catch (...) {
+  } catch (const std::exception& error) {
+    warn_swallowed(Operation::list, error);
   }
   std::sort(listings.begin(), listings.end(),
             [](const EntryListing& a, const EntryListing& b) { return a.path < b.path; });

@@ -8,6 +8,7 @@
 // destroyed or assigned to.
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -21,6 +22,11 @@
 #include "cache/key.hpp"
 
 namespace gmjit::cache {
+
+namespace fs {
+class UniqueFd;
+enum class DirTrust;
+}  // namespace fs
 
 // Points inside a publish where a test can make the write fail or the process die, to check
 // what other processes then see (testing/cache_faults.hpp). Release code never sets one: it is
@@ -46,6 +52,9 @@ struct DiskCacheConfig {
   // When empty, warnings go to stderr.
   std::function<void(std::string_view)> warn;
   std::shared_ptr<const PublishHooks> publish_hooks;  // tests only; null in release use
+  // After a failed write, stores are skipped (memory only) for this long, then tried again: a
+  // full disk or a directory fixed by hand does not cost the rest of the process's life.
+  std::int64_t write_retry_seconds = 60;
   // Problems found by from_environment() (no HOME, bad GMJIT_CACHE_MAXSIZE...). DiskCache's
   // constructor passes them to warn, so that they are reported once the caller has set warn.
   std::vector<std::string> environment_warnings;
@@ -60,6 +69,10 @@ struct DiskCacheConfig {
 // "4294967296", "512K", "512M", "4G", "1T" (binary multiples; a trailing "B"/"iB" and lower case
 // are accepted). nullopt for anything else, zero and overflow.
 std::optional<std::uint64_t> parse_size(std::string_view text);
+
+// "90s", "30m", "12h", "7d" or plain seconds; values too large for int64 seconds saturate to
+// the largest one. nullopt for anything else (negative numbers included).
+std::optional<std::int64_t> parse_duration_seconds(std::string_view text);
 
 struct EntryListing {
   Key128 key;
@@ -100,8 +113,9 @@ class DiskCache {
   std::optional<std::vector<std::byte>> load(const Key128& key);
 
   // Publishes atomically. Returns false when the cache is disabled or read-only (silently: the
-  // user asked for it) or unwritable (after one warning per DiskCache; later stores are not
-  // attempted). The caller keeps working from memory.
+  // user asked for it) or unwritable (after one warning per DiskCache; stores are then skipped
+  // for config.write_retry_seconds before one is tried again). The caller keeps working from
+  // memory.
   bool store(const Key128& key, const EntryLabels& labels, std::span<const std::byte> payload);
 
   bool enabled() const { return !config_.disabled; }
@@ -112,7 +126,8 @@ class DiskCache {
   std::vector<EntryListing> list() const;
   std::uint64_t clear();  // entries removed
   // Removes least-recently-used entries until the total is at most max_bytes, and entries not
-  // used for older_than_seconds (when given). Returns entries removed. Also removes temp files
+  // used for older_than_seconds (when given; saturating, so a huge value removes nothing by age).
+  // Returns entries removed. Also removes temp files
   // left by crashed writers. Disabled or read-only caches are not modified.
   std::uint64_t prune(std::uint64_t max_bytes, std::optional<std::int64_t> older_than_seconds);
 
@@ -121,16 +136,23 @@ class DiskCache {
  private:
   struct State;
 
+  enum class Operation { load, store, prune, stats, list, count };
+
   void warn(std::string_view message) const;
-  bool directory_trusted(const std::filesystem::path& dir) const;
-  std::optional<std::vector<std::byte>> load_file(const std::filesystem::path& path,
+  void warn_swallowed(Operation operation, const std::exception& error) const;
+  bool trusted_or_warn(const std::filesystem::path& dir, fs::DirTrust trust) const;
+  std::shared_ptr<const fs::UniqueFd> open_directory(bool create, int* create_error) const;
+  fs::UniqueFd open_fanout(int dir_fd, const std::string& name, bool create,
+                           int* create_error) const;
+  std::optional<std::vector<std::byte>> load_file(int fanout_fd, const std::string& name,
+                                                  const std::filesystem::path& path,
                                                   const Key128& key);
-  void report_bad_entry(const std::filesystem::path& path, int fd, std::string_view reason);
+  void report_bad_entry(int fanout_fd, const std::string& name, const std::filesystem::path& path,
+                        int fd, std::string_view reason);
   bool fail_store(int error);
-  int publish(const std::filesystem::path& fanout, const std::string& name,
-              std::span<const std::byte> bytes);
-  void account_store(std::uint64_t bytes);
-  std::uint64_t maintain(std::uint64_t trigger_bytes, std::uint64_t target_bytes,
+  int publish(int fanout_fd, const std::string& name, std::span<const std::byte> bytes);
+  void account_store(int dir_fd, std::uint64_t bytes);
+  std::uint64_t maintain(int dir_fd, std::uint64_t trigger_bytes, std::uint64_t target_bytes,
                          std::optional<std::int64_t> older_than_ns, bool from_store);
 
   DiskCacheConfig config_;

@@ -68,10 +68,26 @@ FileInfo info_of(int fd) {
   return from_stat(st);
 }
 
-std::vector<std::string> list_directory(const std::filesystem::path& dir) {
+UniqueFd open_directory_at(int dir_fd, const char* name) {
+  return UniqueFd(openat(dir_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+}
+
+std::optional<FileInfo> stat_at(int dir_fd, const std::string& name) {
+  struct stat st {};
+  if (fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return std::nullopt;
+  return from_stat(st);
+}
+
+std::vector<std::string> list_directory(int dir_fd) {
   std::vector<std::string> names;
-  std::unique_ptr<DIR, DirCloser> handle(opendir(dir.c_str()));
-  if (!handle) return names;
+  // A fresh open file description of the same directory: its own offset, closed by closedir.
+  const int own = openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (own < 0) return names;
+  std::unique_ptr<DIR, DirCloser> handle(fdopendir(own));
+  if (!handle) {
+    close(own);
+    return names;
+  }
   while (const dirent* entry = readdir(handle.get())) {
     const std::string_view name = entry->d_name;
     if (name != "." && name != "..") names.emplace_back(name);
@@ -108,6 +124,32 @@ DirTrust check_directory(const std::filesystem::path& dir) {
   if (st.st_uid != geteuid()) return DirTrust::kForeignOwner;
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) return DirTrust::kWritableByOthers;
   return DirTrust::kTrusted;
+}
+
+DirTrust check_directory(int dir_fd) {
+  struct stat st {};
+  if (fstat(dir_fd, &st) != 0) return DirTrust::kInaccessible;
+  if (!S_ISDIR(st.st_mode)) return DirTrust::kNotDirectory;
+  if (st.st_uid != geteuid()) return DirTrust::kForeignOwner;
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) return DirTrust::kWritableByOthers;
+  return DirTrust::kTrusted;
+}
+
+DirTrust trust_after_open_error(int dir_fd, const std::string& name, int error) {
+  if (const std::optional<FileInfo> info = stat_at(dir_fd, name)) {
+    if (S_ISLNK(info->mode)) return DirTrust::kSymlink;
+    if (!info->is_directory()) return DirTrust::kNotDirectory;
+  }
+  switch (error) {
+    case ENOENT:
+      return DirTrust::kMissing;
+    case ELOOP:
+      return DirTrust::kSymlink;
+    case ENOTDIR:
+      return DirTrust::kNotDirectory;
+    default:
+      return DirTrust::kInaccessible;
+  }
 }
 
 const char* to_string(DirTrust trust) {
@@ -158,9 +200,8 @@ int write_all(int fd, std::span<const std::byte> bytes) {
   return 0;
 }
 
-void fsync_directory(const std::filesystem::path& dir) {
-  const UniqueFd fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.valid()) fsync(fd.get());
+void fsync_directory(int dir_fd) {
+  fsync(dir_fd);
 }
 
 std::int64_t now_ns() {

@@ -46,11 +46,17 @@ struct FileInfo {
 std::optional<FileInfo> stat_no_follow(const std::filesystem::path& path);
 FileInfo info_of(int fd);  // fstat; zeroes on failure
 
-// Names in a directory except "." and ".."; empty when it cannot be read.
-std::vector<std::string> list_directory(const std::filesystem::path& dir);
-
 // mkdir -p with mode 0700 for every component it creates. Returns 0 or an errno.
 int make_private_directories(const std::filesystem::path& dir);
+
+// Opens a directory for use as the base of *at() calls: O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, so a
+// symlink in its place is refused (ELOOP) rather than followed. Invalid on failure (errno set).
+UniqueFd open_directory_at(int dir_fd, const char* name);
+// fstatat(dir_fd, name, AT_SYMLINK_NOFOLLOW).
+std::optional<FileInfo> stat_at(int dir_fd, const std::string& name);
+// Names in an opened directory except "." and ".."; the handle's own offset is not used, so
+// threads may list the same handle at once.
+std::vector<std::string> list_directory(int dir_fd);
 
 enum class DirTrust {
   kMissing,
@@ -64,13 +70,18 @@ enum class DirTrust {
 // A directory is trusted when it is a real directory (not a symlink), owned by the effective
 // user and not writable by group or others: a cubin loaded from it is code we will run.
 DirTrust check_directory(const std::filesystem::path& dir);
+// The same for an opened directory (nothing can be swapped between the check and the use).
+DirTrust check_directory(int dir_fd);
+// Why open_directory_at(dir_fd, name) failed with `error`, from what is at that name now (with
+// O_DIRECTORY, Linux reports a symlink as ENOTDIR, not ELOOP).
+DirTrust trust_after_open_error(int dir_fd, const std::string& name, int error);
 const char* to_string(DirTrust trust);
 
 // Reads a whole regular file opened without following symlinks. Returns 0 or an errno
 // (EFBIG when larger than max_bytes, EINVAL when not a regular file).
 int read_file(int fd, std::uint64_t max_bytes, std::vector<std::byte>& out);
 int write_all(int fd, std::span<const std::byte> bytes);
-void fsync_directory(const std::filesystem::path& dir);  // best effort
+void fsync_directory(int dir_fd);  // best effort
 
 std::int64_t now_ns();
 // Sets atime and mtime; returns 0 or an errno.

@@ -1,5 +1,6 @@
 #include "cache/maintenance.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,35 +11,37 @@
 
 namespace gmjit::cache::maintenance {
 
-Scan scan(const std::filesystem::path& dir, bool remove_stale_temps, std::int64_t now_ns) {
+Scan scan(int dir_fd, const std::filesystem::path& dir, bool remove_stale_temps,
+          std::int64_t now_ns) {
   Scan result;
-  for (const std::string& fanout_name : fs::list_directory(dir)) {
+  for (const std::string& fanout_name : fs::list_directory(dir_fd)) {
     if (!layout::is_fanout_name(fanout_name)) continue;
-    const std::filesystem::path fanout = dir / fanout_name;
-    const std::optional<fs::FileInfo> fanout_info = fs::stat_no_follow(fanout);
-    if (!fanout_info || !fanout_info->is_directory()) continue;  // never follow symlinks
-    for (const std::string& name : fs::list_directory(fanout)) {
-      const std::filesystem::path path = fanout / name;
+    // O_NOFOLLOW: a symlink in place of a fan-out directory is skipped, never walked.
+    const fs::UniqueFd fanout = fs::open_directory_at(dir_fd, fanout_name.c_str());
+    if (!fanout.valid()) continue;
+    for (const std::string& name : fs::list_directory(fanout.get())) {
       if (layout::is_temp_name(name)) {
-        const std::optional<fs::FileInfo> info = fs::stat_no_follow(path);
+        const std::optional<fs::FileInfo> info = fs::stat_at(fanout.get(), name);
         if (remove_stale_temps && info && info->is_regular() &&
-            now_ns - info->mtime_ns > kStaleTempNs && unlink(path.c_str()) == 0) {
+            now_ns - info->mtime_ns > kStaleTempNs &&
+            unlinkat(fanout.get(), name.c_str(), 0) == 0) {
           ++result.stale_temps_removed;
         }
         continue;
       }
       const std::optional<layout::ParsedName> parsed = layout::parse_entry_file_name(name);
       if (!parsed || layout::fanout_name(parsed->key) != fanout_name) continue;
-      const std::optional<fs::FileInfo> info = fs::stat_no_follow(path);
+      const std::optional<fs::FileInfo> info = fs::stat_at(fanout.get(), name);
       if (!info || !info->is_regular()) continue;
-      result.entries.push_back(ScannedEntry{path, parsed->key, info->size, info->mtime_ns});
+      result.entries.push_back(ScannedEntry{dir / fanout_name / name, fanout_name, name,
+                                            parsed->key, info->size, info->mtime_ns});
       result.total_bytes += info->size;
     }
   }
   return result;
 }
 
-EvictResult evict(Scan scan, std::uint64_t target_bytes,
+EvictResult evict(int dir_fd, Scan scan, std::uint64_t target_bytes,
                   std::optional<std::int64_t> older_than_cutoff_ns) {
   std::sort(scan.entries.begin(), scan.entries.end(),
             [](const ScannedEntry& a, const ScannedEntry& b) {
@@ -50,8 +53,9 @@ EvictResult evict(Scan scan, std::uint64_t target_bytes,
   for (const ScannedEntry& entry : scan.entries) {
     const bool too_old = older_than_cutoff_ns && entry.mtime_ns < *older_than_cutoff_ns;
     if (!too_old && total <= target_bytes) break;  // sorted: later entries are newer
+    const fs::UniqueFd fanout = fs::open_directory_at(dir_fd, entry.fanout.c_str());
     // ENOENT: another process evicted it first; either way its bytes are gone.
-    const bool removed = unlink(entry.path.c_str()) == 0;
+    const bool removed = fanout.valid() && unlinkat(fanout.get(), entry.name.c_str(), 0) == 0;
     if (removed || errno == ENOENT) total -= entry.size;
     if (removed) ++result.removed;
   }

@@ -1,6 +1,8 @@
 #pragma once
 // Directory walks for eviction, prune, clear, list and stats. Only names that match the entry
-// pattern inside fan-out directories are considered; everything else is left alone.
+// pattern inside fan-out directories are considered; everything else is left alone. All work is
+// relative to the opened versioned directory and never follows a symlink in place of a fan-out
+// directory or an entry.
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -14,7 +16,9 @@ namespace gmjit::cache::maintenance {
 inline constexpr std::int64_t kStaleTempNs = 3600ll * 1'000'000'000;  // crashed writers
 
 struct ScannedEntry {
-  std::filesystem::path path;
+  std::filesystem::path path;  // for display: the directory's path / fanout / name
+  std::string fanout;          // fan-out directory name inside the versioned directory
+  std::string name;            // file name inside the fan-out directory
   Key128 key;
   std::uint64_t size = 0;
   std::int64_t mtime_ns = 0;  // the last-used stamp
@@ -26,8 +30,10 @@ struct Scan {
   std::uint64_t stale_temps_removed = 0;
 };
 
-// Walks <dir>/<ab>/. With remove_stale_temps, temp files older than kStaleTempNs are unlinked.
-Scan scan(const std::filesystem::path& dir, bool remove_stale_temps, std::int64_t now_ns);
+// Walks <dir>/<ab>/ where dir_fd is the opened <dir> (`dir` only names what is found). With
+// remove_stale_temps, temp files older than kStaleTempNs are unlinked.
+Scan scan(int dir_fd, const std::filesystem::path& dir, bool remove_stale_temps,
+          std::int64_t now_ns);
 
 struct EvictResult {
   std::uint64_t removed = 0;
@@ -36,7 +42,7 @@ struct EvictResult {
 
 // Removes entries used before older_than_cutoff_ns, then least-recently-used ones (oldest stamp
 // first, ties by path) until at most target_bytes remain.
-EvictResult evict(Scan scan, std::uint64_t target_bytes,
+EvictResult evict(int dir_fd, Scan scan, std::uint64_t target_bytes,
                   std::optional<std::int64_t> older_than_cutoff_ns);
 
 }  // namespace gmjit::cache::maintenance

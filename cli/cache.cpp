@@ -11,28 +11,6 @@
 namespace gmjit::cli {
 namespace {
 
-// "90s", "30m", "12h", "7d" or plain seconds.
-std::int64_t parse_duration_seconds(const std::string& text) {
-  std::size_t used = 0;
-  long long value = -1;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-  }
-  const std::string unit = text.substr(used);
-  const long long scale = unit.empty() || unit == "s" ? 1
-                          : unit == "m"               ? 60
-                          : unit == "h"               ? 3600
-                          : unit == "d"               ? 86400
-                                                      : -1;
-  if (value < 0 || scale < 0) {
-    throw Error(
-        Status::invalid_argument,
-        fmt::format("--older-than '{}': expected a duration like 90s, 30m, 12h or 7d", text));
-  }
-  return value * scale;
-}
-
 nlohmann::json stats_json(const cache::CacheStats& s) {
   return {{"directory", s.directory.string()},
           {"entries", s.entries},
@@ -106,7 +84,14 @@ int run_cache(const CacheCommand& o) {
       max_bytes = *parsed;
     }
     std::optional<std::int64_t> older_than;
-    if (!o.older_than.empty()) older_than = parse_duration_seconds(o.older_than);
+    if (!o.older_than.empty()) {
+      older_than = cache::parse_duration_seconds(o.older_than);
+      if (!older_than) {
+        throw Error(Status::invalid_argument,
+                    fmt::format("--older-than '{}': expected a duration like 90s, 30m, 12h or 7d",
+                                o.older_than));
+      }
+    }
     const auto removed = disk.prune(max_bytes, older_than);
     out = {{"removed", removed}, {"stats", stats_json(disk.stats())}};
     if (!o.json) std::printf("removed %llu entries\n", static_cast<unsigned long long>(removed));

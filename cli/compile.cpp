@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
+#include "codegen/arch_limits.hpp"
 #include "codegen/nvrtc_compiler.hpp"
 #include "gmjit/gmjit.hpp"
 
@@ -15,7 +16,7 @@ void add_compile_options(CLI::App& command, CompileOptions& o) {
   command.add_option("--preset", o.presets, "named layer(s)")
       ->check(CLI::IsMember(names))
       ->capture_default_str();
-  command.add_option("--arch", o.arches, "target arch(es), e.g. sm_90a sm_80")
+  command.add_option("--arch", o.arches, "target arch(es): " + codegen::supported_arch_names())
       ->capture_default_str();
   command.add_option("--grad", o.grad, "on|off|both")
       ->check(CLI::IsMember({"on", "off", "both"}))
@@ -25,7 +26,9 @@ void add_compile_options(CLI::App& command, CompileOptions& o) {
 int run_compile(const CompileOptions& o) {
   for (const auto& arch : o.arches) {
     if (!codegen::is_supported_arch(arch)) {
-      throw Error(Status::invalid_argument, fmt::format("--arch '{}' is not supported", arch));
+      throw Error(Status::invalid_argument,
+                  fmt::format("--arch '{}' is not supported; expected one of {}", arch,
+                              codegen::supported_arch_names()));
     }
   }
   std::vector<GradMode> modes;

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include "codegen/arch_limits.hpp"
+#include "gmjit/error.hpp"
+
 namespace gmjit::codegen::detail {
 
 const char* activation_enumerator(Activation activation) {
@@ -114,6 +117,33 @@ void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t e
   launch.block_m = static_cast<std::uint32_t>(tile.block_m);
   launch.block_n = static_cast<std::uint32_t>(tile.block_n);
   launch.experts = static_cast<std::uint32_t>(experts);
+}
+
+TileConfig fit_tile(TileConfig tile, std::string_view arch, int (*smem_bytes)(const TileConfig&)) {
+  const int limit = arch_limits(arch).max_dynamic_smem_bytes;
+  while (smem_bytes(tile) > limit) {
+    if (tile.block_k > 32) {
+      tile.block_k = 32;
+    } else if (tile.stages > 2) {
+      --tile.stages;
+    } else if (tile.block_m > 64) {
+      tile.block_m /= 2;  // a divisor of the row extent stays one (extents are multiples of 64)
+    } else {
+      throw Error(
+          Status::internal,
+          fmt::format("no portable tile fits the {} bytes of shared memory of {}", limit, arch));
+    }
+  }
+  return tile;
+}
+
+void check_sm90_fits(const TileConfig& tile, std::string_view arch) {
+  const int limit = arch_limits(arch).max_dynamic_smem_bytes;
+  if (sm90_smem_bytes(tile) > limit) {
+    throw Error(Status::internal, fmt::format("the Hopper tile needs {} bytes of shared memory, "
+                                              "more than the {} of {}",
+                                              sm90_smem_bytes(tile), limit, arch));
+  }
 }
 
 LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,

@@ -41,6 +41,16 @@ std::string sm90_tile_fields(const TileConfig& tile);
 // Persistent grid (one block per SM), 384 threads, operands as TMA descriptors.
 void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t experts);
 
+// The portable (mma.sync) tile `preferred`, shrunk until smem_bytes(tile) fits the arch's
+// per-block limit (codegen/arch_limits.hpp): block_k 64 -> 32 first (keeps the output tile, so
+// the grid and the epilogue), then fewer stages (down to 2), then half the rows (down to 64).
+// Arches whose limit holds the preferred tile get it unchanged. Throws Error(unsupported) for an
+// arch missing from the table.
+TileConfig fit_tile(TileConfig preferred, std::string_view arch,
+                    int (*smem_bytes)(const TileConfig&));
+// The Hopper tile's shared memory must fit too; throws Error(internal) when it does not.
+void check_sm90_fits(const TileConfig& tile, std::string_view arch);
+
 // Row-tiled (grouped_rows) launch with `out_columns / out_columns_per_tile` column tiles.
 LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,
                                 std::int64_t out_columns_per_tile, std::int64_t out_columns,

@@ -42,14 +42,14 @@ void check_supported(const LayerSpec& layer) {
                       dtype_name(layer.split_dtype)));
 }
 
-TileConfig choose_tile(const LayerSpec& layer, KernelRole role) {
-  TileConfig tile;  // the Hopper issue brings measured per-shape selection
+TileConfig choose_tile(const LayerSpec& layer, KernelRole role, std::string_view arch) {
+  TileConfig tile;
   // Output tiles must divide the output width exactly; dims are multiples of 64, so a narrower
   // B tile serves widths that are not multiples of 128. GLU FC1 tiles emit block_n / 2 columns.
   const std::int64_t out_columns = role == KernelRole::fc2_forward ? layer.hidden : layer.ffn;
   const bool glu_fc1 = role == KernelRole::fc1_forward && is_glu(layer.activation.kind);
   if (!glu_fc1 && out_columns % tile.block_n != 0) tile.block_n = 64;
-  return tile;
+  return detail::fit_tile(tile, arch, [](const TileConfig& t) { return t.smem_bytes(); });
 }
 
 std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole role) {
@@ -73,13 +73,14 @@ KernelSource emit_forward_kernel(const GroupedMlpForwardDesc& desc, KernelRole r
   const std::optional<TileConfig> hopper =
       desc.arch == "sm_90a" && !desc.portable_only ? choose_sm90_tile(layer, role) : std::nullopt;
   if (hopper) {
+    check_sm90_fits(*hopper, desc.arch);
     k.entry = entry + "_sm90";
     k.source = translation_unit({"sm90_mlp_fwd.cuh", fc1 ? "Fc1Sm90" : "Fc2Sm90", "Sm90GemmParams",
                                  fields + sm90_tile_fields(*hopper), k.entry, "384, 1"});
     set_sm90_launch(k.launch, *hopper, layer.experts);
     return k;
   }
-  const TileConfig tile = choose_tile(layer, role);
+  const TileConfig tile = choose_tile(layer, role, desc.arch);
   k.entry = entry;
   k.source = translation_unit({"grouped_mlp_fwd.cuh", fc1 ? "Fc1" : "Fc2", "GroupedGemmParams",
                                fields + tile_fields(tile, tile.smem_bytes()), k.entry});

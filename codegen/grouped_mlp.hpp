@@ -4,6 +4,7 @@
 // a handful of constants and an entry that instantiates a template from kernel_templates/.
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "codegen/kernel_source.hpp"
@@ -37,7 +38,9 @@ struct TileConfig {
   int smem_bytes() const { return stages * (block_m + block_n) * (block_k + 8) * 2; }
 };
 
-TileConfig choose_tile(const LayerSpec& layer, KernelRole role);
+// The portable forward tile for `arch`: the default above where the arch's shared memory holds
+// it (sm_80, sm_87, sm_90, sm_100), else shrunk to fit (see detail::fit_tile).
+TileConfig choose_tile(const LayerSpec& layer, KernelRole role, std::string_view arch);
 
 // The Hopper tile (block_m x block_n, block_k 64, 4 stages) for FC1 or FC2, or nullopt when the
 // dims do not divide into any supported Hopper tile (the portable kernel serves them).

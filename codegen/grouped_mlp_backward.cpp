@@ -45,8 +45,9 @@ bool hopper(const GroupedMlpBackwardDesc& desc) {
 KernelSource dgrad(KernelRole role, const GroupedMlpBackwardDesc& desc) {
   const LayerSpec& layer = desc.layer;
   const bool fc2 = role == KernelRole::fc2_dgrad;
-  TileConfig tile;
-  tile.block_n = widest_dividing(fc2 ? layer.ffn : layer.hidden, {128, 64});
+  TileConfig preferred;
+  preferred.block_n = widest_dividing(fc2 ? layer.ffn : layer.hidden, {128, 64});
+  const TileConfig tile = fit_tile(preferred, desc.arch, dgrad_smem);
   const int smem = dgrad_smem(tile);
   KernelSource k;
   k.role = role;
@@ -65,6 +66,7 @@ KernelSource dgrad(KernelRole role, const GroupedMlpBackwardDesc& desc) {
   // Rows are tokens: any multiple of 128 stands for "rows tile freely" here.
   if (const auto sm90 =
           hopper(desc) ? sm90_tile(128, fc2 ? layer.ffn : layer.hidden) : std::nullopt) {
+    check_sm90_fits(*sm90, desc.arch);
     k.entry += "_sm90";
     k.source = translation_unit({"sm90_mlp_bwd.cuh", fc2 ? "Fc2DgradSm90" : "Fc1DgradSm90",
                                  fc2 ? "Sm90Fc2DgradParams" : "Sm90GemmParams",
@@ -84,9 +86,10 @@ KernelSource dgrad(KernelRole role, const GroupedMlpBackwardDesc& desc) {
 KernelSource wgrad(KernelRole role, const GroupedMlpBackwardDesc& desc, std::int64_t rows,
                    std::int64_t cols) {
   const LayerSpec& layer = desc.layer;
-  TileConfig tile;
-  tile.block_m = widest_dividing(rows, {256, 128, 64});
-  tile.block_n = widest_dividing(cols, {128, 64});
+  TileConfig preferred;
+  preferred.block_m = widest_dividing(rows, {256, 128, 64});
+  preferred.block_n = widest_dividing(cols, {128, 64});
+  const TileConfig tile = fit_tile(preferred, desc.arch, wgrad_smem);
   const int smem = wgrad_smem(tile);
   KernelSource k;
   k.role = role;
@@ -97,6 +100,7 @@ KernelSource wgrad(KernelRole role, const GroupedMlpBackwardDesc& desc, std::int
       "  static constexpr bool split_int64 = {};\n",
       layer.experts, rows, cols, layer.split_dtype == DType::i64);
   if (const auto sm90 = hopper(desc) ? sm90_tile(rows, cols) : std::nullopt) {
+    check_sm90_fits(*sm90, desc.arch);
     k.entry += "_sm90";
     k.source = translation_unit({"sm90_grouped_wgrad.cuh", "GroupedWgradSm90", "Sm90WgradParams",
                                  shape_fields + sm90_tile_fields(*sm90), k.entry, "384, 1"});

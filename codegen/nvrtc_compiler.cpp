@@ -1,7 +1,10 @@
 #include "codegen/nvrtc_compiler.hpp"
 
+#include <dlfcn.h>
 #include <nvrtc.h>
+#include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +14,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "codegen/arch_limits.hpp"
 #include "codegen/embedded_templates.hpp"
 #include "gmjit/error.hpp"
 
@@ -64,23 +68,30 @@ std::string nvrtc_version_string() {
   return fmt::format("{}.{}", major, minor);
 }
 
-bool is_supported_arch(std::string_view arch) {
-  static constexpr std::string_view known[] = {"sm_80", "sm_86",  "sm_87",  "sm_89",
-                                               "sm_90", "sm_90a", "sm_100", "sm_120"};
-  for (auto candidate : known) {
-    if (candidate == arch) return true;
+std::string nvrtc_full_version() {
+  std::string version = nvrtc_version_string();
+  int count = 0;
+  check(nvrtcGetNumSupportedArchs(&count), "nvrtcGetNumSupportedArchs");
+  std::vector<int> arches(static_cast<std::size_t>(std::max(count, 0)));
+  if (!arches.empty()) check(nvrtcGetSupportedArchs(arches.data()), "nvrtcGetSupportedArchs");
+  version += fmt::format(" archs {}", fmt::join(arches, ","));
+  // The library file that holds nvrtcVersion: a patch release changes its size.
+  Dl_info info{};
+  struct stat st {};
+  if (dladdr(reinterpret_cast<void*>(&nvrtcVersion), &info) != 0 && info.dli_fname != nullptr &&
+      stat(info.dli_fname, &st) == 0) {
+    version += fmt::format(" library {} bytes", static_cast<long long>(st.st_size));
   }
-  return false;
+  return version;
+}
+
+bool is_supported_arch(std::string_view arch) {
+  return find_arch(arch) != nullptr;
 }
 
 CompiledCubin compile_to_cubin(const KernelSource& kernel, std::string_view arch,
                                std::string_view key_hex) {
-  if (!is_supported_arch(arch)) {
-    throw Error(Status::unsupported,
-                fmt::format("arch '{}' is not supported; expected one of sm_80, sm_86, sm_87, "
-                            "sm_89, sm_90, sm_90a, sm_100, sm_120",
-                            arch));
-  }
+  arch_limits(arch);  // throws Error(unsupported) for an arch missing from the table
   dump_source_if_asked(kernel, key_hex);
   const auto start = std::chrono::steady_clock::now();
 

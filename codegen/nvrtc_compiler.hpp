@@ -22,8 +22,13 @@ std::vector<std::string> canonical_nvrtc_options(std::string_view arch);
 // "major.minor" of the linked NVRTC.
 std::string nvrtc_version_string();
 
-// True for the arches we generate code for: sm_80, sm_86, sm_87, sm_89, sm_90, sm_90a, sm_100,
-// sm_120 (docs/DESIGN.md §9).
+// Everything the loaded NVRTC tells about its build, for the disk key: "major.minor", the
+// arches it compiles for (nvrtcGetSupportedArchs) and the size of its library file. NVRTC has
+// no call for its patch or build number, and a patch release keeps major.minor (and the arch
+// list) but ships a different library.
+std::string nvrtc_full_version();
+
+// True for the arches in the table of codegen/arch_limits.hpp.
 bool is_supported_arch(std::string_view arch);
 
 // `key_hex` only labels errors and dumped sources.

@@ -102,6 +102,19 @@ Cpp from_c(C value, int (*to_c)(Cpp), const char* name) {
 }
 
 thread_local std::string last_error;
+// Static text reported instead of last_error when the message could not be stored (out of
+// memory): recording an error must never throw out of an extern "C" function.
+thread_local const char* last_error_fallback = nullptr;
+
+void set_last_error(const char* message) noexcept {
+  try {
+    last_error.assign(message);
+    last_error_fallback = nullptr;
+  } catch (const std::exception&) {  // bad_alloc / length_error from the copy
+    last_error.clear();
+    last_error_fallback = "gmjit: out of memory while recording the error message";
+  }
+}
 
 gmjit::DType dtype_of(const DLTensor& t, const char* name) {
   const DLDataType d = t.dtype;
@@ -150,17 +163,21 @@ gmjit::TensorRef to_ref(const DLTensor* t, const char* name) {
   return ref;
 }
 
+// Every extern "C" entry goes through here: nothing may unwind into C callers.
 template <typename Body>
-gmjit_status guarded(Body&& body) {
+gmjit_status guarded(Body&& body) noexcept {
   try {
     body();
-    last_error.clear();
+    set_last_error("");
     return GMJIT_OK;
   } catch (const gmjit::Error& error) {
-    last_error = error.what();
+    set_last_error(error.what());
     return static_cast<gmjit_status>(c_status(error.status()));
   } catch (const std::exception& error) {
-    last_error = error.what();
+    set_last_error(error.what());
+    return GMJIT_INTERNAL;
+  } catch (...) {
+    set_last_error("internal error: an exception not derived from std::exception");
     return GMJIT_INTERNAL;
   }
 }
@@ -283,7 +300,7 @@ gmjit_status gmjit_backward(gmjit_engine* engine, const gmjit_forward_context* c
 }
 
 const char* gmjit_last_error(void) {
-  return last_error.c_str();
+  return last_error_fallback != nullptr ? last_error_fallback : last_error.c_str();
 }
 
 const char* gmjit_status_string(gmjit_status status) {

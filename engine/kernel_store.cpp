@@ -102,7 +102,12 @@ bool decode_payload(std::span<const std::byte> bytes, CompiledKernel& out) {
 }
 
 cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view arch) {
-  static const std::string nvrtc = codegen::nvrtc_version_string();
+  static const std::string nvrtc = codegen::nvrtc_full_version();
+  return kernel_key(source, arch, nvrtc);
+}
+
+cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view arch,
+                         std::string_view nvrtc) {
   cache::KeyBuilder builder;
   builder.add(kEngineFormat).add(source.entry).add(source.source);
   const cache::Key128& templates = templates_digest();

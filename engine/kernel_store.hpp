@@ -28,8 +28,11 @@ std::vector<std::byte> encode_payload(const CompiledKernel& kernel);
 bool decode_payload(std::span<const std::byte> bytes, CompiledKernel& out);
 
 // Everything that can change the binary (docs/DESIGN.md §4): format version, generated source,
-// every template header, canonical NVRTC options, target arch, NVRTC version.
+// every template header, canonical NVRTC options, target arch, NVRTC version (as much of it as
+// the library tells: codegen::nvrtc_full_version()).
 cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view arch);
+cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view arch,
+                         std::string_view nvrtc_version);
 
 struct StoreCounters {
   std::atomic<std::uint64_t> kernels_compiled{0};

@@ -2,7 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
+#include <stdexcept>
 
+#include "cache/layout.hpp"
 #include "test_support.hpp"
 #include "testing/cache_faults.hpp"
 
@@ -124,6 +127,61 @@ TEST(FullDisk, InjectedEnospcMeansMemoryOnlyWithOneWarningAndNoTempFile) {
   EXPECT_FALSE(cache.writable());
   EXPECT_EQ(cache.load(key_for(1)), payload_for(key_for(1)));  // loads keep working
   EXPECT_FALSE(cache.load(key_for(2)).has_value());
+}
+
+TEST(UnwritableDirectory, WritesAreRetriedAfterTheDelayAndComingBackIsReportedOnce) {
+  TempDir tmp;
+  Warnings warnings;
+  write_bytes(tmp.path() / "file", {std::byte{1}});
+  DiskCacheConfig config = config_for(tmp.path() / "file" / "cache", warnings);
+  config.write_retry_seconds = 0;
+  DiskCache cache(config);
+  EXPECT_FALSE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  EXPECT_FALSE(cache.store(key_for(2), labels_for(2), payload_for(key_for(2))));
+  ASSERT_EQ(warnings.size(), 1u) << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find("Not a directory"), std::string::npos) << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find("tried again"), std::string::npos) << warnings.all();
+
+  stdfs::remove(tmp.path() / "file");  // the user fixes the directory
+  EXPECT_TRUE(cache.store(key_for(3), labels_for(3), payload_for(key_for(3))));
+  EXPECT_TRUE(cache.writable());
+  EXPECT_EQ(cache.load(key_for(3)), payload_for(key_for(3)));
+  ASSERT_EQ(warnings.size(), 2u) << warnings.all();
+  EXPECT_NE(warnings.lines()[1].find("again"), std::string::npos) << warnings.all();
+}
+
+TEST(UnwritableDirectory, WithinTheRetryDelayNoWriteIsAttempted) {
+  TempDir tmp;
+  Warnings warnings;
+  write_bytes(tmp.path() / "file", {std::byte{1}});
+  DiskCache cache(config_for(tmp.path() / "file" / "cache", warnings));  // 60 s by default
+  EXPECT_FALSE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  stdfs::remove(tmp.path() / "file");
+  EXPECT_FALSE(cache.store(key_for(2), labels_for(2), payload_for(key_for(2))));
+  EXPECT_FALSE(stdfs::exists(tmp.path() / "file")) << "nothing was created";
+  EXPECT_EQ(warnings.size(), 1u) << warnings.all();
+}
+
+TEST(SwallowedErrors, AnExceptionInsideLoadIsAMissReportedOnceWithItsCause) {
+  TempDir tmp;
+  auto lines = std::make_shared<std::vector<std::string>>();
+  auto calls = std::make_shared<int>(0);
+  DiskCacheConfig config;
+  config.root = tmp.path();
+  // The first warning (about the symlinked directory below) throws out of the sink.
+  config.warn = [lines, calls](std::string_view line) {
+    if ((*calls)++ == 0) throw std::runtime_error("warning sink broke");
+    lines->emplace_back(line);
+  };
+  stdfs::create_directories(tmp.path() / "target");
+  stdfs::create_directory_symlink(tmp.path() / "target", tmp.path() / layout::version_dir_name());
+  DiskCache cache(config);
+  EXPECT_FALSE(cache.load(key_for(1)).has_value());
+  EXPECT_FALSE(cache.load(key_for(2)).has_value());
+  ASSERT_EQ(lines->size(), 1u);
+  EXPECT_NE((*lines)[0].find("warning sink broke"), std::string::npos) << (*lines)[0];
+  EXPECT_NE((*lines)[0].find("load"), std::string::npos) << (*lines)[0];
+  EXPECT_EQ(cache.counters().misses, 2u);
 }
 
 TEST(FullDisk, NoEnvironmentVariableInjectsFaults) {

@@ -1,6 +1,8 @@
 // Size bound, LRU eviction by last-used stamp, stamp refresh, stale temp files, listings.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <algorithm>
 
 #include "test_support.hpp"
@@ -118,6 +120,37 @@ TEST(LruEviction, PruneOlderThanRemovesOnlyEntriesUnusedThatLong) {
   EXPECT_FALSE(stdfs::exists(paths[0]));
   EXPECT_TRUE(stdfs::exists(paths[1]));
   EXPECT_TRUE(stdfs::exists(paths[2]));
+}
+
+TEST(LruEviction, PruneOlderThanAHugeValueSaturatesAndRemovesNothing) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const std::vector<stdfs::path> paths = StoreEntries(cache, 3);
+  set_mtime_seconds_ago(paths[0], 10 * 86400);
+  // Seconds whose nanoseconds overflow int64: the cutoff must not wrap into the future.
+  for (std::int64_t seconds :
+       {std::numeric_limits<std::int64_t>::max(),
+        std::numeric_limits<std::int64_t>::max() / 1'000'000'000 + 1, std::int64_t{1} << 62}) {
+    EXPECT_EQ(cache.prune(1ull << 40, seconds), 0u) << seconds;
+  }
+  for (const stdfs::path& path : paths) EXPECT_TRUE(stdfs::exists(path)) << path;
+  EXPECT_EQ(cache.prune(1ull << 40, 0), 3u);  // zero: everything is older than now
+}
+
+TEST(DurationParsing, UnitsScaleAndHugeValuesSaturateInsteadOfOverflowing) {
+  EXPECT_EQ(parse_duration_seconds("90"), 90);
+  EXPECT_EQ(parse_duration_seconds("90s"), 90);
+  EXPECT_EQ(parse_duration_seconds("30m"), 1800);
+  EXPECT_EQ(parse_duration_seconds("12h"), 43200);
+  EXPECT_EQ(parse_duration_seconds("7d"), 604800);
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  EXPECT_EQ(parse_duration_seconds("200000000000000d"), kMax);  // d * 86400 overflows
+  EXPECT_EQ(parse_duration_seconds("99999999999999999999999999"), kMax);
+  EXPECT_EQ(parse_duration_seconds("9223372036854775807"), kMax);
+  for (const char* bad : {"", "d", "-5d", "7w", "7 d", "1.5h"}) {
+    EXPECT_FALSE(parse_duration_seconds(bad).has_value()) << bad;
+  }
 }
 
 TEST(StaleTempFiles, OldTempFilesAreRemovedAndFreshOnesKept) {

@@ -116,5 +116,46 @@ TEST(UntrustedDirectory, PrivateDirectoryInsideASharedParentIsFine) {
   EXPECT_EQ(warnings.size(), 0u) << warnings.all();
 }
 
+// Everything below the versioned directory is reached through the handle opened (and checked)
+// first, so a directory swapped for a symlink afterwards cannot redirect a write.
+TEST(SwappedDirectory, EntriesDirectoryReplacedByASymlinkAfterOpeningReceivesNoWrite) {
+  TempDir tmp;
+  Warnings warnings;
+  const stdfs::path elsewhere = tmp.path() / "elsewhere";
+  stdfs::create_directories(elsewhere);
+  stdfs::permissions(elsewhere, stdfs::perms::owner_all, stdfs::perm_options::replace);
+  DiskCache cache(config_for(tmp.path() / "root", warnings));
+  ASSERT_TRUE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+
+  stdfs::rename(cache.directory(), tmp.path() / "moved");
+  stdfs::create_directory_symlink(elsewhere, cache.directory());
+  for (int i = 2; i < 10; ++i) cache.store(key_for(i), labels_for(i), payload_for(key_for(i)));
+  cache.prune(0, std::nullopt);
+
+  EXPECT_TRUE(files_matching(elsewhere, [](const std::string&) { return true; }).empty());
+  EXPECT_TRUE(stdfs::is_empty(elsewhere));
+}
+
+TEST(SwappedDirectory, FanoutDirectoryReplacedByASymlinkIsRefusedAndReceivesNoWrite) {
+  TempDir tmp;
+  Warnings warnings;
+  const stdfs::path elsewhere = tmp.path() / "elsewhere";
+  stdfs::create_directories(elsewhere);
+  stdfs::permissions(elsewhere, stdfs::perms::owner_all, stdfs::perm_options::replace);
+  DiskCache cache(config_for(tmp.path() / "root", warnings));
+  ASSERT_TRUE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  const stdfs::path fanout = entry_path(cache, key_for(1), labels_for(1)).parent_path();
+
+  stdfs::rename(fanout, tmp.path() / "moved");
+  stdfs::create_directory_symlink(elsewhere, fanout);
+  EXPECT_FALSE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  EXPECT_FALSE(cache.load(key_for(1)).has_value());
+  EXPECT_EQ(cache.prune(0, std::nullopt), 0u);
+
+  EXPECT_TRUE(stdfs::is_empty(elsewhere));
+  ASSERT_EQ(warnings.size(), 1u) << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find("symbolic link"), std::string::npos) << warnings.all();
+}
+
 }  // namespace
 }  // namespace gmjit::cache

@@ -31,7 +31,7 @@ TEST(GroupedMlpEmit, ProducesFc1ThenFc2WithDistinctEntries) {
 
 TEST(GroupedMlpEmit, LaunchShapeCoversOutputColumns) {
   const auto kernels = emit_grouped_mlp_forward({mixtral(), false});
-  const TileConfig tile = choose_tile(mixtral(), KernelRole::fc1_forward);
+  const TileConfig tile = choose_tile(mixtral(), KernelRole::fc1_forward, "sm_80");
   // GLU: each FC1 tile produces block_n / 2 activation columns.
   EXPECT_EQ(kernels[0].launch.grid_x * tile.block_n / 2, 14336u);
   EXPECT_EQ(kernels[1].launch.grid_x * tile.block_n, 4096u);

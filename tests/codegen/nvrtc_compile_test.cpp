@@ -61,7 +61,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"sm90a_relu_narrow", "sm_90a", Activation::relu, GluLayout::halves, true, true, 320,
              192},
         Case{"sm80_swiglu_narrow", "sm_80", Activation::swiglu, GluLayout::halves, true, false, 192,
-             64}),
+             64},
+        // 99 KB arches: block_k 32 tiles (the templates static_assert their copy passes).
+        Case{"sm89_swiglu_save", "sm_89", Activation::swiglu, GluLayout::halves, true, true},
+        Case{"sm120_relu_narrow", "sm_120", Activation::relu, GluLayout::halves, false, false, 320,
+             192}),
     [](const auto& info) { return std::string(info.param.name); });
 
 class NvrtcCompilesBackwardKernels : public ::testing::TestWithParam<Case> {};
@@ -86,7 +90,9 @@ INSTANTIATE_TEST_SUITE_P(Arches, NvrtcCompilesBackwardKernels,
                                            Case{"sm80_geglu_i32", "sm_80", Activation::geglu,
                                                 GluLayout::interleaved32, false, true},
                                            Case{"sm90a_relu_narrow", "sm_90a", Activation::relu,
-                                                GluLayout::halves, true, true, 320, 192}),
+                                                GluLayout::halves, true, true, 320, 192},
+                                           Case{"sm86_geglu_i32", "sm_86", Activation::geglu,
+                                                GluLayout::interleaved32, true, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The op-by-op activation kernel: the smallest kernel the library emits.

@@ -99,6 +99,28 @@ TEST_F(CApi, TrainingForwardNeedsSomewhereToPutTheContext) {
   EXPECT_EQ(gmjit_forward_train(engine_, &layer, &args, nullptr, nullptr), GMJIT_INVALID_ARGUMENT);
 }
 
+TEST_F(CApi, OutOfRangeGluLayoutIsInvalidArgumentNamingTheField) {
+  Tensors t;
+  gmjit_layer layer = small_layer();
+  layer.glu_layout = static_cast<gmjit_glu_layout>(7);
+  const gmjit_forward_args args = t.args();
+  EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(gmjit_last_error()).find("glu_layout"), std::string::npos)
+      << gmjit_last_error();
+  layer.glu_layout = static_cast<gmjit_glu_layout>(-1);
+  EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(gmjit_last_error()).find("glu_layout"), std::string::npos);
+}
+
+TEST_F(CApi, ASuccessfulCallClearsTheLastError) {
+  EXPECT_EQ(gmjit_forward(engine_, nullptr, nullptr, 0, nullptr), GMJIT_INVALID_ARGUMENT);
+  EXPECT_STRNE(gmjit_last_error(), "");
+  gmjit_engine* other = nullptr;
+  ASSERT_EQ(gmjit_engine_create(&other), GMJIT_OK);
+  EXPECT_STREQ(gmjit_last_error(), "");
+  gmjit_engine_destroy(other);
+}
+
 TEST(CApiStatus, HasReadableNames) {
   EXPECT_STREQ(gmjit_status_string(GMJIT_NO_DEVICE), "no_device");
 }

@@ -1,6 +1,9 @@
 // options_key and the memory plan key (docs/DESIGN.md §4).
 #include <gtest/gtest.h>
 
+#include "codegen/grouped_mlp.hpp"
+#include "codegen/nvrtc_compiler.hpp"
+#include "engine/kernel_store.hpp"
 #include "engine/plan.hpp"
 
 namespace gmjit::engine {
@@ -51,6 +54,26 @@ TEST(PlanKey, ClampParametersMatterOnlyForClampedSwiglu) {
   a.activation.kind = b.activation.kind = Activation::clamped_swiglu;
   EXPECT_FALSE(PlanKey::make(a, Recipe::bf16(), GradMode::no_grad, 0) ==
                PlanKey::make(b, Recipe::bf16(), GradMode::no_grad, 0));
+}
+
+TEST(KernelKey, ADifferentNvrtcVersionStringGivesADifferentKey) {
+  const codegen::KernelSource source = codegen::emit_fill_random();
+  const std::string full = codegen::nvrtc_full_version();
+  EXPECT_EQ(kernel_key(source, "sm_90a"), kernel_key(source, "sm_90a", full));
+  // Same major.minor, another build of the library (a patch release).
+  EXPECT_FALSE(kernel_key(source, "sm_90a", "13.0 archs 80,90 library 100 bytes") ==
+               kernel_key(source, "sm_90a", "13.0 archs 80,90 library 101 bytes"));
+  EXPECT_FALSE(kernel_key(source, "sm_90a", "13.0") == kernel_key(source, "sm_90a", "13.1"));
+  EXPECT_FALSE(kernel_key(source, "sm_90a", full) == kernel_key(source, "sm_90a", full + "x"));
+}
+
+TEST(KernelKey, NvrtcVersionInTheKeyIsMoreThanMajorMinor) {
+  const std::string full = codegen::nvrtc_full_version();
+  const std::string major_minor = codegen::nvrtc_version_string();
+  EXPECT_EQ(full.rfind(major_minor, 0), 0u) << full;
+  EXPECT_NE(full.find("archs "), std::string::npos) << full;
+  EXPECT_NE(full.find("90"), std::string::npos) << full;
+  EXPECT_NE(full.find(" bytes"), std::string::npos) << full;
 }
 
 }  // namespace
