@@ -57,7 +57,10 @@ TEST(PlanKey, ClampParametersMatterOnlyForClampedSwiglu) {
 }
 
 TEST(KernelKey, ADifferentNvrtcVersionStringGivesADifferentKey) {
-  const codegen::KernelSource source = codegen::emit_fill_random();
+  codegen::GroupedMlpForwardDesc desc;
+  desc.layer.hidden = 256;
+  desc.layer.ffn = 128;
+  const codegen::KernelSource source = codegen::emit_grouped_mlp_forward(desc).front();
   const std::string full = codegen::nvrtc_full_version();
   EXPECT_EQ(kernel_key(source, "sm_90a"), kernel_key(source, "sm_90a", full));
   // Same major.minor, another build of the library (a patch release).
