@@ -39,7 +39,7 @@ std::string sm90_tile_fields(const TileConfig& tile);
 // Persistent grid (one block per SM), 384 threads, operands as TMA descriptors.
 void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t experts);
 
-// Row-tiled (grouped_rows) launch with `out_columns / out_columns_per_tile` column tiles.
+// Row-tiled (grouped_rows) launch with ceil(out_columns / out_columns_per_tile) column tiles.
 LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,
                                 std::int64_t out_columns_per_tile, std::int64_t out_columns,
                                 std::int64_t experts);

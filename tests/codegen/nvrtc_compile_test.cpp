@@ -61,7 +61,16 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"sm90a_relu_narrow", "sm_90a", Activation::relu, GluLayout::halves, true, true, 320,
              192},
         Case{"sm80_swiglu_narrow", "sm_80", Activation::swiglu, GluLayout::halves, true, false, 192,
-             64}),
+             64},
+        // Multiples of 8 only: partial tiles and K tails (portable kernels on every arch).
+        Case{"sm80_swiglu_w200x72_save", "sm_80", Activation::swiglu, GluLayout::halves, true, true,
+             200, 72},
+        Case{"sm90a_relu_w4104x1416_save", "sm_90a", Activation::relu, GluLayout::halves, true,
+             true, 4104, 1416},
+        Case{"sm90a_geglu_i32_w200x96", "sm_90a", Activation::geglu, GluLayout::interleaved32, true,
+             true, 200, 96},
+        Case{"sm90a_swiglu_gpt_oss", "sm_90a", Activation::swiglu, GluLayout::halves, true, true,
+             2880, 2880}),
     [](const auto& info) { return std::string(info.param.name); });
 
 class NvrtcCompilesBackwardKernels : public ::testing::TestWithParam<Case> {};
@@ -86,8 +95,30 @@ INSTANTIATE_TEST_SUITE_P(Arches, NvrtcCompilesBackwardKernels,
                                            Case{"sm80_geglu_i32", "sm_80", Activation::geglu,
                                                 GluLayout::interleaved32, false, true},
                                            Case{"sm90a_relu_narrow", "sm_90a", Activation::relu,
-                                                GluLayout::halves, true, true, 320, 192}),
+                                                GluLayout::halves, true, true, 320, 192},
+                                           Case{"sm80_swiglu_w200x72", "sm_80", Activation::swiglu,
+                                                GluLayout::halves, true, true, 200, 72},
+                                           Case{"sm90a_gelu_w4104x1416", "sm_90a", Activation::gelu,
+                                                GluLayout::halves, true, true, 4104, 1416},
+                                           Case{"sm90a_geglu_i32_w200x96", "sm_90a",
+                                                Activation::geglu, GluLayout::interleaved32, true,
+                                                true, 200, 96}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+TEST(NvrtcCompile, OpByOpKernelsCompileForWidthsWithTails) {
+  // FC1 as a plain grouped linear (200 -> 2 * 72, a K tail and a partial column tile), the GLU
+  // activation on F = 72, and FC2 (72 -> 200).
+  for (const char* arch : {"sm_80", "sm_90a"}) {
+    ActivationSpec swiglu;
+    const KernelSource kernels[] = {
+        emit_grouped_linear({4, 200, 144, true, false, DType::i64, arch, false}),
+        emit_activation({swiglu, 72, true}),
+        emit_grouped_linear({4, 72, 200, true, true, DType::i32, arch, false})};
+    for (const KernelSource& kernel : kernels) {
+      EXPECT_GT(compile_to_cubin(kernel, arch, "test").cubin.size(), 1000u) << kernel.entry;
+    }
+  }
+}
 
 TEST(NvrtcCompile, FillRandomKernelCompiles) {
   EXPECT_GT(compile_to_cubin(emit_fill_random(), "sm_90a", "test").cubin.size(), 100u);
