@@ -28,30 +28,37 @@ std::string fc2_entry(const LayerSpec& l) {
 // Widths stay far from int overflow in the kernels' column arithmetic.
 constexpr std::int64_t kMaxWidth = std::int64_t{1} << 20;
 
-}  // namespace
+[[noreturn]] void fail(const std::string& what) {
+  throw Error(Status::invalid_argument, what);
+}
 
-void check_supported(const LayerSpec& layer) {
-  auto fail = [](const std::string& what) { throw Error(Status::invalid_argument, what); };
-  if (layer.experts < 1 || layer.experts > 4096) {
-    fail(fmt::format("experts must be in [1, 4096], got {}", layer.experts));
+// Rows of 16 bytes are what cp.async and TMA copy; the kernels handle any such width (partial
+// tiles past the last multiple of the tile).
+void check_width(const char* name, std::int64_t width) {
+  if (width < 8 || width % 8 != 0 || width > kMaxWidth) {
+    fail(fmt::format("{} must be a positive multiple of 8 (16-byte bf16 rows) up to {}, got {}",
+                     name, kMaxWidth, width));
   }
-  // Rows of 16 bytes are what cp.async and TMA copy; the kernels handle any such width (partial
-  // tiles past the last multiple of the tile).
-  auto check_width = [&](const char* name, std::int64_t width) {
-    if (width < 8 || width % 8 != 0 || width > kMaxWidth) {
-      fail(fmt::format("{} must be a positive multiple of 8 (16-byte bf16 rows) up to {}, got {}",
-                       name, kMaxWidth, width));
-    }
-  };
-  check_width("hidden", layer.hidden);
-  check_width("ffn", layer.ffn);
-  if (is_glu(layer.activation.kind) && layer.activation.layout == GluLayout::interleaved32 &&
-      layer.ffn % 32 != 0) {
+}
+
+void check_glu_layout(const ActivationSpec& activation, std::int64_t ffn) {
+  if (is_glu(activation.kind) && activation.layout == GluLayout::interleaved32 && ffn % 32 != 0) {
     fail(fmt::format(
         "ffn must be a multiple of 32 with the interleaved32 GLU layout (W1 rows alternate 32 gate "
         "and 32 lin rows), got {}; use the halves layout for other widths",
-        layer.ffn));
+        ffn));
   }
+}
+
+}  // namespace
+
+void check_supported(const LayerSpec& layer) {
+  if (layer.experts < 1 || layer.experts > 4096) {
+    fail(fmt::format("experts must be in [1, 4096], got {}", layer.experts));
+  }
+  check_width("hidden", layer.hidden);
+  check_width("ffn", layer.ffn);
+  check_glu_layout(layer.activation, layer.ffn);
   if (layer.split_dtype != DType::i32 && layer.split_dtype != DType::i64) {
     fail(fmt::format("split_sizes dtype must be int32 or int64, got {}",
                      dtype_name(layer.split_dtype)));
@@ -141,6 +148,8 @@ KernelSource emit_grouped_linear(const GroupedLinearDesc& d) {
   desc.layer.split_dtype = d.split_dtype;
   desc.arch = d.arch;
   desc.portable_only = d.portable_only;
+  check_width("in_features", d.in_features);
+  check_width("out_features", d.out_features);
   check_supported(desc.layer);
   const std::string fields = detail::layer_fields(desc.layer) +
                              fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n",
@@ -155,6 +164,8 @@ KernelSource emit_grouped_linear(const GroupedLinearDesc& d) {
 
 KernelSource emit_activation(const ActivationDesc& d) {
   using namespace detail;
+  check_width("ffn", d.ffn);
+  check_glu_layout(d.activation, d.ffn);
   KernelSource k;
   k.role = KernelRole::activation;
   k.entry = fmt::format("gmjit_activation_f{}_{}{}{}", d.ffn, activation_name(d.activation.kind),

@@ -241,7 +241,8 @@ TEST_P(UntrustedSplits, AreClampedAndSaturatedAndNothingOutsideTheTensorsIsTouch
       EXPECT_EQ(bad, 0) << name << ": unwritten or non-finite";
       EXPECT_LT(relative_error(values, want), kTolerance) << name;
       for (std::int64_t e = 0; e < E && per_expert > 0; ++e) {
-        if (sizes[e] != 0 && covered_rows({sizes.begin(), sizes.begin() + e}, T) < T) continue;
+        const std::vector<std::int64_t> before(sizes.begin(), sizes.begin() + e);
+        if (sizes[e] != 0 && covered_rows(before, T) < T) continue;  // the expert has rows
         for (std::int64_t i = 0; i < per_expert; ++i) {
           ASSERT_EQ(values[e * per_expert + i], 0.0f) << name << " of expert " << e;
         }
