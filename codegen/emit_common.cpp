@@ -153,7 +153,9 @@ LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,
   launch.grid = LaunchShape::Grid::grouped_rows;
   launch.threads = static_cast<std::uint32_t>(tile.threads());
   launch.dynamic_smem_bytes = static_cast<std::uint32_t>(smem_bytes);
-  launch.grid_x = static_cast<std::uint32_t>(out_columns / out_columns_per_tile);
+  // A partial last tile covers a width that is not a multiple of the tile.
+  launch.grid_x =
+      static_cast<std::uint32_t>((out_columns + out_columns_per_tile - 1) / out_columns_per_tile);
   launch.block_m = static_cast<std::uint32_t>(tile.block_m);
   launch.experts = static_cast<std::uint32_t>(experts);
   return launch;

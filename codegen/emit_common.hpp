@@ -51,7 +51,7 @@ TileConfig fit_tile(TileConfig preferred, std::string_view arch,
 // The Hopper tile's shared memory must fit too; throws Error(internal) when it does not.
 void check_sm90_fits(const TileConfig& tile, std::string_view arch);
 
-// Row-tiled (grouped_rows) launch with `out_columns / out_columns_per_tile` column tiles.
+// Row-tiled (grouped_rows) launch with ceil(out_columns / out_columns_per_tile) column tiles.
 LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,
                                 std::int64_t out_columns_per_tile, std::int64_t out_columns,
                                 std::int64_t experts);

@@ -25,27 +25,54 @@ std::string fc2_entry(const LayerSpec& l) {
                      l.fc2_bias ? "_b2" : "", l.router_probs ? "_p" : "");
 }
 
+// Widths stay far from int overflow in the kernels' column arithmetic.
+constexpr std::int64_t kMaxWidth = std::int64_t{1} << 20;
+
+[[noreturn]] void fail(const std::string& what) {
+  throw Error(Status::invalid_argument, what);
+}
+
+// Rows of 16 bytes are what cp.async and TMA copy; the kernels handle any such width (partial
+// tiles past the last multiple of the tile).
+void check_width(const char* name, std::int64_t width) {
+  if (width < 8 || width % 8 != 0 || width > kMaxWidth) {
+    fail(fmt::format("{} must be a positive multiple of 8 (16-byte bf16 rows) up to {}, got {}",
+                     name, kMaxWidth, width));
+  }
+}
+
+void check_glu_layout(const ActivationSpec& activation, std::int64_t ffn) {
+  if (is_glu(activation.kind) && activation.layout == GluLayout::interleaved32 && ffn % 32 != 0) {
+    fail(fmt::format(
+        "ffn must be a multiple of 32 with the interleaved32 GLU layout (W1 rows alternate 32 gate "
+        "and 32 lin rows), got {}; use the halves layout for other widths",
+        ffn));
+  }
+}
+
 }  // namespace
 
 void check_supported(const LayerSpec& layer) {
-  auto require = [](bool ok, const std::string& what) {
-    if (!ok) throw Error(Status::invalid_argument, what);
-  };
-  require(layer.experts >= 1 && layer.experts <= 4096,
-          fmt::format("experts must be in [1, 4096], got {}", layer.experts));
-  require(layer.hidden >= 64 && layer.hidden % 64 == 0,
-          fmt::format("hidden must be a positive multiple of 64, got {}", layer.hidden));
-  require(layer.ffn >= 64 && layer.ffn % 64 == 0,
-          fmt::format("ffn must be a positive multiple of 64, got {}", layer.ffn));
-  require(layer.split_dtype == DType::i32 || layer.split_dtype == DType::i64,
-          fmt::format("split_sizes dtype must be int32 or int64, got {}",
-                      dtype_name(layer.split_dtype)));
+  if (layer.experts < 1 || layer.experts > 4096) {
+    fail(fmt::format("experts must be in [1, 4096], got {}", layer.experts));
+  }
+  check_width("hidden", layer.hidden);
+  check_width("ffn", layer.ffn);
+  check_glu_layout(layer.activation, layer.ffn);
+  if (layer.split_dtype != DType::i32 && layer.split_dtype != DType::i64) {
+    fail(fmt::format("split_sizes dtype must be int32 or int64, got {}",
+                     dtype_name(layer.split_dtype)));
+  }
+}
+
+bool hopper_widths(const LayerSpec& layer) {
+  return layer.hidden % 64 == 0 && layer.ffn % 64 == 0;
 }
 
 TileConfig choose_tile(const LayerSpec& layer, KernelRole role, std::string_view arch) {
   TileConfig tile;
-  // Output tiles must divide the output width exactly; dims are multiples of 64, so a narrower
-  // B tile serves widths that are not multiples of 128. GLU FC1 tiles emit block_n / 2 columns.
+  // A narrower B tile serves widths that are multiples of 64 but not of 128 with whole tiles;
+  // other widths end in a partial tile. GLU FC1 tiles emit block_n / 2 columns.
   const std::int64_t out_columns = role == KernelRole::fc2_forward ? layer.hidden : layer.ffn;
   const bool glu_fc1 = role == KernelRole::fc1_forward && is_glu(layer.activation.kind);
   if (!glu_fc1 && out_columns % tile.block_n != 0) tile.block_n = 64;
@@ -53,6 +80,9 @@ TileConfig choose_tile(const LayerSpec& layer, KernelRole role, std::string_view
 }
 
 std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole role) {
+  // The Hopper kernels need K in whole 64-column TMA boxes and whole output tiles; other widths
+  // take the portable kernels.
+  if (!hopper_widths(layer)) return std::nullopt;
   const bool glu_fc1 = role == KernelRole::fc1_forward && is_glu(layer.activation.kind);
   const std::int64_t out_columns = role == KernelRole::fc2_forward ? layer.hidden : layer.ffn;
   return detail::sm90_tile_dividing(out_columns, glu_fc1 ? 2 : 1);
@@ -119,6 +149,8 @@ KernelSource emit_grouped_linear(const GroupedLinearDesc& d) {
   desc.layer.split_dtype = d.split_dtype;
   desc.arch = d.arch;
   desc.portable_only = d.portable_only;
+  check_width("in_features", d.in_features);
+  check_width("out_features", d.out_features);
   check_supported(desc.layer);
   const std::string fields = detail::layer_fields(desc.layer) +
                              fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n",
@@ -133,6 +165,8 @@ KernelSource emit_grouped_linear(const GroupedLinearDesc& d) {
 
 KernelSource emit_activation(const ActivationDesc& d) {
   using namespace detail;
+  check_width("ffn", d.ffn);
+  check_glu_layout(d.activation, d.ffn);
   KernelSource k;
   k.role = KernelRole::activation;
   k.entry = fmt::format("gmjit_activation_f{}_{}{}{}", d.ffn, activation_name(d.activation.kind),

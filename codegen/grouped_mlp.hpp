@@ -57,8 +57,13 @@ struct GroupedMlpBackwardDesc {
 // wgrad_w1, bgrad_b1, fc1_dgrad as asked for.
 std::vector<KernelSource> emit_grouped_mlp_backward(const GroupedMlpBackwardDesc& desc);
 
-// Throws Error(Status::invalid_argument) for dims the kernels cannot serve.
+// Throws Error(Status::invalid_argument) for dims the kernels cannot serve: hidden and ffn must be
+// positive multiples of 8 (and ffn of 32 for the interleaved32 GLU layout).
 void check_supported(const LayerSpec& layer);
+
+// Whether hidden and ffn suit the Hopper kernels (multiples of 64); other widths run on the
+// portable kernels, whose partial tiles handle any multiple of 8.
+bool hopper_widths(const LayerSpec& layer);
 
 std::vector<KernelSource> emit_grouped_mlp_forward(const GroupedMlpForwardDesc& desc);
 

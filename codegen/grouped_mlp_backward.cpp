@@ -25,7 +25,7 @@ int widest_dividing(std::int64_t extent, std::initializer_list<int> candidates) 
   for (int c : candidates) {
     if (extent % c == 0) return c;
   }
-  return 64;  // dims are validated multiples of 64
+  return 64;  // not a multiple of 64: the last tile is partial
 }
 
 std::string entry_name(std::string_view role, const LayerSpec& l, std::string_view flags) {
@@ -39,7 +39,7 @@ std::optional<TileConfig> sm90_tile(std::int64_t rows, std::int64_t cols) {
 }
 
 bool hopper(const GroupedMlpBackwardDesc& desc) {
-  return desc.arch == "sm_90a" && !desc.portable_only;
+  return desc.arch == "sm_90a" && !desc.portable_only && hopper_widths(desc.layer);
 }
 
 KernelSource dgrad(KernelRole role, const GroupedMlpBackwardDesc& desc) {
@@ -117,8 +117,8 @@ KernelSource wgrad(KernelRole role, const GroupedMlpBackwardDesc& desc, std::int
   k.launch.grid = LaunchShape::Grid::fixed;
   k.launch.threads = static_cast<std::uint32_t>(tile.threads());
   k.launch.dynamic_smem_bytes = static_cast<std::uint32_t>(smem);
-  k.launch.grid_x = static_cast<std::uint32_t>(cols / tile.block_n);
-  k.launch.grid_y = static_cast<std::uint32_t>(rows / tile.block_m);
+  k.launch.grid_x = static_cast<std::uint32_t>((cols + tile.block_n - 1) / tile.block_n);
+  k.launch.grid_y = static_cast<std::uint32_t>((rows + tile.block_m - 1) / tile.block_m);
   k.launch.grid_z = static_cast<std::uint32_t>(layer.experts);
   return k;
 }

@@ -1,11 +1,22 @@
 #pragma once
-// Maps a block's row-tile index to (expert, row range) from device-resident split sizes.
+// Expert row ranges from device-resident split sizes, shared by every kernel family (forward,
+// backward dgrad, wgrad, bias sums; portable and Hopper): the one place a split size is read.
 //
-// Grid contract: gridDim.y = ceil(T / BM) + E + 1 row tiles, an upper bound on
+// Split sizes are untrusted (they never reach the host), so the kernels are the last line of
+// defence. Contract, with T = tokens:
+//   n_e   = clamp(split[e], 0, T)                  (negative: no rows; huge: at most T)
+//   off_e = min(n_0 + ... + n_{e-1}, T)            (prefix sums of the clamped sizes, saturated)
+//   expert e owns rows [off_e, min(off_e + n_e, T))
+// Rows [min(sum n_e, T), T) belong to no expert; the kernels write zeros there (every output row
+// < T is written). Tokens past T are ignored and nothing outside [0, T) is read or written.
+// Clamping first keeps every sum small (E <= 4096 sizes of at most T < 2^24 rows), so no scan
+// can overflow whatever the sizes are (INT64_MAX included).
+//
+// Row tiles (find_row_tile). Grid contract: gridDim.y = ceil(T / BM) + E + 1 row tiles, an upper
+// bound on
 //   sum_g ceil(n_g / BM)  (expert tiles)  +  ceil((T - sum_g n_g) / BM)  (tail tiles).
 // Expert tiles come first, in expert order; then tail tiles cover rows [sum n_g, T), which the
-// kernels zero so that every output element is written; tiles past those exit. Expert row ranges
-// are clamped to [0, T) so that sum(split) > T never reads or writes out of bounds.
+// kernels zero; tiles past those exit.
 //
 // Every warp computes the schedule redundantly (E reads that hit L1/L2, a few shuffles): this
 // costs less than a shared-memory broadcast plus a block barrier before the mainloop.
@@ -17,6 +28,28 @@ struct RowTile {
   long long row_begin;  // first row of the tile
   long long row_end;    // one past the last valid row (row_end - row_begin <= BM); 0-size = exit
 };
+
+// Element type of the split sizes: int32 or int64 (Cfg::split_int64).
+template <bool kInt64>
+struct SplitType {
+  using type = int;
+};
+template <>
+struct SplitType<true> {
+  using type = long long;
+};
+
+// Split size e clamped to [0, tokens].
+template <class SplitT>
+__device__ __forceinline__ long long clamped_split(const SplitT* __restrict__ split, int e,
+                                                   long long tokens) {
+  const long long n = static_cast<long long>(split[e]);
+  return n < 0 ? 0 : (n < tokens ? n : tokens);
+}
+
+__device__ __forceinline__ long long saturate(long long v, long long tokens) {
+  return v < tokens ? v : tokens;
+}
 
 namespace detail {
 
@@ -59,6 +92,36 @@ __device__ __forceinline__ T warp_inclusive_scan(T v, int lane) {
 
 }  // namespace detail
 
+// Clamped, saturated row range [beg, end) of expert e0 + lane, for the 32 experts of the chunk
+// starting at e0 whose predecessors end at row_base (<= tokens); lanes past the last expert get
+// an empty range. Warp-collective. Returns the chunk's end (<= tokens): the next row_base.
+template <class SplitT, int kExperts>
+__device__ __forceinline__ long long chunk_rows(const SplitT* __restrict__ split, long long tokens,
+                                                int e0, long long row_base, long long& beg,
+                                                long long& end) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int e = e0 + lane;
+  const long long n = e < kExperts ? clamped_split(split, e, tokens) : 0;
+  const long long end_u = row_base + detail::warp_inclusive_scan(n, lane);  // <= 33 * tokens
+  beg = saturate(end_u - n, tokens);
+  end = saturate(end_u, tokens);
+  return detail::shfl_idx(end, 31);
+}
+
+// Row range [beg, end) of expert g alone (the contract above). Warp-collective; every lane gets
+// the same result.
+template <class SplitT>
+__device__ __forceinline__ void expert_rows(const SplitT* __restrict__ split, long long tokens,
+                                            int g, long long& beg, long long& end) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  long long s = 0;  // sum of clamped sizes: at most 4096 * tokens, no overflow
+  for (int e = lane; e < g; e += 32) s += clamped_split(split, e, tokens);
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) s += detail::shfl_idx(s, lane ^ d);
+  beg = saturate(s, tokens);
+  end = saturate(s + clamped_split(split, g, tokens), tokens);
+}
+
 // Finds row tile `tile` (0-based, expert tiles then tail tiles). Must be called by all 32 lanes
 // of a warp (uses full-mask shuffles); every lane gets the same result.
 // SplitT: int (int32 splits) or long long (int64 splits).
@@ -66,16 +129,11 @@ template <class SplitT, int kExperts, int kBlockM>
 __device__ __forceinline__ RowTile find_row_tile(const SplitT* __restrict__ split, long long tokens,
                                                  int tile) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  long long row_base = 0;  // rows of experts before this chunk (unclamped sum)
+  long long row_base = 0;  // rows of experts before this chunk (saturated at tokens)
   int tile_base = 0;       // expert tiles before this chunk
   for (int e0 = 0; e0 < kExperts; e0 += 32) {
-    const int e = e0 + lane;
-    long long n = e < kExperts ? static_cast<long long>(split[e]) : 0;
-    if (n < 0) n = 0;  // defensive: a negative size owns no rows
-    const long long end_u = row_base + detail::warp_inclusive_scan(n, lane);
-    const long long beg_u = end_u - n;
-    const long long beg = beg_u < tokens ? beg_u : tokens;
-    const long long end = end_u < tokens ? end_u : tokens;
+    long long beg, end;
+    const long long next_base = chunk_rows<SplitT, kExperts>(split, tokens, e0, row_base, beg, end);
     const int tiles = static_cast<int>((end - beg + kBlockM - 1) / kBlockM);
     const int tiles_incl = tile_base + detail::warp_inclusive_scan(tiles, lane);
     const unsigned int hit = __ballot_sync(0xffffffffu, tile < tiles_incl);
@@ -91,17 +149,33 @@ __device__ __forceinline__ RowTile find_row_tile(const SplitT* __restrict__ spli
       r.row_end = b + kBlockM < lim ? b + kBlockM : lim;
       return r;
     }
-    row_base = detail::shfl_idx(end_u, 31);
+    row_base = next_base;
     tile_base = detail::shfl_idx(tiles_incl, 31);
   }
-  // Tail rows [min(sum, T), T).
-  const long long covered = row_base < tokens ? row_base : tokens;
+  // Tail rows [row_base, T), row_base = min(sum, T).
   RowTile r;
   r.expert = -1;
-  r.row_begin = covered + static_cast<long long>(tile - tile_base) * kBlockM;
+  r.row_begin = row_base + static_cast<long long>(tile - tile_base) * kBlockM;
   if (r.row_begin > tokens) r.row_begin = tokens;
   r.row_end = r.row_begin + kBlockM < tokens ? r.row_begin + kBlockM : tokens;
   return r;
+}
+
+// Number of row tiles (expert tiles + tail tiles) that find_row_tile enumerates. Warp-collective.
+template <class SplitT, int kExperts, int kBlockM>
+__device__ __forceinline__ int count_row_tiles(const SplitT* __restrict__ split, long long tokens) {
+  long long row_base = 0;
+  int tiles = 0;
+  for (int e0 = 0; e0 < kExperts; e0 += 32) {
+    long long beg, end;
+    const long long next_base = chunk_rows<SplitT, kExperts>(split, tokens, e0, row_base, beg, end);
+    int t = static_cast<int>((end - beg + kBlockM - 1) / kBlockM);
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) t += __shfl_xor_sync(0xffffffffu, t, d);
+    tiles += t;
+    row_base = next_base;
+  }
+  return tiles + static_cast<int>((tokens - row_base + kBlockM - 1) / kBlockM);
 }
 
 // Grouped rasterization: consecutive block ids walk `group` row tiles before moving to the next

@@ -45,9 +45,11 @@ struct TileShape {
 
 // Mainloop over `k_tiles` K tiles. Each thread copies `a_loads` A rows and `b_loads` B rows of one
 // fixed 16-byte column chunk per stage (copy_row/copy_chunk say which); the caller hands their
-// global addresses at K = 0 (a_src/b_src) and byte counts (a_bytes: 16, or 0 for rows past the
-// expert's end, which become zeros; their a_src must still point at a valid row).
-template <class S>
+// global addresses at K = 0 (a_src/b_src) and byte counts (16, or 0 for rows that become zeros:
+// A rows past the expert's end, B rows past the output width; their address must still be a valid
+// row). kKTail = K when K is not a multiple of block_k (else 0): chunks at K columns >= kKTail
+// are zero-filled from the row's start, so a K tail adds zeros to the sums (K % 8 == 0).
+template <class S, int kKTail = 0>
 struct NtMainloop {
   float acc[S::mt][S::nt][4];
 
@@ -63,7 +65,7 @@ struct NtMainloop {
                                       const unsigned char* const (&a_src)[S::a_loads],
                                       const unsigned int (&a_bytes)[S::a_loads],
                                       const unsigned char* const (&b_src)[S::b_loads],
-                                      int k_tiles) {
+                                      const unsigned int (&b_bytes)[S::b_loads], int k_tiles) {
 #pragma unroll
     for (int i = 0; i < S::mt; ++i)
 #pragma unroll
@@ -84,13 +86,20 @@ struct NtMainloop {
     auto load_stage = [&](int stage, int kt) {
       const unsigned int a_dst = a_smem + stage * S::a_stage_bytes + copy_off;
       const unsigned int b_dst = b_smem + stage * S::b_stage_bytes + copy_off;
-      const long long k_off = static_cast<long long>(kt) * S::block_k * 2;
+      long long k_off = static_cast<long long>(kt) * S::block_k * 2;
+      unsigned int k_mask = ~0u;
+      if constexpr (kKTail != 0) {
+        if (kt * S::block_k + copy_chunk() * 8 >= kKTail) {
+          k_off = -16LL * copy_chunk();  // back to the row's first chunk: a valid address
+          k_mask = 0u;
+        }
+      }
 #pragma unroll
       for (int i = 0; i < S::a_loads; ++i)
-        cp_async_16(a_dst + i * kPassBytes, a_src[i] + k_off, a_bytes[i]);
+        cp_async_16(a_dst + i * kPassBytes, a_src[i] + k_off, a_bytes[i] & k_mask);
 #pragma unroll
       for (int i = 0; i < S::b_loads; ++i)
-        cp_async_16(b_dst + i * kPassBytes, b_src[i] + k_off, 16u);
+        cp_async_16(b_dst + i * kPassBytes, b_src[i] + k_off, b_bytes[i] & k_mask);
     };
 
     // ldmatrix lane addresses (byte offsets inside a stage, at k16 step 0).

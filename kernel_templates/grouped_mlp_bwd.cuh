@@ -12,7 +12,8 @@
 //
 // Config structs (all `static constexpr`), written by codegen.
 // Fc2Dgrad and Fc1Dgrad:
-//   experts, hidden, ffn     int    E, H, F (multiples of 64)
+//   experts, hidden, ffn     int    E, H, F (multiples of 8; K and N tails are zero-filled and
+//                                   predicated, the last column tile may be partial)
 //   split_int64              bool   split_sizes are int64 (else int32)
 //   act                      Act    Fc1Dgrad only needs is_glu(act) (K = F1 = 2F for GLU)
 //   block_m, block_n         int    CTA tile: block_m rows x block_n output columns (F columns of
@@ -30,7 +31,7 @@
 //   has_bias                 bool   FC2 had a bias: adds <dy_t, b2_g> to dp (needs has_probs)
 //   has_probs                bool   probs given: da = g ⊙ p, act_scaled = a ⊙ p, dprobs written
 // GroupedWgrad:
-//   experts, rows, cols      int    E, M, N of out [E, M, N] (multiples of block_m / block_n)
+//   experts, rows, cols      int    E, M, N of out [E, M, N] (multiples of 8; partial last tiles)
 //   split_int64, block_m, block_n, block_k, stages, warps_m, warps_n, group_m, min_blocks as above
 //   smem_bytes               int    must equal stages * block_k * (block_m + block_n + 16) * 2
 // GroupedColumnSum:
@@ -41,13 +42,15 @@
 //
 // Launch (host), K = the kernel struct, dynamic smem = K::smem_bytes (raise the function's max
 // dynamic smem attribute when > 48 KiB), blockDim = (K::threads):
-//   Fc2Dgrad     grid (K::grid_x = F / block_n, ceil(T / block_m) + E + 1). When has_probs, the
-//                host must zero dprobs ([T] fp32, e.g. cuMemsetD32Async) before the launch:
-//                blocks add their partial dot products with atomicAdd. Tail rows [sum, T) get
-//                zeros in dpreact and act_scaled (and keep the host's zeros in dprobs).
+//   Fc2Dgrad     grid (K::grid_x = ceil(F / block_n), ceil(T / block_m) + E + 1). When
+//                has_probs, the host must zero dprobs ([T] fp32, e.g. cuMemsetD32Async) before
+//                the launch: blocks add their partial dot products with atomicAdd. Tail rows
+//                [sum, T) get zeros in dpreact and act_scaled (and keep the host's zeros in
+//                dprobs).
 //   Fc1Dgrad     GroupedGemmParams{a = dpreact, b = w1, out = dx, tokens, split_sizes; the rest
-//                null}; grid (K::grid_x = H / block_n, ceil(T / block_m) + E + 1). Tail rows: 0.
-//   GroupedWgrad grid (K::grid_x = cols / block_n, K::grid_y = rows / block_m, E).
+//                null}; grid (K::grid_x = ceil(H / block_n), ceil(T / block_m) + E + 1). Tail
+//                rows: 0.
+//   GroupedWgrad grid (K::grid_x = ceil(cols / block_n), K::grid_y = ceil(rows / block_m), E).
 //   GroupedColumnSum  grid (K::grid_x = ceil(cols / 256), E), smem_bytes = 0 (static smem).
 // gridDim.y of the dgrad kernels must stay <= 65535 (as in the forward).
 // Suggested tiles (H200, mma.sync): dgrad 256 x 128 x 64, 3 stages, warps 4 x 2 (smem 162816 B);
@@ -78,8 +81,9 @@ __device__ __forceinline__ void grouped_gemm_nn(const P& p, const void* a_ptr, c
   using B = typename S::B;
   using SplitT = typename Epi::SplitT;
   constexpr int kK = Epi::kK, kN = Epi::kN;
-  static_assert(kK % S::block_k == 0, "K must be a multiple of block_k");
-  static_assert(kN % S::block_n == 0, "N must be a multiple of block_n");
+  static_assert(kK % 8 == 0 && kN % 8 == 0, "K and N must be multiples of 8 (16-byte rows)");
+  // Tails: K chunks past kK and B columns past kN are zero-filled (Epi::store skips the columns).
+  constexpr bool kKTail = kK % S::block_k != 0, kNTail = kN % S::block_n != 0;
   static_assert(
       Cfg::smem_bytes == S::smem_bytes,
       "Cfg::smem_bytes != stages * (block_m * (block_k + 8) + block_k * (block_n + 8)) * 2");
@@ -104,27 +108,39 @@ __device__ __forceinline__ void grouped_gemm_nn(const P& p, const void* a_ptr, c
     a_bytes[i] = valid ? 16u : 0u;
     a_src[i] = a + (valid ? row : rt.row_begin) * (kK * 2LL) + A::copy_chunk() * 16;
   }
-  // This thread's B row (a K index) and 8 columns, at K tile 0.
-  const unsigned char* b_src =
-      static_cast<const unsigned char*>(b_ptr) +
-      (static_cast<long long>(rt.expert) * kK * kN + static_cast<long long>(B::copy_row()) * kN +
-       tile_n * S::block_n + B::copy_chunk() * 8) *
-          2;
+  // This thread's B row (a K index) and 8 columns, at K tile 0. Chunks outside [kK, kN) read
+  // nothing (src-size 0) from the expert's first element, a valid address.
+  const unsigned char* b_expert =
+      static_cast<const unsigned char*>(b_ptr) + static_cast<long long>(rt.expert) * kK * kN * 2;
+  const int b_col = tile_n * S::block_n + B::copy_chunk() * 8;
+  const bool b_col_ok = !kNTail || b_col < kN;
+  const unsigned char* b_src = b_expert + (static_cast<long long>(B::copy_row()) * kN + b_col) * 2;
 
   auto load_a = [&](unsigned int dst, int kt) {
-    const long long k_off = static_cast<long long>(kt) * S::block_k * 2;
+    long long k_off = static_cast<long long>(kt) * S::block_k * 2;
+    unsigned int k_mask = ~0u;
+    if constexpr (kKTail) {
+      if (kt * S::block_k + A::copy_chunk() * 8 >= kK) {
+        k_off = -16LL * A::copy_chunk();  // the row's first chunk: a valid address
+        k_mask = 0u;
+      }
+    }
 #pragma unroll
     for (int i = 0; i < A::loads; ++i)
-      cp_async_16(dst + i * A::pass_bytes, a_src[i] + k_off, a_bytes[i]);
+      cp_async_16(dst + i * A::pass_bytes, a_src[i] + k_off, a_bytes[i] & k_mask);
   };
   auto load_b = [&](unsigned int dst, int kt) {
     const unsigned char* s = b_src + static_cast<long long>(kt) * S::block_k * (kN * 2LL);
 #pragma unroll
-    for (int i = 0; i < B::loads; ++i)
-      cp_async_16(dst + i * B::pass_bytes, s + i * (B::rows_per_pass * kN * 2LL), 16u);
+    for (int i = 0; i < B::loads; ++i) {
+      const bool ok =
+          b_col_ok && (!kKTail || kt * S::block_k + B::copy_row() + i * B::rows_per_pass < kK);
+      cp_async_16(dst + i * B::pass_bytes, ok ? s + i * (B::rows_per_pass * kN * 2LL) : b_expert,
+                  ok ? 16u : 0u);
+    }
   };
   GemmMainloop<S> m;
-  m.run(dyn_smem(), load_a, load_b, kK / S::block_k);
+  m.run(dyn_smem(), load_a, load_b, (kK + S::block_k - 1) / S::block_k);
   Epi::store(p, m.acc, rt, tile_n);
 }
 
@@ -134,12 +150,13 @@ __device__ __forceinline__ void grouped_gemm_nn(const P& p, const void* a_ptr, c
 template <class Cfg>
 struct Fc2Dgrad {
   using S = detail::NnShapeOf<Cfg>;
-  using SplitT = typename detail::SplitType<Cfg::split_int64>::type;
+  using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr bool kGlu = is_glu(Cfg::act);
   static constexpr GluLayout kLayout = Cfg::glu_layout;
   static constexpr int kH = Cfg::hidden, kF = Cfg::ffn, kF1 = kGlu ? 2 * kF : kF;
-  static constexpr int kK = kH, kN = kF;  // [T, H] · [H, F]
-  static constexpr int grid_x = kF / Cfg::block_n;
+  static constexpr int kK = kH, kN = kF;                  // [T, H] · [H, F]
+  static constexpr bool kNTail = kF % Cfg::block_n != 0;  // partial last column tile
+  static constexpr int grid_x = (kF + Cfg::block_n - 1) / Cfg::block_n;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
   static constexpr int min_blocks = Cfg::min_blocks;
@@ -169,6 +186,8 @@ struct Fc2Dgrad {
 #pragma unroll
           for (int j = 0; j < S::nt; ++j) {
             const int c = c0 + j * 8;
+            hg[j] = hl[j] = 0u;
+            if (kNTail && c >= kF) continue;  // past the width: no h, no outputs
             if constexpr (kGlu) {
               hg[j] = *reinterpret_cast<const unsigned int*>(h + gate_col<kLayout>(c, kF));
               hl[j] = *reinterpret_cast<const unsigned int*>(h + lin_col<kLayout>(c, kF));
@@ -179,6 +198,7 @@ struct Fc2Dgrad {
 #pragma unroll
           for (int j = 0; j < S::nt; ++j) {
             const int c = c0 + j * 8;
+            if (kNTail && c >= kF) continue;
             const float g0 = acc[i][j][half * 2], g1 = acc[i][j][half * 2 + 1];
             float a0, a1;
             if constexpr (kGlu) {
@@ -239,17 +259,16 @@ struct Fc2Dgrad {
   __device__ static void zero_rows(const Fc2DgradParams& p, int tile_n, long long r0,
                                    long long r1) {
     const int c0 = tile_n * Cfg::block_n;
-    detail::zero_groups(p.act_scaled, kF, r0, r1, Cfg::block_n / 8,
-                        [=](int g) { return c0 + g * 8; });
+    const int groups = detail::groups_in(c0, Cfg::block_n, kF);
+    detail::zero_groups(p.act_scaled, kF, r0, r1, groups, [=](int g) { return c0 + g * 8; });
     if constexpr (kGlu) {
       // An 8-column group stays inside one 32-column block: its gate / lin columns are contiguous.
-      detail::zero_groups(p.dpreact, kF1, r0, r1, Cfg::block_n / 4, [=](int g) {
+      detail::zero_groups(p.dpreact, kF1, r0, r1, 2 * groups, [=](int g) {
         const int c = c0 + (g >> 1) * 8;
         return (g & 1) ? lin_col<kLayout>(c, kF) : gate_col<kLayout>(c, kF);
       });
     } else {
-      detail::zero_groups(p.dpreact, kF1, r0, r1, Cfg::block_n / 8,
-                          [=](int g) { return c0 + g * 8; });
+      detail::zero_groups(p.dpreact, kF1, r0, r1, groups, [=](int g) { return c0 + g * 8; });
     }
   }
 
@@ -262,11 +281,12 @@ struct Fc2Dgrad {
 template <class Cfg>
 struct Fc1Dgrad {
   using S = detail::NnShapeOf<Cfg>;
-  using SplitT = typename detail::SplitType<Cfg::split_int64>::type;
+  using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kH = Cfg::hidden;
   static constexpr int kF1 = is_glu(Cfg::act) ? 2 * Cfg::ffn : Cfg::ffn;
-  static constexpr int kK = kF1, kN = kH;  // [T, F1] · [F1, H]
-  static constexpr int grid_x = kH / Cfg::block_n;
+  static constexpr int kK = kF1, kN = kH;                 // [T, F1] · [F1, H]
+  static constexpr bool kNTail = kH % Cfg::block_n != 0;  // partial last column tile
+  static constexpr int grid_x = (kH + Cfg::block_n - 1) / Cfg::block_n;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
   static constexpr int min_blocks = Cfg::min_blocks;
@@ -284,15 +304,18 @@ struct Fc1Dgrad {
         const long long row = rt.row_begin + wm * S::warp_m + i * 16 + half * 8 + (lane >> 2);
         if (row >= rt.row_end) continue;
 #pragma unroll
-        for (int j = 0; j < S::nt; ++j)
+        for (int j = 0; j < S::nt; ++j) {
+          if (kNTail && c0 + j * 8 >= kH) continue;
           store_bf16x2(out + row * kH + c0 + j * 8, acc[i][j][half * 2], acc[i][j][half * 2 + 1]);
+        }
       }
   }
 
   __device__ static void zero_rows(const GroupedGemmParams& p, int tile_n, long long r0,
                                    long long r1) {
     const int c0 = tile_n * Cfg::block_n;
-    detail::zero_groups(p.out, kH, r0, r1, Cfg::block_n / 8, [=](int g) { return c0 + g * 8; });
+    detail::zero_groups(p.out, kH, r0, r1, detail::groups_in(c0, Cfg::block_n, kH),
+                        [=](int g) { return c0 + g * 8; });
   }
 
   __device__ static void run(const GroupedGemmParams& p) {

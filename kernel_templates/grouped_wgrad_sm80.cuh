@@ -32,30 +32,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Row range [beg, end) of expert g (prefix sum of the split sizes, clamped to [0, tokens)).
-// Called by all 32 lanes of a warp; every lane gets the same result.
-template <class SplitT>
-__device__ __forceinline__ void expert_rows(const SplitT* __restrict__ split, long long tokens,
-                                            int g, long long& beg, long long& end) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  long long s = 0;
-  for (int e = lane; e < g; e += 32) {
-    const long long n = static_cast<long long>(split[e]);
-    s += n > 0 ? n : 0;
-  }
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) {
-    const unsigned long long u = static_cast<unsigned long long>(s);
-    const unsigned int lo = __shfl_xor_sync(0xffffffffu, static_cast<unsigned int>(u), d);
-    const unsigned int hi = __shfl_xor_sync(0xffffffffu, static_cast<unsigned int>(u >> 32), d);
-    s += static_cast<long long>((static_cast<unsigned long long>(hi) << 32) | lo);
-  }
-  long long n = static_cast<long long>(split[g]);
-  if (n < 0) n = 0;
-  beg = s < tokens ? s : tokens;
-  end = s + n < tokens ? s + n : tokens;
-}
-
 }  // namespace detail
 
 // ---- GroupedWgrad: out_g = A_gᵀ B_g, both operands MN-major tiles (token rows = K) ----------
@@ -63,15 +39,18 @@ template <class Cfg>
 struct GroupedWgrad {
   using S = GemmShape<Cfg::block_m, Cfg::block_n, Cfg::block_k, Cfg::stages, Cfg::warps_m,
                       Cfg::warps_n, false, false>;
-  using SplitT = typename detail::SplitType<Cfg::split_int64>::type;
+  using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kM = Cfg::rows, kN = Cfg::cols;
-  static constexpr int grid_x = kN / Cfg::block_n, grid_y = kM / Cfg::block_m;
+  // Widths that are not multiples of the tile end in partial tiles: columns past kM / kN are
+  // zero-filled on load and not stored.
+  static constexpr bool kMTail = kM % Cfg::block_m != 0, kNTail = kN % Cfg::block_n != 0;
+  static constexpr int grid_x = (kN + Cfg::block_n - 1) / Cfg::block_n;
+  static constexpr int grid_y = (kM + Cfg::block_m - 1) / Cfg::block_m;
   static constexpr int grid_z = Cfg::experts;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
   static constexpr int min_blocks = Cfg::min_blocks;
-  static_assert(kM % Cfg::block_m == 0 && kN % Cfg::block_n == 0,
-                "rows / cols must be multiples of block_m / block_n");
+  static_assert(kM % 8 == 0 && kN % 8 == 0, "rows / cols must be multiples of 8");
   static_assert(Cfg::smem_bytes == S::smem_bytes,
                 "Cfg::smem_bytes != stages * block_k * (block_m + block_n + 16) * 2");
 
@@ -82,24 +61,26 @@ struct GroupedWgrad {
     grouped_block_coords(Cfg::group_m, tile_m, tile_n);
     const int g = static_cast<int>(blockIdx.z);
     long long beg, end;
-    detail::expert_rows(static_cast<const SplitT*>(p.split_sizes), p.tokens, g, beg, end);
+    expert_rows(static_cast<const SplitT*>(p.split_sizes), p.tokens, g, beg, end);
     if (beg >= end && p.accumulate) return;  // nothing to add
     const int k_tiles = static_cast<int>((end - beg + Cfg::block_k - 1) / Cfg::block_k);
 
-    // Token rows past the expert's end are zero-filled (src_bytes 0) from a valid address.
+    // Token rows past the expert's end, and columns past kM / kN, are zero-filled (src_bytes 0)
+    // from a valid address (row beg, column 0 for the columns).
+    const int a_col = tile_m * Cfg::block_m + A::copy_chunk() * 8;
+    const int b_col = tile_n * Cfg::block_n + B::copy_chunk() * 8;
+    const bool a_col_ok = !kMTail || a_col < kM, b_col_ok = !kNTail || b_col < kN;
     const unsigned char* a_base =
-        static_cast<const unsigned char*>(p.a) +
-        (static_cast<long long>(tile_m) * Cfg::block_m + A::copy_chunk() * 8) * 2;
+        static_cast<const unsigned char*>(p.a) + (a_col_ok ? a_col : 0) * 2;
     const unsigned char* b_base =
-        static_cast<const unsigned char*>(p.b) +
-        (static_cast<long long>(tile_n) * Cfg::block_n + B::copy_chunk() * 8) * 2;
+        static_cast<const unsigned char*>(p.b) + (b_col_ok ? b_col : 0) * 2;
     const int a_row = A::copy_row(), b_row = B::copy_row();
     auto load_a = [&](unsigned int dst, int kt) {
       const long long t0 = beg + static_cast<long long>(kt) * Cfg::block_k + a_row;
 #pragma unroll
       for (int i = 0; i < A::loads; ++i) {
         const long long t = t0 + i * A::rows_per_pass;
-        const bool ok = t < end;
+        const bool ok = t < end && a_col_ok;
         cp_async_16(dst + i * A::pass_bytes, a_base + (ok ? t : beg) * (kM * 2LL), ok ? 16u : 0u);
       }
     };
@@ -108,7 +89,7 @@ struct GroupedWgrad {
 #pragma unroll
       for (int i = 0; i < B::loads; ++i) {
         const long long t = t0 + i * B::rows_per_pass;
-        const bool ok = t < end;
+        const bool ok = t < end && b_col_ok;
         cp_async_16(dst + i * B::pass_bytes, b_base + (ok ? t : beg) * (kN * 2LL), ok ? 16u : 0u);
       }
     };
@@ -125,8 +106,10 @@ struct GroupedWgrad {
       for (int half = 0; half < 2; ++half) {
         const long long r =
             tile_m * Cfg::block_m + wm * S::warp_m + i * 16 + half * 8 + (lane >> 2);
+        if (kMTail && r >= kM) continue;
 #pragma unroll
         for (int j = 0; j < S::nt; ++j) {
+          if (kNTail && col0 + j * 8 >= kN) continue;
           float* o = out + r * kN + col0 + j * 8;
           float v0 = m.acc[i][j][half * 2], v1 = m.acc[i][j][half * 2 + 1];
           if (p.accumulate) {
@@ -145,7 +128,7 @@ struct GroupedWgrad {
 // warps split the expert's rows and combine their partial sums in shared memory. -----------------
 template <class Cfg>
 struct GroupedColumnSum {
-  using SplitT = typename detail::SplitType<Cfg::split_int64>::type;
+  using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kN = Cfg::cols;
   static constexpr int kWarps = Cfg::warps;
   static constexpr int threads = 32 * kWarps;
@@ -160,7 +143,7 @@ struct GroupedColumnSum {
     const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
     const int g = static_cast<int>(blockIdx.y);
     long long beg, end;
-    detail::expert_rows(static_cast<const SplitT*>(p.split_sizes), p.tokens, g, beg, end);
+    expert_rows(static_cast<const SplitT*>(p.split_sizes), p.tokens, g, beg, end);
     if (beg >= end && p.accumulate) return;
     const int c = static_cast<int>(blockIdx.x) * 256 + lane * 8;
     const unsigned short* in = static_cast<const unsigned short*>(p.in) + c;

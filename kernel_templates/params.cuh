@@ -46,8 +46,9 @@ struct Sm90GemmParams {
 namespace gmjit::kt {
 
 // ---- Backward (grouped_mlp_bwd.cuh) ----
-// Rows of expert g are [off_g, off_g + n_g) with off_g = sum of split_sizes before g, clamped to
-// [0, tokens); rows [sum n_g, tokens) belong to no expert (their dgrad outputs are zeroed).
+// Rows of expert g follow the split-size contract of expert_schedule.cuh (sizes clamped to
+// [0, tokens], offsets saturated at tokens); rows past the saturated sum belong to no expert
+// (their dgrad outputs are zeroed).
 
 // FC2 dgrad + activation backward (Fc2Dgrad): g = dy · W2_g, dh = act'(h) · (g ⊙ p).
 struct Fc2DgradParams {

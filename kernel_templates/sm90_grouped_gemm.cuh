@@ -25,15 +25,6 @@
 
 namespace gmjit::kt::sm90 {
 
-template <bool kInt64>
-struct SplitType {
-  using type = int;
-};
-template <>
-struct SplitType<true> {
-  using type = long long;
-};
-
 // Tile/pipeline constants derived from a Cfg.
 template <class Cfg>
 struct Shape {
@@ -67,30 +58,6 @@ struct Shape {
                 "Cfg::smem_bytes != stages * (block_m + block_n) * 128 + 20480");
   static_assert(smem_bytes <= 232448, "exceeds the 227 KiB of shared memory of a CTA");
 };
-
-// Number of row tiles (expert tiles + tail tiles) that find_row_tile enumerates. Warp-collective.
-template <class SplitT, int kExperts, int kBlockM>
-__device__ __forceinline__ int count_row_tiles(const SplitT* __restrict__ split, long long tokens) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  long long row_base = 0;
-  int tiles = 0;
-  for (int e0 = 0; e0 < kExperts; e0 += 32) {
-    const int e = e0 + lane;
-    long long n = e < kExperts ? static_cast<long long>(split[e]) : 0;
-    if (n < 0) n = 0;
-    const long long end_u = row_base + kt::detail::warp_inclusive_scan(n, lane);
-    const long long beg_u = end_u - n;
-    const long long beg = beg_u < tokens ? beg_u : tokens;
-    const long long end = end_u < tokens ? end_u : tokens;
-    int t = static_cast<int>((end - beg + kBlockM - 1) / kBlockM);
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) t += __shfl_xor_sync(0xffffffffu, t, d);
-    tiles += t;
-    row_base = kt::detail::shfl_idx(end_u, 31);
-  }
-  const long long covered = row_base < tokens ? row_base : tokens;
-  return tiles + static_cast<int>((tokens - covered + kBlockM - 1) / kBlockM);
-}
 
 // Linear tile index -> (row tile, column tile), walking `group` row tiles per column sweep.
 __device__ __forceinline__ void tile_coords(int t, int num_m, int num_n, int group, int& tile_m,

@@ -35,24 +35,6 @@ namespace gmjit::kt {
 
 namespace sm90 {
 
-// Row range [beg, end) of expert g, clamped to [0, tokens). Warp-collective; same on all lanes.
-template <class SplitT>
-__device__ __forceinline__ void expert_rows(const SplitT* __restrict__ split, long long tokens,
-                                            int g, long long& beg, long long& end) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  long long s = 0;
-  for (int e = lane; e < g; e += 32) {
-    const long long n = static_cast<long long>(split[e]);
-    s += n > 0 ? n : 0;
-  }
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) s += kt::detail::shfl_idx(s, lane ^ d);
-  long long n = static_cast<long long>(split[g]);
-  if (n < 0) n = 0;
-  beg = s < tokens ? s : tokens;
-  end = s + n < tokens ? s + n : tokens;
-}
-
 struct WgradTileInfo {
   long long beg, end;  // the expert's token rows
   int expert;          // >= 0: tile of expert `expert` (no data when beg == end); -2: done
@@ -64,7 +46,7 @@ struct WgradTileInfo {
 template <class Cfg>
 struct GroupedWgradSm90 {
   using S = sm90::Shape<Cfg>;
-  using SplitT = typename sm90::SplitType<Cfg::split_int64>::type;
+  using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kM = Cfg::rows, kN = Cfg::cols;
   static constexpr int num_m = kM / Cfg::block_m, num_n = kN / Cfg::block_n;
   static constexpr int threads = S::threads;

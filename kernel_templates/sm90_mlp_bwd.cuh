@@ -65,7 +65,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <class Cfg>
 struct Fc2DgradSm90 {
   using S = sm90::Shape<Cfg>;
-  using SplitT = typename sm90::SplitType<Cfg::split_int64>::type;
+  using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr bool kGlu = is_glu(Cfg::act);
   static constexpr GluLayout kLayout = Cfg::glu_layout;
   static constexpr int kH = Cfg::hidden, kF = Cfg::ffn, kF1 = kGlu ? 2 * kF : kF;
@@ -220,7 +220,7 @@ struct Fc2DgradSm90 {
 template <class Cfg>
 struct Fc1DgradSm90 {
   using S = sm90::Shape<Cfg>;
-  using SplitT = typename sm90::SplitType<Cfg::split_int64>::type;
+  using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kH = Cfg::hidden;
   static constexpr int kF1 = is_glu(Cfg::act) ? 2 * Cfg::ffn : Cfg::ffn;
   static constexpr int kK = kF1;  // [T, F1] · [F1, H]

@@ -46,7 +46,7 @@ namespace gmjit::kt {
 template <class Cfg>
 struct Fc1Sm90 {
   using S = sm90::Shape<Cfg>;
-  using SplitT = typename sm90::SplitType<Cfg::split_int64>::type;
+  using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr bool kGlu = is_glu(Cfg::act);
   static constexpr GluLayout kLayout = Cfg::glu_layout;
   static constexpr int kN = kGlu ? 2 * Cfg::ffn : Cfg::ffn;  // F1: W1 rows / preact columns
@@ -177,7 +177,7 @@ struct Fc1Sm90 {
 template <class Cfg>
 struct Fc2Sm90 {
   using S = sm90::Shape<Cfg>;
-  using SplitT = typename sm90::SplitType<Cfg::split_int64>::type;
+  using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kN = Cfg::hidden;
   static constexpr int kK = Cfg::ffn;
   static constexpr int kNOut = Cfg::hidden;

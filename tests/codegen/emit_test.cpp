@@ -97,6 +97,52 @@ TEST(GroupedMlpEmit, RejectsDimsTheKernelsCannotServe) {
   EXPECT_THROW(emit_grouped_mlp_forward({layer, false}), Error);
 }
 
+TEST(GroupedMlpEmit, WidthsThatAreNotMultiplesOf64TakeThePortableKernelsWithPartialTiles) {
+  LayerSpec layer = mixtral();
+  layer.hidden = 4104;
+  layer.ffn = 1416;
+  for (const auto& k : emit_grouped_mlp_forward({layer, true, "sm_90a", false})) {
+    EXPECT_EQ(k.launch.operands, LaunchShape::Operands::pointers) << k.entry;
+  }
+  const auto fwd = emit_grouped_mlp_forward({layer, false, "sm_80", false});
+  // GLU FC1: 64 output columns per tile, 1416 = 22 * 64 + 8; FC2: 4104 = 64 * 64 + 8.
+  EXPECT_EQ(fwd[0].launch.grid_x, 23u);
+  EXPECT_EQ(fwd[1].launch.grid_x, 65u);
+  GradientSet all;
+  all.db1 = all.db2 = true;
+  for (const auto& k : emit_grouped_mlp_backward({layer, all, "sm_90a", false})) {
+    EXPECT_EQ(k.launch.operands, LaunchShape::Operands::pointers) << k.entry;
+  }
+}
+
+TEST(GroupedMlpEmit, GptOssWidthsKeepTheirHopperKernels) {
+  LayerSpec layer = mixtral();
+  layer.hidden = 2880;  // a multiple of 64, not of 128
+  layer.ffn = 2880;
+  const auto kernels = emit_grouped_mlp_forward({layer, false, "sm_90a", false});
+  // GLU FC1 emits 64 columns per 128-row B tile: Hopper; FC2 needs 128 | 2880: portable.
+  EXPECT_EQ(kernels[0].launch.operands, LaunchShape::Operands::tensor_maps);
+  EXPECT_EQ(kernels[1].launch.operands, LaunchShape::Operands::pointers);
+  EXPECT_EQ(kernels[1].launch.grid_x * kernels[1].launch.block_n, 2880u);
+}
+
+TEST(GroupedMlpEmit, InterleavedGluNeedsFfnMultipleOf32) {
+  LayerSpec layer = mixtral();
+  layer.activation.layout = GluLayout::interleaved32;
+  layer.ffn = 72;
+  try {
+    emit_grouped_mlp_forward({layer, false});
+    FAIL() << "ffn 72 with interleaved32 must be rejected";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("interleaved32"), std::string::npos) << error.what();
+  }
+  layer.ffn = 96;
+  EXPECT_NO_THROW(emit_grouped_mlp_forward({layer, false}));
+  layer.activation.layout = GluLayout::halves;
+  layer.ffn = 72;
+  EXPECT_NO_THROW(emit_grouped_mlp_forward({layer, false}));
+}
+
 TEST(EmbeddedTemplates, ContainEveryHeaderTheKernelsInclude) {
   bool fwd = false, params = false;
   for (const auto& header : embedded_templates()) {

@@ -65,7 +65,16 @@ INSTANTIATE_TEST_SUITE_P(
         // 99 KB arches: block_k 32 tiles (the templates static_assert their copy passes).
         Case{"sm89_swiglu_save", "sm_89", Activation::swiglu, GluLayout::halves, true, true},
         Case{"sm120_relu_narrow", "sm_120", Activation::relu, GluLayout::halves, false, false, 320,
-             192}),
+             192},
+        // Multiples of 8 only: partial tiles and K tails (portable kernels on every arch).
+        Case{"sm80_swiglu_w200x72_save", "sm_80", Activation::swiglu, GluLayout::halves, true, true,
+             200, 72},
+        Case{"sm90a_relu_w4104x1416_save", "sm_90a", Activation::relu, GluLayout::halves, true,
+             true, 4104, 1416},
+        Case{"sm90a_geglu_i32_w200x96", "sm_90a", Activation::geglu, GluLayout::interleaved32, true,
+             true, 200, 96},
+        Case{"sm90a_swiglu_gpt_oss", "sm_90a", Activation::swiglu, GluLayout::halves, true, true,
+             2880, 2880}),
     [](const auto& info) { return std::string(info.param.name); });
 
 class NvrtcCompilesBackwardKernels : public ::testing::TestWithParam<Case> {};
@@ -82,18 +91,23 @@ TEST_P(NvrtcCompilesBackwardKernels, EveryGradientKernel) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Arches, NvrtcCompilesBackwardKernels,
-                         ::testing::Values(Case{"sm90a_swiglu", "sm_90a", Activation::swiglu,
-                                                GluLayout::halves, true, true},
-                                           Case{"sm90a_geglu_i32_f256", "sm_90a", Activation::geglu,
-                                                GluLayout::interleaved32, false, true, 512, 256},
-                                           Case{"sm80_geglu_i32", "sm_80", Activation::geglu,
-                                                GluLayout::interleaved32, false, true},
-                                           Case{"sm90a_relu_narrow", "sm_90a", Activation::relu,
-                                                GluLayout::halves, true, true, 320, 192},
-                                           Case{"sm86_geglu_i32", "sm_86", Activation::geglu,
-                                                GluLayout::interleaved32, true, true}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Arches, NvrtcCompilesBackwardKernels,
+    ::testing::Values(
+        Case{"sm90a_swiglu", "sm_90a", Activation::swiglu, GluLayout::halves, true, true},
+        Case{"sm90a_geglu_i32_f256", "sm_90a", Activation::geglu, GluLayout::interleaved32, false,
+             true, 512, 256},
+        Case{"sm80_geglu_i32", "sm_80", Activation::geglu, GluLayout::interleaved32, false, true},
+        Case{"sm90a_relu_narrow", "sm_90a", Activation::relu, GluLayout::halves, true, true, 320,
+             192},
+        Case{"sm86_geglu_i32", "sm_86", Activation::geglu, GluLayout::interleaved32, true, true},
+        Case{"sm80_swiglu_w200x72", "sm_80", Activation::swiglu, GluLayout::halves, true, true, 200,
+             72},
+        Case{"sm90a_gelu_w4104x1416", "sm_90a", Activation::gelu, GluLayout::halves, true, true,
+             4104, 1416},
+        Case{"sm90a_geglu_i32_w200x96", "sm_90a", Activation::geglu, GluLayout::interleaved32, true,
+             true, 200, 96}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // The op-by-op activation kernel: the smallest kernel the library emits.
 KernelSource small_kernel() {
@@ -102,6 +116,21 @@ KernelSource small_kernel() {
 
 TEST(NvrtcCompile, ActivationKernelCompiles) {
   EXPECT_GT(compile_to_cubin(small_kernel(), "sm_90a", "test").cubin.size(), 100u);
+}
+
+TEST(NvrtcCompile, OpByOpKernelsCompileForWidthsWithTails) {
+  // FC1 as a plain grouped linear (200 -> 2 * 72, a K tail and a partial column tile), the GLU
+  // activation on F = 72, and FC2 (72 -> 200).
+  for (const char* arch : {"sm_80", "sm_90a"}) {
+    ActivationSpec swiglu;
+    const KernelSource kernels[] = {
+        emit_grouped_linear({4, 200, 144, true, false, DType::i64, arch, false}),
+        emit_activation({swiglu, 72, true}),
+        emit_grouped_linear({4, 72, 200, true, true, DType::i32, arch, false})};
+    for (const KernelSource& kernel : kernels) {
+      EXPECT_GT(compile_to_cubin(kernel, arch, "test").cubin.size(), 1000u) << kernel.entry;
+    }
+  }
 }
 
 TEST(NvrtcCompileFailure, CarriesTheLogTheOptionsAndTheKey) {

@@ -3,6 +3,7 @@
 
 #include <functional>
 
+#include "codegen/grouped_mlp.hpp"
 #include "engine/validate.hpp"
 #include "testing/layers.hpp"
 
@@ -70,6 +71,53 @@ TEST(ForwardValidation, RejectsEachBadArgumentByName) {
 TEST(ForwardValidation, GradModeRequiresTheSavedPreactivation) {
   const LayerSpec layer = small_layer();
   expect_rejected(layer, fake_args(layer, 10), "'saved_preact'", GradMode::grad);
+}
+
+// Layer widths are checked when a plan is built (Engine::prepare, the first call of a layer).
+void expect_layer_rejected(const LayerSpec& layer, const std::vector<std::string>& needles) {
+  try {
+    codegen::check_supported(layer);
+    FAIL() << "expected the layer to be rejected";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.status(), Status::invalid_argument);
+    for (const auto& needle : needles) {
+      EXPECT_NE(std::string(error.what()).find(needle), std::string::npos) << error.what();
+    }
+  }
+}
+
+TEST(LayerValidation, AcceptsAnyPositiveMultipleOf8ForHiddenAndFfn) {
+  for (const auto& [hidden, ffn] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {4104, 1416}, {200, 72}, {2880, 2880}, {8, 8}, {4096, 14336}}) {
+    LayerSpec layer = small_layer();
+    layer.hidden = hidden;
+    layer.ffn = ffn;
+    EXPECT_NO_THROW(codegen::check_supported(layer)) << hidden << " x " << ffn;
+  }
+}
+
+TEST(LayerValidation, RejectsWidthsThatAreNotPositiveMultiplesOf8NamingTheArgumentAndTheRule) {
+  for (std::int64_t bad : {0, -8, 4, 100, 4100, 4097}) {
+    SCOPED_TRACE(bad);
+    LayerSpec layer = small_layer();
+    layer.hidden = bad;
+    expect_layer_rejected(layer, {"hidden", "multiple of 8", std::to_string(bad)});
+    layer = small_layer();
+    layer.ffn = bad;
+    expect_layer_rejected(layer, {"ffn", "multiple of 8", std::to_string(bad)});
+  }
+}
+
+TEST(LayerValidation, RejectsInterleaved32GluWithFfnNotAMultipleOf32) {
+  LayerSpec layer = small_layer();
+  layer.activation.layout = GluLayout::interleaved32;
+  layer.ffn = 72;
+  expect_layer_rejected(layer, {"ffn", "multiple of 32", "interleaved32", "72"});
+  layer.ffn = 96;
+  EXPECT_NO_THROW(codegen::check_supported(layer));
+  layer.activation.kind = Activation::relu;  // no GLU: the layout does not apply
+  layer.ffn = 72;
+  EXPECT_NO_THROW(codegen::check_supported(layer));
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ struct Case {
   bool accumulate = false;
   bool portable = false;   // force the mma.sync kernels (forward and backward)
   std::int64_t ffn = 192;  // 192: Hopper FC1-dgrad and dW1 only; 256: every Hopper kernel
+  std::int64_t hidden = 256;
 };
 
 std::vector<Case> cases() {
@@ -57,6 +58,41 @@ std::vector<Case> cases() {
     portable.portable = true;
     list.push_back(portable);
   }
+  // Widths that are multiples of 8 but not of 64 (portable kernels with K tails and partial
+  // tiles, on every arch), and gpt-oss's 2880 (Hopper where a tile divides it); each again on
+  // the portable kernels. Small token counts keep the float64 reference cheap.
+  const std::vector<std::int64_t> short_ragged = {0, 37, 5, 64, 0, 21};
+  const std::vector<Case> widths = {
+      {"swiglu_w4104x1416", Activation::swiglu, GluLayout::halves, true, true, short_ragged, 3, all,
+       false, false, 1416, 4104},
+      {"relu_w200x72_tail", Activation::relu, GluLayout::halves, true, true, ragged, 9, all, false,
+       false, 72, 200},
+      {"swiglu_w200x72_accumulate", Activation::swiglu, GluLayout::halves, true, true, ragged, 0,
+       all, true, false, 72, 200},
+      {"geglu_interleaved_w200x96", Activation::geglu, GluLayout::interleaved32, true, true, ragged,
+       4, all, false, false, 96, 200},
+      {"gelu_w8x16", Activation::gelu, GluLayout::halves, true, true, ragged, 2, all, false, false,
+       16, 8},
+      {"clamped_swiglu_gpt_oss_w2880",
+       Activation::clamped_swiglu,
+       GluLayout::interleaved32,
+       true,
+       true,
+       {0, 20, 3, 31, 0, 10},
+       2,
+       all,
+       false,
+       false,
+       2880,
+       2880},
+  };
+  for (const Case& c : widths) {
+    list.push_back(c);
+    Case portable = c;
+    portable.name += "_portable";
+    portable.portable = true;
+    list.push_back(portable);
+  }
   return list;
 }
 
@@ -73,7 +109,7 @@ TEST_P(BackwardMatchesFloat64Reference, EveryGradientWithinBf16Bounds) {
   const Case c = GetParam();
   LayerSpec layer;
   layer.experts = static_cast<std::int64_t>(c.splits.size());
-  layer.hidden = 256;
+  layer.hidden = c.hidden;
   layer.ffn = c.ffn;
   layer.activation.kind = c.activation;
   layer.activation.layout = c.layout;

@@ -73,6 +73,29 @@ std::vector<Case> cases() {
        512,
        1024},
   };
+  // Widths that are multiples of 8 but not of 64: K tails and partial column tiles on the
+  // portable kernels (also on sm_90a); 2880 (gpt-oss, a multiple of 64 but not of 128) keeps its
+  // Hopper FC1. Ragged splits with empty experts; small token counts keep the reference cheap.
+  const std::vector<std::int64_t> short_ragged = {0, 37, 5, 64, 0, 21};
+  const std::vector<Case> widths = {
+      {"swiglu_w4104x1416", Activation::swiglu, GluLayout::halves, true, true, true, DType::i64,
+       short_ragged, 3, GradMode::grad, 4104, 1416},
+      {"srelu_w4104x1416", Activation::srelu, GluLayout::halves, true, true, true, DType::i32,
+       short_ragged, 0, GradMode::no_grad, 4104, 1416},
+      {"swiglu_w200x72_tail", Activation::swiglu, GluLayout::halves, true, true, true, DType::i64,
+       ragged, 19, GradMode::grad, 200, 72},
+      {"geglu_interleaved_w200x96", Activation::geglu, GluLayout::interleaved32, true, false, true,
+       DType::i32, ragged, 5, GradMode::grad, 200, 96},
+      {"relu_w200x72", Activation::relu, GluLayout::halves, true, true, true, DType::i64, ragged, 0,
+       GradMode::grad, 200, 72},
+      {"gelu_w8x16", Activation::gelu, GluLayout::halves, true, true, true, DType::i64, ragged, 2,
+       GradMode::no_grad, 8, 16},
+      {"swiglu_gpt_oss_w2880", Activation::clamped_swiglu, GluLayout::interleaved32, true, true,
+       true, DType::i64, short_ragged, 4, GradMode::grad, 2880, 2880},
+      {"relu_gpt_oss_w2880", Activation::relu, GluLayout::halves, true, true, true, DType::i64,
+       short_ragged, 0, GradMode::no_grad, 2880, 2880},
+  };
+  all.insert(all.end(), widths.begin(), widths.end());
   // Every case again on the portable kernels, so that both paths are tested on a Hopper GPU.
   const std::size_t hopper_cases = all.size();
   for (std::size_t i = 0; i < hopper_cases; ++i) {
@@ -81,13 +104,20 @@ std::vector<Case> cases() {
     portable.portable = true;
     all.push_back(portable);
   }
-  // And op by op (fusion off) for a few, GLU and not, with a tail.
-  for (std::size_t i : {std::size_t{0}, std::size_t{3}, std::size_t{7}}) {
-    Case unfused = all[i];
-    unfused.name += "_unfused";
-    unfused.unfused = true;
-    all.push_back(unfused);
+  // And op by op (fusion off) for a few, GLU and not, with a tail; some with width tails.
+  std::vector<Case> unfused_cases;
+  for (const Case& c : all) {
+    if (c.portable) continue;
+    if (c.name == all[0].name || c.name == all[3].name || c.name == all[7].name ||
+        c.name == "swiglu_w200x72_tail" || c.name == "geglu_interleaved_w200x96" ||
+        c.name == "relu_w200x72") {
+      Case unfused = c;
+      unfused.name += "_unfused";
+      unfused.unfused = true;
+      unfused_cases.push_back(unfused);
+    }
   }
+  all.insert(all.end(), unfused_cases.begin(), unfused_cases.end());
   return all;
 }
 
