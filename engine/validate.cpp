@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "codegen/grouped_mlp.hpp"
+
 namespace gmjit::engine {
 namespace {
 
@@ -63,6 +65,7 @@ void check_optional(const char* name, const TensorRef& t, DType dtype,
 }  // namespace
 
 std::int64_t validate_forward(const LayerSpec& layer, GradMode grad, const ForwardArgs& args) {
+  codegen::check_supported(layer);  // widths and layouts, also for calls without tokens
   const TensorRef& x = args.x;
   if (!x.present()) fail("x", "is required but was null");
   if (x.device.kind != Device::Kind::cuda) fail("x", "must be on a CUDA device, not the CPU");
@@ -116,6 +119,7 @@ GradientSet validate_backward(const ForwardContext& context, const Recipe& recip
     fail("recipe", "differs from the recipe of the forward (its options_key)");
   }
   const LayerSpec& layer = context.layer;
+  codegen::check_supported(layer);
   const std::int64_t T = context.tokens, E = layer.experts, H = layer.hidden, F = layer.ffn;
   const std::int64_t F1 = layer.fc1_out();
   const Device device = context.device;
