@@ -48,8 +48,11 @@ def test_engine_errors_other_than_arguments_are_gmjit_errors():
     assert issubclass(gmjit.Error, RuntimeError)
     if gmjit.driver_available():
         pytest.skip("a driver is present")
+    assert gmjit.devices() == []
+    layer = gmjit._C.Layer(4, 256, 128, 0, 0, 7.0, 1.702, False, False, False, True)
+    fake = [(i + 1) << 12 for i in range(5)]  # well-formed addresses never dereferenced
     with pytest.raises(gmjit.Error, match="no_device"):
-        gmjit.devices()
+        gmjit._C.forward(layer, 16, 0, fake[0], fake[1], fake[2], 0, fake[3], 0, 0, fake[4], 0, 0)
 
 
 def test_prepare_compiles_a_forward_plan_without_a_gpu():

@@ -295,10 +295,7 @@ def _grouped_mlp_fake(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_lay
     return y, saved
 
 
-@torch.library.custom_op(
-    "gmjit::grouped_mlp_backward",
-    mutates_args=("main_dw1", "main_db1", "main_dw2", "main_db2"),
-)
+@torch.library.custom_op("gmjit::grouped_mlp_backward", mutates_args=())
 def _grouped_mlp_backward_op(
     dy: Tensor,
     x: Tensor,
@@ -314,35 +311,24 @@ def _grouped_mlp_backward_op(
     alpha: float,
     has_b1: bool,
     wanted: list[bool],
-    main_dw1: Optional[Tensor],
-    main_db1: Optional[Tensor],
-    main_dw2: Optional[Tensor],
-    main_db2: Optional[Tensor],
-) -> list[Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dx, dw1, db1, dw2, db2, dprobs (fp32 weight grads); empty tensors for the ones not
-    wanted or accumulated into main_* buffers."""
+    wanted. (Accumulation into main_grad is eager-only and does not go through this op.)"""
     act, layout, _ = _parse_options(activation, glu_layout)
     grads = _backward_impl(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, act, layout,
-                           limit, alpha, has_b1, wanted,
-                           (main_dw1, main_db1, main_dw2, main_db2))  # fmt: skip
-    return [g if g is not None else x.new_empty((0,)) for g in grads]
+                           limit, alpha, has_b1, wanted)  # fmt: skip
+    return tuple(g if g is not None else x.new_empty((0,)) for g in grads)
 
 
 @_grouped_mlp_backward_op.register_fake
 def _grouped_mlp_backward_fake(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, activation,
-                               glu_layout, limit, alpha, has_b1, wanted, main_dw1, main_db1,
-                               main_dw2, main_db2):  # fmt: skip
+                               glu_layout, limit, alpha, has_b1, wanted):  # fmt: skip
     T, H = x.shape
     E, F1, _ = w1.shape
     F = w2.shape[2]
-    mains = (main_dw1, main_db1, main_dw2, main_db2)
     shapes = ((T, H), (E, F1, H), (E, F1), (E, H, F), (E, H), (T,))
     dtypes = (_BF16, _F32, _F32, _F32, _F32, _F32)
-    out = []
-    for i in range(6):
-        kept = wanted[i] and not (1 <= i <= 4 and mains[i - 1] is not None)
-        out.append(x.new_empty(shapes[i] if kept else (0,), dtype=dtypes[i]))
-    return out
+    return tuple(x.new_empty(shapes[i] if wanted[i] else (0,), dtype=dtypes[i]) for i in range(6))
 
 
 def _wanted(needs: Sequence[bool]) -> list[bool]:
@@ -403,7 +389,7 @@ def _op_backward(ctx, dy, _dsaved):
     wanted = _wanted(ctx.needs_input_grad)
     grads = torch.ops.gmjit.grouped_mlp_backward(dy, x, split_sizes, w1, w2, b2, probs, saved,
                                                  activation, glu_layout, limit, alpha, has_b1,
-                                                 wanted, None, None, None, None)  # fmt: skip
+                                                 wanted)  # fmt: skip
     dx, dw1, db1, dw2, db2, dprobs = (g if w else None for g, w in zip(grads, wanted))
     return (dx, None, _to(dw1, w1), _to(dw2, w2), _to(db1, w1), _to(db2, w2), dprobs,
             None, None, None, None, None)  # fmt: skip
@@ -506,10 +492,11 @@ def grouped_mlp(
         or (probs is not None and probs.requires_grad)
     )
     # The custom op wherever something traces or wraps tensors (torch.compile, export,
-    # FakeTensorMode, make_fx, tensor subclasses): the fast path below only knows real tensors.
+    # FakeTensorMode, make_fx, tensor subclasses, meta): the fast path only knows CUDA tensors.
     if (
         torch.compiler.is_compiling()
         or type(x) is not Tensor
+        or not x.is_cuda  # meta tensors get the fake kernel; CPU ones a clear error
         or torch._C._len_torch_dispatch_stack() > 0
     ):
         if accumulate_main_grad:
