@@ -261,23 +261,39 @@ def gmjit_experts_forward(
     if not hidden_states.is_cuda:
         return _fallback(self, "hidden states are not on a CUDA device", hidden_states,
                          top_k_index, top_k_weights)  # fmt: skip
-    num_experts = self.num_experts
+    return experts_forward(self, plan, hidden_states, top_k_index, top_k_weights)
+
+
+def experts_forward(
+    experts: nn.Module,
+    plan: ExpertsPlan,
+    hidden_states: Tensor,
+    top_k_index: Tensor,
+    top_k_weights: Tensor,
+    mlp: Callable[..., Tensor] = grouped_mlp,
+) -> Tensor:
+    """Sort by expert, run `mlp` (gmjit's grouped_mlp signature), restore token order and sum
+    over the top-k slots. `mlp` is replaceable so that the permutation is testable anywhere."""
+    num_experts = experts.num_experts
     tokens, hidden = hidden_states.shape
     top_k = top_k_index.shape[-1]
-    x = hidden_states if hidden_states.dtype == torch.bfloat16 else hidden_states.to(torch.bfloat16)
+    dtype = next(iter(_weights(experts, plan.has_gate))).dtype
+    x = hidden_states if hidden_states.dtype == dtype else hidden_states.to(dtype)
 
     expert_ids = top_k_index.reshape(-1)
     sorted_ids, perm = torch.sort(expert_ids, stable=True)
     x_sorted = x.index_select(0, perm // top_k)
     probs = top_k_weights.reshape(-1).index_select(0, perm).float()
     # histc leaves sentinel ids (>= num_experts, expert parallelism) out of the counts; its
-    # output has a fixed size, so no host sync and nothing that stops CUDA-graph capture.
-    counts = torch.histc(sorted_ids.to(torch.int32), bins=num_experts, min=0, max=num_experts - 1)
+    # output has a fixed size, so no host sync and nothing that stops CUDA-graph capture. (On
+    # the CPU histc wants floats.)
+    hist_in = sorted_ids.to(torch.int32) if sorted_ids.is_cuda else sorted_ids.float()
+    counts = torch.histc(hist_in, bins=num_experts, min=0, max=num_experts - 1)
     split_sizes = counts.to(torch.int32)
 
-    w1, w2, b1, b2 = _converted_weights(self, plan)
-    y_sorted = grouped_mlp(x_sorted, split_sizes, w1, w2, b1, b2, probs,
-                           activation=plan.activation, limit=plan.limit, alpha=plan.alpha)  # fmt: skip
+    w1, w2, b1, b2 = _converted_weights(experts, plan)
+    y_sorted = mlp(x_sorted, split_sizes, w1, w2, b1, b2, probs, activation=plan.activation,
+                   limit=plan.limit, alpha=plan.alpha)  # fmt: skip
     # Back to (token, slot) order, then the sum over the top-k slots; index_copy's backward is a
     # gather, so it stays deterministic.
     y = y_sorted.new_zeros((tokens * top_k, hidden)).index_copy(0, perm, y_sorted)
