@@ -15,7 +15,7 @@ def activation(h: Tensor, name: str, layout: str = "halves", limit: float = 7.0,
         if layout == "halves":
             gate, lin = h.chunk(2, dim=-1)
         else:  # interleaved32: blocks of 32 gate columns, then 32 lin columns
-            blocks = h.reshape(*h.shape[:-1], -1, 2, 32)
+            blocks = h.reshape(*h.shape[:-1], h.shape[-1] // 64, 2, 32)
             gate = blocks[..., 0, :].flatten(-2)
             lin = blocks[..., 1, :].flatten(-2)
         if name == "swiglu":
