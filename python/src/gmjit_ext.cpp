@@ -209,6 +209,9 @@ std::int64_t dlpack_refs(const std::vector<nb::ndarray<nb::c_contig>>& tensors) 
 
 NB_MODULE(_C, m) {
   m.doc() = "gmjit engine bindings (use gmjit.torch for tensors)";
+  // gmjit.torch keeps its Layer objects in a module-level cache until the interpreter exits;
+  // nanobind would report them as leaks.
+  nb::set_leak_warnings(false);
 
   static nb::exception<gmjit::Error> error(m, "Error", PyExc_RuntimeError);
   // Invalid arguments are ValueErrors, as Python callers expect; everything else is gmjit.Error
