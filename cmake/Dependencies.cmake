@@ -1,8 +1,10 @@
 # Every dependency comes from a Debian package; nothing is downloaded at configure time.
 find_package(CUDAToolkit 12.8 REQUIRED)   # NVRTC and cuda.h; the driver itself is dlopen'ed
 find_package(fmt REQUIRED)
-find_package(CLI11 REQUIRED)
-find_package(nlohmann_json REQUIRED)
+if(NOT GMJIT_BUILD_PYTHON)  # the CLI and the bench harness only; the wheel has neither
+  find_package(CLI11 REQUIRED)
+  find_package(nlohmann_json REQUIRED)
+endif()
 find_package(Threads REQUIRED)
 
 # xxHash is used header-only (XXH_INLINE_ALL) so the library has no runtime dependency on it.

@@ -1,0 +1,11 @@
+"""gmjit for PyTorch: the `grouped_mlp` op, the `GroupedMLP` module, layout helpers.
+
+The op is registered as torch.ops.gmjit.grouped_mlp (forward, with its fake kernel and autograd)
+and torch.ops.gmjit.grouped_mlp_backward; `grouped_mlp` is the function to call.
+"""
+
+from gmjit.torch import layouts
+from gmjit.torch._op import ACTIVATIONS, GLU_LAYOUTS, grouped_mlp
+from gmjit.torch.module import GroupedMLP
+
+__all__ = ["ACTIVATIONS", "GLU_LAYOUTS", "GroupedMLP", "grouped_mlp", "layouts"]

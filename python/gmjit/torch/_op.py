@@ -1,0 +1,516 @@
+"""The grouped-MLP op: argument checks, the custom ops, autograd.
+
+Two entry points share one implementation (`_forward_impl`, `_backward_impl`):
+
+* `torch.ops.gmjit.grouped_mlp` / `torch.ops.gmjit.grouped_mlp_backward`: torch.library custom
+  ops with fake (meta) kernels and autograd, which torch.compile and export trace as single
+  nodes.
+* In eager mode `grouped_mlp` skips the dispatcher: a no-grad call runs the implementation
+  directly and a grad-enabled one goes through a plain autograd.Function. The dispatcher round
+  trip of a Python custom op costs tens of microseconds of CPU per call (more with autograd),
+  several times the rest of a warm call.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from gmjit import _C
+
+# Engine codes (include/gmjit/gmjit.h).
+ACTIVATIONS = {"swiglu": 0, "geglu": 1, "clamped_swiglu": 2, "srelu": 3, "gelu": 4, "relu": 5}
+GLU_ACTIVATIONS = frozenset({"swiglu", "geglu", "clamped_swiglu"})
+GLU_LAYOUTS = {"halves": 0, "interleaved32": 1}
+
+_BF16 = torch.bfloat16
+_F32 = torch.float32
+
+# _C.Layer objects by (E, H, F, activation, layout, limit, alpha, b1, b2, probs, int64 splits).
+_layers: dict[tuple, _C.Layer] = {}
+# Parsed (activation, glu_layout) pairs: (activation code, layout code, is_glu).
+_options: dict[tuple[str, str], tuple[int, int, bool]] = {}
+
+
+def _parse_options(activation: str, glu_layout: str) -> tuple[int, int, bool]:
+    key = (activation, glu_layout)
+    parsed = _options.get(key)
+    if parsed is not None:
+        return parsed
+    if activation not in ACTIVATIONS:
+        raise ValueError(
+            f"grouped_mlp: argument 'activation' must be one of {sorted(ACTIVATIONS)}, "
+            f"got {activation!r}"
+        )
+    if glu_layout not in GLU_LAYOUTS:
+        raise ValueError(
+            f"grouped_mlp: argument 'glu_layout' must be one of {sorted(GLU_LAYOUTS)}, "
+            f"got {glu_layout!r}"
+        )
+    glu = activation in GLU_ACTIVATIONS
+    # The layout means nothing without a GLU; one code keeps one plan.
+    parsed = (ACTIVATIONS[activation], GLU_LAYOUTS[glu_layout] if glu else 0, glu)
+    _options[key] = parsed
+    return parsed
+
+
+def _fail(name: str, message: str) -> None:
+    raise ValueError(f"grouped_mlp: argument '{name}' {message}")
+
+
+def _check_tensor(
+    name: str, t: Tensor, dtype: torch.dtype, shape: Sequence[int], x: Tensor
+) -> None:
+    """dtype, shape, device (that of x) and contiguity of one tensor argument."""
+    if not isinstance(t, Tensor):
+        _fail(name, f"must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        _fail(name, f"must have dtype {dtype}, got {t.dtype}")
+    if t.shape != shape:
+        _fail(name, f"must have shape {list(shape)}, got {list(t.shape)}")
+    if t.device != x.device:
+        _fail(name, f"must be on {x.device} (where x is), got {t.device}")
+    if not t.is_contiguous():
+        _fail(name, "must be contiguous (call .contiguous() first)")
+
+
+def check_arguments(
+    x: Tensor,
+    split_sizes: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    b1: Optional[Tensor],
+    b2: Optional[Tensor],
+    probs: Optional[Tensor],
+    glu: bool,
+) -> None:
+    """Checks every tensor argument; raises ValueError naming the first bad one."""
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        _fail("x", f"must be a 2-D tensor [tokens, hidden], got {_describe(x)}")
+    if not isinstance(w1, Tensor) or w1.dim() != 3:
+        _fail("w1", f"must be a 3-D tensor [experts, ffn1, hidden], got {_describe(w1)}")
+    if not isinstance(w2, Tensor) or w2.dim() != 3:
+        _fail("w2", f"must be a 3-D tensor [experts, hidden, ffn], got {_describe(w2)}")
+    T, H = x.shape
+    E, F1, _ = w1.shape
+    F = w2.shape[2]
+    if x.dtype != _BF16:
+        _fail("x", f"must have dtype torch.bfloat16, got {x.dtype}")
+    if not x.is_contiguous():
+        _fail("x", "must be contiguous (call .contiguous() first)")
+    if F1 != (2 * F if glu else F):
+        _fail(
+            "w1",
+            f"must have {'2 * ffn' if glu else 'ffn'} = {2 * F if glu else F} rows per expert "
+            f"(ffn = {F} from w2 [experts, hidden, ffn]), got shape {list(w1.shape)}",
+        )
+    _check_tensor("w1", w1, _BF16, (E, F1, H), x)
+    _check_tensor("w2", w2, _BF16, (E, H, F), x)
+    if H % 64 != 0 or F % 64 != 0:
+        _fail("w2", f"hidden ({H}) and ffn ({F}) must be multiples of 64")
+    if not isinstance(split_sizes, Tensor):
+        _fail("split_sizes", f"must be a torch.Tensor, got {type(split_sizes).__name__}")
+    if split_sizes.dtype not in (torch.int32, torch.int64):
+        _fail("split_sizes", f"must have dtype torch.int32 or torch.int64, got {split_sizes.dtype}")
+    _check_tensor("split_sizes", split_sizes, split_sizes.dtype, (E,), x)
+    if b1 is not None:
+        _check_tensor("b1", b1, _BF16, (E, F1), x)
+    if b2 is not None:
+        _check_tensor("b2", b2, _BF16, (E, H), x)
+    if probs is not None:
+        _check_tensor("probs", probs, _F32, (T,), x)
+
+
+def _describe(t: object) -> str:
+    if isinstance(t, Tensor):
+        return f"shape {list(t.shape)}"
+    return type(t).__name__
+
+
+def _layer(
+    x: Tensor,
+    split_sizes: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    b1: Optional[Tensor],
+    b2: Optional[Tensor],
+    probs: Optional[Tensor],
+    act: int,
+    layout: int,
+    limit: float,
+    alpha: float,
+) -> _C.Layer:
+    E, _, H = w1.shape
+    F = w2.shape[2]
+    split_i64 = split_sizes.dtype == torch.int64
+    key = (E, H, F, act, layout, limit, alpha, b1 is not None, b2 is not None,
+           probs is not None, split_i64)  # fmt: skip
+    layer = _layers.get(key)
+    if layer is None:
+        layer = _C.Layer(E, H, F, act, layout, limit, alpha, b1 is not None, b2 is not None,
+                         probs is not None, split_i64)  # fmt: skip
+        _layers[key] = layer
+    return layer
+
+
+def _current_stream(device_index: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+def _ptr(t: Optional[Tensor]) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _require_cuda(x: Tensor) -> int:
+    if not x.is_cuda:
+        _fail("x", f"must be on a CUDA device to run, got {x.device}")
+    return x.get_device()
+
+
+def _forward_impl(
+    x: Tensor,
+    split_sizes: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    b1: Optional[Tensor],
+    b2: Optional[Tensor],
+    probs: Optional[Tensor],
+    act: int,
+    layout: int,
+    limit: float,
+    alpha: float,
+    save_preact: bool,
+) -> tuple[Tensor, Optional[Tensor]]:
+    """Runs the engine's forward; returns y and (grad mode) FC1's bf16 pre-activation."""
+    T, H = x.shape
+    y = torch.empty((T, H), dtype=_BF16, device=x.device)
+    saved = torch.empty((T, w1.shape[1]), dtype=_BF16, device=x.device) if save_preact else None
+    if T == 0:  # zero-token rank: nothing to launch
+        return y, saved
+    device = _require_cuda(x)
+    layer = _layer(x, split_sizes, w1, w2, b1, b2, probs, act, layout, limit, alpha)
+    _C.forward(layer, T, device, x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(), _ptr(b1),
+               w2.data_ptr(), _ptr(b2), _ptr(probs), y.data_ptr(), _ptr(saved),
+               _current_stream(device))  # fmt: skip
+    return y, saved
+
+
+# Which gradients a backward computes, in this order everywhere.
+GRAD_NAMES = ("dx", "dw1", "db1", "dw2", "db2", "dprobs")
+
+
+def _backward_impl(
+    dy: Tensor,
+    x: Tensor,
+    split_sizes: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    b2: Optional[Tensor],
+    probs: Optional[Tensor],
+    saved_preact: Tensor,
+    act: int,
+    layout: int,
+    limit: float,
+    alpha: float,
+    has_b1: bool,
+    wanted: Sequence[bool],
+    main_grads: Sequence[Optional[Tensor]] = (None, None, None, None),
+) -> list[Optional[Tensor]]:
+    """The gradients in GRAD_NAMES order; None for those not wanted.
+
+    Weight and bias gradients are fp32. Where `main_grads` (for dw1, db1, dw2, db2) holds a
+    buffer, that gradient is added into it and None is returned in its place.
+    """
+    T, H = x.shape
+    E, F1, _ = w1.shape
+    F = w2.shape[2]
+    dev = x.device
+    accumulate = any(g is not None for g in main_grads)
+    # With accumulation on, the engine adds into every weight gradient it is given, so the
+    # ones without a main-grad buffer start from zeros.
+    new_grad = torch.zeros if accumulate or T == 0 else torch.empty
+    shapes = {"dw1": (E, F1, H), "db1": (E, F1), "dw2": (E, H, F), "db2": (E, H)}
+    out: list[Optional[Tensor]] = [None] * 6
+    buffers: list[Optional[Tensor]] = [None] * 6
+    if wanted[0]:
+        out[0] = buffers[0] = torch.empty((T, H), dtype=_BF16, device=dev)
+    for i, name in enumerate(("dw1", "db1", "dw2", "db2"), start=1):
+        if not wanted[i]:
+            continue
+        if main_grads[i - 1] is not None:
+            buffers[i] = main_grads[i - 1]
+        else:
+            out[i] = buffers[i] = new_grad(shapes[name], dtype=_F32, device=dev)
+    if wanted[5]:
+        out[5] = buffers[5] = torch.empty((T,), dtype=_F32, device=dev)
+    if T == 0:
+        return out
+    if not dy.is_contiguous():  # autograd may hand over expanded or strided gradients
+        dy = dy.contiguous()
+    if dy.dtype != _BF16:
+        dy = dy.to(_BF16)
+    device = _require_cuda(x)
+    layer = _layer(x, split_sizes, w1, w2, True if has_b1 else None, b2, probs, act, layout,
+                   limit, alpha)  # fmt: skip
+    _C.backward(layer, T, device, dy.data_ptr(), x.data_ptr(), split_sizes.data_ptr(),
+                w1.data_ptr(), w2.data_ptr(), _ptr(b2), _ptr(probs), saved_preact.data_ptr(),
+                *(_ptr(b) for b in buffers), accumulate, _current_stream(device))  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library custom ops (what torch.compile and export see)
+
+
+@torch.library.custom_op("gmjit::grouped_mlp", mutates_args=())
+def _grouped_mlp_op(
+    x: Tensor,
+    split_sizes: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    b1: Optional[Tensor],
+    b2: Optional[Tensor],
+    probs: Optional[Tensor],
+    activation: str,
+    glu_layout: str,
+    limit: float,
+    alpha: float,
+    save_preact: bool,
+) -> tuple[Tensor, Tensor]:
+    """y and FC1's bf16 pre-activation (an empty tensor unless save_preact)."""
+    act, layout, _ = _parse_options(activation, glu_layout)
+    y, saved = _forward_impl(x, split_sizes, w1, w2, b1, b2, probs, act, layout, limit, alpha,
+                             save_preact)  # fmt: skip
+    return y, saved if saved is not None else x.new_empty((0,))
+
+
+@_grouped_mlp_op.register_fake
+def _grouped_mlp_fake(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit,
+                      alpha, save_preact):  # fmt: skip
+    T, H = x.shape
+    y = x.new_empty((T, H), dtype=_BF16)
+    saved = x.new_empty((T, w1.shape[1]) if save_preact else (0,), dtype=_BF16)
+    return y, saved
+
+
+@torch.library.custom_op("gmjit::grouped_mlp_backward", mutates_args=())
+def _grouped_mlp_backward_op(
+    dy: Tensor,
+    x: Tensor,
+    split_sizes: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    b2: Optional[Tensor],
+    probs: Optional[Tensor],
+    saved_preact: Tensor,
+    activation: str,
+    glu_layout: str,
+    limit: float,
+    alpha: float,
+    has_b1: bool,
+    wanted: list[bool],
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dx, dw1, db1, dw2, db2, dprobs (fp32 weight grads); empty tensors for the ones not
+    wanted. (Accumulation into main_grad is eager-only and does not go through this op.)"""
+    act, layout, _ = _parse_options(activation, glu_layout)
+    grads = _backward_impl(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, act, layout,
+                           limit, alpha, has_b1, wanted)  # fmt: skip
+    return tuple(g if g is not None else x.new_empty((0,)) for g in grads)
+
+
+@_grouped_mlp_backward_op.register_fake
+def _grouped_mlp_backward_fake(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, activation,
+                               glu_layout, limit, alpha, has_b1, wanted):  # fmt: skip
+    T, H = x.shape
+    E, F1, _ = w1.shape
+    F = w2.shape[2]
+    shapes = ((T, H), (E, F1, H), (E, F1), (E, H, F), (E, H), (T,))
+    dtypes = (_BF16, _F32, _F32, _F32, _F32, _F32)
+    return tuple(x.new_empty(shapes[i] if wanted[i] else (0,), dtype=dtypes[i]) for i in range(6))
+
+
+def _wanted(needs: Sequence[bool]) -> list[bool]:
+    """Gradients to compute from needs_input_grad of (x, split_sizes, w1, w2, b1, b2, probs)."""
+    return [needs[0], needs[2], needs[4], needs[3], needs[5], needs[6]]
+
+
+def _main_grad_buffers(
+    accumulate_main_grad: bool, params: Sequence[Optional[Tensor]], wanted: Sequence[bool]
+) -> list[Optional[Tensor]]:
+    """The fp32 main_grad buffers of (w1, b1, w2, b2) whose gradients are wanted."""
+    if not accumulate_main_grad:
+        return [None] * 4
+    buffers: list[Optional[Tensor]] = []
+    for name, p, want in zip(("w1", "b1", "w2", "b2"), params, wanted):
+        if p is None or not want:
+            buffers.append(None)
+            continue
+        main = getattr(p, "main_grad", None)
+        if main is None:
+            raise ValueError(
+                f"grouped_mlp: accumulate_main_grad=True but argument '{name}' has no "
+                "'main_grad' attribute (an fp32 tensor of its shape)"
+            )
+        if main.dtype != _F32 or main.shape != p.shape or not main.is_contiguous():
+            raise ValueError(
+                f"grouped_mlp: '{name}.main_grad' must be a contiguous float32 tensor of shape "
+                f"{list(p.shape)}, got {main.dtype} {list(main.shape)}"
+            )
+        buffers.append(main)
+    return buffers
+
+
+def _weight_grad(grad: Optional[Tensor], param: Optional[Tensor], accumulated: bool):
+    """What autograd gets for a weight: its gradient in the weights' dtype (bf16), or, when it
+    went into main_grad, None (or Megatron's dummy, see `grouped_mlp`)."""
+    if accumulated:
+        if hasattr(param, "grad_added_to_main_grad"):
+            # Megatron's DDP fires its hooks on the parameter's gradient accumulator, so it wants
+            # a (dummy) gradient, and skips param.grad when this flag says main_grad has it.
+            param.grad_added_to_main_grad = True
+            return torch.empty_like(param)
+        return None
+    return None if grad is None else grad.to(_BF16)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    (x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha,
+     save_preact) = inputs  # fmt: skip
+    _, saved = output
+    ctx.save_for_backward(x, split_sizes, w1, w2, b2, probs, saved)
+    ctx.options = (activation, glu_layout, limit, alpha, b1 is not None)
+
+
+def _op_backward(ctx, dy, _dsaved):
+    x, split_sizes, w1, w2, b2, probs, saved = ctx.saved_tensors
+    activation, glu_layout, limit, alpha, has_b1 = ctx.options
+    wanted = _wanted(ctx.needs_input_grad)
+    grads = torch.ops.gmjit.grouped_mlp_backward(dy, x, split_sizes, w1, w2, b2, probs, saved,
+                                                 activation, glu_layout, limit, alpha, has_b1,
+                                                 wanted)  # fmt: skip
+    dx, dw1, db1, dw2, db2, dprobs = (g if w else None for g, w in zip(grads, wanted))
+    return (dx, None, _to(dw1, w1), _to(dw2, w2), _to(db1, w1), _to(db2, w2), dprobs,
+            None, None, None, None, None)  # fmt: skip
+
+
+def _to(grad: Optional[Tensor], like: Tensor) -> Optional[Tensor]:
+    return None if grad is None else grad.to(like.dtype)
+
+
+_grouped_mlp_op.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# Eager autograd (no dispatcher round trip)
+
+
+class _GroupedMLPFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, split_sizes, w1, w2, b1, b2, probs, opts, accumulate_main_grad):
+        act, layout, limit, alpha = opts
+        y, saved = _forward_impl(x, split_sizes, w1, w2, b1, b2, probs, act, layout, limit,
+                                 alpha, True)  # fmt: skip
+        ctx.save_for_backward(x, split_sizes, w1, w2, b2, probs, saved)
+        ctx.opts = opts
+        ctx.has_b1 = b1 is not None
+        ctx.accumulate_main_grad = accumulate_main_grad
+        # Only parameters are kept by reference, for their main_grad attributes.
+        ctx.params = (w1, b1, w2, b2) if accumulate_main_grad else None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, split_sizes, w1, w2, b2, probs, saved = ctx.saved_tensors
+        act, layout, limit, alpha = ctx.opts
+        wanted = _wanted(ctx.needs_input_grad)
+        params = ctx.params or (w1, None, w2, b2)
+        mains = _main_grad_buffers(ctx.accumulate_main_grad, params, wanted[1:5])
+        dx, dw1, db1, dw2, db2, dprobs = _backward_impl(
+            dy, x, split_sizes, w1, w2, b2, probs, saved, act, layout, limit, alpha,
+            ctx.has_b1, wanted, mains)  # fmt: skip
+        w1p, b1p, w2p, b2p = params
+        return (
+            dx,
+            None,
+            _weight_grad(dw1, w1p, mains[0] is not None) if wanted[1] else None,
+            _weight_grad(dw2, w2p, mains[2] is not None) if wanted[3] else None,
+            _weight_grad(db1, b1p, mains[1] is not None) if wanted[2] else None,
+            _weight_grad(db2, b2p, mains[3] is not None) if wanted[4] else None,
+            dprobs,
+            None,
+            None,
+        )
+
+
+def grouped_mlp(
+    x: Tensor,
+    split_sizes: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    b1: Optional[Tensor] = None,
+    b2: Optional[Tensor] = None,
+    probs: Optional[Tensor] = None,
+    activation: str = "swiglu",
+    glu_layout: str = "halves",
+    limit: float = 7.0,
+    alpha: float = 1.702,
+    accumulate_main_grad: bool = False,
+) -> Tensor:
+    """y = probs ⊙ (act(x W1ᵀ + b1) W2ᵀ + b2), per expert, over tokens sorted by expert.
+
+    Args:
+        x: [T, H] bf16, rows grouped by expert (expert 0's split_sizes[0] rows first, ...).
+        split_sizes: [E] int32/int64 token counts per expert, on x's device (never read on the
+            host, so the call does not synchronise). Rows past their sum get y = 0.
+        w1: [E, F1, H] bf16, F1 = 2F for GLU activations (gate rows first with
+            glu_layout="halves"; "interleaved32" alternates blocks of 32 gate and 32 up rows).
+        w2: [E, H, F] bf16.
+        b1, b2: optional [E, F1] / [E, H] bf16 biases.
+        probs: optional [T] fp32 router weights, scaling each row of the output (bias included).
+        activation: swiglu, geglu, clamped_swiglu (gpt-oss: min(g, limit), clamp(u, ±limit),
+            g·σ(alpha·g)·(u + 1)), srelu, gelu (tanh approximation), relu.
+        accumulate_main_grad: Megatron-style gradient accumulation fusion (eager mode only):
+            the fp32 weight and bias gradients are added into each parameter's `main_grad`
+            attribute instead of being returned; autograd gets None for them, or an
+            uninitialised dummy where the parameter has `grad_added_to_main_grad` (which is then
+            set to True), as Megatron's distributed optimizer expects.
+
+    Gradients: only those whose inputs require grad are computed (frozen w1: no dW1; x without
+    requires_grad: no dx). Weight gradients are computed in fp32 and returned in the weights'
+    dtype. The grad-enabled forward saves FC1's bf16 pre-activation and nothing else of its own.
+    """
+    act, layout, glu = _parse_options(activation, glu_layout)
+    check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu)
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad
+        or w1.requires_grad
+        or w2.requires_grad
+        or (b1 is not None and b1.requires_grad)
+        or (b2 is not None and b2.requires_grad)
+        or (probs is not None and probs.requires_grad)
+    )
+    # The custom op wherever something traces or wraps tensors (torch.compile, export,
+    # FakeTensorMode, make_fx, tensor subclasses, meta): the fast path only knows CUDA tensors.
+    if (
+        torch.compiler.is_compiling()
+        or type(x) is not Tensor
+        or not x.is_cuda  # meta tensors get the fake kernel; CPU ones a clear error
+        or torch._C._len_torch_dispatch_stack() > 0
+    ):
+        if accumulate_main_grad:
+            raise ValueError(
+                "grouped_mlp: accumulate_main_grad=True works in eager mode only (main_grad "
+                "attributes are not visible to torch.compile and other tracers)"
+            )
+        y, _ = torch.ops.gmjit.grouped_mlp(x, split_sizes, w1, w2, b1, b2, probs, activation,
+                                           glu_layout, float(limit), float(alpha),
+                                           needs_grad)  # fmt: skip
+        return y
+    opts = (act, layout, float(limit), float(alpha))
+    if needs_grad:
+        return _GroupedMLPFunction.apply(x, split_sizes, w1, w2, b1, b2, probs, opts,
+                                         accumulate_main_grad)  # fmt: skip
+    return _forward_impl(x, split_sizes, w1, w2, b1, b2, probs, act, layout, float(limit),
+                         float(alpha), False)[0]  # fmt: skip

@@ -1,0 +1,141 @@
+"""Weight layout conversions between common MoE checkpoints and gmjit's.
+
+gmjit's layout (what `grouped_mlp` and `GroupedMLP` take):
+
+    w1 [E, F1, H]   FC1 weight, F1 = 2F for GLU activations: rows [0, F) are the gate,
+                    rows [F, 2F) the up (linear) projection ("halves")
+    b1 [E, F1]      FC1 bias, same row order
+    w2 [E, H, F]    FC2 (down) weight
+    b2 [E, H]       FC2 bias
+
+Every helper is made of differentiable torch ops and returns a new contiguous tensor, so it can
+be used once on a checkpoint or on every call on trainable parameters (gradients flow back to
+the source layout). Names:
+
+* "gate_up, transposed": transformers' fused gate_up_proj stored [E, H, 2F] (gpt-oss);
+  not transposed: [E, 2F, H] (Mixtral, Qwen3-MoE).
+* "interleaved": gate and up alternate one column at a time (gate0, up0, gate1, up1, ...),
+  as in gpt-oss; "concatenated": [gate; up].
+* Megatron's per-expert linear_fc1 weights are [2F, H] with the gate first, linear_fc2
+  weights [H, F]: stacking them gives gmjit's layout.
+* "interleaved32": gmjit's alternative GLU layout, blocks of 32 gate rows and 32 up rows.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "fc1_from_gate_up",
+    "fc1_bias_from_gate_up",
+    "fc1_from_gate_and_up",
+    "fc2_from_down",
+    "gate_up_from_fc1",
+    "down_from_fc2",
+    "stack_experts",
+    "halves_to_interleaved32",
+    "interleaved32_to_halves",
+]
+
+
+def _deinterleave(t: Tensor, dim: int) -> Tensor:
+    """(g0, u0, g1, u1, ...) along `dim` -> (g0, g1, ..., u0, u1, ...)."""
+    if t.shape[dim] % 2:
+        raise ValueError(f"an interleaved gate/up dimension must be even, got {t.shape[dim]}")
+    moved = t.movedim(dim, 0)
+    return torch.cat((moved[0::2], moved[1::2]), dim=0).movedim(0, dim)
+
+
+def _interleave(t: Tensor, dim: int) -> Tensor:
+    """(g0, g1, ..., u0, u1, ...) along `dim` -> (g0, u0, g1, u1, ...)."""
+    gate, up = t.chunk(2, dim=dim)
+    return torch.stack((gate, up), dim=dim + 1).flatten(dim, dim + 1)
+
+
+def fc1_from_gate_up(gate_up: Tensor, *, transposed: bool = False,
+                     interleaved: bool = False) -> Tensor:  # fmt: skip
+    """A fused gate/up projection -> w1 [E, 2F, H] (halves).
+
+    gate_up: [E, 2F, H], or [E, H, 2F] when `transposed`; gate and up concatenated along the 2F
+    dimension, or alternating when `interleaved`.
+    """
+    if gate_up.dim() != 3:
+        raise ValueError(f"gate_up must be 3-D, got shape {list(gate_up.shape)}")
+    w = gate_up.transpose(1, 2) if transposed else gate_up
+    if interleaved:
+        w = _deinterleave(w, 1)
+    return w.contiguous()
+
+
+def fc1_bias_from_gate_up(bias: Tensor, *, interleaved: bool = False) -> Tensor:
+    """A fused gate/up bias [E, 2F] -> b1 [E, 2F] (halves)."""
+    return (_deinterleave(bias, 1) if interleaved else bias).contiguous()
+
+
+def fc1_from_gate_and_up(gate: Tensor, up: Tensor) -> Tensor:
+    """Separate gate and up weights [E, F, H] (nn.Linear layout, stacked over experts) -> w1."""
+    if gate.shape != up.shape:
+        raise ValueError(f"gate {list(gate.shape)} and up {list(up.shape)} must match")
+    return torch.cat((gate, up), dim=1).contiguous()
+
+
+def fc2_from_down(down: Tensor, *, transposed: bool = False) -> Tensor:
+    """A down projection [E, H, F] (or [E, F, H] when `transposed`) -> w2 [E, H, F]."""
+    if down.dim() != 3:
+        raise ValueError(f"down must be 3-D, got shape {list(down.shape)}")
+    return (down.transpose(1, 2) if transposed else down).contiguous()
+
+
+def gate_up_from_fc1(w1: Tensor, *, transposed: bool = False, interleaved: bool = False) -> Tensor:
+    """The inverse of `fc1_from_gate_up`: w1 [E, 2F, H] (halves) -> a fused gate/up weight."""
+    w = _interleave(w1, 1) if interleaved else w1
+    return (w.transpose(1, 2) if transposed else w).contiguous()
+
+
+def down_from_fc2(w2: Tensor, *, transposed: bool = False) -> Tensor:
+    """The inverse of `fc2_from_down`."""
+    return (w2.transpose(1, 2) if transposed else w2).contiguous()
+
+
+def stack_experts(weights: Sequence[Tensor]) -> Tensor:
+    """Per-expert nn.Linear weights (Megatron's SequentialMLP / local experts: linear_fc1
+    [2F, H] with the gate first, or linear_fc2 [H, F]; biases likewise) -> one [E, ...] tensor."""
+    if len(weights) == 0:
+        raise ValueError("stack_experts needs at least one expert")
+    return torch.stack(list(weights), dim=0).contiguous()
+
+
+def _check_blocks(t: Tensor, dim: int) -> int:
+    n = t.shape[dim]
+    if n % 64:
+        raise ValueError(f"interleaved32 needs 2F to be a multiple of 64, got {n}")
+    return n
+
+
+def halves_to_interleaved32(t: Tensor, dim: int = 1) -> Tensor:
+    """FC1 rows (w1, dim 1) or bias entries (b1, dim 1) from halves to gmjit's interleaved32."""
+    n = _check_blocks(t, dim)
+    gate, up = t.chunk(2, dim=dim)
+    shape = list(t.shape)
+    blocks = shape[:dim] + [n // 64, 32] + shape[dim + 1 :]
+    g = gate.reshape(blocks)
+    u = up.reshape(blocks)
+    return torch.cat((g, u), dim=dim + 1).reshape(shape).contiguous()
+
+
+def interleaved32_to_halves(t: Tensor, dim: int = 1) -> Tensor:
+    """The inverse of `halves_to_interleaved32`."""
+    n = _check_blocks(t, dim)
+    shape = list(t.shape)
+    blocks = t.reshape(shape[:dim] + [n // 64, 64] + shape[dim + 1 :])
+    gate, up = blocks.chunk(2, dim=dim + 1)
+    half = shape[:dim] + [n // 2] + shape[dim + 1 :]
+    return torch.cat((gate.reshape(half), up.reshape(half)), dim=dim).contiguous()
+
+
+def maybe(fn, t: Optional[Tensor], **kwargs) -> Optional[Tensor]:
+    """fn(t, **kwargs), or None for a missing tensor (biases)."""
+    return None if t is None else fn(t, **kwargs)

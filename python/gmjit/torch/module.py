@@ -1,0 +1,146 @@
+"""GroupedMLP: an nn.Module holding the experts' weights in gmjit's layout."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from gmjit.torch import layouts
+from gmjit.torch._op import GLU_ACTIVATIONS, _parse_options, grouped_mlp
+
+
+class GroupedMLP(nn.Module):
+    """E experts of y = act(x W1ᵀ + b1) W2ᵀ + b2 over tokens sorted by expert.
+
+    Parameters: w1 [E, F1, H] (F1 = 2F for GLU activations, gate rows first), w2 [E, H, F],
+    and with bias=True b1 [E, F1], b2 [E, H]. `forward(x, split_sizes, probs=None)` takes
+    x [T, H] grouped by expert and split_sizes [E] (int32/int64, on x's device).
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden: int,
+        ffn: int,
+        activation: str = "swiglu",
+        bias: bool = False,
+        *,
+        glu_layout: str = "halves",
+        limit: float = 7.0,
+        alpha: float = 1.702,
+        accumulate_main_grad: bool = False,
+        dtype: torch.dtype = torch.bfloat16,
+        device: Optional[torch.device | str] = None,
+    ) -> None:
+        super().__init__()
+        _parse_options(activation, glu_layout)  # reject unknown names here, not at first call
+        if dtype != torch.bfloat16:
+            raise ValueError(f"GroupedMLP: dtype must be torch.bfloat16 (the kernels' type), got {dtype}")
+        self.num_experts, self.hidden, self.ffn = num_experts, hidden, ffn
+        self.activation, self.glu_layout = activation, glu_layout
+        self.limit, self.alpha = float(limit), float(alpha)
+        self.accumulate_main_grad = accumulate_main_grad
+        f1 = 2 * ffn if activation in GLU_ACTIVATIONS else ffn
+        kw = {"dtype": dtype, "device": device}
+        self.w1 = nn.Parameter(torch.empty(num_experts, f1, hidden, **kw))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, ffn, **kw))
+        self.b1 = nn.Parameter(torch.empty(num_experts, f1, **kw)) if bias else None
+        self.b2 = nn.Parameter(torch.empty(num_experts, hidden, **kw)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # nn.Linear's default, per expert: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+        for weight, bias, fan_in in ((self.w1, self.b1, self.hidden), (self.w2, self.b2, self.ffn)):
+            bound = 1.0 / math.sqrt(fan_in)
+            nn.init.uniform_(weight, -bound, bound)
+            if bias is not None:
+                nn.init.uniform_(bias, -bound, bound)
+
+    def forward(self, x: Tensor, split_sizes: Tensor, probs: Optional[Tensor] = None) -> Tensor:
+        return grouped_mlp(x, split_sizes, self.w1, self.w2, self.b1, self.b2, probs,
+                           self.activation, self.glu_layout, self.limit, self.alpha,
+                           self.accumulate_main_grad)  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, hidden={self.hidden}, ffn={self.ffn}, "
+                f"activation={self.activation}, bias={self.b1 is not None}")  # fmt: skip
+
+    @torch.no_grad()
+    def load_gate_up(
+        self,
+        gate_up: Tensor,
+        down: Tensor,
+        gate_up_bias: Optional[Tensor] = None,
+        down_bias: Optional[Tensor] = None,
+        *,
+        transposed: bool = False,
+        interleaved: bool = False,
+    ) -> "GroupedMLP":
+        """Copies transformers-style fused experts weights in (see gmjit.torch.layouts):
+        gate_up [E, 2F, H] (or [E, H, 2F] transposed), down [E, H, F] (or [E, F, H])."""
+        self.w1.copy_(layouts.fc1_from_gate_up(gate_up, transposed=transposed, interleaved=interleaved))
+        self.w2.copy_(layouts.fc2_from_down(down, transposed=transposed))
+        if gate_up_bias is not None:
+            self._bias("b1").copy_(layouts.fc1_bias_from_gate_up(gate_up_bias, interleaved=interleaved))
+        if down_bias is not None:
+            self._bias("b2").copy_(down_bias)
+        return self
+
+    @torch.no_grad()
+    def load_megatron(
+        self,
+        fc1_weights: list[Tensor],
+        fc2_weights: list[Tensor],
+        fc1_biases: Optional[list[Tensor]] = None,
+        fc2_biases: Optional[list[Tensor]] = None,
+    ) -> "GroupedMLP":
+        """Copies Megatron per-expert weights in: linear_fc1.weight [F1, H] (gate first) and
+        linear_fc2.weight [H, F] of each expert, and their biases."""
+        self.w1.copy_(layouts.stack_experts(fc1_weights))
+        self.w2.copy_(layouts.stack_experts(fc2_weights))
+        if fc1_biases is not None:
+            self._bias("b1").copy_(layouts.stack_experts(fc1_biases))
+        if fc2_biases is not None:
+            self._bias("b2").copy_(layouts.stack_experts(fc2_biases))
+        return self
+
+    def _bias(self, name: str) -> Tensor:
+        b = getattr(self, name)
+        if b is None:
+            raise ValueError(f"GroupedMLP: a bias was given but the module has bias=False ({name})")
+        return b
+
+    @classmethod
+    def from_transformers_experts(cls, experts: nn.Module, activation: Optional[str] = None,
+                                  **kwargs) -> "GroupedMLP":  # fmt: skip
+        """A GroupedMLP with a copy of a transformers experts module's weights (one decorated
+        with `use_experts_implementation`: gate_up_proj, down_proj and optional biases).
+        The activation is read from the module (see gmjit.transformers) unless given."""
+        from gmjit.transformers import describe_experts  # transformers is optional
+
+        plan = describe_experts(experts)
+        if plan.reason is not None and activation is None:
+            raise ValueError(f"GroupedMLP.from_transformers_experts: {plan.reason}")
+        w = experts.gate_up_proj if getattr(experts, "has_gate", True) else experts.up_proj
+        module = cls(
+            experts.num_experts,
+            plan.hidden,
+            plan.ffn,
+            activation or plan.activation,
+            bias=plan.has_bias,
+            limit=plan.limit,
+            alpha=plan.alpha,
+            device=w.device,
+            **kwargs,
+        )
+        return module.load_gate_up(
+            w,
+            experts.down_proj,
+            getattr(experts, "gate_up_proj_bias" if plan.has_gate else "up_proj_bias", None),
+            getattr(experts, "down_proj_bias", None),
+            transposed=plan.transposed,
+            interleaved=plan.interleaved,
+        )

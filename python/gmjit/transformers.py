@@ -1,0 +1,314 @@
+"""gmjit as a transformers experts implementation: `experts_implementation="gmjit"`.
+
+    import gmjit.transformers  # registers "gmjit" in transformers' ExpertsInterface
+    model = AutoModelForCausalLM.from_config(config, experts_implementation="gmjit")
+
+Experts modules decorated with `use_experts_implementation` declare their weight layout
+(concatenated or interleaved gate/up, transposed, biases, gated or not); the activation comes from
+the module's `_apply_gate` (default: act_fn(gate) * up on concatenated halves; gpt-oss: clamped
+SwiGLU on interleaved columns with the module's alpha and limit) or `act_fn`. `describe_experts`
+turns that into an `ExpertsPlan`; what gmjit cannot serve (fp32 weights, widths that are not
+multiples of 64, an unknown activation) runs transformers' "grouped_mm" instead, with one warning
+per module class and reason.
+
+Per call: tokens are sorted by expert id (expert-parallel sentinels, ids >= num_experts, sort to
+the tail and are left out of the per-expert counts, so gmjit writes zeros for them and their
+gradients), gathered, run through `gmjit.torch.grouped_mlp` with the router weights as `probs`
+(gmjit scales each expert output row, bias included, exactly as transformers does), then put
+back in token order and summed over the top-k slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor, nn
+
+from gmjit.torch import layouts
+from gmjit.torch._op import grouped_mlp
+
+logger = logging.getLogger("gmjit.transformers")
+
+NAME = "gmjit"
+# How close the module's own gate must be to the activation gmjit picked for it (fp32 probe).
+_PROBE_TOLERANCE = 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertsPlan:
+    """How gmjit runs one experts module; `reason` says why it cannot (then it falls back)."""
+
+    reason: Optional[str] = None
+    activation: str = "swiglu"
+    has_gate: bool = True
+    has_bias: bool = False
+    transposed: bool = False
+    interleaved: bool = False
+    hidden: int = 0
+    ffn: int = 0
+    limit: float = 7.0
+    alpha: float = 1.702
+    verified: bool = False  # the module's own gate/activation was compared with gmjit's choice
+
+
+# Activation modules by class name, as transformers' ACT2FN and torch.nn spell them. Only the
+# tanh approximation of GELU is what gmjit computes.
+_SILU = {"SiLU", "SiLUActivation"}
+_GELU_TANH = {"GELUTanh", "NewGELUActivation", "PytorchGELUTanh", "GELUPytorchTanh",
+              "FastGELUActivation"}  # fmt: skip
+_RELU = {"ReLU"}
+_SRELU = {"ReLUSquaredActivation"}
+
+
+def _act_name(act_fn: object) -> Optional[str]:
+    name = type(act_fn).__name__
+    if name == "GELU" and getattr(act_fn, "approximate", "none") == "tanh":
+        return "gelu"
+    for names, act in ((_SILU, "silu"), (_GELU_TANH, "gelu"), (_RELU, "relu"), (_SRELU, "srelu")):
+        if name in names:
+            return act
+    return None
+
+
+def _default_apply_gate() -> Optional[Callable]:
+    try:
+        from transformers.integrations import moe
+    except ImportError:
+        return None
+    return getattr(moe, "_default_apply_gate", None)
+
+
+# Custom `_apply_gate`s gmjit knows, by qualified name: (activation, interleaved). The
+# parameters (limit, alpha) are read from the module.
+KNOWN_GATES: dict[str, tuple[str, bool]] = {
+    "GptOssExperts._apply_gate": ("clamped_swiglu", True),
+}
+
+
+def _weights(experts: nn.Module, has_gate: bool) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    up = getattr(experts, "gate_up_proj" if has_gate else "up_proj", None)
+    return up, getattr(experts, "down_proj", None)
+
+
+def describe_experts(experts: nn.Module) -> ExpertsPlan:
+    """What gmjit would run for a transformers experts module (no tensors are read)."""
+    has_gate = bool(getattr(experts, "has_gate", True))
+    has_bias = bool(getattr(experts, "has_bias", False))
+    transposed = bool(getattr(experts, "is_transposed", False))
+    up, down = _weights(experts, has_gate)
+    base = dict(has_gate=has_gate, has_bias=has_bias, transposed=transposed)
+    if not isinstance(up, Tensor) or not isinstance(down, Tensor) or up.dim() != 3 or down.dim() != 3:
+        return ExpertsPlan(reason="no 3-D gate_up_proj/up_proj and down_proj weights", **base)
+    if up.dtype != torch.bfloat16 or down.dtype != torch.bfloat16:
+        return ExpertsPlan(reason=f"weights are {up.dtype}; gmjit runs bfloat16 weights", **base)
+    E = getattr(experts, "num_experts", up.shape[0])
+    hidden = up.shape[1] if transposed else up.shape[2]
+    f1 = up.shape[2] if transposed else up.shape[1]
+    ffn = f1 // 2 if has_gate else f1
+    base.update(hidden=hidden, ffn=ffn)
+    if up.shape[0] != E:
+        return ExpertsPlan(reason=f"weights hold {up.shape[0]} experts, num_experts is {E}", **base)
+    if hidden % 64 or ffn % 64:
+        return ExpertsPlan(reason=f"hidden ({hidden}) and ffn ({ffn}) must be multiples of 64",
+                           **base)  # fmt: skip
+    if has_bias and (getattr(experts, "gate_up_proj_bias" if has_gate else "up_proj_bias", None)
+                     is None or getattr(experts, "down_proj_bias", None) is None):  # fmt: skip
+        return ExpertsPlan(reason="has_bias is set but a bias tensor is missing", **base)
+    limit = float(getattr(experts, "limit", 7.0))
+    alpha = float(getattr(experts, "alpha", 1.702))
+    if not has_gate:
+        act = _act_name(getattr(experts, "act_fn", None))
+        if act not in ("relu", "gelu", "srelu"):
+            return ExpertsPlan(reason=f"activation {type(getattr(experts, 'act_fn', None)).__name__}"
+                               " has no gmjit equivalent", **base)  # fmt: skip
+        return ExpertsPlan(activation=act, **base)
+    gate_fn = getattr(type(experts), "_apply_gate", None)
+    if gate_fn is not None and gate_fn is _default_apply_gate():
+        act = _act_name(getattr(experts, "act_fn", None))
+        glu = {"silu": "swiglu", "gelu": "geglu"}.get(act or "")
+        if glu is None:
+            return ExpertsPlan(reason=f"gate activation {type(getattr(experts, 'act_fn', None)).__name__}"
+                               " has no gmjit equivalent", **base)  # fmt: skip
+        # The default gate splits the 2F columns into halves whatever is_concatenated says.
+        return ExpertsPlan(activation=glu, interleaved=False, **base)
+    known = KNOWN_GATES.get(getattr(gate_fn, "__qualname__", ""))
+    if known is None:
+        return ExpertsPlan(reason=f"custom _apply_gate {getattr(gate_fn, '__qualname__', gate_fn)!r}"
+                           " is not one gmjit knows (gmjit.transformers.KNOWN_GATES)", **base)  # fmt: skip
+    activation, interleaved = known
+    return ExpertsPlan(activation=activation, interleaved=interleaved, limit=limit, alpha=alpha,
+                       **base)  # fmt: skip
+
+
+def reference_gate(plan: ExpertsPlan, gate_up: Tensor) -> Tensor:
+    """What gmjit computes from FC1's output columns in the module's own column order."""
+    if plan.interleaved:
+        gate, up = gate_up[..., 0::2], gate_up[..., 1::2]
+    else:
+        gate, up = gate_up.chunk(2, dim=-1)
+    if plan.activation == "swiglu":
+        return nn.functional.silu(gate) * up
+    if plan.activation == "geglu":
+        return nn.functional.gelu(gate, approximate="tanh") * up
+    if plan.activation == "clamped_swiglu":
+        g = gate.clamp(max=plan.limit)
+        u = up.clamp(min=-plan.limit, max=plan.limit)
+        return g * torch.sigmoid(plan.alpha * g) * (u + 1)
+    raise ValueError(f"{plan.activation} is not a GLU activation")
+
+
+def reference_activation(plan: ExpertsPlan, h: Tensor) -> Tensor:
+    if plan.activation == "relu":
+        return torch.relu(h)
+    if plan.activation == "srelu":
+        return torch.relu(h) ** 2
+    return nn.functional.gelu(h, approximate="tanh")
+
+
+def verify(experts: nn.Module, plan: ExpertsPlan) -> ExpertsPlan:
+    """Runs the module's own gate (or activation) on a small fp32 probe on the CPU and compares
+    it with gmjit's choice; a mismatch turns the plan into a fallback."""
+    if plan.reason is not None or plan.verified:
+        return plan
+    gen = torch.Generator().manual_seed(0)
+    width = 2 * plan.ffn if plan.has_gate else plan.ffn
+    # Wide enough a range to cross the clamps and the activations' bends.
+    z = torch.randn(4, width, generator=gen) * 4
+    try:
+        with torch.no_grad():
+            if plan.has_gate:
+                theirs = experts._apply_gate(z)
+                ours = reference_gate(plan, z)
+            else:
+                theirs = experts.act_fn(z)
+                ours = reference_activation(plan, z)
+    except Exception as e:  # a gate that cannot run on a CPU probe: trust the static decision
+        logger.debug("gmjit: could not probe %s: %s", type(experts).__name__, e)
+        return dataclasses.replace(plan, verified=True)
+    if theirs.shape != ours.shape or not torch.allclose(theirs.float(), ours, rtol=_PROBE_TOLERANCE,
+                                                        atol=_PROBE_TOLERANCE):  # fmt: skip
+        return dataclasses.replace(
+            plan, reason=f"the module's gate does not compute {plan.activation} as gmjit does")
+    return dataclasses.replace(plan, verified=True)
+
+
+_PLAN_ATTR = "_gmjit_plan"
+_warned: set[tuple[str, str]] = set()
+
+
+def plan_for(experts: nn.Module) -> ExpertsPlan:
+    """The cached plan of a module: described once, verified at its first eager call."""
+    plan = experts.__dict__.get(_PLAN_ATTR)
+    if plan is None:
+        plan = describe_experts(experts)
+    if not plan.verified and plan.reason is None and not torch.compiler.is_compiling():
+        plan = verify(experts, plan)
+    if not torch.compiler.is_compiling():
+        experts.__dict__[_PLAN_ATTR] = plan
+    return plan
+
+
+def _fallback(experts: nn.Module, reason: str, *args) -> Tensor:
+    key = (type(experts).__name__, reason)
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning("gmjit: %s runs transformers' grouped_mm instead: %s", key[0], reason)
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    return grouped_mm_experts_forward(experts, *args)
+
+
+def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
+    """(w1, w2, b1, b2) in gmjit's layout. Mixtral/Qwen-style weights are used as they are;
+    transposed or interleaved ones are converted by differentiable copies on each call, reused
+    while neither grad mode nor the parameters' version counters say they may have changed."""
+    up, down = _weights(experts, plan.has_gate)
+    b_up = getattr(experts, "gate_up_proj_bias" if plan.has_gate else "up_proj_bias", None)
+    b_down = getattr(experts, "down_proj_bias", None)
+    if not plan.has_bias:
+        b_up = b_down = None
+    if not plan.transposed and not plan.interleaved:
+        return up.contiguous(), down.contiguous(), b_up, b_down
+    params = [t for t in (up, down, b_up, b_down) if t is not None]
+    grad = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+    cacheable = not grad and not torch.compiler.is_compiling()
+    if cacheable:
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        cached = experts.__dict__.get("_gmjit_weights")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+    w1 = layouts.fc1_from_gate_up(up, transposed=plan.transposed, interleaved=plan.interleaved)
+    w2 = layouts.fc2_from_down(down, transposed=plan.transposed)
+    b1 = layouts.maybe(layouts.fc1_bias_from_gate_up, b_up, interleaved=plan.interleaved)
+    out = (w1, w2, b1, b_down)
+    if cacheable:
+        experts.__dict__["_gmjit_weights"] = (key, out)
+    else:
+        experts.__dict__.pop("_gmjit_weights", None)
+    return out
+
+
+def gmjit_experts_forward(
+    self: nn.Module, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor
+) -> Tensor:
+    """The "gmjit" entry of transformers' ExpertsInterface."""
+    plan = plan_for(self)
+    if plan.reason is not None:
+        return _fallback(self, plan.reason, hidden_states, top_k_index, top_k_weights)
+    if not hidden_states.is_cuda:
+        return _fallback(self, "hidden states are not on a CUDA device", hidden_states,
+                         top_k_index, top_k_weights)  # fmt: skip
+    return experts_forward(self, plan, hidden_states, top_k_index, top_k_weights)
+
+
+def experts_forward(
+    experts: nn.Module,
+    plan: ExpertsPlan,
+    hidden_states: Tensor,
+    top_k_index: Tensor,
+    top_k_weights: Tensor,
+    mlp: Callable[..., Tensor] = grouped_mlp,
+) -> Tensor:
+    """Sort by expert, run `mlp` (gmjit's grouped_mlp signature), restore token order and sum
+    over the top-k slots. `mlp` is replaceable so that the permutation is testable anywhere."""
+    num_experts = experts.num_experts
+    tokens, hidden = hidden_states.shape
+    top_k = top_k_index.shape[-1]
+    dtype = next(iter(_weights(experts, plan.has_gate))).dtype
+    x = hidden_states if hidden_states.dtype == dtype else hidden_states.to(dtype)
+
+    expert_ids = top_k_index.reshape(-1)
+    sorted_ids, perm = torch.sort(expert_ids, stable=True)
+    x_sorted = x.index_select(0, perm // top_k)
+    probs = top_k_weights.reshape(-1).index_select(0, perm).float()
+    # histc leaves sentinel ids (>= num_experts, expert parallelism) out of the counts; its
+    # output has a fixed size, so no host sync and nothing that stops CUDA-graph capture. (On
+    # the CPU histc wants floats.)
+    hist_in = sorted_ids.to(torch.int32) if sorted_ids.is_cuda else sorted_ids.float()
+    counts = torch.histc(hist_in, bins=num_experts, min=0, max=num_experts - 1)
+    split_sizes = counts.to(torch.int32)
+
+    w1, w2, b1, b2 = _converted_weights(experts, plan)
+    y_sorted = mlp(x_sorted, split_sizes, w1, w2, b1, b2, probs, activation=plan.activation,
+                   limit=plan.limit, alpha=plan.alpha)  # fmt: skip
+    # Back to (token, slot) order, then the sum over the top-k slots; index_copy's backward is a
+    # gather, so it stays deterministic.
+    y = y_sorted.new_zeros((tokens * top_k, hidden)).index_copy(0, perm, y_sorted)
+    out = y.view(tokens, top_k, hidden).sum(dim=1)
+    return out.to(hidden_states.dtype)
+
+
+def register() -> None:
+    """Registers "gmjit" in transformers' ExpertsInterface (done on import of this module)."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(NAME, gmjit_experts_forward)
+
+
+try:
+    register()
+except ImportError:  # transformers without the experts interface: nothing to register into
+    logger.debug("gmjit: transformers.integrations.moe.ExpertsInterface not found")

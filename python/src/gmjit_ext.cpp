@@ -1,0 +1,269 @@
+// gmjit._C: the engine for Python. One engine per process, shared by every caller.
+//
+// Tensors cross as (data pointer, token count, device ordinal): the torch layer has already
+// checked dtypes, shapes, devices and contiguity, and the shapes follow from the layer and T, so
+// converting nine tensors through DLPack on every call (a Python __dlpack__ call and a capsule
+// each) would cost more CPU than the rest of the call. `dlpack_refs` converts DLPack tensors the
+// same way the C API does; the CPU-cost benchmark times both (docs/DECISIONS.md, "Python
+// binding").
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gmjit/gmjit.hpp"
+
+namespace nb = nanobind;
+
+namespace {
+
+// Never destroyed: at interpreter exit the CUDA primary contexts may already be gone (torch
+// tears its state down in atexit hooks), and freeing device memory then fails or crashes. The
+// process exit releases everything anyway.
+gmjit::Engine& engine() {
+  static gmjit::Engine* const instance = new gmjit::Engine();
+  return *instance;
+}
+
+const gmjit::Recipe& bf16_recipe() {
+  static const gmjit::Recipe recipe = gmjit::Recipe::bf16();
+  return recipe;
+}
+
+// A layer description built once per option set by the Python layer and reused on every call.
+struct Layer {
+  gmjit::LayerSpec spec;
+};
+
+Layer make_layer(std::int64_t experts, std::int64_t hidden, std::int64_t ffn, int activation,
+                 int glu_layout, float limit, float alpha, bool fc1_bias, bool fc2_bias,
+                 bool router_probs, bool split_i64) {
+  if (activation < 0 || activation > static_cast<int>(gmjit::Activation::relu)) {
+    throw gmjit::Error(
+        gmjit::Status::invalid_argument,
+        "argument 'activation': " + std::to_string(activation) + " is not an activation code");
+  }
+  Layer layer;
+  gmjit::LayerSpec& s = layer.spec;
+  s.experts = experts;
+  s.hidden = hidden;
+  s.ffn = ffn;
+  s.activation.kind = static_cast<gmjit::Activation>(activation);
+  s.activation.layout =
+      glu_layout == 1 ? gmjit::GluLayout::interleaved32 : gmjit::GluLayout::halves;
+  s.activation.limit = limit;
+  s.activation.alpha = alpha;
+  s.fc1_bias = fc1_bias;
+  s.fc2_bias = fc2_bias;
+  s.router_probs = router_probs;
+  s.split_dtype = split_i64 ? gmjit::DType::i64 : gmjit::DType::i32;
+  return layer;
+}
+
+// A tensor the caller gave (address != 0) with the shape the layer implies; 0 means absent.
+gmjit::TensorRef ref(std::uintptr_t address, gmjit::DType dtype,
+                     std::initializer_list<std::int64_t> shape, gmjit::Device device) {
+  if (address == 0) return {};
+  return gmjit::make_tensor(reinterpret_cast<void*>(address), dtype, shape, device);
+}
+
+void forward(const Layer& layer, std::int64_t tokens, int device, std::uintptr_t x,
+             std::uintptr_t split_sizes, std::uintptr_t w1, std::uintptr_t b1, std::uintptr_t w2,
+             std::uintptr_t b2, std::uintptr_t probs, std::uintptr_t y, std::uintptr_t saved_preact,
+             std::uintptr_t stream) {
+  using gmjit::DType;
+  const gmjit::LayerSpec& s = layer.spec;
+  const gmjit::Device dev{gmjit::Device::Kind::cuda, device};
+  const std::int64_t T = tokens, E = s.experts, H = s.hidden, F = s.ffn, F1 = s.fc1_out();
+  gmjit::ForwardArgs args;
+  args.x = ref(x, DType::bf16, {T, H}, dev);
+  args.split_sizes = ref(split_sizes, s.split_dtype, {E}, dev);
+  args.w1 = ref(w1, DType::bf16, {E, F1, H}, dev);
+  args.b1 = ref(b1, DType::bf16, {E, F1}, dev);
+  args.w2 = ref(w2, DType::bf16, {E, H, F}, dev);
+  args.b2 = ref(b2, DType::bf16, {E, H}, dev);
+  args.probs = ref(probs, DType::f32, {T}, dev);
+  args.y = ref(y, DType::bf16, {T, H}, dev);
+  args.saved_preact = ref(saved_preact, DType::bf16, {T, F1}, dev);
+  const auto grad = saved_preact != 0 ? gmjit::GradMode::grad : gmjit::GradMode::no_grad;
+  // A cold call compiles for seconds: let other Python threads run meanwhile.
+  nb::gil_scoped_release release;
+  engine().forward(s, bf16_recipe(), args, grad, reinterpret_cast<void*>(stream));
+}
+
+void backward(const Layer& layer, std::int64_t tokens, int device, std::uintptr_t dy,
+              std::uintptr_t x, std::uintptr_t split_sizes, std::uintptr_t w1, std::uintptr_t w2,
+              std::uintptr_t b2, std::uintptr_t probs, std::uintptr_t saved_preact,
+              std::uintptr_t dx, std::uintptr_t dw1, std::uintptr_t db1, std::uintptr_t dw2,
+              std::uintptr_t db2, std::uintptr_t dprobs, bool accumulate, std::uintptr_t stream) {
+  using gmjit::DType;
+  const gmjit::LayerSpec& s = layer.spec;
+  const gmjit::Device dev{gmjit::Device::Kind::cuda, device};
+  const std::int64_t T = tokens, E = s.experts, H = s.hidden, F = s.ffn, F1 = s.fc1_out();
+  // The context a grad-enabled forward of this layer returned: it is a plain value, so the
+  // torch layer keeps the tensors and this rebuilds it; the engine still checks saved_preact.
+  const gmjit::ForwardContext context{s,
+                                      gmjit::GradMode::grad,
+                                      bf16_recipe().options_key(),
+                                      T,
+                                      dev,
+                                      reinterpret_cast<const void*>(saved_preact)};
+  gmjit::BackwardArgs args;
+  args.dy = ref(dy, DType::bf16, {T, H}, dev);
+  args.x = ref(x, DType::bf16, {T, H}, dev);
+  args.split_sizes = ref(split_sizes, s.split_dtype, {E}, dev);
+  args.w1 = ref(w1, DType::bf16, {E, F1, H}, dev);
+  args.w2 = ref(w2, DType::bf16, {E, H, F}, dev);
+  args.b2 = ref(b2, DType::bf16, {E, H}, dev);
+  args.probs = ref(probs, DType::f32, {T}, dev);
+  args.saved_preact = ref(saved_preact, DType::bf16, {T, F1}, dev);
+  args.dx = ref(dx, DType::bf16, {T, H}, dev);
+  args.dw1 = ref(dw1, DType::f32, {E, F1, H}, dev);
+  args.db1 = ref(db1, DType::f32, {E, F1}, dev);
+  args.dw2 = ref(dw2, DType::f32, {E, H, F}, dev);
+  args.db2 = ref(db2, DType::f32, {E, H}, dev);
+  args.dprobs = ref(dprobs, DType::f32, {T}, dev);
+  args.accumulate = accumulate;
+  nb::gil_scoped_release release;
+  engine().backward(context, bf16_recipe(), args, reinterpret_cast<void*>(stream));
+}
+
+std::vector<std::string> prepare(const Layer& layer, bool grad, const std::string& arch) {
+  nb::gil_scoped_release release;
+  return engine()
+      .prepare(layer.spec, bf16_recipe(), grad ? gmjit::GradMode::grad : gmjit::GradMode::no_grad,
+               arch)
+      .kernel_names;
+}
+
+// EngineCounters::workspace_bytes arrives with the stream-ordered workspaces; until then the key
+// is reported as 0 so that callers can rely on it.
+template <typename Counters>
+std::uint64_t workspace_bytes(const Counters& c) {
+  if constexpr (requires { c.workspace_bytes; }) {
+    return static_cast<std::uint64_t>(c.workspace_bytes);
+  } else {
+    return 0;
+  }
+}
+
+nb::dict counters() {
+  const gmjit::EngineCounters c = engine().counters();
+  nb::dict d;
+  d["plans_built"] = c.plans_built;
+  d["forward_plans_built"] = c.forward_plans_built;
+  d["backward_plans_built"] = c.backward_plans_built;
+  d["kernels_compiled"] = c.kernels_compiled;
+  d["nvrtc_seconds"] = c.nvrtc_seconds;
+  d["disk_reads"] = c.disk_reads;
+  d["disk_writes"] = c.disk_writes;
+  d["memory_hits"] = c.memory_hits;
+  d["workspace_bytes"] = workspace_bytes(c);
+  return d;
+}
+
+nb::list devices() {
+  nb::list out;
+  for (const gmjit::DeviceInfo& info : gmjit::Engine::devices()) {
+    nb::dict d;
+    d["ordinal"] = info.ordinal;
+    d["name"] = info.name;
+    d["arch"] = info.arch;
+    d["multiprocessors"] = info.multiprocessors;
+    d["memory_bytes"] = info.memory_bytes;
+    out.append(d);
+  }
+  return out;
+}
+
+std::pair<bool, std::string> driver_available() {
+  std::string why;
+  const bool ok = gmjit::Engine::driver_available(&why);
+  return {ok, why};
+}
+
+// DLPack tensors to TensorRefs, as the C API converts them: what a DLPack-based binding would pay
+// per call. Returns the element counts so the work cannot be skipped.
+std::int64_t dlpack_refs(const std::vector<nb::ndarray<nb::c_contig>>& tensors) {
+  std::int64_t total = 0;
+  for (const auto& t : tensors) {
+    gmjit::TensorRef r;
+    r.data = t.data();
+    r.ndim = static_cast<int>(t.ndim());
+    for (std::size_t i = 0; i < t.ndim() && i < 4; ++i) r.shape[i] = t.shape(i);
+    r.device = {t.device_type() == nb::device::cuda::value ? gmjit::Device::Kind::cuda
+                                                           : gmjit::Device::Kind::cpu,
+                t.device_id()};
+    total += r.numel();
+  }
+  return total;
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "gmjit engine bindings (use gmjit.torch for tensors)";
+  // gmjit.torch keeps its Layer objects in a module-level cache until the interpreter exits;
+  // nanobind would report them as leaks.
+  nb::set_leak_warnings(false);
+
+  static nb::exception<gmjit::Error> error(m, "Error", PyExc_RuntimeError);
+  // Invalid arguments are ValueErrors, as Python callers expect; everything else is gmjit.Error
+  // (a RuntimeError) with the status name in front of the engine's message.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const gmjit::Error& e) {
+      if (e.status() == gmjit::Status::invalid_argument) {
+        PyErr_SetString(PyExc_ValueError, e.what());
+      } else {
+        const std::string message = std::string(gmjit::status_name(e.status())) + ": " + e.what();
+        PyErr_SetString(error.ptr(), message.c_str());
+      }
+    }
+  });
+
+  nb::class_<Layer>(m, "Layer")
+      .def(
+          "__init__",
+          [](Layer* self, std::int64_t experts, std::int64_t hidden, std::int64_t ffn,
+             int activation, int glu_layout, float limit, float alpha, bool fc1_bias, bool fc2_bias,
+             bool router_probs, bool split_i64) {
+            new (self) Layer(make_layer(experts, hidden, ffn, activation, glu_layout, limit, alpha,
+                                        fc1_bias, fc2_bias, router_probs, split_i64));
+          },
+          nb::arg("experts"), nb::arg("hidden"), nb::arg("ffn"), nb::arg("activation"),
+          nb::arg("glu_layout"), nb::arg("limit"), nb::arg("alpha"), nb::arg("fc1_bias"),
+          nb::arg("fc2_bias"), nb::arg("router_probs"), nb::arg("split_i64"))
+      .def("describe", [](const Layer& l) { return l.spec.describe(); })
+      .def_prop_ro("fc1_out", [](const Layer& l) { return l.spec.fc1_out(); })
+      .def("__repr__", [](const Layer& l) { return "gmjit._C.Layer(" + l.spec.describe() + ")"; });
+
+  m.def("forward", &forward, nb::arg("layer"), nb::arg("tokens"), nb::arg("device"), nb::arg("x"),
+        nb::arg("split_sizes"), nb::arg("w1"), nb::arg("b1"), nb::arg("w2"), nb::arg("b2"),
+        nb::arg("probs"), nb::arg("y"), nb::arg("saved_preact"), nb::arg("stream"),
+        "Forward on `stream`; tensors are data pointers (0: absent). A non-zero saved_preact "
+        "makes it a grad-enabled forward.");
+  m.def("backward", &backward, nb::arg("layer"), nb::arg("tokens"), nb::arg("device"),
+        nb::arg("dy"), nb::arg("x"), nb::arg("split_sizes"), nb::arg("w1"), nb::arg("w2"),
+        nb::arg("b2"), nb::arg("probs"), nb::arg("saved_preact"), nb::arg("dx"), nb::arg("dw1"),
+        nb::arg("db1"), nb::arg("dw2"), nb::arg("db2"), nb::arg("dprobs"), nb::arg("accumulate"),
+        nb::arg("stream"),
+        "Backward of a grad-enabled forward; gradients given as 0 are not computed.");
+  m.def("prepare", &prepare, nb::arg("layer"), nb::arg("grad"), nb::arg("arch"),
+        "Compiles (or loads from the caches) the forward plan's kernels for `arch`; no GPU "
+        "needed. Returns the kernel names.");
+  m.def("counters", &counters, "The engine's counters as a dict.");
+  m.def("devices", &devices, "CUDA devices the driver sees (raises gmjit.Error without one).");
+  m.def("driver_available", &driver_available, "(available, why not)");
+  m.def("cache_directory", [] { return engine().cache_directory(); });
+  m.def("nvrtc_version", &gmjit::nvrtc_version);
+  m.def("dlpack_refs", &dlpack_refs, nb::arg("tensors"),
+        "Converts DLPack tensors like the C API does (for timing the DLPack path).");
+}

@@ -1,0 +1,79 @@
+"""grouped_mlp checks its arguments in Python and names the bad one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gmjit.torch import grouped_mlp
+
+E, H, F, T = 4, 64, 128, 32
+
+
+def args(**over):
+    a = dict(
+        x=torch.randn(T, H, dtype=torch.bfloat16),
+        split_sizes=torch.full((E,), T // E, dtype=torch.int64),
+        w1=torch.randn(E, 2 * F, H, dtype=torch.bfloat16),
+        w2=torch.randn(E, H, F, dtype=torch.bfloat16),
+    )
+    a.update(over)
+    return a
+
+
+@pytest.mark.parametrize(
+    "override, pattern",
+    [
+        (dict(x=torch.randn(T, H)), r"'x' must have dtype torch.bfloat16, got torch.float32"),
+        (dict(x=torch.randn(T, H, 1, dtype=torch.bfloat16)), r"'x' must be a 2-D tensor"),
+        (dict(x=torch.randn(H, T, dtype=torch.bfloat16).T), r"'x' must be contiguous"),
+        (dict(w1=torch.randn(E, F, H, dtype=torch.bfloat16)), r"'w1' must have 2 \* ffn = 256 rows"),
+        (dict(w1=torch.randn(E, 2 * F, H + 64, dtype=torch.bfloat16)), r"'w1' must have shape \[4, 256, 64\]"),
+        (dict(w2=torch.randn(E, H, F)), r"'w2' must have dtype torch.bfloat16"),
+        (dict(w2=torch.randn(E + 1, H, F, dtype=torch.bfloat16)), r"'w2' must have shape \[4, 64, 128\]"),
+        (dict(split_sizes=torch.ones(E)), r"'split_sizes' must have dtype torch.int32 or torch.int64"),
+        (dict(split_sizes=torch.ones(E + 1, dtype=torch.int32)), r"'split_sizes' must have shape \[4\]"),
+        (dict(split_sizes=[8, 8, 8, 8]), r"'split_sizes' must be a torch.Tensor"),
+        (dict(b1=torch.zeros(E, F, dtype=torch.bfloat16)), r"'b1' must have shape \[4, 256\]"),
+        (dict(b2=torch.zeros(E, H)), r"'b2' must have dtype torch.bfloat16"),
+        (dict(probs=torch.ones(T, dtype=torch.bfloat16)), r"'probs' must have dtype torch.float32"),
+        (dict(probs=torch.ones(T + 1)), r"'probs' must have shape \[32\]"),
+        (dict(probs=torch.ones(T, 2)[:, 0]), r"'probs' must be contiguous"),
+        (dict(activation="silu"), r"'activation' must be one of"),
+        (dict(glu_layout="interleaved"), r"'glu_layout' must be one of"),
+    ],
+)
+def test_bad_argument_is_named_in_a_value_error(override, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        grouped_mlp(**args(**override))
+
+
+def test_widths_that_are_not_multiples_of_64_are_rejected():
+    a = args(x=torch.randn(T, 96, dtype=torch.bfloat16), w1=torch.randn(E, 2 * F, 96, dtype=torch.bfloat16),
+             w2=torch.randn(E, 96, F, dtype=torch.bfloat16))  # fmt: skip
+    with pytest.raises(ValueError, match="multiples of 64"):
+        grouped_mlp(**a)
+
+
+def test_non_glu_activation_wants_ffn_rows_in_w1():
+    with pytest.raises(ValueError, match=r"'w1' must have ffn = 128 rows"):
+        grouped_mlp(**args(), activation="relu")
+    w1 = torch.randn(E, F, H, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="CUDA device"):  # shapes fine: only the device is left
+        grouped_mlp(**args(w1=w1), activation="relu")
+
+
+def test_valid_cpu_tensors_fail_only_on_the_device():
+    with pytest.raises(ValueError, match=r"'x' must be on a CUDA device to run, got cpu"):
+        grouped_mlp(**args())
+
+
+def test_tensors_on_another_device_than_x_are_named():
+    with pytest.raises(ValueError, match=r"'w2' must be on cpu \(where x is\), got meta"):
+        grouped_mlp(**args(w2=torch.empty(E, H, F, dtype=torch.bfloat16, device="meta")))
+
+
+def test_zero_tokens_need_no_device_and_give_an_empty_output():
+    a = args(x=torch.empty(0, H, dtype=torch.bfloat16), split_sizes=torch.zeros(E, dtype=torch.int64))
+    y = grouped_mlp(**a)
+    assert y.shape == (0, H) and y.dtype == torch.bfloat16

@@ -1,0 +1,271 @@
+"""The torch layer's plumbing on the CPU, against a stand-in engine.
+
+The stand-in replaces gmjit._C's forward/backward: it views the pointers it is given as CPU
+tensors, computes with the float64 reference and writes the results back, as the engine does on
+a GPU. That covers what the GPU tests cover apart from the kernels: both autograd paths (the
+custom op and the eager autograd.Function), which gradients are asked for, dtypes, main_grad
+accumulation, zero tokens, torch.compile with a real backend, checkpointing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import types
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import reference
+from gmjit.torch import _op, grouped_mlp
+
+E, H, F = 3, 64, 64
+SPLITS = [5, 0, 9]
+T = sum(SPLITS) + 2
+NAMES = {v: k for k, v in _op.ACTIVATIONS.items()}
+
+
+def view(address: int, dtype: torch.dtype, shape) -> torch.Tensor:
+    n = 1
+    for s in shape:
+        n *= s
+    size = n * torch.empty((), dtype=dtype).element_size()
+    return torch.frombuffer((ctypes.c_char * size).from_address(address), dtype=dtype).view(shape)
+
+
+class StandIn:
+    def __init__(self):
+        self.calls = []
+
+    def layer(self, x, split_sizes, w1, w2, b1, b2, probs, act, layout, limit, alpha):
+        return types.SimpleNamespace(E=w1.shape[0], H=w1.shape[2], F=w2.shape[2], F1=w1.shape[1],
+                                     act=NAMES[act], layout="halves" if layout == 0 else "interleaved32",
+                                     limit=limit, alpha=alpha, b1=b1 is not None,
+                                     split=split_sizes.dtype)  # fmt: skip
+
+    def tensors(self, L, T, x, split, w1, b1, w2, b2, probs):
+        bf = torch.bfloat16
+        return dict(x=view(x, bf, (T, L.H)), split=view(split, L.split, (L.E,)),
+                    w1=view(w1, bf, (L.E, L.F1, L.H)), w2=view(w2, bf, (L.E, L.H, L.F)),
+                    b1=view(b1, bf, (L.E, L.F1)) if b1 else None,
+                    b2=view(b2, bf, (L.E, L.H)) if b2 else None,
+                    probs=view(probs, torch.float32, (T,)) if probs else None)  # fmt: skip
+
+    def forward(self, L, T, device, x, split, w1, b1, w2, b2, probs, y, saved, stream):
+        self.calls.append(("forward", bool(saved)))
+        t = self.tensors(L, T, x, split, w1, b1, w2, b2, probs)
+        out = reference.grouped_mlp(t["x"], t["split"], t["w1"], t["w2"], t["b1"], t["b2"],
+                                    t["probs"], L.act, L.layout, L.limit, L.alpha)  # fmt: skip
+        view(y, torch.bfloat16, (T, L.H)).copy_(out)
+        if saved:  # FC1's pre-activation, as the engine saves it
+            h = view(saved, torch.bfloat16, (T, L.F1))
+            h.zero_()
+            start = 0
+            for e, n in enumerate(t["split"].tolist()):
+                rows = t["x"][start : start + n].double() @ t["w1"][e].double().T
+                if t["b1"] is not None:
+                    rows = rows + t["b1"][e].double()
+                h[start : start + n] = rows
+                start += n
+
+    def backward(self, L, T, device, dy, x, split, w1, w2, b2, probs, saved, dx, dw1, db1, dw2,
+                 db2, dprobs, accumulate, stream):  # fmt: skip
+        self.calls.append(("backward", tuple(bool(p) for p in (dx, dw1, db1, dw2, db2, dprobs)),
+                           accumulate))  # fmt: skip
+        args = (L, T, dy, x, split, w1, w2, b2, probs, saved, dx, dw1, db1, dw2, db2, dprobs,
+                accumulate)  # fmt: skip
+        # The custom op's backward runs below autograd's dispatch key (thread-local state):
+        # the stand-in differentiates its reference on a thread of its own.
+        errors = []
+        worker = threading.Thread(target=lambda: self._guarded(errors, *args))
+        worker.start()
+        worker.join()
+        if errors:
+            raise errors[0]
+
+    def _guarded(self, errors, *args):
+        try:
+            self._backward(*args)
+        except Exception as e:  # re-raised on the calling thread
+            errors.append(e)
+
+    def _backward(self, L, T, dy, x, split, w1, w2, b2, probs, saved, dx, dw1, db1, dw2, db2,
+                  dprobs, accumulate):  # fmt: skip
+        t = self.tensors(L, T, x, split, w1, 0, w2, b2, probs)
+        h = view(saved, torch.bfloat16, (T, L.F1)).double().requires_grad_()
+        w2d = t["w2"].double().requires_grad_()
+        b2d = t["b2"].double().requires_grad_() if t["b2"] is not None else None
+        pd = t["probs"].double().requires_grad_() if t["probs"] is not None else None
+        outs, start = [], 0
+        counts = t["split"].tolist()
+        for e, n in enumerate(counts):
+            y = reference.activation(h[start : start + n], L.act, L.layout, L.limit, L.alpha)
+            y = y @ w2d[e].T
+            if b2d is not None:
+                y = y + b2d[e]
+            if pd is not None:
+                y = y * pd[start : start + n, None]
+            outs.append(y)
+            start += n
+        torch.cat(outs).backward(view(dy, torch.bfloat16, (T, L.H))[:start].double())
+        dh, xd, w1d = h.grad, t["x"].double(), t["w1"].double()
+        gx = torch.zeros(T, L.H, dtype=torch.float64)
+        gw1 = torch.zeros(L.E, L.F1, L.H, dtype=torch.float64)
+        gb1 = torch.zeros(L.E, L.F1, dtype=torch.float64)
+        start = 0
+        for e, n in enumerate(counts):
+            gx[start : start + n] = dh[start : start + n] @ w1d[e]
+            gw1[e] = dh[start : start + n].T @ xd[start : start + n]
+            gb1[e] = dh[start : start + n].sum(0)
+            start += n
+        for address, grad, dtype, shape in (
+            (dx, gx, torch.bfloat16, (T, L.H)),
+            (dw1, gw1, torch.float32, (L.E, L.F1, L.H)),
+            (db1, gb1, torch.float32, (L.E, L.F1)),
+            (dw2, w2d.grad, torch.float32, (L.E, L.H, L.F)),
+            (db2, b2d.grad if b2d is not None else None, torch.float32, (L.E, L.H)),
+            (dprobs, pd.grad if pd is not None else None, torch.float32, (T,)),
+        ):
+            if address:
+                target = view(address, dtype, shape)
+                if accumulate and dtype == torch.float32 and shape != (T,):
+                    target.add_(grad)
+                else:
+                    target.copy_(grad)
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    stand_in = StandIn()
+    fake_c = types.SimpleNamespace(forward=stand_in.forward, backward=stand_in.backward)
+    monkeypatch.setattr(_op, "_C", fake_c)
+    monkeypatch.setattr(_op, "_layer", stand_in.layer)
+    monkeypatch.setattr(_op, "_require_cuda", lambda x: 0)
+    monkeypatch.setattr(_op, "_current_stream", lambda device: 0)
+    return stand_in
+
+
+def inputs(bias=True, probs=True, tokens=T, splits=SPLITS):
+    torch.manual_seed(0)
+    bf = torch.bfloat16
+    t = dict(x=torch.randn(tokens, H, dtype=bf), split_sizes=torch.tensor(splits),
+             w1=(torch.randn(E, 2 * F, H) * 0.1).to(bf), w2=(torch.randn(E, H, F) * 0.1).to(bf),
+             b1=(torch.randn(E, 2 * F) * 0.1).to(bf) if bias else None,
+             b2=(torch.randn(E, H) * 0.1).to(bf) if bias else None,
+             probs=torch.rand(tokens) if probs else None)  # fmt: skip
+    for v in t.values():
+        if v is not None and v.is_floating_point():
+            v.requires_grad_()
+    return t
+
+
+def expected(t, dy):
+    leaves = {k: (v.detach().double().requires_grad_() if v is not None and v.is_floating_point()
+                  else v) for k, v in t.items()}  # fmt: skip
+    y = reference.grouped_mlp(leaves["x"], leaves["split_sizes"], leaves["w1"], leaves["w2"],
+                              leaves["b1"], leaves["b2"], leaves["probs"])  # fmt: skip
+    y.backward(dy.double())
+    return y, leaves
+
+
+def eager(t, accumulate=False):
+    opts = (0, 0, 7.0, 1.702)
+    return _op._GroupedMLPFunction.apply(t["x"], t["split_sizes"], t["w1"], t["w2"], t["b1"],
+                                         t["b2"], t["probs"], opts, accumulate)  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["custom_op", "eager"])
+def test_both_autograd_paths_return_every_gradient_in_the_inputs_dtype(engine, path):
+    t = inputs()
+    y = grouped_mlp(**t) if path == "custom_op" else eager(t)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ref, leaves = expected(t, dy)
+    torch.testing.assert_close(y.double(), ref, rtol=2e-2, atol=2e-2)
+    for name, v in t.items():
+        if v is None or not v.is_floating_point():
+            continue
+        assert v.grad.dtype == v.dtype, name
+        torch.testing.assert_close(v.grad.double(), leaves[name].grad, rtol=3e-2, atol=3e-2)
+    assert engine.calls[0] == ("forward", True)
+    assert engine.calls[1] == ("backward", (True,) * 6, False)
+
+
+@pytest.mark.parametrize("path", ["custom_op", "eager"])
+def test_frozen_weights_and_inputs_without_grad_are_not_asked_for(engine, path):
+    t = inputs(bias=False, probs=False)
+    t["w1"].requires_grad_(False)
+    t["x"].requires_grad_(False)
+    y = grouped_mlp(**t) if path == "custom_op" else eager(t)
+    y.sum().backward()
+    assert engine.calls[-1] == ("backward", (False, False, False, True, False, False), False)
+    assert t["w1"].grad is None and t["x"].grad is None and t["w2"].grad is not None
+
+
+def test_no_grad_forward_saves_nothing(engine):
+    t = inputs()
+    with torch.no_grad():
+        grouped_mlp(**t)
+    assert engine.calls == [("forward", False)]
+
+
+def test_eager_forward_saves_the_preactivation_and_the_inputs_only(engine):
+    t = inputs()
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda p: packed.append(p) or p, lambda p: p):
+        eager(t)
+    ours = [p for p in packed if all(p is not v for v in t.values())]
+    assert [tuple(p.shape) for p in ours] == [(T, 2 * F)]
+
+
+def test_main_grad_receives_the_weight_gradients(engine):
+    t = inputs()
+    for name in ("w1", "b1", "w2", "b2"):
+        t[name].main_grad = torch.full(t[name].shape, 2.0)
+    t["w2"].grad_added_to_main_grad = False
+    y = eager(t, accumulate=True)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    assert engine.calls[-1][2] is True
+    _, leaves = expected(t, dy)
+    for name in ("w1", "b1", "w2", "b2"):
+        torch.testing.assert_close(t[name].main_grad.double() - 2, leaves[name].grad, rtol=3e-2,
+                                   atol=3e-2)  # fmt: skip
+    assert t["w1"].grad is None and t["w2"].grad_added_to_main_grad is True
+
+
+def test_main_grad_missing_is_named(engine):
+    t = inputs()
+    y = eager(t, accumulate=True)
+    with pytest.raises(ValueError, match=r"'w1' has no 'main_grad'"):
+        y.sum().backward()
+
+
+def test_zero_tokens_give_zero_weight_gradients_without_the_engine(engine):
+    t = inputs(tokens=0, splits=[0, 0, 0])
+    y = grouped_mlp(**t)
+    y.sum().backward()
+    assert engine.calls == []
+    assert t["w1"].grad.abs().sum() == 0 and t["x"].grad.shape == (0, H)
+
+
+def test_compile_with_a_real_backend_runs_the_op_and_its_backward(engine):
+    torch._dynamo.reset()
+    t = inputs()
+    fn = torch.compile(lambda **kw: grouped_mlp(**kw), backend="aot_eager", fullgraph=True)
+    y = fn(**t)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    _, leaves = expected(t, dy)
+    torch.testing.assert_close(t["w2"].grad.double(), leaves["w2"].grad, rtol=3e-2, atol=3e-2)
+    assert ("forward", True) in engine.calls
+
+
+def test_checkpointing_reruns_a_grad_forward_then_the_backward(engine):
+    t = inputs()
+    y = checkpoint(lambda x: grouped_mlp(x, t["split_sizes"], t["w1"], t["w2"]), t["x"],
+                   use_reentrant=False)  # fmt: skip
+    y.sum().backward()
+    kinds = [c[0] for c in engine.calls]
+    assert kinds == ["forward", "forward", "backward"]

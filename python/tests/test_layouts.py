@@ -1,0 +1,75 @@
+"""Weight layout conversions: what each helper means, and their round trips."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reference
+from gmjit.torch import layouts
+
+E, H, F = 3, 64, 64
+
+
+def test_transposed_interleaved_gate_up_becomes_halves():
+    gate = torch.randn(E, F, H)
+    up = torch.randn(E, F, H)
+    # gpt-oss: [E, H, 2F] with gate and up alternating along the last dimension.
+    fused = torch.stack((gate, up), dim=2).reshape(E, 2 * F, H).transpose(1, 2)
+    w1 = layouts.fc1_from_gate_up(fused, transposed=True, interleaved=True)
+    assert torch.equal(w1, torch.cat((gate, up), dim=1)) and w1.is_contiguous()
+    back = layouts.gate_up_from_fc1(w1, transposed=True, interleaved=True)
+    assert torch.equal(back, fused)
+
+
+def test_concatenated_gate_up_is_already_gmjits_layout():
+    fused = torch.randn(E, 2 * F, H)
+    assert torch.equal(layouts.fc1_from_gate_up(fused), fused)
+    assert torch.equal(layouts.fc1_from_gate_and_up(*fused.chunk(2, dim=1)), fused)
+
+
+def test_interleaved_bias_becomes_halves():
+    b = torch.arange(2 * F).repeat(E, 1)
+    b1 = layouts.fc1_bias_from_gate_up(b, interleaved=True)
+    assert torch.equal(b1[0, :F], torch.arange(0, 2 * F, 2))
+    assert torch.equal(b1[0, F:], torch.arange(1, 2 * F, 2))
+
+
+def test_down_projection_transposes():
+    down = torch.randn(E, F, H)
+    assert torch.equal(layouts.fc2_from_down(down, transposed=True), down.transpose(1, 2))
+    assert torch.equal(layouts.down_from_fc2(layouts.fc2_from_down(down, transposed=True),
+                                             transposed=True), down)  # fmt: skip
+
+
+def test_megatron_experts_stack():
+    fc1 = [torch.randn(2 * F, H) for _ in range(E)]
+    assert torch.equal(layouts.stack_experts(fc1)[1], fc1[1])
+    with pytest.raises(ValueError):
+        layouts.stack_experts([])
+
+
+def test_interleaved32_round_trip_and_meaning():
+    w1 = torch.randn(E, 2 * F, H)
+    inter = layouts.halves_to_interleaved32(w1)
+    assert torch.equal(inter[:, :32], w1[:, :32]) and torch.equal(inter[:, 32:64], w1[:, F : F + 32])
+    assert torch.equal(layouts.interleaved32_to_halves(inter), w1)
+    b = torch.randn(E, 2 * F)
+    assert torch.equal(layouts.interleaved32_to_halves(layouts.halves_to_interleaved32(b)), b)
+
+
+def test_interleaved32_weights_give_the_same_layer_output():
+    x = torch.randn(8, H, dtype=torch.float64)
+    split = torch.tensor([3, 5, 0])
+    w1 = torch.randn(E, 2 * F, H, dtype=torch.float64)
+    w2 = torch.randn(E, H, F, dtype=torch.float64)
+    halves = reference.grouped_mlp(x, split, w1, w2)
+    inter = reference.grouped_mlp(x, split, layouts.halves_to_interleaved32(w1), w2,
+                                  glu_layout="interleaved32")  # fmt: skip
+    torch.testing.assert_close(halves, inter)
+
+
+def test_conversions_are_differentiable():
+    fused = torch.randn(E, H, 2 * F, requires_grad=True)
+    layouts.fc1_from_gate_up(fused, transposed=True, interleaved=True).sum().backward()
+    assert torch.equal(fused.grad, torch.ones_like(fused))

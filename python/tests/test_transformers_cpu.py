@@ -1,0 +1,167 @@
+"""The transformers integration on the CPU: registration, plans, fallbacks, the permutation."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import hf_configs  # noqa: E402
+import reference  # noqa: E402
+
+import gmjit.transformers as gt  # noqa: E402
+from gmjit.torch import GroupedMLP  # noqa: E402
+
+
+def test_import_registers_gmjit_in_the_experts_interface():
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    assert ALL_EXPERTS_FUNCTIONS["gmjit"] is gt.gmjit_experts_forward
+
+
+def test_models_accept_experts_implementation_gmjit_at_construction():
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(hf_configs.mixtral(), experts_implementation="gmjit")
+    assert model.config._experts_implementation == "gmjit"
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("mixtral", dict(activation="swiglu", transposed=False, interleaved=False, has_bias=False)),
+        ("qwen3_moe", dict(activation="swiglu", transposed=False, interleaved=False, has_bias=False)),
+        ("gpt_oss", dict(activation="clamped_swiglu", transposed=True, interleaved=True,
+                         has_bias=True, limit=7.0, alpha=1.702)),  # fmt: skip
+    ],
+)
+def test_plan_follows_what_the_decorator_and_the_gate_declare(name, expected):
+    plan = gt.plan_for(hf_configs.experts_module(name))
+    assert plan.reason is None and plan.verified
+    for key, value in expected.items():
+        assert getattr(plan, key) == value, key
+
+
+def test_fp32_weights_fall_back():
+    plan = gt.describe_experts(hf_configs.experts_module("mixtral", dtype=torch.float32))
+    assert "bfloat16" in plan.reason
+
+
+def test_widths_not_multiple_of_64_fall_back():
+    config = hf_configs.mixtral(intermediate_size=96)
+    from transformers.models.mixtral.modeling_mixtral import MixtralExperts
+
+    plan = gt.describe_experts(MixtralExperts(config).to(torch.bfloat16))
+    assert "multiples of 64" in plan.reason
+
+
+def test_unknown_gate_activation_falls_back():
+    m = hf_configs.experts_module("mixtral")
+    m.act_fn = torch.nn.Tanh()
+    assert "Tanh" in gt.describe_experts(m).reason
+
+
+def test_unknown_custom_gate_falls_back():
+    m = hf_configs.experts_module("mixtral")
+
+    class Custom(type(m)):
+        def _apply_gate(self, gate_up):
+            gate, up = gate_up.chunk(2, dim=-1)
+            return torch.tanh(gate) * up
+
+    m.__class__ = Custom
+    assert "is not one gmjit knows" in gt.describe_experts(m).reason
+
+
+def test_a_known_gate_that_computes_something_else_is_caught_by_the_probe(monkeypatch):
+    m = hf_configs.experts_module("gpt_oss")
+    m.limit = 3.0  # the module's gate clamps at 3; the plan reads the same limit
+    assert gt.verify(m, gt.describe_experts(m)).reason is None
+    plan = gt.describe_experts(m)
+    wrong = gt.ExpertsPlan(**{**plan.__dict__, "limit": 7.0})
+    assert "does not compute" in gt.verify(m, wrong).reason
+
+
+def test_fallback_runs_grouped_mm_on_cpu_with_one_warning(caplog):
+    gt._warned.clear()
+    m = hf_configs.experts_module("mixtral", dtype=torch.float32)
+    x = torch.randn(10, 128)
+    idx = torch.randint(0, 8, (10, 2))
+    w = torch.rand(10, 2)
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    with caplog.at_level(logging.WARNING, logger="gmjit.transformers"):
+        y1 = gt.gmjit_experts_forward(m, x, idx, w)
+        y2 = gt.gmjit_experts_forward(m, x, idx, w)
+    assert sum("grouped_mm instead" in r.message for r in caplog.records) == 1
+    torch.testing.assert_close(y1, grouped_mm_experts_forward(m, x, idx, w))
+    torch.testing.assert_close(y1, y2)
+
+
+def _reference_mlp(x, split_sizes, w1, w2, b1, b2, probs, activation, limit, alpha):
+    return reference.grouped_mlp(x, split_sizes, w1, w2, b1, b2, probs, activation, "halves",
+                                 limit, alpha).to(x.dtype)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "gpt_oss"])
+def test_permutation_and_layouts_match_the_eager_experts(name):
+    """Sorting, gathering, layout conversion, probs and un-permutation, with gmjit's math done
+    by the float64 reference: equal to transformers' own eager loop (float64 on the CPU)."""
+    m = hf_configs.experts_module(name)
+    plan = gt.plan_for(m)
+    m = m.double()
+    torch.manual_seed(1)
+    T = 24
+    x = torch.randn(T, 128, dtype=torch.float64)
+    idx = torch.stack([torch.randperm(8)[:2] for _ in range(T)])
+    w = torch.rand(T, 2, dtype=torch.float64)
+    ours = gt.experts_forward(m, plan, x, idx, w, mlp=_reference_mlp)
+    m.config._experts_implementation = "eager"
+    theirs = m(x, idx, w)
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_expert_parallel_sentinels_contribute_nothing():
+    m = hf_configs.experts_module("mixtral")
+    plan = gt.plan_for(m)
+    m = m.double()
+    x = torch.randn(6, 128, dtype=torch.float64)
+    idx = torch.tensor([[0, 8], [8, 1], [2, 3], [8, 8], [7, 0], [5, 8]])  # 8 = a sentinel
+    w = torch.rand(6, 2, dtype=torch.float64)
+    ours = gt.experts_forward(m, plan, x, idx, w, mlp=_reference_mlp)
+    masked = torch.where(idx == 8, torch.zeros_like(w), w)
+    m.config._experts_implementation = "eager"
+    theirs = m(x, idx.clamp(max=7), masked)
+    torch.testing.assert_close(ours, theirs)
+    assert ours[3].abs().max() == 0
+
+
+def test_converted_weights_are_reused_until_a_parameter_changes():
+    m = hf_configs.experts_module("gpt_oss")
+    plan = gt.plan_for(m)
+    with torch.no_grad():
+        first = gt._converted_weights(m, plan)
+        assert gt._converted_weights(m, plan)[0] is first[0]
+        m.down_proj.add_(1)
+        assert gt._converted_weights(m, plan)[0] is not first[0]
+
+
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss"])
+def test_grouped_mlp_module_from_transformers_experts_has_the_same_math(name):
+    m = hf_configs.experts_module(name)
+    g = GroupedMLP.from_transformers_experts(m)
+    plan = gt.plan_for(m)
+    assert g.w1.shape == (8, 2 * plan.ffn, plan.hidden)
+    x = torch.randn(16, 128, dtype=torch.float64)
+    split = torch.tensor([2, 2, 2, 2, 2, 2, 2, 2])
+    ours = reference.grouped_mlp(x, split, g.w1, g.w2, g.b1, g.b2, None, g.activation)
+    mm = m.double()
+    theirs = torch.cat([mm._apply_gate(
+        (x[2 * e : 2 * e + 2] @ (mm.gate_up_proj[e] if plan.transposed else mm.gate_up_proj[e].T))
+        + (mm.gate_up_proj_bias[e] if plan.has_bias else 0))
+        @ (mm.down_proj[e] if plan.transposed else mm.down_proj[e].T)
+        + (mm.down_proj_bias[e] if plan.has_bias else 0) for e in range(8)])  # fmt: skip
+    torch.testing.assert_close(ours, theirs, rtol=2e-2, atol=2e-2)  # g holds bf16 weights
