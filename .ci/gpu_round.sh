@@ -16,8 +16,10 @@ if [ -z "${GMJIT_SKIP_MEMCHECK:-}" ]; then
 fi
 py_rc=skipped
 if [ -z "${GMJIT_SKIP_PYTHON:-}" ]; then
-  OUT="$OUT/py" timeout ${GMJIT_PY_LIMIT:-300} bash .ci/gpu_python.sh >"$OUT/python.txt" 2>&1
+  # Its logs stay in /tmp except pytest's: at most 8 files come back from the device tool.
+  OUT=/tmp/gmjit-py-out timeout ${GMJIT_PY_LIMIT:-300} bash .ci/gpu_python.sh >"$OUT/python.txt" 2>&1
   py_rc=$?
+  cp /tmp/gmjit-py-out/pytest_gpu.log "$OUT/" 2>/dev/null
 fi
 echo "== C++ (rc $cpp_rc)"; tail -22 "$OUT/cpp.txt"
 echo "== memcheck (rc $san_rc)"; grep -E "ERROR SUMMARY|PASSED|FAILED|tests ran" "$OUT/memcheck.txt" 2>/dev/null | tail -6
