@@ -9,13 +9,18 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gmjit-py-out}
 mkdir -p "$OUT"
 root=$(pwd)
-venv=${GMJIT_VENV:-/tmp/gmjit-py-venv}
+# The GPU image's python3 is itself a venv holding torch, nanobind and scikit-build-core; a venv
+# made from it would not see them, so by default the package goes into that interpreter.
+venv=${GMJIT_VENV:-}
 export GMJIT_CACHE_DIR=${GMJIT_CACHE_DIR:-/tmp/gmjit-py-cache}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 start=$(date +%s)
-[ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
-py="$venv/bin/python"
+py=python3
+if [ -n "$venv" ]; then
+  [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
+  py="$venv/bin/python"
+fi
 inc="$root/.devcarry/include"
 extra=""
 [ -d "$inc" ] && extra="-DXXHASH_INCLUDE_DIR=$inc -DDLPACK_INCLUDE_DIR=$inc"
