@@ -8,7 +8,7 @@ Experts modules decorated with `use_experts_implementation` declare their weight
 the module's `_apply_gate` (default: act_fn(gate) * up on concatenated halves; gpt-oss: clamped
 SwiGLU on interleaved columns with the module's alpha and limit) or `act_fn`. `describe_experts`
 turns that into an `ExpertsPlan`; what gmjit cannot serve (fp32 weights, widths that are not
-multiples of 64, an unknown activation) runs transformers' "grouped_mm" instead, with one warning
+multiples of 8, an unknown activation) runs transformers' "grouped_mm" instead, with one warning
 per module class and reason.
 
 Per call: tokens are sorted by expert id (expert-parallel sentinels, ids >= num_experts, sort to
@@ -111,8 +111,8 @@ def describe_experts(experts: nn.Module) -> ExpertsPlan:
     base.update(hidden=hidden, ffn=ffn)
     if up.shape[0] != E:
         return ExpertsPlan(reason=f"weights hold {up.shape[0]} experts, num_experts is {E}", **base)
-    if hidden % 64 or ffn % 64:
-        return ExpertsPlan(reason=f"hidden ({hidden}) and ffn ({ffn}) must be multiples of 64",
+    if hidden % 8 or ffn % 8:
+        return ExpertsPlan(reason=f"hidden ({hidden}) and ffn ({ffn}) must be multiples of 8",
                            **base)  # fmt: skip
     if has_bias and (getattr(experts, "gate_up_proj_bias" if has_gate else "up_proj_bias", None)
                      is None or getattr(experts, "down_proj_bias", None) is None):  # fmt: skip

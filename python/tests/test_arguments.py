@@ -48,10 +48,10 @@ def test_bad_argument_is_named_in_a_value_error(override, pattern):
         grouped_mlp(**args(**override))
 
 
-def test_widths_that_are_not_multiples_of_64_are_rejected():
-    a = args(x=torch.randn(T, 96, dtype=torch.bfloat16), w1=torch.randn(E, 2 * F, 96, dtype=torch.bfloat16),
-             w2=torch.randn(E, 96, F, dtype=torch.bfloat16))  # fmt: skip
-    with pytest.raises(ValueError, match="multiples of 64"):
+def test_widths_that_are_not_multiples_of_8_are_rejected():
+    a = args(x=torch.randn(T, 100, dtype=torch.bfloat16), w1=torch.randn(E, 2 * F, 100, dtype=torch.bfloat16),
+             w2=torch.randn(E, 100, F, dtype=torch.bfloat16))  # fmt: skip
+    with pytest.raises(ValueError, match="multiples of 8"):
         grouped_mlp(**a)
 
 

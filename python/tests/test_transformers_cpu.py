@@ -50,12 +50,12 @@ def test_fp32_weights_fall_back():
     assert "bfloat16" in plan.reason
 
 
-def test_widths_not_multiple_of_64_fall_back():
-    config = hf_configs.mixtral(intermediate_size=96)
+def test_widths_not_multiple_of_8_fall_back():
+    config = hf_configs.mixtral(intermediate_size=100)
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts
 
     plan = gt.describe_experts(MixtralExperts(config).to(torch.bfloat16))
-    assert "multiples of 64" in plan.reason
+    assert "multiples of 8" in plan.reason
 
 
 def test_unknown_gate_activation_falls_back():

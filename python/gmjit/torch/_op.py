@@ -108,8 +108,8 @@ def check_arguments(
         )
     _check_tensor("w1", w1, _BF16, (E, F1, H), x)
     _check_tensor("w2", w2, _BF16, (E, H, F), x)
-    if H % 64 != 0 or F % 64 != 0:
-        _fail("w2", f"hidden ({H}) and ffn ({F}) must be multiples of 64")
+    if H % 8 != 0 or F % 8 != 0:
+        _fail("w2", f"hidden ({H}) and ffn ({F}) must be multiples of 8 (16-byte bf16 rows)")
     if not isinstance(split_sizes, Tensor):
         _fail("split_sizes", f"must be a torch.Tensor, got {type(split_sizes).__name__}")
     if split_sizes.dtype not in (torch.int32, torch.int64):
