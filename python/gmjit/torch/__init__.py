@@ -1,4 +1,5 @@
-"""gmjit for PyTorch: the `grouped_mlp` op, the `GroupedMLP` module, layout helpers.
+"""gmjit for PyTorch: the `grouped_mlp` op, the `GroupedMLP` module, layout helpers and the
+expert-parallel `ExpertParallelMoE` layer.
 
 The op is registered as torch.ops.gmjit.grouped_mlp (forward, with its fake kernel and autograd)
 and torch.ops.gmjit.grouped_mlp_backward; `grouped_mlp` is the function to call.
@@ -6,6 +7,7 @@ and torch.ops.gmjit.grouped_mlp_backward; `grouped_mlp` is the function to call.
 
 from gmjit.torch import layouts
 from gmjit.torch._op import ACTIVATIONS, GLU_LAYOUTS, grouped_mlp
+from gmjit.torch.expert_parallel import ExpertParallelMoE
 from gmjit.torch.module import GroupedMLP
 
-__all__ = ["ACTIVATIONS", "GLU_LAYOUTS", "GroupedMLP", "grouped_mlp", "layouts"]
+__all__ = ["ACTIVATIONS", "ExpertParallelMoE", "GLU_LAYOUTS", "GroupedMLP", "grouped_mlp", "layouts"]

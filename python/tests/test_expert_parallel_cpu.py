@@ -1,0 +1,82 @@
+"""ExpertParallelMoE over gloo on the CPU: 2 processes, torch experts injected in place of gmjit,
+forward and all gradients against the single-process fp32 reference (distributed/ep_common.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import traceback
+
+import pytest
+import torch
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("needs torch.distributed with gloo", allow_module_level=True)
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "distributed"))
+import ep_common  # noqa: E402
+
+WORLD = 2
+
+
+def _worker(rank: int, world: int, init_file: str, result_file: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        rows = []
+        for case in ep_common.CASES:
+            rows += ep_common.run_case(case, torch.device("cpu"), "torch")
+        if rank == 0:
+            with open(result_file, "w") as f:
+                for name, q, err, ok in rows:
+                    f.write(f"{name}\t{q}\t{err}\t{int(ok)}\n")
+    except Exception:
+        if rank == 0:
+            with open(result_file, "w") as f:
+                f.write("ERROR\t" + traceback.format_exc().replace("\n", " | ") + "\t0\t0\n")
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def test_expert_parallel_gloo_matches_reference():
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "init")
+        result_file = os.path.join(tmp, "result")
+        mp.spawn(_worker, args=(WORLD, init_file, result_file), nprocs=WORLD, join=True)
+        with open(result_file) as f:
+            rows = [line.rstrip("\n").split("\t") for line in f]
+    assert rows, "rank 0 wrote no results"
+    bad = [r for r in rows if r[3] != "1"]
+    assert not bad, "\n".join(" ".join(r) for r in bad)
+    cases = {r[0] for r in rows}
+    assert cases == {c[0] for c in ep_common.CASES}
+
+
+def test_single_process_layer_matches_reference():
+    """distributed=False (no collectives), torch experts, against the reference."""
+    torch.manual_seed(0)
+    layer = ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, experts="torch", seed=3)
+    x = torch.randn(20, 64).to(torch.bfloat16).requires_grad_()
+    y = layer(x)
+    dy = torch.randn(20, 64)
+    (y.float() * dy).sum().backward()
+    xr = x.detach().float().requires_grad_()
+    ws = [p.detach().float().requires_grad_() for p in (layer.router.weight, layer.w1, layer.w2)]
+    yr = ep_common.reference_moe(xr, *ws, None, None, 2, True, "swiglu")
+    (yr * dy).sum().backward()
+    assert ep_common._rel(y, yr) < ep_common.TOLERANCE
+    assert ep_common._rel(x.grad, xr.grad) < ep_common.TOLERANCE
+    for p, r in zip((layer.router.weight, layer.w1, layer.w2), ws):
+        assert ep_common._rel(p.grad, r.grad) < ep_common.TOLERANCE
+
+
+def test_arguments():
+    with pytest.raises(ValueError, match="top_k"):
+        ep_common.ExpertParallelMoE(64, 64, 4, 5, distributed=False, experts="torch")
+    with pytest.raises(ValueError, match="experts"):
+        ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, experts="nope")
