@@ -3,6 +3,7 @@
 
 #include <initializer_list>
 #include <memory>
+#include <cstring>
 #include <string>
 
 #include <fmt/format.h>
@@ -91,9 +92,13 @@ static_assert(same_values(c_glu_layout,
 
 // The C++ value of a C enum field, or an invalid_argument error naming it. A value is valid
 // when the C++ enumerator with that number maps back to it.
+// The field is read as its underlying integer: a caller may store any int there, and loading
+// an out-of-range value as the enum type itself is undefined behaviour in C++.
 template <typename Cpp, typename C>
-Cpp from_c(C value, int (*to_c)(Cpp), const char* name) {
-  const int number = static_cast<int>(value);
+Cpp from_c(const C& field, int (*to_c)(Cpp), const char* name) {
+  static_assert(sizeof(C) == sizeof(int), "C API enums are int-sized");
+  int number = 0;
+  std::memcpy(&number, &field, sizeof number);
   if (number < 0 || number > 255 || to_c(static_cast<Cpp>(number)) != number) {
     throw gmjit::Error(gmjit::Status::invalid_argument,
                        fmt::format("argument '{}': {} is not a valid value", name, number));
