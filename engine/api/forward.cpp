@@ -2,14 +2,14 @@
 #include <array>
 #include <cstdint>
 
-#include "engine/device_context.hpp"
-#include "engine/driver.hpp"
-#include "engine/engine_impl.hpp"
-#include "engine/log.hpp"
-#include "engine/nvtx.hpp"
-#include "engine/tensor_maps.hpp"
-#include "engine/thread_local_cache.hpp"
-#include "engine/validate.hpp"
+#include "engine/api/engine_impl.hpp"
+#include "engine/api/validate.hpp"
+#include "engine/runtime/device_context.hpp"
+#include "engine/runtime/driver.hpp"
+#include "engine/runtime/log.hpp"
+#include "engine/runtime/nvtx.hpp"
+#include "engine/runtime/tensor_maps.hpp"
+#include "engine/runtime/thread_local_cache.hpp"
 #include "kernel_templates/params.cuh"
 
 namespace gmjit {

@@ -2,13 +2,13 @@
 // kernels in order (FC2 dgrad with the activation backward first; then the weight and bias
 // gradients and FC1 dgrad that were asked for). Each kernel takes plain pointers (portable
 // kernels) or TMA descriptors encoded here (Hopper kernels).
-#include "engine/device_context.hpp"
-#include "engine/driver.hpp"
-#include "engine/engine_impl.hpp"
-#include "engine/log.hpp"
-#include "engine/nvtx.hpp"
-#include "engine/tensor_maps.hpp"
-#include "engine/validate.hpp"
+#include "engine/api/engine_impl.hpp"
+#include "engine/api/validate.hpp"
+#include "engine/runtime/device_context.hpp"
+#include "engine/runtime/driver.hpp"
+#include "engine/runtime/log.hpp"
+#include "engine/runtime/nvtx.hpp"
+#include "engine/runtime/tensor_maps.hpp"
 #include "kernel_templates/params.cuh"
 
 namespace gmjit {
