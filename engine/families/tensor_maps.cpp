@@ -1,4 +1,4 @@
-#include "engine/runtime/tensor_maps.hpp"
+#include "engine/families/tensor_maps.hpp"
 
 #include <cstdint>
 #include <cstring>
