@@ -8,10 +8,10 @@
 
 #include "benchmarks/layer_tensors.hpp"
 #include "codegen/nvrtc_compiler.hpp"
-#include "engine/device_buffer.hpp"
-#include "engine/device_context.hpp"
-#include "engine/driver.hpp"
-#include "engine/loaded_kernel.hpp"
+#include "engine/runtime/device_buffer.hpp"
+#include "engine/runtime/device_context.hpp"
+#include "engine/runtime/driver.hpp"
+#include "engine/runtime/loaded_kernel.hpp"
 
 namespace gmjit::bench {
 namespace {

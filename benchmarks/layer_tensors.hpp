@@ -3,8 +3,8 @@
 // with random non-zero data (testing/device_random.hpp), experts balanced. For the bench harness.
 #include <vector>
 
-#include "engine/device_buffer.hpp"
-#include "engine/device_context.hpp"
+#include "engine/runtime/device_buffer.hpp"
+#include "engine/runtime/device_context.hpp"
 #include "gmjit/gmjit.hpp"
 
 namespace gmjit::bench {

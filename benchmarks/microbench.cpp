@@ -3,9 +3,9 @@
 // driver.
 #include <benchmark/benchmark.h>
 
-#include "engine/plan.hpp"
-#include "engine/plan_cache.hpp"
-#include "engine/validate.hpp"
+#include "engine/api/validate.hpp"
+#include "engine/plan/plan.hpp"
+#include "engine/plan/plan_cache.hpp"
 #include "kernel_templates/params.cuh"
 #include "testing/layers.hpp"
 

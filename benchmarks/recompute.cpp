@@ -4,8 +4,8 @@
 #include <cstdio>
 
 #include "benchmarks/layer_tensors.hpp"
-#include "engine/device_context.hpp"
-#include "engine/driver.hpp"
+#include "engine/runtime/device_context.hpp"
+#include "engine/runtime/driver.hpp"
 
 namespace gmjit::bench {
 namespace {

@@ -45,7 +45,7 @@ std::string layer_fields(const LayerSpec& layer) {
 std::string activation_fields(const ActivationSpec& act) {
   // The enumerators are emitted by name; the static_asserts make NVRTC check that the template's
   // numbering still matches gmjit::Activation / gmjit::GluLayout (and the C API's, which
-  // engine/c_api.cpp ties to those), so the three spellings cannot drift apart.
+  // engine/api/c_api.cpp ties to those), so the three spellings cannot drift apart.
   // '#' keeps a decimal point ("7.00000000f"), which a float literal needs.
   return fmt::format(
       "  static constexpr gmjit::kt::Act act = gmjit::kt::Act::{};\n"

@@ -34,8 +34,8 @@ struct LaunchShape {
   friend bool operator==(const LaunchShape&, const LaunchShape&) = default;
 };
 
-// Stored in cache payloads (engine/kernel_store.cpp): never renumber. 2 was the test-only random
-// fill, now compiled outside the library (testing/); the number stays unused.
+// Stored in cache payloads (engine/plan/kernel_store.cpp): never renumber. 2 was the test-only
+// random fill, now compiled outside the library (testing/); the number stays unused.
 enum class KernelRole : std::uint8_t {
   fc1_forward = 0,
   fc2_forward = 1,

@@ -23,7 +23,7 @@ namespace gmjit::kt {
 
 // Hopper (sm_90a) grouped GEMM, used by Fc1Sm90 / Fc2Sm90 (sm90_mlp_fwd.cuh). Same operands as
 // GroupedGemmParams, plus two TMA descriptors (CUtensorMap, 128 opaque bytes each) encoded on the
-// host by engine/tensor_maps.cpp (encode_sm90_gemm_maps):
+// host by engine/families/tensor_maps.cpp (encode_sm90_gemm_maps):
 //   tmap_a  over a [tokens, K]: 2-D, box {64, block_m}, 128-byte swizzle, OOB rows zero-filled
 //   tmap_b  over b [E, N_total, K]: 2-D over [E * N_total, K], box {64, block_n} (non-GLU), or
 //           4-D {K, inner, 2, outer} with box {64, ., 1, .} for the GLU gate/lin halves of W1
@@ -89,9 +89,10 @@ struct ColumnSumParams {
 namespace gmjit::kt {
 
 // ---- Hopper backward (sm90_mlp_bwd.cuh, sm90_grouped_wgrad.cuh) ----
-// Maps encoded by engine/tensor_maps.cpp (encode_sm90_dgrad_maps / encode_sm90_wgrad_maps); every
-// map is bf16, 128-byte swizzle, box inner extent 64 elements, OOB zero-filled. Passed by value as
-// `const __grid_constant__`. Fc1DgradSm90 uses Sm90GemmParams (a = dpreact, b = w1, out = dx).
+// Maps encoded by engine/families/tensor_maps.cpp (encode_sm90_dgrad_maps /
+// encode_sm90_wgrad_maps); every map is bf16, 128-byte swizzle, box inner extent 64 elements, OOB
+// zero-filled. Passed by value as `const __grid_constant__`. Fc1DgradSm90 uses Sm90GemmParams (a =
+// dpreact, b = w1, out = dx).
 
 // Fc2DgradSm90: same fields and contract as Fc2DgradParams, plus
 //   tmap_a  over dy [tokens, H]: box {64, block_m} (K-major A, as the forward)

@@ -22,7 +22,7 @@
 //   stages                   int    TMA ring depth, 2..16 (4 for 128 x 256)
 //   group_m                  int    M tiles per N sweep inside an expert, e.g. 8
 //   smem_bytes               int    must equal stages * (block_m + block_n) * 128 + 20480
-// Params: Sm90WgradParams; maps from encode_sm90_wgrad_maps (engine/tensor_maps.hpp).
+// Params: Sm90WgradParams; maps from encode_sm90_wgrad_maps (engine/families/tensor_maps.hpp).
 // Launch: blockDim 384, gridDim (#SMs, 1, 1) (persistent; any >= 1 is correct), dynamic smem =
 //   K::smem_bytes, `__launch_bounds__(384, 1)`. No host zeroing. T == 0 with accumulate = 0 still
 //   needs the launch (it writes the zeros); T == 0 with accumulate = 1 may skip it.

@@ -25,7 +25,7 @@
 // Divisibility: Fc2DgradSm90: hidden % 64 == 0, ffn % block_n == 0; Fc1DgradSm90: F1 % 64 == 0,
 // hidden % block_n == 0.
 //
-// Params / maps (engine/tensor_maps.hpp, encode_sm90_dgrad_maps, with Cfg::block_m):
+// Params / maps (engine/families/tensor_maps.hpp, encode_sm90_dgrad_maps, with Cfg::block_m):
 //   Fc2DgradSm90  Sm90Fc2DgradParams; a = dy [T, H] (K = H), b = w2 as [E * H, F]
 //   Fc1DgradSm90  Sm90GemmParams{a = dpreact, b = w1, out = dx, split_sizes, tokens; rest null};
 //                 a = dpreact [T, F1] (K = F1), b = w1 as [E * F1, H]

@@ -8,9 +8,9 @@
 #include <fmt/format.h>
 
 #include "codegen/nvrtc_compiler.hpp"
-#include "engine/device_context.hpp"
-#include "engine/driver.hpp"
-#include "engine/loaded_kernel.hpp"
+#include "engine/runtime/device_context.hpp"
+#include "engine/runtime/driver.hpp"
+#include "engine/runtime/loaded_kernel.hpp"
 #include "testing/fill_random.cuh"
 #include "testing/fill_random_source.hpp"  // generated: the text of fill_random.cuh
 

@@ -10,7 +10,7 @@ extern "C" {
 #endif
 
 /* The enums below have the same values as gmjit::Status, gmjit::Activation and
- * gmjit::GluLayout (checked at build time in engine/c_api.cpp). */
+ * gmjit::GluLayout (checked at build time in engine/api/c_api.cpp). */
 typedef enum gmjit_status {
   GMJIT_OK = 0,
   GMJIT_INVALID_ARGUMENT = 1,

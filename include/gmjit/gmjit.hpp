@@ -137,7 +137,7 @@ class Engine {
   static bool driver_available(std::string* why_not = nullptr);
   static std::vector<DeviceInfo> devices();
 
-  struct Impl;  // defined in engine/engine_impl.hpp
+  struct Impl;  // defined in engine/api/engine_impl.hpp
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -1,7 +1,7 @@
 // The backward checks its context and tensors before anything is launched.
 #include <gtest/gtest.h>
 
-#include "engine/validate.hpp"
+#include "engine/api/validate.hpp"
 #include "testing/layers.hpp"
 
 namespace gmjit::engine {

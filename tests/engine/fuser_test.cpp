@@ -1,7 +1,7 @@
 // Fusion rules turn op windows into fused ops; unmatched ops stay on their own.
 #include <gtest/gtest.h>
 
-#include "engine/fuser.hpp"
+#include "engine/plan/fuser.hpp"
 
 namespace gmjit::engine {
 namespace {

@@ -3,8 +3,8 @@
 
 #include "codegen/grouped_mlp.hpp"
 #include "codegen/nvrtc_compiler.hpp"
-#include "engine/kernel_store.hpp"
-#include "engine/plan.hpp"
+#include "engine/plan/kernel_store.hpp"
+#include "engine/plan/plan.hpp"
 
 namespace gmjit::engine {
 namespace {

@@ -4,7 +4,7 @@
 #include <functional>
 
 #include "codegen/grouped_mlp.hpp"
-#include "engine/validate.hpp"
+#include "engine/api/validate.hpp"
 #include "testing/layers.hpp"
 
 namespace gmjit::engine {

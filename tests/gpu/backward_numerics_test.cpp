@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "engine/driver.hpp"
+#include "engine/runtime/driver.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
 
 namespace gmjit::testing {

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "engine/driver.hpp"
+#include "engine/runtime/driver.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
 
 namespace gmjit::testing {

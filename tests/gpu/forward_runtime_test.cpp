@@ -3,7 +3,7 @@
 
 #include <thread>
 
-#include "engine/driver.hpp"
+#include "engine/runtime/driver.hpp"
 #include "gmjit/gmjit.h"
 #include "tests/gpu/gpu_fixture.hpp"
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/device_buffer.hpp"
-#include "engine/device_context.hpp"
+#include "engine/runtime/device_buffer.hpp"
+#include "engine/runtime/device_context.hpp"
 #include "tests/gpu/reference.hpp"
 
 namespace gmjit::testing {

@@ -5,7 +5,7 @@
 
 #include <functional>
 
-#include "engine/driver.hpp"
+#include "engine/runtime/driver.hpp"
 #include "tests/gpu/training_layer.hpp"
 
 namespace gmjit::testing {

@@ -4,7 +4,7 @@
 
 #include <thread>
 
-#include "engine/driver.hpp"
+#include "engine/runtime/driver.hpp"
 #include "gmjit/gmjit.h"
 #include "tests/gpu/training_layer.hpp"
 

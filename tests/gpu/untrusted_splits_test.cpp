@@ -11,7 +11,7 @@
 #include <cstring>
 #include <limits>
 
-#include "engine/driver.hpp"
+#include "engine/runtime/driver.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
 
 namespace gmjit::testing {

@@ -1,14 +1,14 @@
 #pragma once
 // Device plans by key. A warm call finds its plan in a thread-local front of 32 slots
-// (engine/thread_local_cache.hpp) without any lock; a miss goes to a once-per-key map where the
-// first asker builds outside the lock. The map keeps every plan alive as long as the cache, and
+// (engine/runtime/thread_local_cache.hpp) without any lock; a miss goes to a once-per-key map where
+// the first asker builds outside the lock. The map keeps every plan alive as long as the cache, and
 // front slots are tagged with the cache's never-reused serial, so a destroyed cache's plans
 // never match.
 #include <cstdint>
 #include <memory>
 
-#include "engine/once_map.hpp"
-#include "engine/thread_local_cache.hpp"
+#include "engine/plan/once_map.hpp"
+#include "engine/runtime/thread_local_cache.hpp"
 
 namespace gmjit::engine {
 

@@ -1,13 +1,13 @@
-#include "engine/workspace.hpp"
+#include "engine/runtime/workspace.hpp"
 
 #include <fmt/format.h>
 
 #include <limits>
 
-#include "engine/capture_mode.hpp"
-#include "engine/device_context.hpp"
-#include "engine/driver.hpp"
-#include "engine/log.hpp"
+#include "engine/runtime/capture_mode.hpp"
+#include "engine/runtime/device_context.hpp"
+#include "engine/runtime/driver.hpp"
+#include "engine/runtime/log.hpp"
 
 namespace gmjit::engine {
 

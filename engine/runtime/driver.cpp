@@ -1,4 +1,4 @@
-#include "engine/driver.hpp"
+#include "engine/runtime/driver.hpp"
 
 #include <dlfcn.h>
 
@@ -51,7 +51,7 @@ LoadResult load_driver() {
     slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(fn);
   };
 #define GMJIT_DRIVER_FUNCTION(name) resolve(#name, api.name);
-#include "engine/driver_functions.inc"
+#include "engine/runtime/driver_functions.inc"
 #undef GMJIT_DRIVER_FUNCTION
   if (missing != nullptr) {
     result.error = fmt::format("the CUDA driver lacks {} (driver too old?)", missing);

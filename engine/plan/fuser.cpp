@@ -1,4 +1,4 @@
-#include "engine/fuser.hpp"
+#include "engine/plan/fuser.hpp"
 
 #include "codegen/grouped_mlp.hpp"
 

@@ -6,7 +6,7 @@
 // thread for the scope of the cold work allows them.
 #include <cuda.h>
 
-#include "engine/driver.hpp"
+#include "engine/runtime/driver.hpp"
 
 namespace gmjit::engine {
 

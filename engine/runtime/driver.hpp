@@ -9,7 +9,7 @@ namespace gmjit::engine {
 
 struct DriverApi {
 #define GMJIT_DRIVER_FUNCTION(name) decltype(&::name) name = nullptr;
-#include "engine/driver_functions.inc"
+#include "engine/runtime/driver_functions.inc"
 #undef GMJIT_DRIVER_FUNCTION
   int version = 0;  // cuDriverGetVersion, e.g. 13000
 };

@@ -5,13 +5,13 @@
 
 #include "codegen/grouped_mlp.hpp"
 #include "codegen/nvrtc_compiler.hpp"
-#include "engine/capture_mode.hpp"
-#include "engine/device_context.hpp"
-#include "engine/driver.hpp"
-#include "engine/engine_impl.hpp"
-#include "engine/fuser.hpp"
-#include "engine/log.hpp"
-#include "engine/nvtx.hpp"
+#include "engine/api/engine_impl.hpp"
+#include "engine/plan/fuser.hpp"
+#include "engine/runtime/capture_mode.hpp"
+#include "engine/runtime/device_context.hpp"
+#include "engine/runtime/driver.hpp"
+#include "engine/runtime/log.hpp"
+#include "engine/runtime/nvtx.hpp"
 
 namespace gmjit {
 namespace engine {

@@ -5,11 +5,11 @@
 #include <memory>
 #include <string>
 
-#include "engine/kernel_store.hpp"
-#include "engine/once_map.hpp"
-#include "engine/plan.hpp"
-#include "engine/plan_cache.hpp"
-#include "engine/workspace.hpp"
+#include "engine/plan/kernel_store.hpp"
+#include "engine/plan/once_map.hpp"
+#include "engine/plan/plan.hpp"
+#include "engine/plan/plan_cache.hpp"
+#include "engine/runtime/workspace.hpp"
 #include "gmjit/gmjit.hpp"
 
 namespace gmjit::engine {

@@ -1,4 +1,4 @@
-#include "engine/log.hpp"
+#include "engine/runtime/log.hpp"
 
 #include <cstdio>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-#include "engine/validate.hpp"
+#include "engine/api/validate.hpp"
 
 #include <cstdint>
 #include <initializer_list>

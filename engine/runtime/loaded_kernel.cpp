@@ -1,8 +1,8 @@
-#include "engine/loaded_kernel.hpp"
+#include "engine/runtime/loaded_kernel.hpp"
 
-#include "engine/device_context.hpp"
-#include "engine/driver.hpp"
-#include "engine/thread_local_cache.hpp"
+#include "engine/runtime/device_context.hpp"
+#include "engine/runtime/driver.hpp"
+#include "engine/runtime/thread_local_cache.hpp"
 #include "gmjit/error.hpp"
 
 namespace gmjit::engine {

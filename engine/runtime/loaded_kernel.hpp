@@ -34,7 +34,7 @@ class LoadedKernel {
   const std::string& entry() const { return entry_; }
   codegen::KernelRole role() const { return role_; }
   // Never reused in this process (addresses may be, after a kernel is unloaded): names the
-  // kernel's entries in thread-local caches (engine/thread_local_cache.hpp).
+  // kernel's entries in thread-local caches (engine/runtime/thread_local_cache.hpp).
   std::uint64_t serial() const { return serial_; }
   const codegen::LaunchShape& launch_shape() const { return launch_; }
 

@@ -1,4 +1,4 @@
-#include "engine/kernel_store.hpp"
+#include "engine/plan/kernel_store.hpp"
 
 #include <cstring>
 
@@ -6,8 +6,8 @@
 
 #include "codegen/embedded_templates.hpp"
 #include "codegen/nvrtc_compiler.hpp"
-#include "engine/log.hpp"
-#include "engine/nvtx.hpp"
+#include "engine/runtime/log.hpp"
+#include "engine/runtime/nvtx.hpp"
 #include "gmjit/error.hpp"
 
 namespace gmjit::engine {

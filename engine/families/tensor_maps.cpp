@@ -1,4 +1,4 @@
-#include "engine/tensor_maps.hpp"
+#include "engine/families/tensor_maps.hpp"
 
 #include <cstdint>
 #include <cstring>

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/kernel_store.hpp"
-#include "engine/loaded_kernel.hpp"
+#include "engine/plan/kernel_store.hpp"
+#include "engine/runtime/loaded_kernel.hpp"
 #include "gmjit/gmjit.hpp"
 
 namespace gmjit::engine {

@@ -1,9 +1,9 @@
-#include "engine/device_buffer.hpp"
+#include "engine/runtime/device_buffer.hpp"
 
 #include <utility>
 
-#include "engine/device_context.hpp"
-#include "engine/driver.hpp"
+#include "engine/runtime/device_context.hpp"
+#include "engine/runtime/driver.hpp"
 #include "gmjit/error.hpp"
 
 namespace gmjit::engine {

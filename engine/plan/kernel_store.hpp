@@ -9,7 +9,7 @@
 
 #include "cache/disk_cache.hpp"
 #include "codegen/kernel_source.hpp"
-#include "engine/once_map.hpp"
+#include "engine/plan/once_map.hpp"
 
 namespace gmjit::engine {
 

@@ -1,4 +1,4 @@
-#include "engine/device_context.hpp"
+#include "engine/runtime/device_context.hpp"
 
 #include <algorithm>
 #include <array>
@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "engine/driver.hpp"
+#include "engine/runtime/driver.hpp"
 
 namespace gmjit::engine {
 

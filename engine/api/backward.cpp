@@ -1,0 +1,107 @@
+// Engine::backward: validate against the forward's context, find the backward plan, launch its
+// kernels in order (FC2 dgrad with the activation backward first; then the weight and bias
+// gradients and FC1 dgrad that were asked for). Each kernel's family (engine/families/) binds
+// the call's tensors to its parameter block: plain pointers (portable kernels) or with TMA
+// descriptors (Hopper kernels).
+#include "engine/api/engine_impl.hpp"
+#include "engine/api/validate.hpp"
+#include "engine/families/family.hpp"
+#include "engine/runtime/device_context.hpp"
+#include "engine/runtime/driver.hpp"
+#include "engine/runtime/log.hpp"
+#include "engine/runtime/nvtx.hpp"
+
+namespace gmjit {
+namespace {
+
+// With no tokens the gradients are zero: clear the overwritten outputs, launch nothing.
+void zero_gradients(const BackwardArgs& args, CUstream stream) {
+  for (const TensorRef* t : {&args.dw1, &args.db1, &args.dw2, &args.db2}) {
+    if (!t->present() || args.accumulate) continue;
+    engine::check_driver(
+        engine::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t->data), 0,
+                                          static_cast<std::size_t>(t->numel()), stream),
+        "cuMemsetD32Async(weight gradient)");
+  }
+}
+
+// Where a backward's scratch buffers sit in its workspace block.
+struct BackwardWorkspace {
+  engine::WorkspaceLayout layout;
+  std::size_t dpreact, act_scaled, dprobs = 0;
+
+  BackwardWorkspace(const LayerSpec& layer, std::int64_t tokens) {
+    const auto T = static_cast<std::size_t>(tokens);
+    dpreact = layout.add(T * static_cast<std::size_t>(layer.fc1_out()) * 2);
+    act_scaled = layout.add(T * static_cast<std::size_t>(layer.ffn) * 2);
+    if (layer.router_probs) dprobs = layout.add(T * 4);
+  }
+};
+
+}  // namespace
+
+std::size_t Engine::backward_workspace_bytes(const LayerSpec& spec, std::int64_t tokens) const {
+  return BackwardWorkspace(spec, tokens).layout.total();
+}
+
+void Engine::backward(const ForwardContext& context, const Recipe& recipe, const BackwardArgs& args,
+                      StreamHandle stream) {
+  const GradientSet gradients = engine::validate_backward(context, recipe, args);
+  const LayerSpec& layer = context.layer;
+  const std::int64_t tokens = context.tokens;
+  auto cu_stream = static_cast<CUstream>(stream);
+  if (tokens == 0) {
+    // No tokens: no plan to build; only the weight and bias gradients have a value (zero).
+    engine::DeviceContext& device = engine::DeviceRegistry::instance().get(context.device.ordinal);
+    engine::ScopedContext scope(device.context());
+    zero_gradients(args, cu_stream);
+    return;
+  }
+  const engine::PlanKey key =
+      engine::PlanKey::make_backward(layer, recipe, gradients, context.device.ordinal);
+  engine::DevicePlan& plan = impl_->device_plan(key, layer, stream);
+
+  engine::NvtxRange range("gmjit backward");
+  if (engine::log_enabled(engine::LogLevel::debug)) {
+    engine::log(engine::LogLevel::debug, "backward {} T={} on cuda:{} stream {}", layer.describe(),
+                tokens, plan.device->ordinal(), stream);
+  }
+  engine::ScopedContext scope(plan.device->context());
+  const BackwardWorkspace parts(layer, tokens);
+  const engine::WorkspaceLease workspace(impl_->workspaces, *plan.device, cu_stream,
+                                         parts.layout.total(), args.workspace);
+  engine::CallTensors call;
+  call.layer = &layer;
+  call.tokens = tokens;
+  call.split_sizes = args.split_sizes.data;
+  call.probs = static_cast<const float*>(args.probs.data);
+  call.x = args.x.data;
+  call.w1 = args.w1.data;
+  call.w2 = args.w2.data;
+  call.b2 = args.b2.data;
+  call.saved_preact = args.saved_preact.data;
+  call.dy = args.dy.data;
+  call.dpreact = workspace.at(parts.dpreact);
+  call.act_scaled = workspace.at(parts.act_scaled);
+  call.dprobs = static_cast<float*>(args.dprobs.data);
+  call.dx = args.dx.data;
+  call.dw1 = static_cast<float*>(args.dw1.data);
+  call.db1 = static_cast<float*>(args.db1.data);
+  call.dw2 = static_cast<float*>(args.dw2.data);
+  call.db2 = static_cast<float*>(args.db2.data);
+  call.accumulate = args.accumulate ? 1 : 0;
+  if (layer.router_probs) {
+    // FC2 dgrad adds its partial dot products atomically; a caller that wants no dprobs still
+    // gets them computed, into scratch.
+    if (call.dprobs == nullptr) call.dprobs = static_cast<float*>(workspace.at(parts.dprobs));
+    engine::check_driver(
+        engine::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(call.dprobs), 0,
+                                          static_cast<std::size_t>(tokens), cu_stream),
+        "cuMemsetD32Async(dprobs)");
+  }
+  for (const auto& kernel : plan.kernels) {
+    engine::bind_and_launch(*kernel, *plan.device, call, cu_stream);
+  }
+}
+
+}  // namespace gmjit

@@ -1,0 +1,86 @@
+#pragma once
+// Kernel families: what one kind of kernel needs from a call. A family binds the call's tensors
+// to its kernel's parameter block (and, for the Hopper kernels, encodes its TMA descriptors);
+// the forward and the backward then only bind and launch each kernel of their plan, in order.
+// Families are found by (KernelRole, LaunchShape::Operands) in registry.cpp, the only list of
+// them. They see runtime/ and the parameter blocks (kernel_templates/params.cuh), never plan/ or
+// api/.
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <type_traits>
+
+#include "codegen/kernel_source.hpp"
+#include "gmjit/layer.hpp"
+
+namespace gmjit::engine {
+
+class LoadedKernel;
+
+// Every tensor a kernel of a forward or backward plan may read or write, resolved once per call
+// (caller's tensors and workspace scratch alike). Fields a call does not have stay null.
+struct CallTensors {
+  const LayerSpec* layer = nullptr;
+  std::int64_t tokens = 0;
+  const void* split_sizes = nullptr;  // [E] int32 or int64, on the device
+  const float* probs = nullptr;       // [T] fp32 router probabilities, or null
+  // Weights and biases ([E, ...] bf16; biases may be null).
+  const void* w1 = nullptr;
+  const void* b1 = nullptr;
+  const void* w2 = nullptr;
+  const void* b2 = nullptr;
+  // Activations.
+  const void* x = nullptr;       // [T, H] the layer input
+  void* y = nullptr;             // [T, H] the layer output (forward)
+  void* saved_preact = nullptr;  // [T, F1] h: written by a grad-mode FC1, read by the backward
+  void* preact = nullptr;        // [T, F1] h between the op-by-op linear and activation
+  void* act_scaled = nullptr;    // [T, F] a ⊙ p (a without router probs): FC2's input
+  // Backward.
+  const void* dy = nullptr;  // [T, H] the gradient of y
+  void* dpreact = nullptr;   // [T, F1] dh
+  float* dprobs = nullptr;   // [T] fp32, zeroed before FC2 dgrad
+  void* dx = nullptr;        // [T, H]
+  float* dw1 = nullptr;      // [E, F1, H] fp32
+  float* db1 = nullptr;      // [E, F1] fp32
+  float* dw2 = nullptr;      // [E, H, F] fp32
+  float* db2 = nullptr;      // [E, H] fp32
+  int accumulate = 0;        // weight and bias gradients: 1 adds, 0 overwrites
+};
+
+// Room for the largest parameter block, aligned as the Hopper blocks (their tensor maps) need.
+class ParamStorage {
+ public:
+  // A value-initialised (zeroed) P in the storage.
+  template <class P>
+  P& emplace() {
+    static_assert(sizeof(P) <= sizeof(bytes_) && alignof(P) <= kAlign);
+    static_assert(std::is_trivially_copyable_v<P> && std::is_trivially_destructible_v<P>);
+    return *::new (static_cast<void*>(bytes_)) P{};
+  }
+
+ private:
+  static constexpr std::size_t kAlign = 64;
+  alignas(kAlign) unsigned char bytes_[512];
+};
+
+// Fills `storage` with the kernel's parameter block for this call and returns a pointer to it
+// (the kernel's one argument).
+using BindFn = void* (*)(const CallTensors& call, const LoadedKernel& kernel,
+                         ParamStorage& storage);
+
+struct Family {
+  const char* name;  // for messages
+  BindFn bind;
+};
+
+// The family of a kernel; throws Error(Status::internal) when none is registered.
+const Family& family_of(codegen::KernelRole role, codegen::LaunchShape::Operands operands);
+
+// Binds `kernel` to `call` and launches it on `stream` of `device` (whose context is current).
+class DeviceContext;
+void bind_and_launch(const LoadedKernel& kernel, const DeviceContext& device,
+                     const CallTensors& call, CUstream stream);
+
+}  // namespace gmjit::engine

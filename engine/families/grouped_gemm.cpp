@@ -1,0 +1,45 @@
+#include "engine/families/grouped_gemm.hpp"
+
+#include "gmjit/error.hpp"
+
+namespace gmjit::engine {
+namespace {
+
+Sm90BLayout fc1_b_layout(const ActivationSpec& act) {
+  if (!is_glu(act.kind)) return Sm90BLayout::kPlain;
+  return act.layout == GluLayout::interleaved32 ? Sm90BLayout::kGluInterleaved32
+                                                : Sm90BLayout::kGluHalves;
+}
+
+}  // namespace
+
+GemmOperands gemm_operands(codegen::KernelRole role, const CallTensors& c) {
+  using codegen::KernelRole;
+  const LayerSpec& l = *c.layer;
+  switch (role) {
+    case KernelRole::fc1_forward:  // FC1 with the activation (and · p) in its epilogue
+      return {l.hidden,
+              l.fc1_out(),
+              fc1_b_layout(l.activation),
+              {c.x, c.w1, c.b1, c.probs, c.split_sizes, c.act_scaled, c.saved_preact, c.tokens}};
+    case KernelRole::fc2_forward:
+      return {l.ffn,
+              l.hidden,
+              Sm90BLayout::kPlain,
+              {c.act_scaled, c.w2, c.b2, c.probs, c.split_sizes, c.y, nullptr, c.tokens}};
+    case KernelRole::linear:  // op by op: FC1 as a plain grouped linear into h
+      return {l.hidden,
+              l.fc1_out(),
+              Sm90BLayout::kPlain,
+              {c.x, c.w1, c.b1, nullptr, c.split_sizes, c.preact, nullptr, c.tokens}};
+    case KernelRole::fc1_dgrad:  // dx = dh · W1 (portable kernel only; sm90 is in dgrad.cpp)
+      return {l.fc1_out(),
+              l.hidden,
+              Sm90BLayout::kPlain,
+              {c.dpreact, c.w1, nullptr, nullptr, c.split_sizes, c.dx, nullptr, c.tokens}};
+    default:
+      throw Error(Status::internal, "no grouped GEMM operands for this kernel role");
+  }
+}
+
+}  // namespace gmjit::engine
