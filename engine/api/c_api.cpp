@@ -1,9 +1,9 @@
 // The C API: converts DLTensors to TensorRefs and exceptions to status codes.
 #include "gmjit/gmjit.h"
 
+#include <cstring>
 #include <initializer_list>
 #include <memory>
-#include <cstring>
 #include <string>
 
 #include <fmt/format.h>
