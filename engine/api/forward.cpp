@@ -73,8 +73,9 @@ ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, cons
   if (op_by_op) {
     call.preact = grad == GradMode::grad ? args.saved_preact.data : workspace.at(parts.preact);
   }
-  for (const auto& kernel : plan.kernels) {
-    engine::bind_and_launch(*kernel, *plan.device, call, cu_stream);
+  for (std::size_t i = 0; i < plan.kernels.size(); ++i) {
+    call.linear_is_fc2 = op_by_op && i + 1 == plan.kernels.size();
+    engine::bind_and_launch(*plan.kernels[i], *plan.device, call, cu_stream);
   }
   return context;
 }

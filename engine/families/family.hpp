@@ -47,6 +47,9 @@ struct CallTensors {
   float* dw2 = nullptr;      // [E, H, F] fp32
   float* db2 = nullptr;      // [E, H] fp32
   int accumulate = 0;        // weight and bias gradients: 1 adds, 0 overwrites
+  // Op by op, the plan is [linear (FC1), activation, linear (FC2)]: both GEMMs have the role
+  // `linear`, and this tells the binding which one it is launching.
+  bool linear_is_fc2 = false;
 };
 
 // Room for the largest parameter block, aligned as the Hopper blocks (their tensor maps) need.

@@ -16,6 +16,11 @@ Sm90BLayout fc1_b_layout(const ActivationSpec& act) {
 GemmOperands gemm_operands(codegen::KernelRole role, const CallTensors& c) {
   using codegen::KernelRole;
   const LayerSpec& l = *c.layer;
+  const GemmOperands fc2{
+      l.ffn,
+      l.hidden,
+      Sm90BLayout::kPlain,
+      {c.act_scaled, c.w2, c.b2, c.probs, c.split_sizes, c.y, nullptr, c.tokens}};
   switch (role) {
     case KernelRole::fc1_forward:  // FC1 with the activation (and · p) in its epilogue
       return {l.hidden,
@@ -23,11 +28,9 @@ GemmOperands gemm_operands(codegen::KernelRole role, const CallTensors& c) {
               fc1_b_layout(l.activation),
               {c.x, c.w1, c.b1, c.probs, c.split_sizes, c.act_scaled, c.saved_preact, c.tokens}};
     case KernelRole::fc2_forward:
-      return {l.ffn,
-              l.hidden,
-              Sm90BLayout::kPlain,
-              {c.act_scaled, c.w2, c.b2, c.probs, c.split_sizes, c.y, nullptr, c.tokens}};
-    case KernelRole::linear:  // op by op: FC1 as a plain grouped linear into h
+      return fc2;
+    case KernelRole::linear:  // op by op: FC1 as a plain grouped linear into h, or FC2
+      if (c.linear_is_fc2) return fc2;
       return {l.hidden,
               l.fc1_out(),
               Sm90BLayout::kPlain,
