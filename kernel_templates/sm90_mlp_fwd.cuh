@@ -25,8 +25,8 @@
 // Divisibility: FC1 K = hidden % 64 == 0, ffn % block_n_out == 0 (block_n_out = block_n/2 for
 // GLU, else block_n); FC2 K = ffn % 64 == 0, hidden % block_n == 0.
 //
-// Params: Sm90GemmParams (params.cuh), maps encoded by engine/families/tensor_maps.cpp with the same
-// block_m / block_n and the B layout: FC1 GLU halves / interleaved32 -> the 4-D gate/lin map,
+// Params: Sm90GemmParams (params.cuh), maps encoded by engine/families/tensor_maps.cpp with the
+// same block_m / block_n and the B layout: FC1 GLU halves / interleaved32 -> the 4-D gate/lin map,
 // FC1 non-GLU and FC2 -> the 2-D [E * N, K] map.
 //
 // Launch (host), K = Fc1Sm90<Cfg> or Fc2Sm90<Cfg>: persistent grid, no cluster.
