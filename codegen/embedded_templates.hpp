@@ -7,7 +7,7 @@
 namespace gmjit::codegen {
 
 struct EmbeddedHeader {
-  std::string_view name;    // include name, e.g. "gmjit/grouped_mlp_fwd.cuh"
+  std::string_view name;    // include name, e.g. "gmjit/sm80_mlp_fwd.cuh"
   std::string_view source;  // file content
 };
 

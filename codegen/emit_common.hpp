@@ -22,7 +22,7 @@ std::string activation_fields(const ActivationSpec& activation);
 std::string tile_fields(const TileConfig& tile, int smem_bytes);
 
 struct Instantiation {
-  std::string_view header;  // e.g. "grouped_mlp_fwd.cuh"
+  std::string_view header;  // e.g. "sm80_mlp_fwd.cuh"
   std::string_view kernel;  // template in gmjit::kt, e.g. "Fc1"
   std::string_view params;  // parameter struct in gmjit::kt, e.g. "GroupedGemmParams"
   std::string cfg_fields;   // body of the Cfg struct

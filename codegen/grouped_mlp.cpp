@@ -112,7 +112,7 @@ KernelSource emit_forward_kernel(const GroupedMlpForwardDesc& desc, KernelRole r
   }
   const TileConfig tile = choose_tile(layer, role, desc.arch);
   k.entry = entry;
-  k.source = translation_unit({"grouped_mlp_fwd.cuh", fc1 ? "Fc1" : "Fc2", "GroupedGemmParams",
+  k.source = translation_unit({"sm80_mlp_fwd.cuh", fc1 ? "Fc1" : "Fc2", "GroupedGemmParams",
                                fields + tile_fields(tile, tile.smem_bytes()), k.entry});
   k.launch = grouped_rows_launch(tile, tile.smem_bytes(), glu_fc1 ? tile.block_n / 2 : tile.block_n,
                                  out_columns, layer.experts);

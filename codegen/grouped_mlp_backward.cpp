@@ -1,4 +1,5 @@
-// Codegen for the grouped-MLP backward (kernel_templates/grouped_mlp_bwd.cuh).
+// Codegen for the grouped-MLP backward (kernel_templates/sm80_mlp_bwd.cuh, sm80_grouped_wgrad.cuh
+// and their sm90_* Hopper counterparts).
 #include <optional>
 
 #include <fmt/format.h>
@@ -74,7 +75,7 @@ KernelSource dgrad(KernelRole role, const GroupedMlpBackwardDesc& desc) {
     set_sm90_launch(k.launch, *sm90, layer.experts);
     return k;
   }
-  k.source = translation_unit({"grouped_mlp_bwd.cuh", fc2 ? "Fc2Dgrad" : "Fc1Dgrad",
+  k.source = translation_unit({"sm80_mlp_bwd.cuh", fc2 ? "Fc2Dgrad" : "Fc1Dgrad",
                                fc2 ? "Fc2DgradParams" : "GroupedGemmParams",
                                fields + tile_fields(tile, smem), k.entry});
   k.launch =
@@ -108,7 +109,7 @@ KernelSource wgrad(KernelRole role, const GroupedMlpBackwardDesc& desc, std::int
     return k;
   }
   k.source =
-      translation_unit({"grouped_mlp_bwd.cuh", "GroupedWgrad", "WgradParams",
+      translation_unit({"sm80_grouped_wgrad.cuh", "GroupedWgrad", "WgradParams",
                         fmt::format("  static constexpr int experts = {}, rows = {}, cols = {};\n"
                                     "  static constexpr bool split_int64 = {};\n",
                                     layer.experts, rows, cols, layer.split_dtype == DType::i64) +
@@ -133,7 +134,7 @@ KernelSource column_sum(KernelRole role, const LayerSpec& layer, std::int64_t co
   k.entry = entry_name(role == KernelRole::bgrad_b2 ? "bgrad_b2" : "bgrad_b1", layer,
                        fmt::format("_{}{}", cols, scale_by_probs ? "_p" : ""));
   k.source = translation_unit(
-      {"grouped_mlp_bwd.cuh", "GroupedColumnSum", "ColumnSumParams",
+      {"sm80_grouped_wgrad.cuh", "GroupedColumnSum", "ColumnSumParams",
        fmt::format("  static constexpr int experts = {}, cols = {};\n"
                    "  static constexpr bool split_int64 = {}, has_probs = {};\n"
                    "  static constexpr int warps = {}, min_blocks = 1;\n",

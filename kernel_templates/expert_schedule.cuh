@@ -178,18 +178,25 @@ __device__ __forceinline__ int count_row_tiles(const SplitT* __restrict__ split,
   return tiles + static_cast<int>((tokens - row_base + kBlockM - 1) / kBlockM);
 }
 
-// Grouped rasterization: consecutive block ids walk `group` row tiles before moving to the next
-// column tile, so that the blocks resident at one time share A row tiles and B column tiles in L2
-// (without it a wave streams every expert weight tile once per row tile).
+// Grouped rasterization: linear tile index t -> (row tile, column tile), walking `group` row tiles
+// before moving to the next column tile, so that the tiles in flight at one time share A row
+// tiles and B column tiles in L2 (without it a wave streams every expert weight tile once per row
+// tile).
+__device__ __forceinline__ void tile_coords(int t, int num_m, int num_n, int group, int& tile_m,
+                                            int& tile_n) {
+  const int per_group = group * num_n;
+  const int first_m = (t / per_group) * group;
+  const int size_m = num_m - first_m < group ? num_m - first_m : group;
+  const int in_group = t % per_group;
+  tile_m = first_m + in_group % size_m;
+  tile_n = in_group / size_m;
+}
+
+// The same over the grid (gridDim.y row tiles, gridDim.x column tiles) for this block.
 __device__ __forceinline__ void grouped_block_coords(int group, int& tile_m, int& tile_n) {
   const int num_m = static_cast<int>(gridDim.y), num_n = static_cast<int>(gridDim.x);
   const int pid = static_cast<int>(blockIdx.y) * num_n + static_cast<int>(blockIdx.x);
-  const int per_group = group * num_n;
-  const int first_m = (pid / per_group) * group;
-  const int size_m = num_m - first_m < group ? num_m - first_m : group;
-  const int in_group = pid % per_group;
-  tile_m = first_m + in_group % size_m;
-  tile_n = in_group / size_m;
+  tile_coords(pid, num_m, num_n, group, tile_m, tile_n);
 }
 
 }  // namespace gmjit::kt

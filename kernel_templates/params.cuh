@@ -45,7 +45,7 @@ struct Sm90GemmParams {
 
 namespace gmjit::kt {
 
-// ---- Backward (grouped_mlp_bwd.cuh) ----
+// ---- Backward (sm80_mlp_bwd.cuh) ----
 // Rows of expert g follow the split-size contract of expert_schedule.cuh (sizes clamped to
 // [0, tokens], offsets saturated at tokens); rows past the saturated sum belong to no expert
 // (their dgrad outputs are zeroed).

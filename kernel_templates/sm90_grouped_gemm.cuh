@@ -22,12 +22,14 @@
 #include "gmjit/expert_schedule.cuh"
 #include "gmjit/params.cuh"
 #include "gmjit/sm90_wgmma.cuh"
+#include "gmjit/tail_rows.cuh"
 
 namespace gmjit::kt::sm90 {
 
-// Tile/pipeline constants derived from a Cfg.
+// The tile shape of the Hopper kernels: tile/pipeline constants derived from a Cfg (block_m,
+// block_n, block_k = 64, stages).
 template <class Cfg>
-struct Shape {
+struct TileShape {
   static constexpr int block_m = Cfg::block_m, block_n = Cfg::block_n, stages = Cfg::stages;
   static constexpr int block_k = 64;  // one 128-byte swizzle row of bf16
   static constexpr int threads = 384;
@@ -58,17 +60,6 @@ struct Shape {
                 "Cfg::smem_bytes != stages * (block_m + block_n) * 128 + 20480");
   static_assert(smem_bytes <= 232448, "exceeds the 227 KiB of shared memory of a CTA");
 };
-
-// Linear tile index -> (row tile, column tile), walking `group` row tiles per column sweep.
-__device__ __forceinline__ void tile_coords(int t, int num_m, int num_n, int group, int& tile_m,
-                                            int& tile_n) {
-  const int per_group = group * num_n;
-  const int first_m = (t / per_group) * group;
-  const int size_m = num_m - first_m < group ? num_m - first_m : group;
-  const int in_group = t % per_group;
-  tile_m = first_m + in_group % size_m;
-  tile_n = in_group / size_m;
-}
 
 __device__ __forceinline__ unsigned char* dyn_smem() {
   extern __shared__ __align__(1024) unsigned char gmjit_sm90_smem[];
@@ -121,7 +112,8 @@ struct TileInfo {
 //   load_b(p, dst, bar, expert, tile_n, k): TMA loads of the B tile (block_n rows x 64 at k),
 //   store(p, acc, rt, tile_n, row0, ws): epilogue of one consumer warpgroup, rows from row0,
 //     ws = this warp's output staging buffer,
-//   zero_rows(p, tile_n, r0, r1, tid, nthreads): tail rows of the column tile set to zero.
+//   zero_rows(p, tile_n, r0, r1, tid, nthreads): tail rows of the column tile set to zero
+//     (tail_rows.cuh).
 // Optional: `static constexpr bool kBMnMajor = true` when load_b writes B as MN-major boxes of
 // {64 N, 64 K} (8 KiB each, block_n / 64 of them; backward dgrad reading W [K, N] row-major); the
 // default is K-major B (block_n rows x 64 K). P: Sm90GemmParams or any params struct with
@@ -137,7 +129,7 @@ struct BMnMajor<Epi, decltype(void(Epi::kBMnMajor))> {
 
 template <class Cfg, class Epi, class P>
 __device__ __forceinline__ void grouped_gemm(const P& p) {
-  using S = Shape<Cfg>;
+  using S = TileShape<Cfg>;
   using SplitT = typename Epi::SplitT;
   static_assert(Epi::kK % 64 == 0, "K must be a multiple of 64");
   constexpr int kKTiles = Epi::kK / 64;
@@ -259,19 +251,6 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
     if (lane == 0) mbar_arrive(empty + 8 * prev);
     const RowTile rt{ti.expert, ti.row_begin, ti.row_end};
     Epi::store(p, acc, rt, ti.tile_n, ti.row_begin + wg * S::mt * 64, ws);
-  }
-}
-
-// Zeroes rows [r0, r1) x 8-column groups [0, groups) of a bf16 matrix with row stride `ld`;
-// group g starts at column col_of(g). Work split over `nthreads` threads, this one being `tid`.
-template <class ColOf>
-__device__ __forceinline__ void zero_groups(void* base, long long ld, long long r0, long long r1,
-                                            int groups, int tid, int nthreads, ColOf col_of) {
-  unsigned short* out = static_cast<unsigned short*>(base);
-  const long long items = (r1 - r0) * groups;
-  for (long long it = tid; it < items; it += nthreads) {
-    const long long row = r0 + it / groups;
-    store_zero16(out + row * ld + col_of(static_cast<int>(it % groups)));
   }
 }
 

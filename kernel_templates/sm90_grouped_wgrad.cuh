@@ -1,7 +1,7 @@
 #pragma once
 // Hopper (sm_90a) grouped weight gradient: out_g[M, N] (+)= A_gᵀ B_g over expert g's token rows,
 // A [T, M] and B [T, N] token-major bf16 (both MN-major operands: wgmma with transposed A and B),
-// fp32 out [E, M, N]. Same contract as GroupedWgrad (grouped_wgrad_sm80.cuh):
+// fp32 out [E, M, N]. Same contract as GroupedWgrad (sm80_grouped_wgrad.cuh):
 //   dW2_g = dy_gᵀ (a ⊙ p)_g  (a = dy, b = act_scaled, rows = H, cols = F)
 //   dW1_g = dh_gᵀ x_g         (a = dpreact, b = x, rows = F1, cols = H)
 //
@@ -45,7 +45,7 @@ struct WgradTileInfo {
 
 template <class Cfg>
 struct GroupedWgradSm90 {
-  using S = sm90::Shape<Cfg>;
+  using S = sm90::TileShape<Cfg>;
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kM = Cfg::rows, kN = Cfg::cols;
   static constexpr int num_m = kM / Cfg::block_m, num_n = kN / Cfg::block_n;

@@ -1,6 +1,6 @@
 #pragma once
 // Hopper (sm_90a) backward dgrad kernels of the grouped MLP (BF16 in, fp32 accumulate). Same math
-// and output contract as Fc2Dgrad / Fc1Dgrad in grouped_mlp_bwd.cuh:
+// and output contract as Fc2Dgrad / Fc1Dgrad in sm80_mlp_bwd.cuh:
 //   Fc2DgradSm90   g = dy · W2_g; dh = act'(h) · (g ⊙ p) -> dpreact; a ⊙ p -> act_scaled;
 //                  dp_t += <g_t, a_t> (+ <dy_t, b2_g> when has_bias && has_probs)
 //   Fc1DgradSm90   dx = dh · W1_g
@@ -64,7 +64,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 // ---- FC2 dgrad + activation backward ---------------------------------------------------------
 template <class Cfg>
 struct Fc2DgradSm90 {
-  using S = sm90::Shape<Cfg>;
+  using S = sm90::TileShape<Cfg>;
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr bool kGlu = is_glu(Cfg::act);
   static constexpr GluLayout kLayout = Cfg::glu_layout;
@@ -197,18 +197,10 @@ struct Fc2DgradSm90 {
   __device__ static void zero_rows(const Sm90Fc2DgradParams& p, int tile_n, long long r0,
                                    long long r1, int tid, int nthreads) {
     const int c0 = tile_n * Cfg::block_n;
-    sm90::zero_groups(p.act_scaled, kF, r0, r1, Cfg::block_n / 8, tid, nthreads,
-                      [=](int g) { return c0 + g * 8; });
-    if constexpr (kGlu) {
-      // An 8-column group stays inside one 32-column block: its gate / lin columns are contiguous.
-      sm90::zero_groups(p.dpreact, kF1, r0, r1, Cfg::block_n / 4, tid, nthreads, [=](int g) {
-        const int c = c0 + (g >> 1) * 8;
-        return (g & 1) ? lin_col<kLayout>(c, kF) : gate_col<kLayout>(c, kF);
-      });
-    } else {
-      sm90::zero_groups(p.dpreact, kF1, r0, r1, Cfg::block_n / 8, tid, nthreads,
-                        [=](int g) { return c0 + g * 8; });
-    }
+    zero_groups(p.act_scaled, kF, r0, r1, Cfg::block_n / 8, tid, nthreads,
+                [=](int g) { return c0 + g * 8; });
+    zero_preact_groups<kGlu, kLayout, kF>(p.dpreact, kF1, r0, r1, c0, Cfg::block_n / 8, tid,
+                                          nthreads);
   }
 
   __device__ static void run(const Sm90Fc2DgradParams& p) {
@@ -219,7 +211,7 @@ struct Fc2DgradSm90 {
 // ---- FC1 dgrad: dx = dh · W1_g ----------------------------------------------------------------
 template <class Cfg>
 struct Fc1DgradSm90 {
-  using S = sm90::Shape<Cfg>;
+  using S = sm90::TileShape<Cfg>;
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kH = Cfg::hidden;
   static constexpr int kF1 = is_glu(Cfg::act) ? 2 * Cfg::ffn : Cfg::ffn;
@@ -259,8 +251,8 @@ struct Fc1DgradSm90 {
   __device__ static void zero_rows(const Sm90GemmParams& p, int tile_n, long long r0, long long r1,
                                    int tid, int nthreads) {
     const int c0 = tile_n * Cfg::block_n;
-    sm90::zero_groups(p.out, kH, r0, r1, Cfg::block_n / 8, tid, nthreads,
-                      [=](int g) { return c0 + g * 8; });
+    zero_groups(p.out, kH, r0, r1, Cfg::block_n / 8, tid, nthreads,
+                [=](int g) { return c0 + g * 8; });
   }
 
   __device__ static void run(const Sm90GemmParams& p) {

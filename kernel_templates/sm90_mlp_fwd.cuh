@@ -1,7 +1,7 @@
 #pragma once
 // Hopper (sm_90a) forward kernels of the grouped MLP (BF16): FC1 (+ bias, activation, * probs,
 // optional pre-activation save) and FC2 (+ bias * probs). Same math and output contract as
-// Fc1 / Fc2 in grouped_mlp_fwd.cuh; mainloop in sm90_grouped_gemm.cuh (TMA + wgmma, persistent,
+// Fc1 / Fc2 in sm80_mlp_fwd.cuh; mainloop in sm90_grouped_gemm.cuh (TMA + wgmma, persistent,
 // warp-specialized).
 //
 // Config structs (all `static constexpr`), written by codegen:
@@ -45,7 +45,7 @@ namespace gmjit::kt {
 // ---- FC1: out = bf16(act(x W1ᵀ + b1) * p), optionally preact_out = bf16(x W1ᵀ + b1) -----------
 template <class Cfg>
 struct Fc1Sm90 {
-  using S = sm90::Shape<Cfg>;
+  using S = sm90::TileShape<Cfg>;
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr bool kGlu = is_glu(Cfg::act);
   static constexpr GluLayout kLayout = Cfg::glu_layout;
@@ -151,21 +151,11 @@ struct Fc1Sm90 {
   __device__ static void zero_rows(const Sm90GemmParams& p, int tile_n, long long r0, long long r1,
                                    int tid, int nthreads) {
     const int c0 = tile_n * block_n_out;
-    sm90::zero_groups(p.out, kNOut, r0, r1, block_n_out / 8, tid, nthreads,
-                      [=](int g) { return c0 + g * 8; });
-    if constexpr (Cfg::save_preact) {
-      if constexpr (kGlu) {
-        // Each 8-column group stays inside one 32-column block, so its gate (and lin) columns
-        // are contiguous in both layouts.
-        sm90::zero_groups(p.preact_out, kN, r0, r1, block_n_out / 4, tid, nthreads, [=](int g) {
-          const int c = c0 + (g >> 1) * 8;
-          return (g & 1) ? lin_col<kLayout>(c, Cfg::ffn) : gate_col<kLayout>(c, Cfg::ffn);
-        });
-      } else {
-        sm90::zero_groups(p.preact_out, kN, r0, r1, block_n_out / 8, tid, nthreads,
-                          [=](int g) { return c0 + g * 8; });
-      }
-    }
+    zero_groups(p.out, kNOut, r0, r1, block_n_out / 8, tid, nthreads,
+                [=](int g) { return c0 + g * 8; });
+    if constexpr (Cfg::save_preact)
+      zero_preact_groups<kGlu, kLayout, Cfg::ffn>(p.preact_out, kN, r0, r1, c0, block_n_out / 8,
+                                                  tid, nthreads);
   }
 
   __device__ static void run(const Sm90GemmParams& p) {
@@ -176,7 +166,7 @@ struct Fc1Sm90 {
 // ---- FC2: y = bf16(a W2ᵀ + b2 * p), a = FC1's output (already scaled by p) --------------------
 template <class Cfg>
 struct Fc2Sm90 {
-  using S = sm90::Shape<Cfg>;
+  using S = sm90::TileShape<Cfg>;
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kN = Cfg::hidden;
   static constexpr int kK = Cfg::ffn;
@@ -235,8 +225,8 @@ struct Fc2Sm90 {
   __device__ static void zero_rows(const Sm90GemmParams& p, int tile_n, long long r0, long long r1,
                                    int tid, int nthreads) {
     const int c0 = tile_n * block_n_out;
-    sm90::zero_groups(p.out, kNOut, r0, r1, block_n_out / 8, tid, nthreads,
-                      [=](int g) { return c0 + g * 8; });
+    zero_groups(p.out, kNOut, r0, r1, block_n_out / 8, tid, nthreads,
+                [=](int g) { return c0 + g * 8; });
   }
 
   __device__ static void run(const Sm90GemmParams& p) {

@@ -1,5 +1,5 @@
 // Family: the grouped column sums behind the bias gradients, out_g (+)= Σ in_t (· p_t) over
-// expert g's rows (ColumnSumParams, grouped_mlp_bwd.cuh). Portable on every arch.
+// expert g's rows (ColumnSumParams, sm80_mlp_bwd.cuh). Portable on every arch.
 #include "engine/families/family.hpp"
 #include "engine/runtime/loaded_kernel.hpp"
 #include "gmjit/error.hpp"

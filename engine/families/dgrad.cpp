@@ -1,5 +1,5 @@
 // Family: the data gradients. FC2 dgrad with the activation backward (Fc2DgradParams,
-// grouped_mlp_bwd.cuh; Sm90Fc2DgradParams, sm90_mlp_bwd.cuh) and the Hopper FC1 dgrad
+// sm80_mlp_bwd.cuh; Sm90Fc2DgradParams, sm90_mlp_bwd.cuh) and the Hopper FC1 dgrad
 // (Sm90GemmParams with the dgrad maps, sm90_mlp_bwd.cuh). The portable FC1 dgrad is a plain
 // grouped GEMM (sm80_gemm.cpp).
 #include "engine/families/family.hpp"

@@ -1,5 +1,5 @@
 // Family: the portable (mma.sync) grouped GEMM, GroupedGemmParams with plain pointers
-// (grouped_mlp_fwd.cuh; also the portable FC1 dgrad).
+// (sm80_mlp_fwd.cuh; also the portable FC1 dgrad).
 #include "engine/families/grouped_gemm.hpp"
 #include "engine/runtime/loaded_kernel.hpp"
 

@@ -1,5 +1,5 @@
 // Family: the grouped weight gradients out_g (+)= aᵀ b over expert g's rows (WgradParams,
-// grouped_wgrad_sm80.cuh; Sm90WgradParams with the maps of a and b, sm90_grouped_wgrad.cuh).
+// sm80_grouped_wgrad.cuh; Sm90WgradParams with the maps of a and b, sm90_grouped_wgrad.cuh).
 #include <cstdint>
 
 #include "engine/families/family.hpp"

@@ -1,34 +1,30 @@
 #pragma once
-// General mma.sync tile mainloop for the backward GEMMs: acc[BM x BN] = A_tile · B_tile, where
-// each operand tile sits in shared memory either K-major ([BM or BN][BK], like gemm_nt_sm80.cuh)
-// or MN-major ([BK][BM or BN], rows = K). MN-major tiles are copied straight from row-major
-// global matrices whose contiguous dimension is M or N (W2 / W1 in dgrad, the token-major
-// activations in wgrad) and turned into mma fragments by `ldmatrix.trans`: no transpose in memory.
+// The mma.sync tile GEMM of every portable (sm_80+) kernel: acc[BM x BN] = A_tile · B_tile with
+// fp32 accumulators in registers. Each operand tile sits in shared memory either K-major
+// ([BM or BN][BK]: rows whose contiguous dimension is K, e.g. x and W1 / W2 in the forward, dy /
+// dh in the dgrad) or MN-major ([BK][BM or BN], rows = K: W2 / W1 in the dgrad, the token-major
+// activations in the wgrad), turned into mma fragments by `ldmatrix` / `ldmatrix.trans`: no
+// transpose in memory. The forward ("NT") is the K-major / K-major instantiation.
 //
-// Pipeline and register double buffering are those of NtMainloop (gemm_nt_sm80.cuh), which the
-// forward keeps using unchanged. Unlike NtMainloop, the caller issues the cp.async copies through
-// two callbacks, so that each kernel decides its own addressing (fixed weight strides, token rows
-// clamped to an expert's range with zero fill, ...).
+// Pipeline: `stages`-deep cp.async ring in shared memory, one block barrier per K tile, and
+// fragments double-buffered in registers across k16 steps. The caller issues the cp.async copies
+// through two callbacks, so that each kernel decides its own addressing (fixed weight strides,
+// token rows clamped to an expert's range with zero fill, ...).
 // Padding: every smem row is padded by 8 bf16, so with a row length that is a multiple of 16 bf16
-// the row stride is an odd multiple of 16 bytes and each 8x8 ldmatrix reads 8 distinct bank groups.
+// the row stride is an odd multiple of 16 bytes and each 8x8 ldmatrix reads 8 distinct bank groups
+// (conflict-free without an XOR swizzle).
+// Warps: warps_m x warps_n grid, each owning a (BM/warps_m) x (BN/warps_n) sub-tile made of
+// m16n8k16 mma.sync tiles.
 
-#include "gmjit/mma_sm80.cuh"
+#include "gmjit/sm80_mma.cuh"
 
 namespace gmjit::kt {
-
-// Four transposed 8x8 b16 matrices: thread t receives column t/4, rows 2(t%4) and 2(t%4)+1.
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int addr, unsigned int& r0,
-                                                  unsigned int& r1, unsigned int& r2,
-                                                  unsigned int& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
 
 // One operand's tile: kExtent rows of M (or N) by kBlockK of K, in the given smem orientation.
 template <int kExtent, int kBlockK, bool kKMajor, int kThreads>
 struct OperandTile {
   static constexpr bool k_major = kKMajor;
+  static constexpr int block_k = kBlockK;
   static constexpr int rows = kKMajor ? kExtent : kBlockK;  // smem rows
   static constexpr int cols = kKMajor ? kBlockK : kExtent;  // bf16 per smem row, unpadded
   static constexpr int ld = cols + 8;                       // padded row, in bf16
@@ -81,9 +77,11 @@ struct OperandTile {
   }
 };
 
+// The one tile shape of the mma.sync kernels (forward, dgrad, wgrad): CTA tile, pipeline depth,
+// warp grid and the two operands' smem orientation (K-major by default, as in the forward).
 template <int kBlockM, int kBlockN, int kBlockK, int kStages, int kWarpsM, int kWarpsN,
-          bool kAKMajor, bool kBKMajor>
-struct GemmShape {
+          bool kAKMajor = true, bool kBKMajor = true>
+struct TileShape {
   static constexpr int block_m = kBlockM, block_n = kBlockN, block_k = kBlockK;
   static constexpr int stages = kStages, warps_m = kWarpsM, warps_n = kWarpsN;
   static constexpr int threads = 32 * kWarpsM * kWarpsN;
@@ -104,13 +102,58 @@ struct GemmShape {
   static_assert(kBlockN % (16 * kWarpsN) == 0, "block_n must be a multiple of 16 * warps_n");
 };
 
+// The tile shape a codegen Cfg names (block_m, block_n, block_k, stages, warps_m, warps_n).
+template <class Cfg, bool kAKMajor = true, bool kBKMajor = true>
+using TileShapeOf = TileShape<Cfg::block_m, Cfg::block_n, Cfg::block_k, Cfg::stages, Cfg::warps_m,
+                              Cfg::warps_n, kAKMajor, kBKMajor>;
+
+// Copies of K tile kt of a K-major operand tile whose rows this thread reads from src[i] (at
+// K = 0), bytes[i] (16, or 0 for rows that become zeros; their address must still be valid).
+// kK = the reduction length: when it is not a multiple of block_k, chunks at K columns >= kK are
+// zero-filled from the row's start, so a K tail adds zeros to the sums (kK % 8 == 0).
+template <class Op, int kK>
+__device__ __forceinline__ void copy_k_major_rows(unsigned int dst, int kt,
+                                                  const unsigned char* const (&src)[Op::loads],
+                                                  const unsigned int (&bytes)[Op::loads]) {
+  static_assert(Op::k_major, "K-major operand tiles only");
+  long long k_off = static_cast<long long>(kt) * Op::block_k * 2;
+  unsigned int k_mask = ~0u;
+  if constexpr (kK % Op::block_k != 0) {
+    if (kt * Op::block_k + Op::copy_chunk() * 8 >= kK) {
+      k_off = -16LL * Op::copy_chunk();  // back to the row's first chunk: a valid address
+      k_mask = 0u;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < Op::loads; ++i)
+    cp_async_16(dst + i * Op::pass_bytes, src[i] + k_off, bytes[i] & k_mask);
+}
+
+// Copies of an MN-major operand tile over token rows: copy i of this thread reads token row
+// t0 + i * rows_per_pass of a row-major matrix (row stride ld_bytes) at `base` (this thread's
+// column chunk); rows at or past `end`, or every row when !col_ok (columns past the width), are
+// zero-filled from row `beg`, a valid address.
+template <class Op>
+__device__ __forceinline__ void copy_token_rows(unsigned int dst, const unsigned char* base,
+                                                long long ld_bytes, long long t0, long long beg,
+                                                long long end, bool col_ok) {
+  static_assert(!Op::k_major, "MN-major operand tiles only");
+#pragma unroll
+  for (int i = 0; i < Op::loads; ++i) {
+    const long long t = t0 + i * Op::rows_per_pass;
+    const bool ok = t < end && col_ok;
+    cp_async_16(dst + i * Op::pass_bytes, base + (ok ? t : beg) * ld_bytes, ok ? 16u : 0u);
+  }
+}
+
 template <class S>
 struct GemmMainloop {
   float acc[S::mt][S::nt][4];
 
-  // load_a(dst, kt) / load_b(dst, kt) issue this thread's S::A::loads / S::B::loads cp.async
-  // copies of K tile kt, copy i to smem address dst + i * pass_bytes (dst includes copy_off()).
-  // They must not commit: the mainloop commits one group per stage.
+  // Mainloop over `k_tiles` K tiles. load_a(dst, kt) / load_b(dst, kt) issue this thread's
+  // S::A::loads / S::B::loads cp.async copies of K tile kt, copy i to smem address
+  // dst + i * pass_bytes (dst includes copy_off()). They must not commit: the mainloop commits one
+  // group per stage.
   template <class LoadA, class LoadB>
   __device__ __forceinline__ void run(unsigned char* smem, const LoadA& load_a, const LoadB& load_b,
                                       int k_tiles) {
@@ -163,8 +206,9 @@ struct GemmMainloop {
     __syncthreads();
     load_frags(0, 0, 0);
 
-    constexpr int kSteps = S::block_k / 16;
+    constexpr int kSteps = S::block_k / 16;  // even: step 0 of every K tile uses buffer 0
     int read_stage = 0, write_stage = S::stages - 1;
+    // Not unrolled: K is a compile-time constant, and unrolling it only bloats code and registers.
 #pragma unroll 1
     for (int kt = 0; kt < k_tiles; ++kt) {
 #pragma unroll
@@ -181,8 +225,9 @@ struct GemmMainloop {
 #pragma unroll
           for (int j = 0; j < S::nt; ++j) mma_bf16_16816(acc[i][j], af[ks & 1][i], bf[ks & 1][j]);
         if (ks + 1 == kSteps) {
-          // Tile kt+1 has landed and every read of tile kt is done; reads past the last tile
-          // are in-bounds smem and never used.
+          // K tile kt+1 has landed for every thread, and all reads of tile kt are done (so the
+          // next iteration may overwrite its stage). Fragment reads past the last tile are
+          // harmless: in-bounds smem, never used.
           cp_async_wait<S::stages - 2>();
           __syncthreads();
           read_stage = read_stage + 1 == S::stages ? 0 : read_stage + 1;
@@ -190,7 +235,7 @@ struct GemmMainloop {
         }
       }
     }
-    cp_async_wait<0>();
+    cp_async_wait<0>();  // only empty groups remain; leaves no copy in flight at exit
   }
 };
 

@@ -1,6 +1,7 @@
 #pragma once
 // Thin wrappers over the sm_80 tensor-core and async-copy PTX used by the mainloops:
-// cp.async (global -> shared, 16 bytes, zero-fill), ldmatrix and mma.sync m16n8k16 bf16.
+// cp.async (global -> shared, 16 bytes, zero-fill), ldmatrix (plain and .trans) and mma.sync
+// m16n8k16 bf16.
 // They also run on sm_90/sm_90a (the wgmma path, if any, lives elsewhere).
 
 namespace gmjit::kt {
@@ -36,6 +37,15 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void ldmatrix_x4(unsigned int addr, unsigned int& r0, unsigned int& r1,
                                             unsigned int& r2, unsigned int& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// Four transposed 8x8 b16 matrices: thread t receives column t/4, rows 2(t%4) and 2(t%4)+1.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int addr, unsigned int& r0,
+                                                  unsigned int& r1, unsigned int& r2,
+                                                  unsigned int& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr));
 }

@@ -8,7 +8,8 @@
 //   GroupedColumnSum  db2_g = sum_t dy_t p_t  (has_probs)   db1_g = sum_t dh_t
 // Order: Fc2Dgrad first (it produces dh and a ⊙ p), then the rest in any order.
 // The dgrad GEMMs are "NN": W2 [E, H, F] and W1 [E, F1, H] are read as [K, N] row-major tiles
-// and fed to mma.sync through ldmatrix.trans (gemm_sm80.cuh).
+// and fed to mma.sync through ldmatrix.trans (sm80_grouped_gemm.cuh with an MN-major B tile).
+// GroupedWgrad and GroupedColumnSum are in sm80_grouped_wgrad.cuh.
 //
 // Config structs (all `static constexpr`), written by codegen.
 // Fc2Dgrad and Fc1Dgrad:
@@ -58,98 +59,17 @@
 
 #include "gmjit/activations.cuh"
 #include "gmjit/bf16.cuh"
-#include "gmjit/expert_schedule.cuh"
-#include "gmjit/gemm_sm80.cuh"
-#include "gmjit/grouped_mlp_fwd.cuh"
-#include "gmjit/grouped_wgrad_sm80.cuh"
 #include "gmjit/params.cuh"
+#include "gmjit/sm80_grouped_gemm.cuh"
+#include "gmjit/sm80_grouped_wgrad.cuh"
+#include "gmjit/tail_rows.cuh"
 
 namespace gmjit::kt {
-
-namespace detail {
-
-template <class Cfg>
-using NnShapeOf = GemmShape<Cfg::block_m, Cfg::block_n, Cfg::block_k, Cfg::stages, Cfg::warps_m,
-                            Cfg::warps_n, true, false>;
-
-// Shared body of the dgrad kernels: acc = A_rows · B_g with A [T, kK] row-major (K-major tile) and
-// B_g [kK, kN] row-major (N-major tile); then Epi::store (expert tiles) / Epi::zero_rows (tail).
-template <class Cfg, class Epi, class P>
-__device__ __forceinline__ void grouped_gemm_nn(const P& p, const void* a_ptr, const void* b_ptr) {
-  using S = typename Epi::S;
-  using A = typename S::A;
-  using B = typename S::B;
-  using SplitT = typename Epi::SplitT;
-  constexpr int kK = Epi::kK, kN = Epi::kN;
-  static_assert(kK % 8 == 0 && kN % 8 == 0, "K and N must be multiples of 8 (16-byte rows)");
-  // Tails: K chunks past kK and B columns past kN are zero-filled (Epi::store skips the columns).
-  constexpr bool kKTail = kK % S::block_k != 0, kNTail = kN % S::block_n != 0;
-  static_assert(
-      Cfg::smem_bytes == S::smem_bytes,
-      "Cfg::smem_bytes != stages * (block_m * (block_k + 8) + block_k * (block_n + 8)) * 2");
-
-  int tile_m, tile_n;
-  grouped_block_coords(Cfg::group_m, tile_m, tile_n);
-  const RowTile rt = find_row_tile<SplitT, Cfg::experts, Cfg::block_m>(
-      static_cast<const SplitT*>(p.split_sizes), p.tokens, tile_m);
-  if (rt.row_begin >= rt.row_end) return;
-  if (rt.expert < 0) {
-    Epi::zero_rows(p, tile_n, rt.row_begin, rt.row_end);
-    return;
-  }
-
-  const unsigned char* a_src[A::loads];
-  unsigned int a_bytes[A::loads];
-  const unsigned char* a = static_cast<const unsigned char*>(a_ptr);
-#pragma unroll
-  for (int i = 0; i < A::loads; ++i) {
-    const long long row = rt.row_begin + A::copy_row() + i * A::rows_per_pass;
-    const bool valid = row < rt.row_end;
-    a_bytes[i] = valid ? 16u : 0u;
-    a_src[i] = a + (valid ? row : rt.row_begin) * (kK * 2LL) + A::copy_chunk() * 16;
-  }
-  // This thread's B row (a K index) and 8 columns, at K tile 0. Chunks outside [kK, kN) read
-  // nothing (src-size 0) from the expert's first element, a valid address.
-  const unsigned char* b_expert =
-      static_cast<const unsigned char*>(b_ptr) + static_cast<long long>(rt.expert) * kK * kN * 2;
-  const int b_col = tile_n * S::block_n + B::copy_chunk() * 8;
-  const bool b_col_ok = !kNTail || b_col < kN;
-  const unsigned char* b_src = b_expert + (static_cast<long long>(B::copy_row()) * kN + b_col) * 2;
-
-  auto load_a = [&](unsigned int dst, int kt) {
-    long long k_off = static_cast<long long>(kt) * S::block_k * 2;
-    unsigned int k_mask = ~0u;
-    if constexpr (kKTail) {
-      if (kt * S::block_k + A::copy_chunk() * 8 >= kK) {
-        k_off = -16LL * A::copy_chunk();  // the row's first chunk: a valid address
-        k_mask = 0u;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < A::loads; ++i)
-      cp_async_16(dst + i * A::pass_bytes, a_src[i] + k_off, a_bytes[i] & k_mask);
-  };
-  auto load_b = [&](unsigned int dst, int kt) {
-    const unsigned char* s = b_src + static_cast<long long>(kt) * S::block_k * (kN * 2LL);
-#pragma unroll
-    for (int i = 0; i < B::loads; ++i) {
-      const bool ok =
-          b_col_ok && (!kKTail || kt * S::block_k + B::copy_row() + i * B::rows_per_pass < kK);
-      cp_async_16(dst + i * B::pass_bytes, ok ? s + i * (B::rows_per_pass * kN * 2LL) : b_expert,
-                  ok ? 16u : 0u);
-    }
-  };
-  GemmMainloop<S> m;
-  m.run(dyn_smem(), load_a, load_b, (kK + S::block_k - 1) / S::block_k);
-  Epi::store(p, m.acc, rt, tile_n);
-}
-
-}  // namespace detail
 
 // ---- FC2 dgrad + activation backward ---------------------------------------------------------
 template <class Cfg>
 struct Fc2Dgrad {
-  using S = detail::NnShapeOf<Cfg>;
+  using S = TileShapeOf<Cfg, true, false>;
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr bool kGlu = is_glu(Cfg::act);
   static constexpr GluLayout kLayout = Cfg::glu_layout;
@@ -256,31 +176,23 @@ struct Fc2Dgrad {
   }
 
   // Tail rows: zero this column tile of act_scaled and the matching dpreact columns.
-  __device__ static void zero_rows(const Fc2DgradParams& p, int tile_n, long long r0,
-                                   long long r1) {
+  __device__ static void zero_rows(const Fc2DgradParams& p, int tile_n, long long r0, long long r1,
+                                   int tid, int nthreads) {
     const int c0 = tile_n * Cfg::block_n;
-    const int groups = detail::groups_in(c0, Cfg::block_n, kF);
-    detail::zero_groups(p.act_scaled, kF, r0, r1, groups, [=](int g) { return c0 + g * 8; });
-    if constexpr (kGlu) {
-      // An 8-column group stays inside one 32-column block: its gate / lin columns are contiguous.
-      detail::zero_groups(p.dpreact, kF1, r0, r1, 2 * groups, [=](int g) {
-        const int c = c0 + (g >> 1) * 8;
-        return (g & 1) ? lin_col<kLayout>(c, kF) : gate_col<kLayout>(c, kF);
-      });
-    } else {
-      detail::zero_groups(p.dpreact, kF1, r0, r1, groups, [=](int g) { return c0 + g * 8; });
-    }
+    const int groups = groups_in(c0, Cfg::block_n, kF);
+    zero_groups(p.act_scaled, kF, r0, r1, groups, tid, nthreads, [=](int g) { return c0 + g * 8; });
+    zero_preact_groups<kGlu, kLayout, kF>(p.dpreact, kF1, r0, r1, c0, groups, tid, nthreads);
   }
 
   __device__ static void run(const Fc2DgradParams& p) {
-    detail::grouped_gemm_nn<Cfg, Fc2Dgrad>(p, p.dy, p.w2);
+    grouped_gemm<Cfg, Fc2Dgrad>(p, p.dy, p.w2);
   }
 };
 
 // ---- FC1 dgrad: dx = dh · W1_g ----------------------------------------------------------------
 template <class Cfg>
 struct Fc1Dgrad {
-  using S = detail::NnShapeOf<Cfg>;
+  using S = TileShapeOf<Cfg, true, false>;
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kH = Cfg::hidden;
   static constexpr int kF1 = is_glu(Cfg::act) ? 2 * Cfg::ffn : Cfg::ffn;
@@ -312,14 +224,14 @@ struct Fc1Dgrad {
   }
 
   __device__ static void zero_rows(const GroupedGemmParams& p, int tile_n, long long r0,
-                                   long long r1) {
+                                   long long r1, int tid, int nthreads) {
     const int c0 = tile_n * Cfg::block_n;
-    detail::zero_groups(p.out, kH, r0, r1, detail::groups_in(c0, Cfg::block_n, kH),
-                        [=](int g) { return c0 + g * 8; });
+    zero_groups(p.out, kH, r0, r1, groups_in(c0, Cfg::block_n, kH), tid, nthreads,
+                [=](int g) { return c0 + g * 8; });
   }
 
   __device__ static void run(const GroupedGemmParams& p) {
-    detail::grouped_gemm_nn<Cfg, Fc1Dgrad>(p, p.a, p.b);
+    grouped_gemm<Cfg, Fc1Dgrad>(p, p.a, p.b);
   }
 };
 

@@ -2,13 +2,13 @@
 // Weight- and bias-gradient kernels of the grouped MLP backward (BF16 in, fp32 out):
 //   GroupedWgrad:      out_g[M, N] (+)= A_gᵀ B_g, A [T, M], B [T, N] token-major, K = expert rows
 //   GroupedColumnSum:  out_g[N]    (+)= sum_t in[t, :] (· p_t)
-// Cfg fields and launch rules are documented in grouped_mlp_bwd.cuh.
+// Cfg fields and launch rules are documented in sm80_mlp_bwd.cuh.
 
 #include "gmjit/bf16.cuh"
 #include "gmjit/expert_schedule.cuh"
-#include "gmjit/gemm_sm80.cuh"
-#include "gmjit/grouped_mlp_fwd.cuh"
 #include "gmjit/params.cuh"
+#include "gmjit/sm80_gemm.cuh"
+#include "gmjit/sm80_grouped_gemm.cuh"
 
 namespace gmjit::kt {
 
@@ -37,8 +37,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 // ---- GroupedWgrad: out_g = A_gᵀ B_g, both operands MN-major tiles (token rows = K) ----------
 template <class Cfg>
 struct GroupedWgrad {
-  using S = GemmShape<Cfg::block_m, Cfg::block_n, Cfg::block_k, Cfg::stages, Cfg::warps_m,
-                      Cfg::warps_n, false, false>;
+  using S = TileShapeOf<Cfg, false, false>;
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kM = Cfg::rows, kN = Cfg::cols;
   // Widths that are not multiples of the tile end in partial tiles: columns past kM / kN are
@@ -76,22 +75,14 @@ struct GroupedWgrad {
         static_cast<const unsigned char*>(p.b) + (b_col_ok ? b_col : 0) * 2;
     const int a_row = A::copy_row(), b_row = B::copy_row();
     auto load_a = [&](unsigned int dst, int kt) {
-      const long long t0 = beg + static_cast<long long>(kt) * Cfg::block_k + a_row;
-#pragma unroll
-      for (int i = 0; i < A::loads; ++i) {
-        const long long t = t0 + i * A::rows_per_pass;
-        const bool ok = t < end && a_col_ok;
-        cp_async_16(dst + i * A::pass_bytes, a_base + (ok ? t : beg) * (kM * 2LL), ok ? 16u : 0u);
-      }
+      copy_token_rows<A>(dst, a_base, kM * 2LL,
+                         beg + static_cast<long long>(kt) * Cfg::block_k + a_row, beg, end,
+                         a_col_ok);
     };
     auto load_b = [&](unsigned int dst, int kt) {
-      const long long t0 = beg + static_cast<long long>(kt) * Cfg::block_k + b_row;
-#pragma unroll
-      for (int i = 0; i < B::loads; ++i) {
-        const long long t = t0 + i * B::rows_per_pass;
-        const bool ok = t < end && b_col_ok;
-        cp_async_16(dst + i * B::pass_bytes, b_base + (ok ? t : beg) * (kN * 2LL), ok ? 16u : 0u);
-      }
+      copy_token_rows<B>(dst, b_base, kN * 2LL,
+                         beg + static_cast<long long>(kt) * Cfg::block_k + b_row, beg, end,
+                         b_col_ok);
     };
     GemmMainloop<S> m;
     m.run(detail::dyn_smem(), load_a, load_b, k_tiles);

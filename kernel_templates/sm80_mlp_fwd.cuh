@@ -1,6 +1,7 @@
 #pragma once
 // Forward kernels of the grouped MLP (BF16): FC1 (+ bias, activation, * probs) and FC2
-// (+ bias * probs). Both are the NT grouped GEMM of gemm_nt_sm80.cuh with different epilogues.
+// (+ bias * probs). Both are the NT grouped GEMM of sm80_grouped_gemm.cuh (K-major A and B) with
+// different epilogues.
 //
 // Config structs (all `static constexpr`), written by codegen:
 //   experts, hidden, ffn     int    E, H, F (multiples of 8: 16-byte rows). Widths that are not
@@ -32,103 +33,16 @@
 
 #include "gmjit/activations.cuh"
 #include "gmjit/bf16.cuh"
-#include "gmjit/expert_schedule.cuh"
-#include "gmjit/gemm_nt_sm80.cuh"
 #include "gmjit/params.cuh"
+#include "gmjit/sm80_grouped_gemm.cuh"
+#include "gmjit/tail_rows.cuh"
 
 namespace gmjit::kt {
-
-namespace detail {
-
-__device__ __forceinline__ unsigned char* dyn_smem() {
-  extern __shared__ __align__(128) unsigned char gmjit_dyn_smem[];
-  return gmjit_dyn_smem;
-}
-
-template <class Cfg>
-using ShapeOf =
-    TileShape<Cfg::block_m, Cfg::block_n, Cfg::block_k, Cfg::stages, Cfg::warps_m, Cfg::warps_n>;
-
-// Shared body: schedule, operand addresses, mainloop, then Epi::store (expert tiles) or
-// Epi::zero_rows (tail tiles).
-//   Epi::kN        GEMM columns per expert (B rows per expert)
-//   Epi::kK        reduction length
-//   Epi::b_row(tile_n, r)  B row (within the expert) for B-tile row r
-//   Epi::b_valid(tile_n, r)  whether that row exists (false past the output width: zero-filled)
-template <class Cfg, class Epi>
-__device__ __forceinline__ void grouped_gemm_nt(const GroupedGemmParams& p) {
-  using S = ShapeOf<Cfg>;
-  using SplitT = typename Epi::SplitT;
-  static_assert(Epi::kK % 8 == 0, "K must be a multiple of 8 (16-byte rows)");
-  constexpr int kKTail = Epi::kK % S::block_k != 0 ? Epi::kK : 0;
-  static_assert(Cfg::smem_bytes == S::smem_bytes,
-                "Cfg::smem_bytes != stages * (block_m + block_n) * (block_k + 8) * 2");
-
-  int tile_m, tile_n;
-  grouped_block_coords(Cfg::group_m, tile_m, tile_n);
-  const RowTile rt = find_row_tile<SplitT, Cfg::experts, Cfg::block_m>(
-      static_cast<const SplitT*>(p.split_sizes), p.tokens, tile_m);
-  if (rt.row_begin >= rt.row_end) return;  // past the last tile
-  if (rt.expert < 0) {
-    Epi::zero_rows(p, tile_n, rt.row_begin, rt.row_end);
-    return;
-  }
-
-  using Main = NtMainloop<S, kKTail>;
-  const unsigned char* a_src[S::a_loads];
-  unsigned int a_bytes[S::a_loads];
-  const unsigned char* b_src[S::b_loads];
-  unsigned int b_bytes[S::b_loads];
-  const int row0 = Main::copy_row();
-  const long long chunk_bytes = Main::copy_chunk() * 16;
-  const unsigned char* a = static_cast<const unsigned char*>(p.a);
-#pragma unroll
-  for (int i = 0; i < S::a_loads; ++i) {
-    const long long row = rt.row_begin + row0 + i * S::rows_per_pass;
-    const bool valid = row < rt.row_end;
-    a_bytes[i] = valid ? 16u : 0u;
-    a_src[i] = a + (valid ? row : rt.row_begin) * (Epi::kK * 2LL) + chunk_bytes;
-  }
-  const unsigned char* b = static_cast<const unsigned char*>(p.b) +
-                           static_cast<long long>(rt.expert) * Epi::kN * (Epi::kK * 2LL);
-#pragma unroll
-  for (int i = 0; i < S::b_loads; ++i) {
-    const int r = row0 + i * S::rows_per_pass;
-    const bool valid = Epi::b_valid(tile_n, r);
-    b_bytes[i] = valid ? 16u : 0u;
-    b_src[i] = b + (valid ? Epi::b_row(tile_n, r) : 0) * (Epi::kK * 2LL) + chunk_bytes;
-  }
-
-  Main m;
-  m.run(dyn_smem(), a_src, a_bytes, b_src, b_bytes, (Epi::kK + S::block_k - 1) / S::block_k);
-  Epi::store(p, m.acc, rt, tile_n);
-}
-
-// 8-column groups of a tile of `tile_cols` output columns starting at c0 that lie inside a
-// matrix `cols` wide (fewer for the partial last tile of a width with a tail).
-__device__ __forceinline__ int groups_in(int c0, int tile_cols, int cols) {
-  return (cols - c0 < tile_cols ? cols - c0 : tile_cols) / 8;
-}
-
-// Zeroes rows [r0, r1) x 8-column groups [0, groups) of a bf16 matrix with row stride `ld`;
-// group g starts at column col_of(g).
-template <class ColOf>
-__device__ __forceinline__ void zero_groups(void* base, long long ld, long long r0, long long r1,
-                                            int groups, ColOf col_of) {
-  unsigned short* out = static_cast<unsigned short*>(base);
-  const long long items = (r1 - r0) * groups;
-  for (long long it = threadIdx.x; it < items; it += blockDim.x) {
-    const long long row = r0 + it / groups;
-    store_zero16(out + row * ld + col_of(static_cast<int>(it % groups)));
-  }
-}
-
-}  // namespace detail
 
 // ---- FC1: out = bf16(act(x W1ᵀ + b1) * p), optionally preact_out = bf16(x W1ᵀ + b1) -----------
 template <class Cfg>
 struct Fc1 {
-  using S = detail::ShapeOf<Cfg>;
+  using S = TileShapeOf<Cfg>;
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr bool kGlu = is_glu(Cfg::act);
   static constexpr GluLayout kLayout = Cfg::glu_layout;
@@ -235,33 +149,24 @@ struct Fc1 {
 
   // Tail rows: zero this column tile of `out` and the matching pre-activation columns.
   __device__ static void zero_rows(const GroupedGemmParams& p, int tile_n, long long r0,
-                                   long long r1) {
+                                   long long r1, int tid, int nthreads) {
     const int c0 = tile_n * block_n_out;
-    const int groups = detail::groups_in(c0, block_n_out, kNOut);
-    detail::zero_groups(p.out, kNOut, r0, r1, groups, [=](int g) { return c0 + g * 8; });
-    if constexpr (Cfg::save_preact) {
-      if constexpr (kGlu) {
-        // Each 8-column group stays inside one 32-column block, so its gate (and lin) columns
-        // are contiguous in both layouts.
-        detail::zero_groups(p.preact_out, kN, r0, r1, 2 * groups, [=](int g) {
-          const int c = c0 + (g >> 1) * 8;
-          return (g & 1) ? lin_col<kLayout>(c, Cfg::ffn) : gate_col<kLayout>(c, Cfg::ffn);
-        });
-      } else {
-        detail::zero_groups(p.preact_out, kN, r0, r1, groups, [=](int g) { return c0 + g * 8; });
-      }
-    }
+    const int groups = groups_in(c0, block_n_out, kNOut);
+    zero_groups(p.out, kNOut, r0, r1, groups, tid, nthreads, [=](int g) { return c0 + g * 8; });
+    if constexpr (Cfg::save_preact)
+      zero_preact_groups<kGlu, kLayout, Cfg::ffn>(p.preact_out, kN, r0, r1, c0, groups, tid,
+                                                  nthreads);
   }
 
   __device__ static void run(const GroupedGemmParams& p) {
-    detail::grouped_gemm_nt<Cfg, Fc1>(p);
+    grouped_gemm<Cfg, Fc1>(p, p.a, p.b);
   }
 };
 
 // ---- FC2: y = bf16(a W2ᵀ + b2 * p), a = FC1's output (already scaled by p) --------------------
 template <class Cfg>
 struct Fc2 {
-  using S = detail::ShapeOf<Cfg>;
+  using S = TileShapeOf<Cfg>;
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kN = Cfg::hidden;
   static constexpr int kK = Cfg::ffn;
@@ -318,14 +223,14 @@ struct Fc2 {
   }
 
   __device__ static void zero_rows(const GroupedGemmParams& p, int tile_n, long long r0,
-                                   long long r1) {
+                                   long long r1, int tid, int nthreads) {
     const int c0 = tile_n * block_n_out;
-    detail::zero_groups(p.out, kNOut, r0, r1, detail::groups_in(c0, block_n_out, kNOut),
-                        [=](int g) { return c0 + g * 8; });
+    zero_groups(p.out, kNOut, r0, r1, groups_in(c0, block_n_out, kNOut), tid, nthreads,
+                [=](int g) { return c0 + g * 8; });
   }
 
   __device__ static void run(const GroupedGemmParams& p) {
-    detail::grouped_gemm_nt<Cfg, Fc2>(p);
+    grouped_gemm<Cfg, Fc2>(p, p.a, p.b);
   }
 };
 
