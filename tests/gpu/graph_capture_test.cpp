@@ -69,65 +69,57 @@ void run_training_step(Engine& engine, TrainingLayer& t, CUstream stream) {
   engine.backward(context, Recipe::bf16(), t.grads, stream);
 }
 
+using Step = void (*)(Engine&, TrainingLayer&, CUstream);
+
+struct EagerAndReplayed {
+  std::vector<std::vector<std::byte>> eager, replayed;
+};
+
+// Runs `step` eagerly on one stream, then captures it on a stream the engine has never seen and
+// replays the graph `replays` times into poisoned outputs.
+EagerAndReplayed eager_then_replayed(TrainingLayer& t, Step step, int replays) {
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  EagerAndReplayed result;
+  Stream eager;
+  step(engine, t, eager.handle);
+  eager.synchronize();
+  result.eager = t.outputs();
+  t.poison_outputs();
+  Stream capture;
+  CapturedGraph graph(capture.handle, [&] { step(engine, t, capture.handle); });
+  graph.replay(capture.handle, replays);
+  capture.synchronize();
+  result.replayed = t.outputs();
+  return result;
+}
+
+const char* const kOutputNames[] = {"y", "saved_preact", "dx", "dw1", "dw2", "db1", "db2"};
+
 TEST(GraphCapture, ForwardReplayedHundredTimesIsBitwiseEqualToEager) {
   GMJIT_REQUIRE_GPU();
   engine::ScopedContext scope(engine::DeviceRegistry::instance().get(0).context());
-  Engine engine(EngineOptions{.use_disk_cache = false});
   TrainingLayer t(capture_layer(false));
-  Stream eager;
-  run_forward(engine, t, eager.handle);
-  eager.synchronize();
-  const auto expected = t.outputs();
-  t.poison_outputs();
-
-  Stream capture;  // never seen by the engine before
-  CapturedGraph graph(capture.handle, [&] { run_forward(engine, t, capture.handle); });
-  graph.replay(capture.handle, 100);
-  capture.synchronize();
-  const auto replayed = t.outputs();
-  EXPECT_EQ(replayed[0], expected[0]) << "y";
-  EXPECT_EQ(replayed[1], expected[1]) << "saved_preact";
+  const auto r = eager_then_replayed(t, run_forward, 100);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(r.replayed[i], r.eager[i]) << kOutputNames[i];
 }
 
 TEST(GraphCapture, ForwardBackwardReplayedHundredTimesIsBitwiseEqualToEager) {
   GMJIT_REQUIRE_GPU();
   engine::ScopedContext scope(engine::DeviceRegistry::instance().get(0).context());
-  Engine engine(EngineOptions{.use_disk_cache = false});
   TrainingLayer t(capture_layer(false));
-  Stream eager;
-  run_training_step(engine, t, eager.handle);
-  eager.synchronize();
-  const auto expected = t.outputs();
-  t.poison_outputs();
-
-  Stream capture;
-  CapturedGraph graph(capture.handle, [&] { run_training_step(engine, t, capture.handle); });
-  graph.replay(capture.handle, 100);
-  capture.synchronize();
-  const auto replayed = t.outputs();
-  const char* names[] = {"y", "saved_preact", "dx", "dw1", "dw2", "db1", "db2"};
-  for (int i = 0; i < 7; ++i) EXPECT_EQ(replayed[i], expected[i]) << names[i];
+  const auto r = eager_then_replayed(t, run_training_step, 100);
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(r.replayed[i], r.eager[i]) << kOutputNames[i];
 }
 
 TEST(GraphCapture, RoutedForwardBackwardReplaysWithinFloatTolerance) {
   GMJIT_REQUIRE_GPU();
   engine::ScopedContext scope(engine::DeviceRegistry::instance().get(0).context());
-  Engine engine(EngineOptions{.use_disk_cache = false});
   TrainingLayer t(capture_layer(true));
-  Stream eager;
-  run_training_step(engine, t, eager.handle);
-  eager.synchronize();
-  const auto expected = t.outputs();
-  t.poison_outputs();
-  Stream capture;
-  CapturedGraph graph(capture.handle, [&] { run_training_step(engine, t, capture.handle); });
-  graph.replay(capture.handle, 10);
-  capture.synchronize();
-  const auto replayed = t.outputs();
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(replayed[i], expected[i]) << "output " << i;
+  const auto r = eager_then_replayed(t, run_training_step, 10);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(r.replayed[i], r.eager[i]) << kOutputNames[i];
   // dprobs: atomic partial sums, so only close.
-  const auto* got = reinterpret_cast<const float*>(replayed[7].data());
-  const auto* want = reinterpret_cast<const float*>(expected[7].data());
+  const auto* got = reinterpret_cast<const float*>(r.replayed[7].data());
+  const auto* want = reinterpret_cast<const float*>(r.eager[7].data());
   for (std::int64_t i = 0; i < t.host.tokens; ++i) {
     ASSERT_NEAR(got[i], want[i], 1e-4 + 1e-4 * std::abs(want[i])) << "dprobs[" << i << "]";
   }
@@ -153,8 +145,7 @@ TEST(GraphCapture, FirstCallDuringCaptureBuildsWithoutBreakingTheCapture) {
   graph.replay(capture.handle, 3);
   capture.synchronize();
   const auto replayed = t.outputs();
-  const char* names[] = {"y", "saved_preact", "dx", "dw1", "dw2", "db1", "db2"};
-  for (int i = 0; i < 7; ++i) EXPECT_EQ(replayed[i], expected[i]) << names[i];
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(replayed[i], expected[i]) << kOutputNames[i];
 }
 
 TEST(GraphCapture, ZeroTokenCallsCaptureToo) {
