@@ -62,7 +62,7 @@ int run_compile(const CompileOptions& o) {
   const EngineCounters& c = report.counters;
   std::printf(
       "%llu plan(s): compiled %llu kernel(s), %llu from the disk cache (%llu from a shared "
-      "layer), %llu written, in %.2f s; cache: %s\n",
+      "layer), %llu written, in %.3f s; cache: %s\n",
       static_cast<unsigned long long>(report.plans),
       static_cast<unsigned long long>(c.kernels_compiled),
       static_cast<unsigned long long>(c.disk_reads),
