@@ -12,6 +12,7 @@
 #include <limits>
 #include <mutex>
 #include <random>
+#include <system_error>
 #include <unordered_set>
 
 #include "cache/fs_util.hpp"
@@ -64,10 +65,26 @@ DiskCache::DiskCache(DiskCacheConfig config)
   if (!config_.root.empty()) directory_ = config_.root / layout::version_dir_name();
   if (config_.disabled) return;
   for (const std::filesystem::path& root : config_.shared_roots) {
+    std::error_code error;  // either missing: not the same directory
+    if (std::filesystem::equivalent(root, config_.root, error)) {
+      // It would serve every hit as "shared" and never have its stamps refreshed.
+      warn("gmjit cache: GMJIT_CACHE_SHARED_DIR names the local cache " + root.string() +
+           "; not using it as a shared layer");
+      continue;
+    }
     DiskCacheConfig layer;
     layer.root = root;
     layer.max_bytes = config_.max_bytes;  // unused: a shared layer is never evicted
-    layer.warn = config_.warn;
+    // Through this object's warn(): one sink, called by one thread at a time for all layers.
+    // State lives on the heap, so the pointer survives moves of this object.
+    layer.warn = [state = state_.get(), sink = config_.warn](std::string_view message) {
+      const std::lock_guard<std::mutex> lock(state->warn_mutex);
+      if (sink) {
+        sink(message);
+      } else {
+        std::fprintf(stderr, "%.*s\n", static_cast<int>(message.size()), message.data());
+      }
+    };
     shared_.push_back(DiskCache(std::move(layer), SharedLayerTag{}));
   }
 }

@@ -167,6 +167,19 @@ TEST(SharedLayer, LayersAreConsultedInTheOrderGivenThenTheLocalOne) {
   EXPECT_EQ(warnings.size(), 0u) << warnings.all();
 }
 
+TEST(SharedLayer, TheLocalDirectoryNamedAsASharedLayerIsSkippedWithAWarning) {
+  TempDir tmp;
+  Fill(tmp.path() / "local", {1});
+  Warnings warnings;
+  DiskCache cache(Layered(tmp.path() / "local", {tmp.path() / "local" / "."}, warnings));
+  EXPECT_TRUE(cache.shared_stats().empty());
+  ASSERT_EQ(warnings.size(), 1u) << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find("names the local cache"), std::string::npos);
+  LoadOrigin origin;
+  EXPECT_EQ(cache.load(key_for(1), &origin), payload_for(key_for(1)));
+  EXPECT_FALSE(origin.shared);
+}
+
 TEST(SharedLayer, StatsAndListShowEachLayer) {
   TempDir tmp;
   Fill(tmp.path() / "a", {1, 2});
