@@ -159,10 +159,16 @@ std::shared_ptr<const fs::UniqueFd> DiskCache::open_directory(bool create,
   }
   fs::UniqueFd fd = fs::open_directory_at(AT_FDCWD, directory_.c_str());
   if (!fd.valid()) {
+    const int error = errno;
     // By path only to word the warning: lstat tells a symlink from a missing parent.
-    trusted_or_warn(directory_,
-                    fs::check_directory(
-                        directory_, shared_layer_ ? fs::Owners::self_or_root : fs::Owners::self));
+    fs::DirTrust trust = fs::check_directory(
+        directory_, shared_layer_ ? fs::Owners::self_or_root : fs::Owners::self);
+    // A shared layer someone else made may exist and be fine but not readable by this user
+    // (made 0700 and shipped without chmod a+rX): say so rather than miss silently.
+    if (shared_layer_ && trust == fs::DirTrust::kTrusted && error != ENOENT) {
+      trust = fs::DirTrust::kInaccessible;
+    }
+    trusted_or_warn(directory_, trust);
     return nullptr;
   }
   if (!trusted_or_warn(directory_, trust_of(fd.get()))) return nullptr;

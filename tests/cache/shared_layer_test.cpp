@@ -264,6 +264,18 @@ TEST(SharedLayerTrust, ReadableByOthersAndOwnedBySelfIsAccepted) {
   EXPECT_EQ(warnings.size(), 0u) << warnings.all();
 }
 
+TEST(SharedLayerTrust, UnreadableLayerIsAMissThatSaysWhy) {
+  if (running_as_root()) GTEST_SKIP() << "root reads any directory";
+  TempDir tmp;
+  Fill(tmp.path() / "shared", {1});
+  chmod((tmp.path() / "shared" / "v1").c_str(), 0);
+  Warnings warnings;
+  DiskCache cache(Layered(tmp.path() / "local", {tmp.path() / "shared"}, warnings));
+  EXPECT_FALSE(cache.load(key_for(1)).has_value());
+  chmod((tmp.path() / "shared" / "v1").c_str(), 0700);
+  EXPECT_NE(warnings.all().find("not accessible"), std::string::npos) << warnings.all();
+}
+
 TEST(SharedLayerTrust, SymlinkInPlaceOfTheLayerIsRefused) {
   TempDir tmp;
   Fill(tmp.path() / "real", {1});
