@@ -276,6 +276,24 @@ TEST(SharedLayerTrust, UnreadableLayerIsAMissThatSaysWhy) {
   EXPECT_NE(warnings.all().find("not accessible"), std::string::npos) << warnings.all();
 }
 
+TEST(SharedLayerTrust, LayerOrEntryOwnedByAnotherOrdinaryUserIsRefused) {
+  if (!running_as_root()) GTEST_SKIP() << "making files owned by another user needs root";
+  constexpr uid_t kNobody = 65534;
+  TempDir tmp;
+  Fill(tmp.path() / "layer", {1});
+  Fill(tmp.path() / "entry", {1});
+  ASSERT_EQ(chown((tmp.path() / "layer" / "v1").c_str(), kNobody, kNobody), 0);
+  const stdfs::path entry = entry_files(tmp.path() / "entry").front();
+  ASSERT_EQ(chown(entry.c_str(), kNobody, kNobody), 0);
+  for (const char* name : {"layer", "entry"}) {
+    Warnings warnings;
+    DiskCache cache(Layered(tmp.path() / "local", {tmp.path() / name}, warnings));
+    EXPECT_FALSE(cache.load(key_for(1)).has_value()) << name;
+    EXPECT_NE(warnings.all().find("owned by another user"), std::string::npos) << warnings.all();
+  }
+  EXPECT_TRUE(stdfs::exists(entry));  // refused, never removed
+}
+
 TEST(SharedLayerTrust, SymlinkInPlaceOfTheLayerIsRefused) {
   TempDir tmp;
   Fill(tmp.path() / "real", {1});
