@@ -1,6 +1,7 @@
 // DiskCacheConfig::from_environment and its parsers.
 #include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "cache/disk_cache.hpp"
 
@@ -125,6 +126,22 @@ DiskCacheConfig DiskCacheConfig::from_environment(
   }
   config.read_only = parse_flag("GMJIT_CACHE_READONLY", getenv("GMJIT_CACHE_READONLY"), warnings);
 
+  if (const char* shared = non_empty(getenv("GMJIT_CACHE_SHARED_DIR"))) {
+    std::string_view rest = shared;
+    while (!rest.empty()) {
+      const std::size_t colon = rest.find(':');
+      const std::string_view item = rest.substr(0, colon);
+      rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
+      if (item.empty()) continue;  // "a::b" and a trailing ':' are harmless
+      if (item.front() != '/') {
+        // A relative layer would depend on the working directory of every rank.
+        warnings.push_back("gmjit cache: GMJIT_CACHE_SHARED_DIR entry '" + std::string(item) +
+                           "' is not an absolute path; ignoring it");
+        continue;
+      }
+      config.shared_roots.emplace_back(item);
+    }
+  }
   if (const char* dir = non_empty(getenv("GMJIT_CACHE_DIR"))) {
     config.root = dir;
   } else if (const char* xdg = non_empty(getenv("XDG_CACHE_HOME")); xdg && xdg[0] == '/') {

@@ -12,6 +12,7 @@
 #include <limits>
 #include <mutex>
 #include <random>
+#include <system_error>
 #include <unordered_set>
 
 #include "cache/fs_util.hpp"
@@ -50,8 +51,8 @@ struct DiskCache::State {
   std::atomic<std::uint64_t> stores_since_scan{0};
   std::mutex reported_mutex;
   std::unordered_set<std::string> reported_read_only;  // bad entries a read-only cache keeps
-  std::atomic<std::uint64_t> hits{0}, misses{0}, bad_entries{0}, stores{0}, store_failures{0},
-      evictions{0}, scans{0};
+  std::atomic<std::uint64_t> hits{0}, shared_hits{0}, misses{0}, bad_entries{0}, stores{0},
+      store_failures{0}, evictions{0}, scans{0};
 };
 
 DiskCache::DiskCache(DiskCacheConfig config)
@@ -62,6 +63,36 @@ DiskCache::DiskCache(DiskCacheConfig config)
     warn("gmjit cache: no cache directory configured; the disk cache is disabled");
   }
   if (!config_.root.empty()) directory_ = config_.root / layout::version_dir_name();
+  if (config_.disabled) return;
+  for (const std::filesystem::path& root : config_.shared_roots) {
+    std::error_code error;  // either missing: not the same directory
+    if (std::filesystem::equivalent(root, config_.root, error)) {
+      // It would serve every hit as "shared" and never have its stamps refreshed.
+      warn("gmjit cache: GMJIT_CACHE_SHARED_DIR names the local cache " + root.string() +
+           "; not using it as a shared layer");
+      continue;
+    }
+    DiskCacheConfig layer;
+    layer.root = root;
+    layer.max_bytes = config_.max_bytes;  // unused: a shared layer is never evicted
+    // Through this object's warn(): one sink, called by one thread at a time for all layers.
+    // State lives on the heap, so the pointer survives moves of this object.
+    layer.warn = [state = state_.get(), sink = config_.warn](std::string_view message) {
+      const std::lock_guard<std::mutex> lock(state->warn_mutex);
+      if (sink) {
+        sink(message);
+      } else {
+        std::fprintf(stderr, "%.*s\n", static_cast<int>(message.size()), message.data());
+      }
+    };
+    shared_.push_back(DiskCache(std::move(layer), SharedLayerTag{}));
+  }
+}
+
+DiskCache::DiskCache(DiskCacheConfig config, SharedLayerTag)
+    : config_(std::move(config)), shared_layer_(true), state_(std::make_unique<State>()) {
+  config_.read_only = true;  // never written, stamped, evicted or removed
+  directory_ = config_.root / layout::version_dir_name();
 }
 
 DiskCache::~DiskCache() = default;
@@ -96,14 +127,16 @@ bool DiskCache::trusted_or_warn(const std::filesystem::path& dir, fs::DirTrust t
   if (trust == fs::DirTrust::kTrusted) return true;
   if (trust != fs::DirTrust::kMissing && !state_->warned_untrusted.exchange(true)) {
     warn("gmjit cache: not using " + dir.string() + ": it is " + fs::to_string(trust) +
-         " (cached kernels are code; the directory must be private to the user)");
+         (shared_layer_ ? " (cached kernels are code; a shared layer must be owned by you or "
+                          "root and not writable by group or others)"
+                        : " (cached kernels are code; the directory must be private to the user)"));
   }
   return false;
 }
 
-namespace {
-constexpr int kDirFlags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
-}  // namespace
+fs::DirTrust DiskCache::trust_of(int dir_fd) const {
+  return fs::check_directory(dir_fd, shared_layer_ ? fs::Owners::self_or_root : fs::Owners::self);
+}
 
 // The versioned directory is opened once (not following a symlink in its place) and trusted by
 // what the open handle is; every later operation works relative to that handle, so swapping the
@@ -126,11 +159,19 @@ std::shared_ptr<const fs::UniqueFd> DiskCache::open_directory(bool create,
   }
   fs::UniqueFd fd = fs::open_directory_at(AT_FDCWD, directory_.c_str());
   if (!fd.valid()) {
+    const int error = errno;
     // By path only to word the warning: lstat tells a symlink from a missing parent.
-    trusted_or_warn(directory_, fs::check_directory(directory_));
+    fs::DirTrust trust = fs::check_directory(
+        directory_, shared_layer_ ? fs::Owners::self_or_root : fs::Owners::self);
+    // A shared layer someone else made may exist and be fine but not readable by this user
+    // (made 0700 and shipped without chmod a+rX): say so rather than miss silently.
+    if (shared_layer_ && trust == fs::DirTrust::kTrusted && error != ENOENT) {
+      trust = fs::DirTrust::kInaccessible;
+    }
+    trusted_or_warn(directory_, trust);
     return nullptr;
   }
-  if (!trusted_or_warn(directory_, fs::check_directory(fd.get()))) return nullptr;
+  if (!trusted_or_warn(directory_, trust_of(fd.get()))) return nullptr;
   state_->directory = std::make_shared<const fs::UniqueFd>(std::move(fd));
   return state_->directory;
 }
@@ -156,12 +197,31 @@ fs::UniqueFd DiskCache::open_fanout(int dir_fd, const std::string& name, bool cr
   }
   // The umask may have removed bits we need; never add any for group/others.
   if (created) fchmod(fd.get(), 0700);
-  if (!trusted_or_warn(directory_ / name, fs::check_directory(fd.get()))) return {};
+  if (!trusted_or_warn(directory_ / name, trust_of(fd.get()))) return {};
   return fd;
 }
 
-std::optional<std::vector<std::byte>> DiskCache::load(const Key128& key) {
+std::optional<std::vector<std::byte>> DiskCache::load(const Key128& key, LoadOrigin* origin) {
   if (config_.disabled) return std::nullopt;
+  for (DiskCache& layer : shared_) {
+    if (auto payload = layer.load_here(key)) {
+      ++state_->hits;
+      ++state_->shared_hits;
+      if (origin != nullptr) *origin = LoadOrigin{true, layer.directory_};
+      return payload;
+    }
+  }
+  if (auto payload = load_here(key)) {
+    ++state_->hits;
+    if (origin != nullptr) *origin = LoadOrigin{false, directory_};
+    return payload;
+  }
+  ++state_->misses;
+  return std::nullopt;
+}
+
+// This layer alone, without the hit/miss counters.
+std::optional<std::vector<std::byte>> DiskCache::load_here(const Key128& key) {
   try {
     if (const auto dir = open_directory(/*create=*/false, nullptr)) {
       const std::string fanout_name = layout::fanout_name(key);
@@ -173,7 +233,6 @@ std::optional<std::vector<std::byte>> DiskCache::load(const Key128& key) {
         for (const std::string& name : fs::list_directory(fanout.get())) {
           if (!name.starts_with(prefix) || !layout::parse_entry_file_name(name)) continue;
           if (auto payload = load_file(fanout.get(), name, directory_ / fanout_name / name, key)) {
-            ++state_->hits;
             return payload;
           }
         }
@@ -182,7 +241,6 @@ std::optional<std::vector<std::byte>> DiskCache::load(const Key128& key) {
   } catch (const std::exception& error) {
     warn_swallowed(Operation::load, error);
   }
-  ++state_->misses;
   return std::nullopt;
 }
 
@@ -197,8 +255,13 @@ std::optional<std::vector<std::byte>> DiskCache::load_file(int fanout_fd, const 
     if (errno == ELOOP) report_bad_entry(fanout_fd, name, path, -1, "is a symbolic link");
     return std::nullopt;  // ENOENT: evicted or replaced since the directory listing
   }
-  if (fs::info_of(fd.get()).uid != geteuid()) {
+  const fs::FileInfo info = fs::info_of(fd.get());
+  if (!fs::owner_allowed(info.uid, shared_layer_ ? fs::Owners::self_or_root : fs::Owners::self)) {
     report_bad_entry(fanout_fd, name, path, fd.get(), "owned by another user");
+    return std::nullopt;
+  }
+  if (shared_layer_ && (info.mode & (S_IWGRP | S_IWOTH)) != 0) {
+    report_bad_entry(fanout_fd, name, path, fd.get(), "writable by group or others");
     return std::nullopt;
   }
   std::vector<std::byte> bytes;
@@ -233,7 +296,8 @@ void DiskCache::report_bad_entry(int fanout_fd, const std::string& name,
   if (config_.read_only) {
     const std::lock_guard<std::mutex> lock(state_->reported_mutex);
     if (state_->reported_read_only.insert(path.string()).second) {
-      warn("gmjit cache: ignoring bad entry " + what + " (read-only cache, not removed)");
+      warn("gmjit cache: ignoring bad entry " + what +
+           (shared_layer_ ? " (shared layer, never removed)" : " (read-only cache, not removed)"));
     }
     return;
   }
@@ -491,15 +555,75 @@ std::vector<EntryListing> DiskCache::list() const {
   return listings;
 }
 
+std::vector<CacheStats> DiskCache::shared_stats() const {
+  std::vector<CacheStats> out;
+  for (const DiskCache& layer : shared_) {
+    out.push_back(layer.stats());
+    out.back().shared = true;
+  }
+  return out;
+}
+
+std::vector<EntryListing> DiskCache::list_shared() const {
+  std::vector<EntryListing> out;
+  for (const DiskCache& layer : shared_) {
+    for (EntryListing& listing : layer.list()) {
+      listing.shared = true;
+      out.push_back(std::move(listing));
+    }
+  }
+  return out;
+}
+
+std::vector<RawEntry> DiskCache::read_valid_entries(std::uint64_t* skipped) const {
+  std::vector<RawEntry> out;
+  std::uint64_t bad = 0;
+  if (!config_.disabled) {
+    try {
+      if (const auto dir = open_directory(/*create=*/false, nullptr)) {
+        const maintenance::Scan scan =
+            maintenance::scan(dir->get(), directory_, false, fs::now_ns());
+        ++state_->scans;
+        const fs::Owners owners = shared_layer_ ? fs::Owners::self_or_root : fs::Owners::self;
+        for (const maintenance::ScannedEntry& entry : scan.entries) {
+          const fs::UniqueFd fanout = fs::open_directory_at(dir->get(), entry.fanout.c_str());
+          const fs::UniqueFd fd(fanout.valid() && trust_of(fanout.get()) == fs::DirTrust::kTrusted
+                                    ? openat(fanout.get(), entry.name.c_str(),
+                                             O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+                                    : -1);
+          std::vector<std::byte> bytes;
+          if (!fd.valid() || !fs::owner_allowed(fs::info_of(fd.get()).uid, owners) ||
+              fs::read_file(fd.get(), kMaxEntryBytes, bytes) != 0 ||
+              !decode(bytes, entry.key).ok()) {
+            ++bad;
+            continue;
+          }
+          out.push_back(RawEntry{entry.name, std::move(bytes)});
+        }
+      }
+    } catch (const std::exception& error) {
+      warn_swallowed(Operation::list, error);
+    }
+  }
+  if (skipped != nullptr) *skipped = bad;
+  return out;
+}
+
 DiskCacheCounters DiskCache::counters() const {
   DiskCacheCounters c;
   c.hits = state_->hits;
+  c.shared_hits = state_->shared_hits;
   c.misses = state_->misses;
   c.bad_entries = state_->bad_entries;
   c.stores = state_->stores;
   c.store_failures = state_->store_failures;
   c.evictions = state_->evictions;
   c.scans = state_->scans;
+  for (const DiskCache& layer : shared_) {  // what the layers found on this object's behalf
+    const DiskCacheCounters inner = layer.counters();
+    c.bad_entries += inner.bad_entries;
+    c.scans += inner.scans;
+  }
   return c;
 }
 

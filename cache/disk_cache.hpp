@@ -45,6 +45,11 @@ class PublishHooks {
 
 struct DiskCacheConfig {
   std::filesystem::path root;  // the versioned directory is root / "v<format>"
+  // Read-only shared layers (GMJIT_CACHE_SHARED_DIR, a colon-separated list), consulted in order
+  // before root. Their entries are never written, stamped, evicted or removed; misses are
+  // compiled and published to root only. A layer's directories and entries must be owned by
+  // the effective user or by root and not writable by group or others (docs/DESIGN.md §5).
+  std::vector<std::filesystem::path> shared_roots;
   std::uint64_t max_bytes = 4ull << 30;
   bool disabled = false;   // GMJIT_CACHE_DISABLE
   bool read_only = false;  // GMJIT_CACHE_READONLY
@@ -60,7 +65,7 @@ struct DiskCacheConfig {
   std::vector<std::string> environment_warnings;
 
   // $GMJIT_CACHE_DIR, else $XDG_CACHE_HOME/gmjit, else $HOME/.cache/gmjit; plus the
-  // GMJIT_CACHE_MAXSIZE / _DISABLE / _READONLY variables.
+  // GMJIT_CACHE_MAXSIZE / _DISABLE / _READONLY / _SHARED_DIR variables.
   static DiskCacheConfig from_environment();
   // The same with a getenv replacement (returns nullptr when unset), for tests.
   static DiskCacheConfig from_environment(const std::function<const char*(const char*)>& getenv);
@@ -75,6 +80,7 @@ std::optional<std::uint64_t> parse_size(std::string_view text);
 std::optional<std::int64_t> parse_duration_seconds(std::string_view text);
 
 struct EntryListing {
+  bool shared = false;  // from a read-only shared layer (list_shared())
   Key128 key;
   EntryLabels labels;
   std::filesystem::path path;
@@ -87,14 +93,28 @@ struct CacheStats {
   std::uint64_t total_bytes = 0;
   std::uint64_t max_bytes = 0;
   bool writable = false;
+  bool shared = false;  // a read-only shared layer (shared_stats())
   std::filesystem::path directory;
+};
+
+// Which layer served a hit.
+struct LoadOrigin {
+  bool shared = false;
+  std::filesystem::path directory;  // the layer's versioned directory
+};
+
+// An entry file as it is on disk: its name in the fan-out directory and all its bytes.
+struct RawEntry {
+  std::string name;
+  std::vector<std::byte> bytes;
 };
 
 // What this DiskCache object did (not the whole directory): for logs and tests.
 struct DiskCacheCounters {
-  std::uint64_t hits = 0;
+  std::uint64_t hits = 0;         // from any layer
+  std::uint64_t shared_hits = 0;  // of which from a read-only shared layer
   std::uint64_t misses = 0;
-  std::uint64_t bad_entries = 0;  // failed a check (removed unless read-only)
+  std::uint64_t bad_entries = 0;  // failed a check (removed unless read-only or shared)
   std::uint64_t stores = 0;       // published
   std::uint64_t store_failures = 0;
   std::uint64_t evictions = 0;  // entries removed to honour max_bytes (not prune/clear)
@@ -109,8 +129,11 @@ class DiskCache {
   DiskCache& operator=(DiskCache&&) noexcept;
 
   // The payload stored under key, or nullopt on a miss (absent, disabled, or failed a check:
-  // such an entry is removed with one warning). A hit refreshes the entry's last-used stamp.
-  std::optional<std::vector<std::byte>> load(const Key128& key);
+  // such an entry is removed with one warning). Shared layers are tried first, in order, then
+  // the local one. A local hit refreshes the entry's last-used stamp; a shared layer is never
+  // modified (a bad entry there is a miss with one warning and stays). origin, when given, says
+  // which layer served a hit.
+  std::optional<std::vector<std::byte>> load(const Key128& key, LoadOrigin* origin = nullptr);
 
   // Publishes atomically. Returns false when the cache is disabled or read-only (silently: the
   // user asked for it) or unwritable (after one warning per DiskCache; stores are then skipped
@@ -122,8 +145,14 @@ class DiskCache {
   bool writable() const;
   const std::filesystem::path& directory() const { return directory_; }
 
+  // The local layer only; the shared layers have their own calls.
   CacheStats stats() const;
   std::vector<EntryListing> list() const;
+  std::vector<CacheStats> shared_stats() const;  // one per shared layer, in lookup order
+  std::vector<EntryListing> list_shared() const;
+  // Every entry of the local layer that passes the checks load() applies (owner, regular file,
+  // decode for the key in its name), untouched; others are skipped and counted in *skipped.
+  std::vector<RawEntry> read_valid_entries(std::uint64_t* skipped = nullptr) const;
   std::uint64_t clear();  // entries removed
   // Removes least-recently-used entries until the total is at most max_bytes, and entries not
   // used for older_than_seconds (when given; saturating, so a huge value removes nothing by age).
@@ -135,6 +164,11 @@ class DiskCache {
 
  private:
   struct State;
+  struct SharedLayerTag {};
+  DiskCache(DiskCacheConfig config, SharedLayerTag);
+
+  std::optional<std::vector<std::byte>> load_here(const Key128& key);
+  fs::DirTrust trust_of(int dir_fd) const;
 
   enum class Operation { load, store, prune, stats, list, count };
 
@@ -156,6 +190,8 @@ class DiskCache {
                          std::optional<std::int64_t> older_than_ns, bool from_store);
 
   DiskCacheConfig config_;
+  bool shared_layer_ = false;  // one of another DiskCache's read-only shared layers
+  std::vector<DiskCache> shared_;
   std::filesystem::path directory_;
   std::unique_ptr<State> state_;  // warn-once flags, counters, size estimate (movable object)
 };

@@ -114,23 +114,27 @@ int make_private_directories(const std::filesystem::path& dir) {
   return 0;
 }
 
-DirTrust check_directory(const std::filesystem::path& dir) {
+bool owner_allowed(uid_t uid, Owners owners) {
+  return uid == geteuid() || (owners == Owners::self_or_root && uid == 0);
+}
+
+DirTrust check_directory(const std::filesystem::path& dir, Owners owners) {
   struct stat st {};
   if (lstat(dir.c_str(), &st) != 0) {
     return (errno == ENOENT || errno == ENOTDIR) ? DirTrust::kMissing : DirTrust::kInaccessible;
   }
   if (S_ISLNK(st.st_mode)) return DirTrust::kSymlink;
   if (!S_ISDIR(st.st_mode)) return DirTrust::kNotDirectory;
-  if (st.st_uid != geteuid()) return DirTrust::kForeignOwner;
+  if (!owner_allowed(st.st_uid, owners)) return DirTrust::kForeignOwner;
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) return DirTrust::kWritableByOthers;
   return DirTrust::kTrusted;
 }
 
-DirTrust check_directory(int dir_fd) {
+DirTrust check_directory(int dir_fd, Owners owners) {
   struct stat st {};
   if (fstat(dir_fd, &st) != 0) return DirTrust::kInaccessible;
   if (!S_ISDIR(st.st_mode)) return DirTrust::kNotDirectory;
-  if (st.st_uid != geteuid()) return DirTrust::kForeignOwner;
+  if (!owner_allowed(st.st_uid, owners)) return DirTrust::kForeignOwner;
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) return DirTrust::kWritableByOthers;
   return DirTrust::kTrusted;
 }

@@ -67,11 +67,15 @@ enum class DirTrust {
   kForeignOwner,
   kWritableByOthers,
 };
-// A directory is trusted when it is a real directory (not a symlink), owned by the effective
-// user and not writable by group or others: a cubin loaded from it is code we will run.
-DirTrust check_directory(const std::filesystem::path& dir);
+// Who may own a directory we load code from: the effective user (the local cache), or also root
+// (a read-only shared layer shipped in an image or mounted by an administrator).
+enum class Owners { self, self_or_root };
+// A directory is trusted when it is a real directory (not a symlink), owned as `owners` allows
+// and not writable by group or others: a cubin loaded from it is code we will run.
+DirTrust check_directory(const std::filesystem::path& dir, Owners owners = Owners::self);
 // The same for an opened directory (nothing can be swapped between the check and the use).
-DirTrust check_directory(int dir_fd);
+DirTrust check_directory(int dir_fd, Owners owners = Owners::self);
+bool owner_allowed(uid_t uid, Owners owners);
 // Why open_directory_at(dir_fd, name) failed with `error`, from what is at that name now (with
 // O_DIRECTORY, Linux reports a symlink as ENOTDIR, not ELOOP).
 DirTrust trust_after_open_error(int dir_fd, const std::string& name, int error);

@@ -1,9 +1,16 @@
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <fstream>
+#include <iterator>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cache/bundle.hpp"
 #include "cache/disk_cache.hpp"
 #include "cli/commands.hpp"
 #include "gmjit/error.hpp"
@@ -13,18 +20,61 @@ namespace {
 
 nlohmann::json stats_json(const cache::CacheStats& s) {
   return {{"directory", s.directory.string()},
+          {"layer", s.shared ? "shared" : "local"},
           {"entries", s.entries},
           {"total_bytes", s.total_bytes},
           {"max_bytes", s.max_bytes},
           {"writable", s.writable}};
 }
 
+void print_stats(const cache::CacheStats& s) {
+  std::printf("%s layer: %s\n  entries:   %llu\n", s.shared ? "shared" : "local",
+              s.directory.c_str(), static_cast<unsigned long long>(s.entries));
+  if (s.shared) {
+    std::printf("  size:      %.2f MiB\n  writable:  no (read-only shared layer)\n",
+                static_cast<double>(s.total_bytes) / (1 << 20));
+  } else {
+    std::printf("  size:      %.2f MiB of %.2f MiB\n  writable:  %s\n",
+                static_cast<double>(s.total_bytes) / (1 << 20),
+                static_cast<double>(s.max_bytes) / (1 << 20), s.writable ? "yes" : "no");
+  }
+}
+
+std::vector<std::byte> read_whole_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(Status::invalid_argument, fmt::format("import '{}': cannot open", path));
+  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> bytes(chars.size());
+  if (!chars.empty()) std::memcpy(bytes.data(), chars.data(), chars.size());
+  return bytes;
+}
+
+// Written next to the target and renamed over it: a reader never sees half a bundle.
+void write_file_atomically(const std::string& path, const std::vector<std::byte>& bytes) {
+  const std::string temp = path + ".tmp-" + std::to_string(::getpid());
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    if (!out) {
+      std::remove(temp.c_str());
+      throw Error(Status::internal, fmt::format("export '{}': cannot write {}", path, temp));
+    }
+  }
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    std::remove(temp.c_str());
+    throw Error(Status::internal, fmt::format("export '{}': cannot rename {} to it", path, temp));
+  }
+}
+
 }  // namespace
 
 void add_cache_options(CLI::App& command, CacheCommand& o) {
-  command.add_option("action", o.action, "stats|list|clear|prune")
+  command.add_option("action", o.action, "stats|list|clear|prune|export|import")
       ->required()
-      ->check(CLI::IsMember({"stats", "list", "clear", "prune"}));
+      ->check(CLI::IsMember({"stats", "list", "clear", "prune", "export", "import"}));
+  command.add_option("file", o.file, "export/import: the bundle file");
   command.add_flag("--json", o.json, "machine-readable output");
   command.add_option("--max-size", o.max_size, "prune: keep at most this much (e.g. 512M, 2G)");
   command.add_option("--older-than", o.older_than, "prune: drop entries unused this long (7d)");
@@ -41,20 +91,28 @@ int run_cache(const CacheCommand& o) {
   }
   cache::DiskCache disk(config);
   nlohmann::json out;
+  if ((o.action == "export" || o.action == "import") && o.file.empty()) {
+    throw Error(Status::invalid_argument,
+                fmt::format("cache {}: expected a bundle FILE argument", o.action));
+  }
   if (o.action == "stats") {
-    out = stats_json(disk.stats());
-    if (!o.json) {
-      const auto s = disk.stats();
-      std::printf(
-          "directory: %s\nentries:   %llu\nsize:      %.2f MiB of %.2f MiB\nwritable:  %s\n",
-          s.directory.c_str(), static_cast<unsigned long long>(s.entries),
-          static_cast<double>(s.total_bytes) / (1 << 20),
-          static_cast<double>(s.max_bytes) / (1 << 20), s.writable ? "yes" : "no");
+    // The local layer's fields at the top level (as before layers existed), the shared layers
+    // in lookup order under "shared_layers".
+    const cache::CacheStats local = disk.stats();
+    out = stats_json(local);
+    out["shared_layers"] = nlohmann::json::array();
+    if (!o.json) print_stats(local);
+    for (const cache::CacheStats& layer : disk.shared_stats()) {
+      out["shared_layers"].push_back(stats_json(layer));
+      if (!o.json) print_stats(layer);
     }
   } else if (o.action == "list") {
     out = nlohmann::json::array();
-    for (const auto& e : disk.list()) {
+    std::vector<cache::EntryListing> listings = disk.list_shared();
+    for (auto& e : disk.list()) listings.push_back(std::move(e));
+    for (const auto& e : listings) {
       out.push_back({{"key", e.key.hex()},
+                     {"layer", e.shared ? "shared" : "local"},
                      {"kernel", e.labels.kernel},
                      {"arch", e.labels.arch},
                      {"grad", e.labels.grad_mode},
@@ -63,7 +121,8 @@ int run_cache(const CacheCommand& o) {
                      {"last_used_unix", e.last_used_unix},
                      {"path", e.path.string()}});
       if (!o.json) {
-        std::printf("%s %-7s %-6s %8llu B  %s\n", e.key.hex().c_str(), e.labels.arch.c_str(),
+        std::printf("%s %-6s %-7s %-6s %8llu B  %s\n", e.key.hex().c_str(),
+                    e.shared ? "shared" : "local", e.labels.arch.c_str(),
                     e.labels.grad_mode.c_str(), static_cast<unsigned long long>(e.size_bytes),
                     e.labels.kernel.c_str());
       }
@@ -72,6 +131,38 @@ int run_cache(const CacheCommand& o) {
     const auto removed = disk.clear();
     out = {{"removed", removed}};
     if (!o.json) std::printf("removed %llu entries\n", static_cast<unsigned long long>(removed));
+  } else if (o.action == "export") {
+    // The local layer's valid entries; shared layers are exported from their own directory
+    // (GMJIT_CACHE_DIR=<layer> gmjit cache export).
+    std::uint64_t skipped = 0;
+    const std::vector<cache::RawEntry> entries = disk.read_valid_entries(&skipped);
+    const std::vector<std::byte> bytes = cache::bundle::encode(entries);
+    write_file_atomically(o.file, bytes);
+    out = {{"exported", entries.size()},
+           {"skipped_bad", skipped},
+           {"bytes", bytes.size()},
+           {"file", o.file},
+           {"directory", disk.directory().string()}};
+    if (!o.json) {
+      std::printf("exported %zu entries (%llu bad ones skipped) from %s to %s (%.2f MiB)\n",
+                  entries.size(), static_cast<unsigned long long>(skipped),
+                  disk.directory().c_str(), o.file.c_str(),
+                  static_cast<double>(bytes.size()) / (1 << 20));
+    }
+  } else if (o.action == "import") {
+    const cache::bundle::ImportResult result =
+        cache::bundle::import_into(disk, read_whole_file(o.file));
+    if (!result.ok()) {
+      throw Error(Status::invalid_argument, fmt::format("import '{}': {}; {} entries published",
+                                                        o.file, result.error, result.published));
+    }
+    out = {
+        {"imported", result.published}, {"file", o.file}, {"directory", disk.directory().string()}};
+    if (!o.json) {
+      std::printf("imported %llu entries from %s into %s\n",
+                  static_cast<unsigned long long>(result.published), o.file.c_str(),
+                  disk.directory().c_str());
+    }
   } else {  // prune
     std::uint64_t max_bytes = disk.stats().max_bytes;
     if (!o.max_size.empty()) {

@@ -39,12 +39,14 @@ struct CompileOptions {
   std::vector<std::string> presets{std::string(bench::kDefaultPreset)};
   std::vector<std::string> arches{"sm_90a"};
   std::string grad = "both";
+  std::string specs;  // a JSON file of layer specs (cli/specs.hpp); replaces --preset/--grad
 };
 void add_compile_options(CLI::App& command, CompileOptions& options);
 int run_compile(const CompileOptions& options);
 
 struct CacheCommand {
-  std::string action;  // stats | list | clear | prune
+  std::string action;  // stats | list | clear | prune | export | import
+  std::string file;    // export / import: the bundle
   bool json = false;
   std::string max_size;
   std::string older_than;

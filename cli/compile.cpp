@@ -1,9 +1,9 @@
-#include <chrono>
 #include <cstdio>
 
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
+#include "cli/specs.hpp"
 #include "codegen/arch_limits.hpp"
 #include "codegen/nvrtc_compiler.hpp"
 #include "gmjit/gmjit.hpp"
@@ -21,6 +21,11 @@ void add_compile_options(CLI::App& command, CompileOptions& o) {
   command.add_option("--grad", o.grad, "on|off|both")
       ->check(CLI::IsMember({"on", "off", "both"}))
       ->capture_default_str();
+  command
+      .add_option("--specs", o.specs,
+                  "JSON list of layer specs (every MoE layer of a model); replaces --preset "
+                  "and --grad, --arch is the default for entries without \"arches\"")
+      ->check(CLI::ExistingFile);
 }
 
 int run_compile(const CompileOptions& o) {
@@ -31,38 +36,39 @@ int run_compile(const CompileOptions& o) {
                               codegen::supported_arch_names()));
     }
   }
-  std::vector<GradMode> modes;
-  if (o.grad != "on") modes.push_back(GradMode::no_grad);
-  if (o.grad != "off") modes.push_back(GradMode::grad);
-  Engine engine;
-  const auto start = std::chrono::steady_clock::now();
-  for (const auto& name : o.presets) {
-    const bench::Preset preset = *bench::find_preset(name);
-    for (const auto& arch : o.arches) {
-      for (GradMode grad : modes) {
-        const auto info = engine.prepare(preset.layer, Recipe::bf16(), grad, arch);
-        std::printf("%-10s %-7s %-9s %zu kernels\n", name.c_str(), arch.c_str(),
-                    grad == GradMode::grad ? "grad" : "no-grad", info.kernel_names.size());
-        if (grad == GradMode::grad) {
-          // The backward a grad-enabled forward is followed by: dx, dW1, dW2 (bias gradients
-          // when the layer has biases).
-          GradientSet gradients;
-          gradients.db1 = preset.layer.fc1_bias;
-          gradients.db2 = preset.layer.fc2_bias;
-          const auto bwd = engine.prepare_backward(preset.layer, Recipe::bf16(), gradients, arch);
-          std::printf("%-10s %-7s %-9s %zu kernels\n", name.c_str(), arch.c_str(), "backward",
-                      bwd.kernel_names.size());
-        }
+  std::vector<CompileSpec> specs;
+  if (!o.specs.empty()) {
+    specs = load_specs(o.specs, o.arches);
+  } else {
+    // --preset/--grad as specs: the common backward (dx, dW1, dW2, bias gradients when the
+    // layer has biases) after a grad-enabled forward.
+    for (const auto& name : o.presets) {
+      CompileSpec spec;
+      spec.name = name;
+      spec.layer = bench::find_preset(name)->layer;
+      spec.no_grad = o.grad != "on";
+      spec.grad = o.grad != "off";
+      if (spec.grad) {
+        GradientSet gradients;
+        gradients.db1 = spec.layer.fc1_bias;
+        gradients.db2 = spec.layer.fc2_bias;
+        spec.backward.push_back(gradients);
       }
+      spec.arches = o.arches;
+      specs.push_back(std::move(spec));
     }
   }
-  const EngineCounters c = engine.counters();
+  const CompileReport report = compile_specs(specs, /*print=*/true);
+  const EngineCounters& c = report.counters;
   std::printf(
-      "compiled %llu kernel(s), %llu from the disk cache, %llu written, in %.2f s; cache: %s\n",
+      "%llu plan(s): compiled %llu kernel(s), %llu from the disk cache (%llu from a shared "
+      "layer), %llu written, in %.3f s; cache: %s\n",
+      static_cast<unsigned long long>(report.plans),
       static_cast<unsigned long long>(c.kernels_compiled),
-      static_cast<unsigned long long>(c.disk_reads), static_cast<unsigned long long>(c.disk_writes),
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-      engine.cache_directory().empty() ? "(disabled)" : engine.cache_directory().c_str());
+      static_cast<unsigned long long>(c.disk_reads),
+      static_cast<unsigned long long>(c.disk_shared_reads),
+      static_cast<unsigned long long>(c.disk_writes), report.seconds,
+      report.cache_directory.empty() ? "(disabled)" : report.cache_directory.c_str());
   return 0;
 }
 

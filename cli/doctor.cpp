@@ -40,6 +40,16 @@ int run_doctor() {
               static_cast<double>(stats.max_bytes) / (1 << 20));
   std::printf("  writable:     %s%s\n", stats.writable ? "yes" : "no",
               config.read_only ? " (GMJIT_CACHE_READONLY)" : "");
+  const std::vector<cache::CacheStats> layers = disk.shared_stats();
+  if (layers.empty()) {
+    std::printf("  shared:       none (GMJIT_CACHE_SHARED_DIR unset)\n");
+  }
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    // A missing or untrusted layer shows 0 entries; the warning above says why when untrusted.
+    std::printf("  shared[%zu]:    %s, %llu entries, %.1f MiB, read-only\n", i,
+                layers[i].directory.c_str(), static_cast<unsigned long long>(layers[i].entries),
+                static_cast<double>(layers[i].total_bytes) / (1 << 20));
+  }
   return 0;
 }
 

@@ -201,6 +201,7 @@ EngineCounters Engine::counters() const {
   c.kernels_compiled = impl_->store_counters.kernels_compiled.load();
   c.nvrtc_seconds = static_cast<double>(impl_->store_counters.nvrtc_microseconds.load()) * 1e-6;
   c.disk_reads = impl_->store_counters.disk_reads.load();
+  c.disk_shared_reads = impl_->store_counters.disk_shared_reads.load();
   c.disk_writes = impl_->store_counters.disk_writes.load();
   c.memory_hits = impl_->memory_hits.load();
   if (engine::driver_available()) c.workspace_bytes = impl_->workspaces.reserved_bytes();

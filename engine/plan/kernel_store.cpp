@@ -131,14 +131,17 @@ std::shared_ptr<const CompiledKernel> KernelStore::load_or_compile(
     const codegen::KernelSource& source, const std::string& arch, const cache::Key128& key,
     const KernelLabels& labels) {
   if (disk_) {
-    if (auto bytes = disk_->load(key)) {
+    cache::LoadOrigin origin;
+    if (auto bytes = disk_->load(key, &origin)) {
       auto kernel = std::make_shared<CompiledKernel>();
       if (decode_payload(*bytes, *kernel) && kernel->entry == source.entry &&
           kernel->launch == source.launch) {
         kernel->key = key;
         kernel->arch = arch;
         ++counters_.disk_reads;
-        log(LogLevel::debug, "disk hit {} ({}, {})", source.entry, arch, key.hex());
+        if (origin.shared) ++counters_.disk_shared_reads;
+        log(LogLevel::debug, "disk hit {} ({}, {}) from the {} layer {}", source.entry, arch,
+            key.hex(), origin.shared ? "shared" : "local", origin.directory.string());
         return kernel;
       }
       log(LogLevel::warn,

@@ -38,6 +38,7 @@ struct StoreCounters {
   std::atomic<std::uint64_t> kernels_compiled{0};
   std::atomic<std::uint64_t> nvrtc_microseconds{0};  // summed over kernels
   std::atomic<std::uint64_t> disk_reads{0};
+  std::atomic<std::uint64_t> disk_shared_reads{0};  // of disk_reads, from a shared layer
   std::atomic<std::uint64_t> disk_writes{0};
 };
 

@@ -1,0 +1,248 @@
+#include "cli/specs.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "codegen/arch_limits.hpp"
+#include "codegen/nvrtc_compiler.hpp"
+#include "gmjit/error.hpp"
+
+namespace gmjit::cli {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void fail(const std::string& where, const std::string& expected,
+                       const json* got = nullptr) {
+  throw Error(Status::invalid_argument,
+              got ? fmt::format("{}: expected {}, got {}", where, expected, got->dump())
+                  : fmt::format("{}: {}", where, expected));
+}
+
+std::int64_t positive_integer(const json& entry, const std::string& where, const char* field,
+                              std::int64_t fallback, bool required) {
+  if (!entry.contains(field)) {
+    if (required) fail(where + "." + field, "is required (a positive integer)");
+    return fallback;
+  }
+  const json& value = entry.at(field);
+  if (!value.is_number_integer() || value.get<std::int64_t>() <= 0) {
+    fail(where + "." + field, "a positive integer", &value);
+  }
+  return value.get<std::int64_t>();
+}
+
+bool boolean(const json& entry, const std::string& where, const char* field, bool fallback) {
+  if (!entry.contains(field)) return fallback;
+  const json& value = entry.at(field);
+  if (!value.is_boolean()) fail(where + "." + field, "true or false", &value);
+  return value.get<bool>();
+}
+
+float number(const json& entry, const std::string& where, const char* field, float fallback) {
+  if (!entry.contains(field)) return fallback;
+  const json& value = entry.at(field);
+  if (!value.is_number()) fail(where + "." + field, "a number", &value);
+  return value.get<float>();
+}
+
+std::string text(const json& entry, const std::string& where, const char* field,
+                 const std::vector<std::string>& allowed, const std::string& fallback) {
+  if (!entry.contains(field)) return fallback;
+  const json& value = entry.at(field);
+  const std::string choices = fmt::format("one of {}", fmt::join(allowed, ", "));
+  if (!value.is_string()) fail(where + "." + field, choices, &value);
+  const std::string s = value.get<std::string>();
+  for (const auto& choice : allowed) {
+    if (s == choice) return s;
+  }
+  fail(where + "." + field, choices, &value);
+}
+
+GradientSet gradient_set(const json& value, const std::string& where) {
+  if (!value.is_array() || value.empty()) {
+    fail(where, "a non-empty list of dx, dw1, db1, dw2, db2", &value);
+  }
+  GradientSet set{false, false, false, false, false};
+  for (std::size_t j = 0; j < value.size(); ++j) {
+    const json& item = value[j];
+    const std::string at = fmt::format("{}[{}]", where, j);
+    if (!item.is_string()) fail(at, "one of dx, dw1, db1, dw2, db2", &item);
+    const std::string name = item.get<std::string>();
+    bool* flag = name == "dx"    ? &set.dx
+                 : name == "dw1" ? &set.dw1
+                 : name == "db1" ? &set.db1
+                 : name == "dw2" ? &set.dw2
+                 : name == "db2" ? &set.db2
+                                 : nullptr;
+    if (flag == nullptr) fail(at, "one of dx, dw1, db1, dw2, db2", &item);
+    *flag = true;
+  }
+  return set;
+}
+
+const std::set<std::string>& known_fields() {
+  static const std::set<std::string> fields = {
+      "name",   "experts",    "hidden",   "ffn",      "activation",   "limit",
+      "alpha",  "glu_layout", "fc1_bias", "fc2_bias", "router_probs", "split_dtype",
+      "recipe", "grad",       "backward", "arches"};
+  return fields;
+}
+
+CompileSpec parse_entry(const json& entry, std::size_t index,
+                        const std::vector<std::string>& default_arches) {
+  const std::string where = fmt::format("specs[{}]", index);
+  if (!entry.is_object()) fail(where, "an object describing a layer", &entry);
+  for (const auto& [key, value] : entry.items()) {
+    if (!known_fields().contains(key)) {
+      fail(where,
+           fmt::format("unknown field '{}' (known: {})", key, fmt::join(known_fields(), ", ")));
+    }
+  }
+  CompileSpec spec;
+  spec.name = where;
+  if (entry.contains("name")) {
+    if (!entry.at("name").is_string()) fail(where + ".name", "a string", &entry.at("name"));
+    spec.name = entry.at("name").get<std::string>();
+  }
+  LayerSpec& layer = spec.layer;
+  layer.experts = positive_integer(entry, where, "experts", 0, true);
+  layer.hidden = positive_integer(entry, where, "hidden", 0, true);
+  layer.ffn = positive_integer(entry, where, "ffn", 0, true);
+  const std::string activation =
+      text(entry, where, "activation",
+           {"swiglu", "geglu", "clamped_swiglu", "srelu", "gelu", "relu"}, "swiglu");
+  for (auto kind : {Activation::swiglu, Activation::geglu, Activation::clamped_swiglu,
+                    Activation::srelu, Activation::gelu, Activation::relu}) {
+    if (activation == activation_name(kind)) layer.activation.kind = kind;
+  }
+  layer.activation.limit = number(entry, where, "limit", layer.activation.limit);
+  layer.activation.alpha = number(entry, where, "alpha", layer.activation.alpha);
+  layer.activation.layout =
+      text(entry, where, "glu_layout", {"halves", "interleaved32"}, "halves") == "halves"
+          ? GluLayout::halves
+          : GluLayout::interleaved32;
+  layer.fc1_bias = boolean(entry, where, "fc1_bias", false);
+  layer.fc2_bias = boolean(entry, where, "fc2_bias", false);
+  layer.router_probs = boolean(entry, where, "router_probs", false);
+  layer.split_dtype = text(entry, where, "split_dtype", {"int64", "int32"}, "int64") == "int32"
+                          ? DType::i32
+                          : DType::i64;
+  text(entry, where, "recipe", {"bf16"}, "bf16");  // the only recipe today
+  const std::string grad = text(entry, where, "grad", {"no_grad", "grad", "both"}, "both");
+  spec.no_grad = grad != "grad";
+  spec.grad = grad != "no_grad";
+  if (entry.contains("backward")) {
+    const json& sets = entry.at("backward");
+    if (!sets.is_array()) fail(where + ".backward", "a list of gradient lists", &sets);
+    if (!spec.grad && !sets.empty()) {
+      fail(where + ".backward", "nothing: grad is \"no_grad\", so no backward is prepared");
+    }
+    for (std::size_t j = 0; j < sets.size(); ++j) {
+      spec.backward.push_back(gradient_set(sets[j], fmt::format("{}.backward[{}]", where, j)));
+    }
+  } else if (spec.grad) {
+    // The backward a grad-enabled forward is usually followed by.
+    GradientSet common;
+    common.db1 = layer.fc1_bias;
+    common.db2 = layer.fc2_bias;
+    spec.backward.push_back(common);
+  }
+  if (entry.contains("arches")) {
+    const json& arches = entry.at("arches");
+    if (!arches.is_array() || arches.empty()) {
+      fail(where + ".arches", "a non-empty list of arch names", &arches);
+    }
+    for (std::size_t j = 0; j < arches.size(); ++j) {
+      const json& arch = arches[j];
+      if (!arch.is_string() || !codegen::is_supported_arch(arch.get<std::string>())) {
+        fail(fmt::format("{}.arches[{}]", where, j), "one of " + codegen::supported_arch_names(),
+             &arch);
+      }
+      spec.arches.push_back(arch.get<std::string>());
+    }
+  } else {
+    spec.arches = default_arches;
+  }
+  return spec;
+}
+
+}  // namespace
+
+std::vector<CompileSpec> parse_specs(const json& document,
+                                     const std::vector<std::string>& default_arches) {
+  const json* list = &document;
+  if (document.is_object() && document.contains("layers")) list = &document.at("layers");
+  if (!list->is_array()) fail("specs", "a JSON list of layer specs (or {\"layers\": [...]})");
+  std::vector<CompileSpec> specs;
+  for (std::size_t i = 0; i < list->size(); ++i) {
+    specs.push_back(parse_entry((*list)[i], i, default_arches));
+  }
+  return specs;
+}
+
+std::vector<CompileSpec> load_specs(const std::string& path,
+                                    const std::vector<std::string>& default_arches) {
+  std::ifstream in(path);
+  if (!in) fail("--specs '" + path + "'", "cannot open the file");
+  json document;
+  try {
+    document = json::parse(in);
+  } catch (const json::parse_error& error) {
+    fail("--specs '" + path + "'", std::string("not valid JSON: ") + error.what());
+  }
+  try {
+    return parse_specs(document, default_arches);
+  } catch (const Error& error) {
+    throw Error(error.status(), fmt::format("--specs '{}': {}", path, error.what()));
+  }
+}
+
+CompileReport compile_specs(const std::vector<CompileSpec>& specs, bool print) {
+  CompileReport report;
+  const auto start = std::chrono::steady_clock::now();
+  Engine engine;
+  const auto line = [print](const CompileSpec& spec, const std::string& arch, const char* what,
+                            std::size_t kernels) {
+    if (print) {
+      std::printf("%-16s %-7s %-9s %zu kernels\n", spec.name.c_str(), arch.c_str(), what, kernels);
+    }
+  };
+  for (const CompileSpec& spec : specs) {
+    try {
+      for (const std::string& arch : spec.arches) {
+        if (spec.no_grad) {
+          line(
+              spec, arch, "no-grad",
+              engine.prepare(spec.layer, spec.recipe, GradMode::no_grad, arch).kernel_names.size());
+          ++report.plans;
+        }
+        if (spec.grad) {
+          line(spec, arch, "grad",
+               engine.prepare(spec.layer, spec.recipe, GradMode::grad, arch).kernel_names.size());
+          ++report.plans;
+          for (const GradientSet& gradients : spec.backward) {
+            line(spec, arch, "backward",
+                 engine.prepare_backward(spec.layer, spec.recipe, gradients, arch)
+                     .kernel_names.size());
+            ++report.plans;
+          }
+        }
+      }
+    } catch (const Error& error) {
+      throw Error(error.status(),
+                  fmt::format("{} ({}): {}", spec.name, spec.layer.describe(), error.what()));
+    }
+  }
+  report.counters = engine.counters();
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.cache_directory = engine.cache_directory();
+  return report;
+}
+
+}  // namespace gmjit::cli

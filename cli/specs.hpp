@@ -1,0 +1,42 @@
+#pragma once
+// `gmjit compile --specs FILE.json`: every MoE layer of a model, compiled into the cache ahead of
+// time without a GPU. The format is described in docs/EXPERT_PARALLEL.md ("Warm a cluster's
+// cache"); parse errors name the entry index and the field.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "gmjit/gmjit.hpp"
+
+namespace gmjit::cli {
+
+struct CompileSpec {
+  std::string name;  // "name" or "specs[i]", for messages and the report
+  LayerSpec layer;
+  Recipe recipe = Recipe::bf16();
+  bool no_grad = true;  // prepare the no-grad forward
+  bool grad = true;     // prepare the grad-enabled forward and `backward`
+  std::vector<GradientSet> backward;
+  std::vector<std::string> arches;
+};
+
+// Throws Error(invalid_argument) naming "specs[i].field" and what was expected.
+std::vector<CompileSpec> parse_specs(const nlohmann::json& document,
+                                     const std::vector<std::string>& default_arches);
+std::vector<CompileSpec> load_specs(const std::string& path,
+                                    const std::vector<std::string>& default_arches);
+
+struct CompileReport {
+  std::uint64_t plans = 0;
+  EngineCounters counters;
+  double seconds = 0;
+  std::string cache_directory;
+};
+
+// Prepares every plan the specs name in one Engine (the cache comes from the environment).
+// print: one line per plan on stdout.
+CompileReport compile_specs(const std::vector<CompileSpec>& specs, bool print);
+
+}  // namespace gmjit::cli

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# End to end through the `gmjit` executable, no GPU: compile a spec file into cache A, export A,
+# import into an empty cache B (twice), then B serves every kernel; A as a shared layer serves a
+# "restarted rank" that writes nothing; a truncated bundle is refused and publishes nothing.
+set -euo pipefail
+gmjit="$1"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+unset GMJIT_CACHE_SHARED_DIR GMJIT_CACHE_DISABLE GMJIT_CACHE_READONLY
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+cat >"$work/model.json" <<'JSON'
+[{"name": "experts", "experts": 4, "hidden": 256, "ffn": 128, "router_probs": true,
+  "grad": "no_grad", "arches": ["sm_90a"]}]
+JSON
+GMJIT_CACHE_DIR="$work/a" "$gmjit" compile --specs "$work/model.json" >"$work/cold.txt"
+grep -q "compiled [1-9][0-9]* kernel" "$work/cold.txt" || fail "cold run compiled nothing: $(cat "$work/cold.txt")"
+
+GMJIT_CACHE_DIR="$work/a" "$gmjit" cache export "$work/a.gmjb" | grep -q "exported [1-9]" ||
+  fail "export wrote no entries"
+for round in 1 2; do
+  GMJIT_CACHE_DIR="$work/b" "$gmjit" cache import "$work/a.gmjb" | grep -q "imported [1-9]" ||
+    fail "import round $round"
+done
+GMJIT_CACHE_DIR="$work/b" "$gmjit" compile --specs "$work/model.json" | tail -1 >"$work/b.txt"
+grep -q "compiled 0 kernel" "$work/b.txt" || fail "imported cache missed: $(cat "$work/b.txt")"
+
+GMJIT_CACHE_SHARED_DIR="$work/a" GMJIT_CACHE_DIR="$work/local" \
+  "$gmjit" compile --specs "$work/model.json" | tail -1 >"$work/shared.txt"
+grep -q "compiled 0 kernel.*(\([1-9][0-9]*\) from a shared layer), 0 written" "$work/shared.txt" ||
+  fail "shared layer did not serve: $(cat "$work/shared.txt")"
+GMJIT_CACHE_SHARED_DIR="$work/a" GMJIT_CACHE_DIR="$work/local" "$gmjit" cache stats |
+  grep -q "shared layer: $work/a/v1" || fail "cache stats does not show the shared layer"
+
+head -c 3000 "$work/a.gmjb" >"$work/cut.gmjb"
+if GMJIT_CACHE_DIR="$work/c" "$gmjit" cache import "$work/cut.gmjb" 2>"$work/cut.err"; then
+  fail "a truncated bundle was imported"
+fi
+grep -q "truncated or damaged" "$work/cut.err" || fail "no reason given: $(cat "$work/cut.err")"
+[ ! -e "$work/c" ] || fail "a refused import created the cache"
+echo "ok"
