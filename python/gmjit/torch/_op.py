@@ -185,8 +185,8 @@ def _forward_impl(
 ) -> tuple[Tensor, Optional[Tensor]]:
     """Runs the engine's forward; returns y and (grad mode) FC1's bf16 pre-activation."""
     T, H = x.shape
-    y = torch.empty((T, H), dtype=_BF16, device=x.device)
-    saved = torch.empty((T, w1.shape[1]), dtype=_BF16, device=x.device) if save_preact else None
+    y = torch.empty(T, H, dtype=_BF16, device=x.device)
+    saved = torch.empty(T, w1.shape[1], dtype=_BF16, device=x.device) if save_preact else None
     if T == 0:  # zero-token rank: nothing to launch
         return y, saved
     device = _require_cuda(x)
@@ -258,7 +258,8 @@ def _run_backward(
     dw1 = like(w1, dtype=_F32, memory_format=cf) if wanted[1] and m1 is None else None
     db1 = None
     if wanted[2] and mb1 is None:
-        db1 = (torch.zeros if zeros else torch.empty)(w1.shape[:2], dtype=_F32, device=x.device)
+        E, F1 = w1.shape[:2]
+        db1 = (torch.zeros if zeros else torch.empty)(E, F1, dtype=_F32, device=x.device)
     dw2 = like(w2, dtype=_F32, memory_format=cf) if wanted[3] and m2 is None else None
     db2 = like(b2, dtype=_F32, memory_format=cf) if wanted[4] and mb2 is None else None
     dprobs = _empty_like(probs, memory_format=cf) if wanted[5] else None
@@ -473,7 +474,7 @@ class _GroupedMLPFunction(torch.autograd.Function):
         layer, _, F1 = entry
         T = x.shape[0]
         y = _empty_like(x)
-        saved = torch.empty((T, F1), dtype=_BF16, device=x.device)
+        saved = x.new_empty(T, F1)  # x: bf16 (checked); sizes as varargs parse faster
         if T:
             d = x.get_device()
             _C.forward(layer, T, d, x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(),
