@@ -16,7 +16,7 @@ and ragged (the same total, split as `gmjit bench --ragged` splits: presets/pres
   python3 benchmarks/side_by_side.py --quick            # 2 small shapes, well under a minute
   python3 benchmarks/side_by_side.py --shapes gpt-oss,mixtral --no-ragged --no-compile
 
-FLOPs: 2·T·H·F1 + 2·T·F·H forward (F1 = 2F for GLU activations), three times that forward+backward.
+FLOPs: 2·T·H·F1 + 2·T·F·H forward (F1 = 2F for GLU activations), 3x that forward+backward.
 """
 
 from __future__ import annotations
@@ -337,8 +337,9 @@ def main() -> None:
     for s, ragged in cases:
         rows.append(run(s, ragged, a))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    print(f"torch {torch.__version__}, {device_name()}, "
-          f"median of {a.reps} after {a.warmup} warm-up, {time.perf_counter() - started:.0f} s")  # fmt: skip
+    seconds = time.perf_counter() - started
+    print(f"torch {torch.__version__}, {device_name()}, median of {a.reps} after {a.warmup} "
+          f"warm-up, {seconds:.0f} s")  # fmt: skip
     print_table(rows)
     meta = {"torch": torch.__version__, "gpu": device_name(), "reps": a.reps,
             "warmup": a.warmup, "probs_grad": a.probs_grad}  # fmt: skip

@@ -81,16 +81,7 @@ def stub_engine(shape: str, iters: int) -> list[tuple[str, float, float]]:
     def fwd_bwd():
         grouped_mlp(xg, split, w1g, w2g).backward(dy)
 
-    rows = []
-    with torch.no_grad():
-        rows.append(("stub forward (grad mode off)", *per_call(lambda: grouped_mlp(x, split, w1, w2), iters, 5)))
-        rows.append(("stub forward, biases + probs (grad off)",
-                     *per_call(lambda: grouped_mlp(x, split, w1, w2, b1, b2, probs), iters, 5)))  # fmt: skip
-    rows.append(("stub forward (with torch.no_grad())", *per_call(fwd_no_grad, iters, 5)))
-    rows.append(("stub forward (grad)", *per_call(lambda: grouped_mlp(xg, split, w1g, w2g), iters // 2, 5)))
-    rows.append(("stub forward+backward", *per_call(fwd_bwd, iters // 4, 5)))
-    # What any autograd.Function and .backward() cost here, for scale.
-    class Nothing(torch.autograd.Function):
+    class Nothing(torch.autograd.Function):  # what any autograd.Function costs here, for scale
         @staticmethod
         def forward(ctx, x, w1, w2):
             return torch.empty_like(x)
@@ -99,8 +90,20 @@ def stub_engine(shape: str, iters: int) -> list[tuple[str, float, float]]:
         def backward(ctx, dy):
             return dy, None, None
 
-    rows.append(("(empty autograd.Function fwd+bwd)",
-                 *per_call(lambda: Nothing.apply(xg, w1g, w2g).backward(dy), iters // 4, 5)))  # fmt: skip
+    cases = [
+        ("stub forward (grad mode off)", False, lambda: grouped_mlp(x, split, w1, w2), 1),
+        ("stub forward, biases + probs (grad off)", False,
+         lambda: grouped_mlp(x, split, w1, w2, b1, b2, probs), 1),
+        ("stub forward (with torch.no_grad())", True, fwd_no_grad, 1),
+        ("stub forward (grad)", True, lambda: grouped_mlp(xg, split, w1g, w2g), 2),
+        ("stub forward+backward", True, fwd_bwd, 4),
+        ("(empty autograd.Function fwd+bwd)", True,
+         lambda: Nothing.apply(xg, w1g, w2g).backward(dy), 4),
+    ]  # fmt: skip
+    rows = []
+    for name, grad, fn, fewer in cases:
+        with torch.set_grad_enabled(grad):
+            rows.append((name, *per_call(fn, iters // fewer, 5)))
     rows.append(("(with torch.no_grad(): pass)", *per_call(_no_grad_pass, iters, 5)))
     return rows
 
@@ -120,7 +123,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.stub_engine:
         shape = a.shape or "8,16,16,16"
-        report(f"stubbed engine, CPU tensors, shape E,T,H,F={shape}", stub_engine(shape, a.iters), a)
+        rows = stub_engine(shape, a.iters)
+        report(f"stubbed engine, CPU tensors, shape E,T,H,F={shape}", rows, a)
         return
     a.shape = a.shape or "8,256,128,128"
     E, T, H, Fd = (int(v) for v in a.shape.split(","))
@@ -159,8 +163,10 @@ def main() -> None:
         cpu, wall = per_call(fn, a.iters)
         rows.append((name, cpu, wall))
     with torch.no_grad():
-        for name, fn in (("gmjit forward (grad mode off)", lambda: grouped_mlp(x, split, w1, w2)),
-                         ("torch forward (grad mode off)", lambda: torch_layer(x, w1, w2))):  # fmt: skip
+        for name, fn in (
+            ("gmjit forward (grad mode off)", lambda: grouped_mlp(x, split, w1, w2)),
+            ("torch forward (grad mode off)", lambda: torch_layer(x, w1, w2)),
+        ):
             rows.append((name, *per_call(fn, a.iters)))
 
     for name, step in (("gmjit", gmjit_fwd_bwd), ("torch", torch_fwd_bwd)):

@@ -22,7 +22,7 @@ PER_CALL = [
     (dict(x=torch.randn(T, 2 * H, dtype=BF)[:, :H]), r"'x' must be contiguous"),
     (dict(w1=torch.randn(E, H, 2 * F, dtype=BF).transpose(1, 2)), r"'w1' must be contiguous"),
     (dict(w2=torch.randn(E, F, H, dtype=BF).transpose(1, 2)), r"'w2' must be contiguous"),
-    (dict(split_sizes=torch.ones(2 * E, dtype=torch.int64)[::2]), r"'split_sizes' must be contig"),
+    (dict(split_sizes=torch.ones(2 * E, dtype=torch.int64)[::2]), r"'split_sizes' must be c"),
     (dict(w1=torch.empty(E, 2 * F, H, dtype=BF, device="meta")), r"'w1' must be on cpu"),
     (dict(w2=torch.empty(E, H, F, dtype=BF, device="meta")), r"'w2' must be on cpu"),
     (dict(split_sizes=torch.empty(E, dtype=torch.int64, device="meta")), r"'split_sizes' must be on"),
