@@ -261,7 +261,7 @@ def test_zero_tokens_give_zero_weight_gradients_without_the_engine(engine, path)
     assert t["w1"].grad.abs().sum() == 0 and t["x"].grad.shape == (0, H)
 
 
-def test_compile_with_a_real_backend_runs_the_op_and_its_backward(engine):
+def test_compile_with_a_real_backend_runs_the_op_and_its_backward(engine, path):
     torch._dynamo.reset()
     t = inputs()
     fn = torch.compile(lambda **kw: grouped_mlp(**kw), backend="aot_eager", fullgraph=True)
