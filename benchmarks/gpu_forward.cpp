@@ -54,8 +54,9 @@ double forward_flops(const LayerSpec& layer, std::int64_t tokens) {
 GpuTimings time_on_gpu(Engine& eng, const Preset& preset, int warmup, int repeats) {
   const LayerSpec& l = preset.layer;
   const std::int64_t T = l.experts * preset.tokens_per_expert;
+  const std::vector<std::int64_t> split = expert_tokens(preset);  // balanced unless ragged
   engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
-  LayerTensors t(device, l, T, true);
+  LayerTensors t(device, l, T, true, split);
   const Recipe recipe = Recipe::bf16();
   engine::ScopedContext context(device.context());
   GpuTimings timings;

@@ -30,11 +30,15 @@ std::string shell_quote(const std::string& text) {
 
 std::string layer_arguments(const BenchOptions& o) {
   const LayerSpec& l = o.preset.layer;
+  // The named preset too: what has no option of its own (biases, limit, alpha) comes from it.
+  std::string base = o.preset.name;
+  for (const char* suffix : {"-ragged", "-custom"}) base = base.substr(0, base.find(suffix));
+  if (!find_preset(base)) base = std::string(kDefaultPreset);
   return fmt::format(
-      "--experts {} --hidden {} --ffn {} --tokens-per-expert {} --activation {}{} "
+      "--preset {} --experts {} --hidden {} --ffn {} --tokens-per-expert {} --activation {}{} "
       "--arch {}{}",
-      l.experts, l.hidden, l.ffn, o.preset.tokens_per_expert, activation_name(l.activation.kind),
-      l.router_probs ? "" : " --no-probs", shell_quote(*o.arch),
+      shell_quote(base), l.experts, l.hidden, l.ffn, o.preset.tokens_per_expert,
+      activation_name(l.activation.kind), l.router_probs ? "" : " --no-probs", shell_quote(*o.arch),
       o.grad == GradMode::grad ? " --grad" : "");
 }
 
@@ -71,7 +75,9 @@ void add_reference(const std::string& path, nlohmann::json& report) {
     throw Error(Status::invalid_argument, fmt::format("--reference: cannot read '{}'", path));
   const nlohmann::json all = nlohmann::json::parse(in);
   for (const auto& r : all) {
-    if (r.value("shape", "") != report.at("preset").get<std::string>()) continue;
+    // torch_reference.py --ragged records "ragged": true beside the shape's name.
+    const std::string shape = r.value("shape", "") + (r.value("ragged", false) ? "-ragged" : "");
+    if (shape != report.at("preset").get<std::string>()) continue;
     const double fwd = report.at("forward").at("tflops").get<double>();
     const double fb = report.at("fwd_bwd").at("tflops").get<double>();
     nlohmann::json ref = {{"source", path}, {"torch", r.value("torch", "")}};
@@ -148,6 +154,7 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
                      {"hidden", layer.hidden},
                      {"ffn", layer.ffn},
                      {"tokens_per_expert", options.preset.tokens_per_expert},
+                     {"ragged", options.preset.ragged},
                      {"activation", activation_name(layer.activation.kind)},
                      {"router_probs", layer.router_probs}};
   report["arch"] = *options.arch;

@@ -9,7 +9,7 @@
 namespace gmjit::bench {
 
 LayerTensors::LayerTensors(engine::DeviceContext& device, const LayerSpec& l, std::int64_t T,
-                           bool with_backward) {
+                           bool with_backward, std::span<const std::int64_t> split) {
   const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
   const Device dev{Device::Kind::cuda, device.ordinal()};
   auto tensor = [&](DType dtype, std::initializer_list<std::int64_t> shape) {
@@ -26,6 +26,7 @@ LayerTensors::LayerTensors(engine::DeviceContext& device, const LayerSpec& l, st
   if (l.router_probs) forward.probs = tensor(DType::f32, {T});
   std::vector<std::int64_t> sizes(E, T / E);
   sizes.back() += T - (T / E) * E;
+  if (!split.empty()) sizes.assign(split.begin(), split.end());
   buffers[4].upload(std::as_bytes(std::span(sizes)));
   const float w1_bound = std::sqrt(3.0f / static_cast<float>(H));
   const float w2_bound = std::sqrt(3.0f / static_cast<float>(F));

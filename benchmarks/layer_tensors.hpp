@@ -1,6 +1,9 @@
 #pragma once
 // Device tensors for one call of a layer (forward, and optionally backward), filled on the device
-// with random non-zero data (testing/device_random.hpp), experts balanced. For the bench harness.
+// with random non-zero data (testing/device_random.hpp), experts balanced unless a split is given.
+// For the bench harness.
+#include <cstdint>
+#include <span>
 #include <vector>
 
 #include "engine/runtime/device_buffer.hpp"
@@ -15,8 +18,9 @@ struct LayerTensors {
   ForwardArgs no_grad;    // the same without saved_preact
   BackwardArgs backward;  // dy and, as torch autograd computes them, dx, dW1, dW2
 
+  // `split`: tokens per expert (E of them, adding up to `tokens`); empty: balanced.
   LayerTensors(engine::DeviceContext& device, const LayerSpec& layer, std::int64_t tokens,
-               bool with_backward);
+               bool with_backward, std::span<const std::int64_t> split = {});
 };
 
 }  // namespace gmjit::bench

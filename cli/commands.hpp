@@ -16,6 +16,7 @@ struct LayerOptions {
   std::int64_t experts = 0, hidden = 0, ffn = 0, tokens_per_expert = 0;
   std::string activation;
   bool no_probs = false;
+  bool ragged = false;
   bool grad = false;
   std::string arch;
   std::string cache_dir;

@@ -17,6 +17,8 @@ void add_layer_options(CLI::App& command, LayerOptions& o) {
   command.add_option("--tokens-per-expert", o.tokens_per_expert, "override tokens per expert");
   command.add_option("--activation", o.activation, "swiglu|geglu|clamped_swiglu|srelu|gelu|relu");
   command.add_flag("--no-probs", o.no_probs, "no router probabilities");
+  command.add_flag("--ragged", o.ragged,
+                   "uneven experts (a fixed skewed split of the same tokens, some experts empty)");
   command.add_flag("--grad", o.grad, "grad-enabled forward (saves the pre-activation)");
   command.add_option("--arch", o.arch, "target arch (default: the GPU's, else sm_90a)");
 }
@@ -46,6 +48,10 @@ bench::Preset resolve_layer(const LayerOptions& o) {
   }
   if (o.experts || o.hidden || o.ffn || o.tokens_per_expert || !o.activation.empty()) {
     preset.name += "-custom";
+  }
+  if (o.ragged) {
+    preset.ragged = true;
+    preset.name += "-ragged";
   }
   return preset;
 }

@@ -21,28 +21,29 @@ def args(**over):
     return a
 
 
-@pytest.mark.parametrize(
-    "override, pattern",
-    [
-        (dict(x=torch.randn(T, H)), r"'x' must have dtype torch.bfloat16, got torch.float32"),
-        (dict(x=torch.randn(T, H, 1, dtype=torch.bfloat16)), r"'x' must be a 2-D tensor"),
-        (dict(x=torch.randn(H, T, dtype=torch.bfloat16).T), r"'x' must be contiguous"),
-        (dict(w1=torch.randn(E, F, H, dtype=torch.bfloat16)), r"'w1' must have 2 \* ffn = 256 rows"),
-        (dict(w1=torch.randn(E, 2 * F, H + 64, dtype=torch.bfloat16)), r"'w1' must have shape \[4, 256, 64\]"),
-        (dict(w2=torch.randn(E, H, F)), r"'w2' must have dtype torch.bfloat16"),
-        (dict(w2=torch.randn(E + 1, H, F, dtype=torch.bfloat16)), r"'w2' must have shape \[4, 64, 128\]"),
-        (dict(split_sizes=torch.ones(E)), r"'split_sizes' must have dtype torch.int32 or torch.int64"),
-        (dict(split_sizes=torch.ones(E + 1, dtype=torch.int32)), r"'split_sizes' must have shape \[4\]"),
-        (dict(split_sizes=[8, 8, 8, 8]), r"'split_sizes' must be a torch.Tensor"),
-        (dict(b1=torch.zeros(E, F, dtype=torch.bfloat16)), r"'b1' must have shape \[4, 256\]"),
-        (dict(b2=torch.zeros(E, H)), r"'b2' must have dtype torch.bfloat16"),
-        (dict(probs=torch.ones(T, dtype=torch.bfloat16)), r"'probs' must have dtype torch.float32"),
-        (dict(probs=torch.ones(T + 1)), r"'probs' must have shape \[32\]"),
-        (dict(probs=torch.ones(T, 2)[:, 0]), r"'probs' must be contiguous"),
-        (dict(activation="silu"), r"'activation' must be one of"),
-        (dict(glu_layout="interleaved"), r"'glu_layout' must be one of"),
-    ],
-)
+# (override of the valid `args()`, message pattern); test_fast_path.py runs them warm, too.
+BAD_ARGUMENTS = [
+    (dict(x=torch.randn(T, H)), r"'x' must have dtype torch.bfloat16, got torch.float32"),
+    (dict(x=torch.randn(T, H, 1, dtype=torch.bfloat16)), r"'x' must be a 2-D tensor"),
+    (dict(x=torch.randn(H, T, dtype=torch.bfloat16).T), r"'x' must be contiguous"),
+    (dict(w1=torch.randn(E, F, H, dtype=torch.bfloat16)), r"'w1' must have 2 \* ffn = 256 rows"),
+    (dict(w1=torch.randn(E, 2 * F, H + 64, dtype=torch.bfloat16)), r"'w1' must have shape \[4, 256, 64\]"),
+    (dict(w2=torch.randn(E, H, F)), r"'w2' must have dtype torch.bfloat16"),
+    (dict(w2=torch.randn(E + 1, H, F, dtype=torch.bfloat16)), r"'w2' must have shape \[4, 64, 128\]"),
+    (dict(split_sizes=torch.ones(E)), r"'split_sizes' must have dtype torch.int32 or torch.int64"),
+    (dict(split_sizes=torch.ones(E + 1, dtype=torch.int32)), r"'split_sizes' must have shape \[4\]"),
+    (dict(split_sizes=[8, 8, 8, 8]), r"'split_sizes' must be a torch.Tensor"),
+    (dict(b1=torch.zeros(E, F, dtype=torch.bfloat16)), r"'b1' must have shape \[4, 256\]"),
+    (dict(b2=torch.zeros(E, H)), r"'b2' must have dtype torch.bfloat16"),
+    (dict(probs=torch.ones(T, dtype=torch.bfloat16)), r"'probs' must have dtype torch.float32"),
+    (dict(probs=torch.ones(T + 1)), r"'probs' must have shape \[32\]"),
+    (dict(probs=torch.ones(T, 2)[:, 0]), r"'probs' must be contiguous"),
+    (dict(activation="silu"), r"'activation' must be one of"),
+    (dict(glu_layout="interleaved"), r"'glu_layout' must be one of"),
+]
+
+
+@pytest.mark.parametrize("override, pattern", BAD_ARGUMENTS)
 def test_bad_argument_is_named_in_a_value_error(override, pattern):
     with pytest.raises(ValueError, match=pattern):
         grouped_mlp(**args(**override))

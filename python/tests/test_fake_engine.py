@@ -143,7 +143,16 @@ def engine(monkeypatch):
     monkeypatch.setattr(_op, "_layer", stand_in.layer)
     monkeypatch.setattr(_op, "_require_cuda", lambda x: 0)
     monkeypatch.setattr(_op, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(_op, "_entries", {})  # entries made here hold stand-in layers
     return stand_in
+
+
+@pytest.fixture(params=["custom_op", "eager"])
+def path(request, monkeypatch):
+    """Which path a CPU call takes: the custom op (as for CPU tensors), or the eager fast path
+    that CUDA tensors take (enabled on the CPU for the stand-in engine)."""
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", request.param == "eager")
+    return request.param
 
 
 def inputs(bias=True, probs=True, tokens=T, splits=SPLITS):
@@ -170,15 +179,18 @@ def expected(t, dy):
 
 
 def eager(t, accumulate=False):
-    opts = (0, 0, 7.0, 1.702)
-    return _op._GroupedMLPFunction.apply(t["x"], t["split_sizes"], t["w1"], t["w2"], t["b1"],
-                                         t["b2"], t["probs"], opts, accumulate)  # fmt: skip
+    """The eager path (what a CUDA call takes), on the CPU."""
+    fast = _op._FAST_ON_CPU
+    _op._FAST_ON_CPU = True
+    try:
+        return grouped_mlp(**t, accumulate_main_grad=accumulate)
+    finally:
+        _op._FAST_ON_CPU = fast
 
 
-@pytest.mark.parametrize("path", ["custom_op", "eager"])
 def test_both_autograd_paths_return_every_gradient_in_the_inputs_dtype(engine, path):
     t = inputs()
-    y = grouped_mlp(**t) if path == "custom_op" else eager(t)
+    y = grouped_mlp(**t)
     dy = torch.randn_like(y)
     y.backward(dy)
     ref, leaves = expected(t, dy)
@@ -192,18 +204,17 @@ def test_both_autograd_paths_return_every_gradient_in_the_inputs_dtype(engine, p
     assert engine.calls[1] == ("backward", (True,) * 6, False)
 
 
-@pytest.mark.parametrize("path", ["custom_op", "eager"])
 def test_frozen_weights_and_inputs_without_grad_are_not_asked_for(engine, path):
     t = inputs(bias=False, probs=False)
     t["w1"].requires_grad_(False)
     t["x"].requires_grad_(False)
-    y = grouped_mlp(**t) if path == "custom_op" else eager(t)
+    y = grouped_mlp(**t)
     y.sum().backward()
     assert engine.calls[-1] == ("backward", (False, False, False, True, False, False), False)
     assert t["w1"].grad is None and t["x"].grad is None and t["w2"].grad is not None
 
 
-def test_no_grad_forward_saves_nothing(engine):
+def test_no_grad_forward_saves_nothing(engine, path):
     t = inputs()
     with torch.no_grad():
         grouped_mlp(**t)
@@ -242,7 +253,7 @@ def test_main_grad_missing_is_named(engine):
         y.sum().backward()
 
 
-def test_zero_tokens_give_zero_weight_gradients_without_the_engine(engine):
+def test_zero_tokens_give_zero_weight_gradients_without_the_engine(engine, path):
     t = inputs(tokens=0, splits=[0, 0, 0])
     y = grouped_mlp(**t)
     y.sum().backward()
@@ -250,7 +261,7 @@ def test_zero_tokens_give_zero_weight_gradients_without_the_engine(engine):
     assert t["w1"].grad.abs().sum() == 0 and t["x"].grad.shape == (0, H)
 
 
-def test_compile_with_a_real_backend_runs_the_op_and_its_backward(engine):
+def test_compile_with_a_real_backend_runs_the_op_and_its_backward(engine, path):
     torch._dynamo.reset()
     t = inputs()
     fn = torch.compile(lambda **kw: grouped_mlp(**kw), backend="aot_eager", fullgraph=True)
@@ -262,7 +273,7 @@ def test_compile_with_a_real_backend_runs_the_op_and_its_backward(engine):
     assert ("forward", True) in engine.calls
 
 
-def test_checkpointing_reruns_a_grad_forward_then_the_backward(engine):
+def test_checkpointing_reruns_a_grad_forward_then_the_backward(engine, path):
     t = inputs()
     y = checkpoint(lambda x: grouped_mlp(x, t["split_sizes"], t["w1"], t["w2"]), t["x"],
                    use_reentrant=False)  # fmt: skip

@@ -1,0 +1,125 @@
+"""The eager fast path (what CUDA tensors take), run on the CPU against a recording stand-in
+for gmjit._C: its once-per-signature checks must still reject every bad argument of every call,
+with the messages of the full checks."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from gmjit.torch import _op, grouped_mlp
+from test_arguments import BAD_ARGUMENTS, E, F, H, T, args
+
+BF = torch.bfloat16
+VALID_OPTIONAL = dict(b1=torch.zeros(E, 2 * F, dtype=BF), b2=torch.zeros(E, H, dtype=BF),
+                      probs=torch.ones(T))  # fmt: skip
+
+# Bad arguments whose dtypes and weight shapes match a valid call's (the per-call checks).
+PER_CALL = [
+    (dict(x=torch.randn(T, H + 8, dtype=BF)), r"'w1' must have shape \[4, 256, 72\]"),
+    (dict(x=torch.randn(T, 2 * H, dtype=BF)[:, :H]), r"'x' must be contiguous"),
+    (dict(w1=torch.randn(E, H, 2 * F, dtype=BF).transpose(1, 2)), r"'w1' must be contiguous"),
+    (dict(w2=torch.randn(E, F, H, dtype=BF).transpose(1, 2)), r"'w2' must be contiguous"),
+    (dict(split_sizes=torch.ones(2 * E, dtype=torch.int64)[::2]), r"'split_sizes' must be c"),
+    (dict(w1=torch.empty(E, 2 * F, H, dtype=BF, device="meta")), r"'w1' must be on cpu"),
+    (dict(w2=torch.empty(E, H, F, dtype=BF, device="meta")), r"'w2' must be on cpu"),
+    (dict(split_sizes=torch.empty(E, dtype=torch.int64, device="meta")), r"'split_sizes' must be on"),
+    (dict(b1=torch.zeros(E, 2 * F, dtype=BF, device="meta")), r"'b1' must be on cpu"),
+    (dict(b2=torch.zeros(E, 2 * H, dtype=BF)[:, ::2]), r"'b2' must be contiguous"),
+    (dict(probs=torch.ones(T, device="meta")), r"'probs' must be on cpu"),
+    (dict(probs=torch.ones(T - 1)), r"'probs' must have shape \[32\]"),
+]
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+        self.layers = []
+
+    def layer(self, *a):
+        self.layers.append(a[7:])  # act, layout, limit, alpha
+        return ("layer", len(self.layers))
+
+    def forward(self, *a):
+        self.calls.append(("forward",) + a)
+
+    def backward(self, *a):
+        self.calls.append(("backward",) + a)
+
+
+@pytest.fixture
+def rec(monkeypatch):
+    r = Recorder()
+    monkeypatch.setattr(_op, "_C", types.SimpleNamespace(forward=r.forward, backward=r.backward))
+    monkeypatch.setattr(_op, "_layer", r.layer)
+    monkeypatch.setattr(_op, "_require_cuda", lambda x: 0)
+    monkeypatch.setattr(_op, "_current_stream", lambda device: 1234)
+    monkeypatch.setattr(_op, "_entries", {})
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    return r
+
+
+@pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.parametrize("override, pattern", BAD_ARGUMENTS + PER_CALL)
+def test_bad_arguments_are_named_even_after_a_good_call(rec, warm, override, pattern):
+    if warm:  # a valid call with the same optional tensors makes the signature's entry
+        good = {k: VALID_OPTIONAL[k] for k in override if k in VALID_OPTIONAL}
+        grouped_mlp(**args(**good))
+        assert len(_op._entries) == 1 and rec.calls[-1][0] == "forward"
+    with pytest.raises(ValueError, match=pattern):
+        grouped_mlp(**args(**override))
+
+
+def test_full_checks_run_once_per_signature(rec, monkeypatch):
+    checks = []
+    full = _op.check_arguments
+    monkeypatch.setattr(_op, "check_arguments", lambda *a: checks.append(1) or full(*a))
+    for tokens in (32, 7, 0, 32):  # the token count is not part of the signature
+        a = args(x=torch.randn(tokens, H, dtype=BF), probs=torch.ones(tokens))
+        grouped_mlp(**a)
+    assert len(checks) == 1 and len(rec.layers) == 1
+    grouped_mlp(**args(split_sizes=torch.zeros(E, dtype=torch.int32)))  # another dtype
+    grouped_mlp(**args(), activation="clamped_swiglu", limit=5.0)  # other options
+    grouped_mlp(**args(), activation="clamped_swiglu", limit=5.0)
+    assert len(checks) == 3 and len(_op._entries) == 3
+    assert rec.layers[-1] == (_op.ACTIVATIONS["clamped_swiglu"], 0, 5.0, 1.702)
+
+
+def test_no_grad_call_passes_pointers_tokens_and_stream(rec):
+    a = args(b2=VALID_OPTIONAL["b2"], probs=VALID_OPTIONAL["probs"])
+    y = grouped_mlp(**a)
+    assert y.shape == (T, H) and y.dtype == BF and y.is_contiguous()
+    (kind, layer, tokens, device, *ptrs, stream), = rec.calls
+    assert kind == "forward" and layer == ("layer", 1) and tokens == T and stream == 1234
+    assert device == a["x"].get_device()
+    ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+    assert ptrs == [ptr(a["x"]), ptr(a["split_sizes"]), ptr(a["w1"]), 0, ptr(a["w2"]),
+                    ptr(a["b2"]), ptr(a["probs"]), y.data_ptr(), 0]  # fmt: skip
+
+
+def test_zero_tokens_launch_nothing(rec):
+    y = grouped_mlp(**args(x=torch.empty(0, H, dtype=BF)))
+    assert y.shape == (0, H) and rec.calls == []
+
+
+def test_grad_call_saves_the_preactivation_and_backward_gets_fp32_buffers(rec):
+    a = args()
+    a["w2"].requires_grad_()
+    y = grouped_mlp(**a)
+    assert y.requires_grad and rec.calls[-1][0] == "forward" and rec.calls[-1][-2] != 0
+    y.backward(torch.ones_like(y))
+    kind, layer, tokens, device, *ptrs, accumulate, stream = rec.calls[-1]
+    dx, dw1, db1, dw2, db2, dprobs = ptrs[-6:]
+    assert kind == "backward" and not accumulate and stream == 1234
+    assert (dx, dw1, db1, db2, dprobs) == (0, 0, 0, 0, 0) and dw2 != 0
+    assert a["w2"].grad.dtype == BF and a["w2"].grad.shape == a["w2"].shape
+
+
+def test_tracing_and_other_devices_do_not_take_the_fast_path(rec):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        y = grouped_mlp(**{k: torch.empty_like(v) for k, v in args().items()})
+    assert y.shape == (T, H) and rec.calls == [] and not _op._entries
