@@ -17,7 +17,7 @@ def test_import_works_without_a_gpu_and_exposes_the_version():
 def test_counters_are_a_dict_of_the_engine_counters():
     c = gmjit.counters()
     for key in ("plans_built", "forward_plans_built", "backward_plans_built", "kernels_compiled",
-                "disk_reads", "disk_writes", "memory_hits", "workspace_bytes"):  # fmt: skip
+                "disk_reads", "disk_shared_reads", "disk_writes", "memory_hits", "workspace_bytes"):  # fmt: skip
         assert isinstance(c[key], int), key
     assert isinstance(c["nvrtc_seconds"], float)
 
