@@ -24,6 +24,8 @@ LayerTensors::LayerTensors(engine::DeviceContext& device, const LayerSpec& l, st
   forward.y = tensor(DType::bf16, {T, H});
   forward.split_sizes = tensor(DType::i64, {E});
   if (l.router_probs) forward.probs = tensor(DType::f32, {T});
+  if (l.fc1_bias) forward.b1 = tensor(DType::bf16, {E, F1});
+  if (l.fc2_bias) forward.b2 = tensor(DType::bf16, {E, H});
   std::vector<std::int64_t> sizes(E, T / E);
   sizes.back() += T - (T / E) * E;
   if (!split.empty()) sizes.assign(split.begin(), split.end());
@@ -34,6 +36,8 @@ LayerTensors::LayerTensors(engine::DeviceContext& device, const LayerSpec& l, st
   testing::fill_random(forward.w1, 2, -w1_bound, w1_bound);
   testing::fill_random(forward.w2, 3, -w2_bound, w2_bound);
   if (l.router_probs) testing::fill_random(forward.probs, 4, 0.05f, 1.0f);
+  if (l.fc1_bias) testing::fill_random(forward.b1, 6, -0.1f, 0.1f);
+  if (l.fc2_bias) testing::fill_random(forward.b2, 7, -0.1f, 0.1f);
   no_grad = forward;
   if (!with_backward) return;
   forward.saved_preact = tensor(DType::bf16, {T, F1});
@@ -45,6 +49,7 @@ LayerTensors::LayerTensors(engine::DeviceContext& device, const LayerSpec& l, st
   b.w1 = forward.w1;
   b.w2 = forward.w2;
   b.probs = forward.probs;
+  b.b2 = forward.b2;  // dprobs reads ⟨dy, b2⟩
   b.saved_preact = forward.saved_preact;
   // As torch autograd in torch_reference.py: gradients of x, W1 and W2.
   b.dx = tensor(DType::bf16, {T, H});
