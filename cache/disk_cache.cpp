@@ -46,6 +46,7 @@ struct DiskCache::State {
   std::atomic<bool> warned_unwritable{false};
   std::atomic<bool> warned_writable_again{false};
   std::atomic<bool> warned_untrusted{false};
+  std::atomic<bool> warned_unreadable_entry{false};
   std::array<std::atomic<bool>, static_cast<std::size_t>(Operation::count)> warned_swallowed{};
   std::atomic<std::int64_t> size_estimate{-1};  // -1: unknown, scan on the next store
   std::atomic<std::uint64_t> stores_since_scan{0};
@@ -252,7 +253,14 @@ std::optional<std::vector<std::byte>> DiskCache::load_file(int fanout_fd, const 
   const fs::UniqueFd fd(
       openat(fanout_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (!fd.valid()) {
-    if (errno == ELOOP) report_bad_entry(fanout_fd, name, path, -1, "is a symbolic link");
+    const int error = errno;
+    if (error == ELOOP) report_bad_entry(fanout_fd, name, path, -1, "is a symbolic link");
+    // An entry this user may not read (a shared layer shipped without a+r) would otherwise be a
+    // silent miss on every lookup: say so once.
+    if ((error == EACCES || error == EPERM) && !state_->warned_unreadable_entry.exchange(true)) {
+      warn("gmjit cache: cannot read " + path.string() + " (" + fs::errno_text(error) +
+           "); such entries are misses and are compiled again");
+    }
     return std::nullopt;  // ENOENT: evicted or replaced since the directory listing
   }
   const fs::FileInfo info = fs::info_of(fd.get());

@@ -1,6 +1,8 @@
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -49,23 +51,40 @@ std::vector<std::byte> read_whole_file(const std::string& path) {
   return bytes;
 }
 
-// Written next to the target and renamed over it: a reader never sees half a bundle.
+// Written to a fresh temp file next to the target (mkstemp: O_EXCL, mode 0600, so a file or link
+// planted under a guessable name is never opened), synced, then renamed over the target: a
+// reader never sees half a bundle.
 void write_file_atomically(const std::string& path, const std::vector<std::byte>& bytes) {
-  const std::string temp = path + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(bytes.data()),
-              static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) {
-      std::remove(temp.c_str());
-      throw Error(Status::internal, fmt::format("export '{}': cannot write {}", path, temp));
+  std::string temp = path + ".tmp-XXXXXX";
+  const int fd = ::mkstemp(temp.data());
+  if (fd < 0) {
+    throw Error(Status::internal, fmt::format("export '{}': cannot create a temp file next to "
+                                              "it: {}",
+                                              path, std::strerror(errno)));
+  }
+  auto fail = [&](const char* what) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    throw Error(Status::internal,
+                fmt::format("export '{}': {} {}: {}", path, what, temp, std::strerror(error)));
+  };
+  const auto* data = reinterpret_cast<const char*>(bytes.data());
+  std::size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, data + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      fail("cannot write");
     }
+    written += static_cast<std::size_t>(n);
   }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    std::remove(temp.c_str());
-    throw Error(Status::internal, fmt::format("export '{}': cannot rename {} to it", path, temp));
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    fail("cannot sync");
   }
+  if (::close(fd) != 0) fail("cannot close");
+  if (std::rename(temp.c_str(), path.c_str()) != 0) fail("cannot rename over it");
 }
 
 }  // namespace

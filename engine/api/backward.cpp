@@ -6,6 +6,7 @@
 #include "engine/api/engine_impl.hpp"
 #include "engine/api/validate.hpp"
 #include "engine/families/family.hpp"
+#include "engine/runtime/capture_mode.hpp"
 #include "engine/runtime/device_context.hpp"
 #include "engine/runtime/driver.hpp"
 #include "engine/runtime/log.hpp"

@@ -1,6 +1,8 @@
 // Small value types of the public API: names, sizes, descriptions, the recipe key.
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "gmjit/error.hpp"
 #include "gmjit/layer.hpp"
 #include "gmjit/recipe.hpp"
@@ -41,8 +43,17 @@ std::string LayerSpec::describe() const {
 }
 
 std::int64_t TensorRef::numel() const noexcept {
+  // Shapes come from callers (DLPack, PyTorch) before any check: a negative extent gives -1 and
+  // a product past int64 saturates, instead of overflowing.
   std::int64_t n = 1;
-  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  for (int i = 0; i < ndim; ++i) {
+    if (shape[i] < 0) return -1;
+    if (shape[i] != 0 && n > std::numeric_limits<std::int64_t>::max() / shape[i]) {
+      n = std::numeric_limits<std::int64_t>::max();
+    } else {
+      n *= shape[i];
+    }
+  }
   return n;
 }
 

@@ -69,8 +69,14 @@ WorkspaceLease::WorkspaceLease(WorkspacePools& pools, const DeviceContext& devic
     : stream_(stream) {
   if (bytes == 0) return;
   if (caller_workspace.present()) {
-    const auto given =
-        static_cast<std::size_t>(caller_workspace.numel()) * dtype_size(caller_workspace.dtype);
+    // numel() is -1 for a negative extent and saturates; bytes fit in int64 (validated shapes).
+    const std::int64_t elements = caller_workspace.numel();
+    const std::size_t element_size = dtype_size(caller_workspace.dtype);
+    const std::size_t given = elements < 0 ? 0
+                              : static_cast<std::uint64_t>(elements) >
+                                      std::numeric_limits<std::size_t>::max() / element_size
+                                  ? std::numeric_limits<std::size_t>::max()
+                                  : static_cast<std::size_t>(elements) * element_size;
     if (given < bytes || caller_workspace.data == nullptr) {
       throw Error(Status::invalid_argument,
                   fmt::format("argument 'workspace': this call needs {} bytes, got {}; ask "

@@ -288,7 +288,9 @@ def experts_forward(
     # output has a fixed size, so no host sync and nothing that stops CUDA-graph capture. (On
     # the CPU histc wants floats.)
     hist_in = sorted_ids.to(torch.int32) if sorted_ids.is_cuda else sorted_ids.float()
-    counts = torch.histc(hist_in, bins=num_experts, min=0, max=num_experts - 1)
+    # One unit-wide bin per expert plus one for id == num_experts, dropped; min < max always
+    # (histc takes the data's range when they are equal, as with one expert).
+    counts = torch.histc(hist_in, bins=num_experts + 1, min=0, max=num_experts)[:num_experts]
     split_sizes = counts.to(torch.int32)
 
     w1, w2, b1, b2 = _converted_weights(experts, plan)

@@ -280,3 +280,26 @@ def test_checkpointing_reruns_a_grad_forward_then_the_backward(engine, path):
     y.sum().backward()
     kinds = [c[0] for c in engine.calls]
     assert kinds == ["forward", "forward", "backward"]
+
+
+def test_main_grad_on_another_device_is_rejected_before_the_engine_writes(engine):
+    t = inputs()
+    for name in ("w1", "b1", "w2", "b2"):
+        # A buffer the kernels could not address (offloaded to another device).
+        t[name].main_grad = torch.zeros(t[name].shape, device="meta")
+    y = eager(t, accumulate=True)
+    with pytest.raises(ValueError, match=r"'w1.main_grad' must be .* on cpu"):
+        y.sum().backward()
+
+
+def test_zero_out_wgrad_gives_a_zero_dummy_gradient(engine):
+    t = inputs()
+    for name in ("w1", "b1", "w2", "b2"):
+        t[name].main_grad = torch.zeros(t[name].shape)
+        t[name].grad_added_to_main_grad = False
+        t[name].zero_out_wgrad = True
+    y = eager(t, accumulate=True)
+    y.sum().backward()
+    for name in ("w1", "w2"):
+        assert t[name].grad_added_to_main_grad is True
+        assert torch.count_nonzero(t[name].grad) == 0

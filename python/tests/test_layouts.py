@@ -73,3 +73,26 @@ def test_conversions_are_differentiable():
     fused = torch.randn(E, H, 2 * F, requires_grad=True)
     layouts.fc1_from_gate_up(fused, transposed=True, interleaved=True).sum().backward()
     assert torch.equal(fused.grad, torch.ones_like(fused))
+
+
+@pytest.mark.parametrize("loader", ["gate_up", "megatron"])
+def test_module_loaders_write_the_modules_own_glu_layout(loader):
+    from gmjit.torch import GroupedMLP
+
+    gate, up = torch.randn(E, F, H), torch.randn(E, F, H)
+    down = torch.randn(E, H, F)
+    b_gate, b_up = torch.randn(E, F), torch.randn(E, F)
+    halves = torch.cat((gate, up), dim=1)
+    b_halves = torch.cat((b_gate, b_up), dim=1)
+    for glu_layout in ("halves", "interleaved32"):
+        m = GroupedMLP(E, H, F, "swiglu", bias=True, glu_layout=glu_layout, device="cpu")
+        if loader == "gate_up":
+            m.load_gate_up(halves, down, b_halves, torch.zeros(E, H))
+        else:
+            m.load_megatron(list(halves), list(down), list(b_halves), list(torch.zeros(E, H)))
+        want_w1, want_b1 = halves, b_halves
+        if glu_layout == "interleaved32":
+            want_w1 = layouts.halves_to_interleaved32(halves, dim=1)
+            want_b1 = layouts.halves_to_interleaved32(b_halves, dim=1)
+        assert torch.equal(m.w1, want_w1.to(m.w1.dtype)), glu_layout
+        assert torch.equal(m.b1, want_b1.to(m.b1.dtype)), glu_layout

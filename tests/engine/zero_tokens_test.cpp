@@ -3,6 +3,7 @@
 // no device; a tensor with elements must still have data.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 
 #include "gmjit/gmjit.h"
@@ -86,6 +87,22 @@ TEST(ZeroTokens, CApiForwardAndForwardTrainAcceptNullEmptyTensors) {
   EXPECT_NE(context, nullptr);
   gmjit_forward_context_destroy(context);
   gmjit_engine_destroy(engine);
+}
+
+}  // namespace
+}  // namespace gmjit::testing
+
+namespace gmjit::testing {
+namespace {
+
+TEST(TensorShapes, NegativeExtentsAndHugeProductsNeverOverflowNumel) {
+  const Device dev{Device::Kind::cuda, 0};
+  EXPECT_EQ(make_tensor(nullptr, DType::bf16, {4, -1}, dev).numel(), -1);
+  EXPECT_FALSE(make_tensor(nullptr, DType::bf16, {-1}, dev).present());
+  const std::int64_t big = std::int64_t{1} << 40;
+  EXPECT_EQ(make_tensor(nullptr, DType::bf16, {big, big, big}, dev).numel(),
+            std::numeric_limits<std::int64_t>::max());
+  EXPECT_EQ(make_tensor(nullptr, DType::bf16, {big, 0, big}, dev).numel(), 0);
 }
 
 }  // namespace

@@ -26,6 +26,8 @@ GLU_ACTIVATIONS = frozenset({"swiglu", "geglu", "clamped_swiglu"})
 GLU_LAYOUTS = {"halves": 0, "interleaved32": 1}
 
 _BF16 = torch.bfloat16
+# Types the eager fast path serves; anything else goes through the custom op.
+_PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
 _F32 = torch.float32
 
 # _C.Layer objects by (E, H, F, activation, layout, limit, alpha, b1, b2, probs, int64 splits).
@@ -340,7 +342,10 @@ def _grouped_mlp_backward_op(
     act, layout, _ = _parse_options(activation, glu_layout)
     grads = _backward_impl(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, act, layout,
                            limit, alpha, has_b1, wanted)  # fmt: skip
-    return tuple(g if g is not None else x.new_empty((0,)) for g in grads)
+    # Not-wanted gradients: empty, with the dtype the fake implementation reports.
+    dtypes = (_BF16, _F32, _F32, _F32, _F32, _F32)
+    return tuple(g if g is not None else x.new_empty((0,), dtype=dtypes[i])
+                 for i, g in enumerate(grads))  # fmt: skip
 
 
 @_grouped_mlp_backward_op.register_fake
@@ -376,10 +381,12 @@ def _main_grad_buffers(
                 f"grouped_mlp: accumulate_main_grad=True but argument '{name}' has no "
                 "'main_grad' attribute (an fp32 tensor of its shape)"
             )
-        if main.dtype != _F32 or main.shape != p.shape or not main.is_contiguous():
+        if (main.dtype != _F32 or main.shape != p.shape or not main.is_contiguous()
+                or main.device != p.device):  # fmt: skip
             raise ValueError(
                 f"grouped_mlp: '{name}.main_grad' must be a contiguous float32 tensor of shape "
-                f"{list(p.shape)}, got {main.dtype} {list(main.shape)}"
+                f"{list(p.shape)} on {p.device}, got {main.dtype} {list(main.shape)} on "
+                f"{main.device}"
             )
         buffers.append(main)
     return buffers
@@ -393,6 +400,9 @@ def _weight_grad(grad: Optional[Tensor], param: Optional[Tensor], accumulated: b
             # Megatron's DDP fires its hooks on the parameter's gradient accumulator, so it wants
             # a (dummy) gradient, and skips param.grad when this flag says main_grad has it.
             param.grad_added_to_main_grad = True
+            # Megatron/TE: zeros when the parameter asks for them, else uninitialised memory.
+            if getattr(param, "zero_out_wgrad", False):
+                return torch.zeros_like(param)
             return torch.empty_like(param)
         return None
     return None if grad is None else grad.to(_BF16)
@@ -563,6 +573,13 @@ def grouped_mlp(
         and type(x) is Tensor
         and (x.is_cuda or _FAST_ON_CPU)
         and not _dispatch_modes()
+        # Subclasses (DTensor, float8 wrappers, ...) may not hold what .shape/.dtype describe.
+        and type(w1) in _PLAIN_TENSORS
+        and type(w2) in _PLAIN_TENSORS
+        and type(split_sizes) is Tensor
+        and (b1 is None or type(b1) in _PLAIN_TENSORS)
+        and (b2 is None or type(b2) in _PLAIN_TENSORS)
+        and (probs is None or type(probs) is Tensor)
     ):
         # Checked once per signature: dtypes, weight shapes, options. Every call: the token
         # count's consistency, devices, contiguity (anything unexpected: the full checks).

@@ -81,10 +81,12 @@ class GroupedMLP(nn.Module):
     ) -> "GroupedMLP":
         """Copies transformers-style fused experts weights in (see gmjit.torch.layouts):
         gate_up [E, 2F, H] (or [E, H, 2F] transposed), down [E, H, F] (or [E, F, H])."""
-        self.w1.copy_(layouts.fc1_from_gate_up(gate_up, transposed=transposed, interleaved=interleaved))
+        w1 = layouts.fc1_from_gate_up(gate_up, transposed=transposed, interleaved=interleaved)
+        self.w1.copy_(self._fc1_rows(w1))
         self.w2.copy_(layouts.fc2_from_down(down, transposed=transposed))
         if gate_up_bias is not None:
-            self._bias("b1").copy_(layouts.fc1_bias_from_gate_up(gate_up_bias, interleaved=interleaved))
+            b1 = layouts.fc1_bias_from_gate_up(gate_up_bias, interleaved=interleaved)
+            self._bias("b1").copy_(self._fc1_rows(b1))
         if down_bias is not None:
             self._bias("b2").copy_(down_bias)
         return self
@@ -99,13 +101,19 @@ class GroupedMLP(nn.Module):
     ) -> "GroupedMLP":
         """Copies Megatron per-expert weights in: linear_fc1.weight [F1, H] (gate first) and
         linear_fc2.weight [H, F] of each expert, and their biases."""
-        self.w1.copy_(layouts.stack_experts(fc1_weights))
+        self.w1.copy_(self._fc1_rows(layouts.stack_experts(fc1_weights)))
         self.w2.copy_(layouts.stack_experts(fc2_weights))
         if fc1_biases is not None:
-            self._bias("b1").copy_(layouts.stack_experts(fc1_biases))
+            self._bias("b1").copy_(self._fc1_rows(layouts.stack_experts(fc1_biases)))
         if fc2_biases is not None:
             self._bias("b2").copy_(layouts.stack_experts(fc2_biases))
         return self
+
+    def _fc1_rows(self, t: Tensor) -> Tensor:
+        """FC1 rows (w1 or b1, gate half first) in this module's GLU layout."""
+        if self.glu_layout == "interleaved32" and self.activation in GLU_ACTIVATIONS:
+            return layouts.halves_to_interleaved32(t, dim=1)
+        return t
 
     def _bias(self, name: str) -> Tensor:
         b = getattr(self, name)
