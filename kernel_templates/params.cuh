@@ -21,9 +21,9 @@ struct GroupedGemmParams {
 
 namespace gmjit::kt {
 
-// Hopper (sm_90a) grouped GEMM, used by Fc1Sm90 / Fc2Sm90 (sm90_mlp_fwd.cuh). Same operands as
-// GroupedGemmParams, plus two TMA descriptors (CUtensorMap, 128 opaque bytes each) encoded on the
-// host by engine/families/tensor_maps.cpp (encode_sm90_gemm_maps):
+// Hopper (sm_90a) grouped GEMM, used by Fc1Sm90 / Fc2Sm90 (sm90_mlp_fwd.cuh): the portable block
+// GroupedGemmParams (`plain`, at byte 256) after two TMA descriptors (CUtensorMap, 128 opaque bytes
+// each) encoded on the host by engine/families/tensor_maps.cpp (encode_sm90_gemm_maps):
 //   tmap_a  over a [tokens, K]: 2-D, box {64, block_m}, 128-byte swizzle, OOB rows zero-filled
 //   tmap_b  over b [E, N_total, K]: 2-D over [E * N_total, K], box {64, block_n} (non-GLU), or
 //           4-D {K, inner, 2, outer} with box {64, ., 1, .} for the GLU gate/lin halves of W1
@@ -31,14 +31,7 @@ namespace gmjit::kt {
 struct Sm90GemmParams {
   alignas(64) unsigned char tmap_a[128];
   alignas(64) unsigned char tmap_b[128];
-  const void* a;            // [tokens, K] bf16 (also encoded in tmap_a)
-  const void* b;            // [E, N_total, K] bf16 (also encoded in tmap_b)
-  const void* bias;         // [E, N_total] bf16, or null
-  const float* probs;       // [tokens] fp32, or null
-  const void* split_sizes;  // [E] int32 or int64, on the device
-  void* out;                // [tokens, N_out] bf16
-  void* preact_out;         // FC1 with grad: [tokens, N_total] bf16, else null
-  long long tokens;         // rows of a/out
+  GroupedGemmParams plain;  // the portable block; plain.a / plain.b are also encoded in the maps
 };
 
 }  // namespace gmjit::kt
@@ -91,39 +84,25 @@ namespace gmjit::kt {
 // ---- Hopper backward (sm90_mlp_bwd.cuh, sm90_grouped_wgrad.cuh) ----
 // Maps encoded by engine/families/tensor_maps.cpp (encode_sm90_dgrad_maps /
 // encode_sm90_wgrad_maps); every map is bf16, 128-byte swizzle, box inner extent 64 elements, OOB
-// zero-filled. Passed by value as `const __grid_constant__`. Fc1DgradSm90 uses Sm90GemmParams (a =
-// dpreact, b = w1, out = dx).
+// zero-filled. Passed by value as `const __grid_constant__`. Fc1DgradSm90 uses Sm90GemmParams
+// (plain.a = dpreact, plain.b = w1, plain.out = dx).
 
-// Fc2DgradSm90: same fields and contract as Fc2DgradParams, plus
+// Fc2DgradSm90: the portable block Fc2DgradParams (`plain`, at byte 256), plus
 //   tmap_a  over dy [tokens, H]: box {64, block_m} (K-major A, as the forward)
 //   tmap_b  over w2 as [E * H, F]: box {64, 64} (MN-major B, block_n / 64 boxes per stage)
 struct Sm90Fc2DgradParams {
   alignas(64) unsigned char tmap_a[128];
   alignas(64) unsigned char tmap_b[128];
-  const void* dy;           // [tokens, H] bf16
-  const void* w2;           // [E, H, F] bf16
-  const void* b2;           // [E, H] bf16 (only read with has_bias && has_probs), or null
-  const float* probs;       // [tokens] fp32 (only read with has_probs), or null
-  const void* preact;       // [tokens, F1] bf16, h saved by the forward
-  const void* split_sizes;  // [E] int32 or int64, on the device
-  void* dpreact;            // out: [tokens, F1] bf16 dh, in h's column layout
-  void* act_scaled;         // out: [tokens, F] bf16, a ⊙ p
-  float* dprobs;            // out: [tokens] fp32 (has_probs only), ZEROED BY THE HOST beforehand
-  long long tokens;
+  Fc2DgradParams plain;  // the portable block; plain.dy / plain.w2 are also encoded in the maps
 };
 
-// GroupedWgradSm90: same fields and contract as WgradParams, plus
+// GroupedWgradSm90: the portable block WgradParams (`plain`, at byte 256), plus
 //   tmap_a  over a [tokens, M]: box {64, 64} (MN-major: 64 columns of M x 64 token rows)
 //   tmap_b  over b [tokens, N]: box {64, 64}
 struct Sm90WgradParams {
   alignas(64) unsigned char tmap_a[128];
   alignas(64) unsigned char tmap_b[128];
-  const void* a;            // [tokens, M] bf16 (dy for dW2, dh for dW1)
-  const void* b;            // [tokens, N] bf16 (a ⊙ p for dW2, x for dW1)
-  const void* split_sizes;  // [E] int32 or int64, on the device
-  float* out;               // [E, M, N] fp32
-  long long tokens;         // rows of a / b
-  int accumulate;           // 1: out += result (experts without rows untouched); 0: out = result
+  WgradParams plain;  // the portable block; plain.a / plain.b are also encoded in the maps
 };
 
 }  // namespace gmjit::kt

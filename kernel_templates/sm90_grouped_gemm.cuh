@@ -117,7 +117,7 @@ struct TileInfo {
 // Optional: `static constexpr bool kBMnMajor = true` when load_b writes B as MN-major boxes of
 // {64 N, 64 K} (8 KiB each, block_n / 64 of them; backward dgrad reading W [K, N] row-major); the
 // default is K-major B (block_n rows x 64 K). P: Sm90GemmParams or any params struct with
-// tmap_a, tmap_b, split_sizes and tokens.
+// tmap_a, tmap_b and a portable block `plain` with split_sizes and tokens.
 template <class Epi, class = void>
 struct BMnMajor {
   static constexpr bool value = false;
@@ -160,8 +160,8 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
     // Producer warpgroup: give registers to the consumers; warp 0 schedules, lane 0 copies.
     setmaxnreg_dec<S::producer_regs>();
     if (warp != 0) return;
-    const SplitT* split = static_cast<const SplitT*>(p.split_sizes);
-    const int num_m = count_row_tiles<SplitT, Cfg::experts, S::block_m>(split, p.tokens);
+    const SplitT* split = static_cast<const SplitT*>(p.plain.split_sizes);
+    const int num_m = count_row_tiles<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
     const int num_tiles = num_m * Epi::num_n;
     // Publishes tile info in the current stage; data-less stages complete with a plain arrive.
     auto post = [&](const TileInfo& ti, bool data) {
@@ -173,7 +173,8 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
     for (int t = static_cast<int>(blockIdx.x); t < num_tiles; t += static_cast<int>(gridDim.x)) {
       int tile_m, tile_n;
       tile_coords(t, num_m, Epi::num_n, Cfg::group_m, tile_m, tile_n);
-      const RowTile rt = find_row_tile<SplitT, Cfg::experts, S::block_m>(split, p.tokens, tile_m);
+      const RowTile rt =
+          find_row_tile<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens, tile_m);
       if (rt.row_begin >= rt.row_end) continue;
       const TileInfo ti{rt.row_begin, rt.row_end, rt.expert, tile_n};
       const int stages_used = rt.expert < 0 ? 1 : kKTiles;

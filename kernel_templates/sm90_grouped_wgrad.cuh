@@ -90,16 +90,16 @@ struct GroupedWgradSm90 {
     if (warp < 4) {
       setmaxnreg_dec<S::producer_regs>();
       if (warp != 0) return;
-      const SplitT* split = static_cast<const SplitT*>(p.split_sizes);
+      const SplitT* split = static_cast<const SplitT*>(p.plain.split_sizes);
       constexpr int kPerExpert = num_m * num_n;
       const int num_tiles = Cfg::experts * kPerExpert;
       int cur = -1;
       long long beg = 0, end = 0;
       for (int t = static_cast<int>(blockIdx.x); t < num_tiles; t += static_cast<int>(gridDim.x)) {
         const int g = t / kPerExpert;
-        if (g != cur) expert_rows(split, p.tokens, g, beg, end), cur = g;
+        if (g != cur) expert_rows(split, p.plain.tokens, g, beg, end), cur = g;
         const int k_tiles = static_cast<int>((end - beg + 63) / 64);
-        if (k_tiles == 0 && p.accumulate) continue;
+        if (k_tiles == 0 && p.plain.accumulate) continue;
         int tile_m, tile_n;
         tile_coords(t - g * kPerExpert, num_m, num_n, Cfg::group_m, tile_m, tile_n);
         const int steps = k_tiles > 0 ? k_tiles : 1;
@@ -201,7 +201,7 @@ struct GroupedWgradSm90 {
   __device__ static void store_zeros(const Sm90WgradParams& p, const sm90::WgradTileInfo& ti,
                                      int wg) {
     constexpr int kRows = Cfg::block_m / 2, kChunks = Cfg::block_n / 4;  // 16-byte chunks / row
-    float* out = p.out + static_cast<long long>(ti.expert) * kM * kN;
+    float* out = p.plain.out + static_cast<long long>(ti.expert) * kM * kN;
     const long long r0 = static_cast<long long>(ti.tile_m) * Cfg::block_m + wg * kRows;
     for (int i = static_cast<int>(threadIdx.x) & 127; i < kRows * kChunks; i += 128) {
       float* o = out + (r0 + i / kChunks) * kN + ti.tile_n * Cfg::block_n + (i % kChunks) * 4;
@@ -216,7 +216,7 @@ struct GroupedWgradSm90 {
                                                const sm90::WgradTileInfo& ti, int wg) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3;
-    float* out = p.out + static_cast<long long>(ti.expert) * kM * kN;
+    float* out = p.plain.out + static_cast<long long>(ti.expert) * kM * kN;
     const int col0 = ti.tile_n * Cfg::block_n + (lane & 3) * 2;
 #pragma unroll
     for (int m = 0; m < S::mt; ++m)
@@ -225,7 +225,7 @@ struct GroupedWgradSm90 {
         const long long r = static_cast<long long>(ti.tile_m) * Cfg::block_m +
                             (wg * S::mt + m) * 64 + wq * 16 + (lane >> 2) + 8 * h;
         float* o = out + r * kN + col0;
-        if (p.accumulate) {
+        if (p.plain.accumulate) {
 #pragma unroll
           for (int j0 = 0; j0 < S::regs / 4; j0 += 8) {
             float prev[16];  // 8 loads in flight, then the adds and stores

@@ -27,7 +27,8 @@
 //
 // Params / maps (engine/families/tensor_maps.hpp, encode_sm90_dgrad_maps, with Cfg::block_m):
 //   Fc2DgradSm90  Sm90Fc2DgradParams; a = dy [T, H] (K = H), b = w2 as [E * H, F]
-//   Fc1DgradSm90  Sm90GemmParams{a = dpreact, b = w1, out = dx, split_sizes, tokens; rest null};
+//   Fc1DgradSm90  Sm90GemmParams, plain = {a = dpreact, b = w1, out = dx, split_sizes, tokens;
+//                 rest null};
 //                 a = dpreact [T, F1] (K = F1), b = w1 as [E * F1, H]
 // Launch (host), K = the kernel struct: persistent, blockDim = 384 (K::threads), gridDim =
 //   (#SMs, 1, 1), dynamic smem = K::smem_bytes (raise the max dynamic smem attribute first),
@@ -91,9 +92,9 @@ struct Fc2DgradSm90 {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3, wrow = wq * 16 + (lane >> 2);
     const ActParams ap{Cfg::act_limit, Cfg::act_alpha};
-    const unsigned short* pre = static_cast<const unsigned short*>(p.preact);
-    unsigned short* dpre = static_cast<unsigned short*>(p.dpreact);
-    unsigned short* as = static_cast<unsigned short*>(p.act_scaled);
+    const unsigned short* pre = static_cast<const unsigned short*>(p.plain.preact);
+    unsigned short* dpre = static_cast<unsigned short*>(p.plain.dpreact);
+    unsigned short* as = static_cast<unsigned short*>(p.plain.act_scaled);
 #pragma unroll
     for (int m = 0; m < S::mt; ++m) {
       float prob[2], dp[2] = {0.0f, 0.0f};
@@ -103,7 +104,7 @@ struct Fc2DgradSm90 {
       for (int h = 0; h < 2; ++h) {
         rows[h] = row0 + m * 64 + wrow + h * 8;
         valid[h] = rows[h] < rt.row_end;
-        prob[h] = Cfg::has_probs && valid[h] ? p.probs[rows[h]] : 1.0f;
+        prob[h] = Cfg::has_probs && valid[h] ? p.plain.probs[rows[h]] : 1.0f;
         if (!valid[h]) rows[h] = rt.row_begin;  // in-bounds dummy row for the loads below
       }
 #pragma unroll
@@ -162,7 +163,7 @@ struct Fc2DgradSm90 {
           // The quad's 4 lanes share the row: one atomic per warp, row and tile.
           float d = dp[h] + __shfl_xor_sync(0xffffffffu, dp[h], 1);
           d += __shfl_xor_sync(0xffffffffu, d, 2);
-          if (valid[h] && (lane & 3) == 0) atomicAdd(p.dprobs + rows[h], d);
+          if (valid[h] && (lane & 3) == 0) atomicAdd(p.plain.dprobs + rows[h], d);
         }
       }
     }
@@ -177,10 +178,10 @@ struct Fc2DgradSm90 {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3;
     const unsigned short* b2 =
-        static_cast<const unsigned short*>(p.b2) + static_cast<long long>(rt.expert) * kH;
+        static_cast<const unsigned short*>(p.plain.b2) + static_cast<long long>(rt.expert) * kH;
     const long long r1 = row0 + 64 * S::mt < rt.row_end ? row0 + 64 * S::mt : rt.row_end;
     for (long long row = row0 + wq; row < r1; row += 4) {
-      const unsigned short* dy = static_cast<const unsigned short*>(p.dy) + row * kH;
+      const unsigned short* dy = static_cast<const unsigned short*>(p.plain.dy) + row * kH;
       float s = 0.0f;
       for (int c = lane * 2; c < kH; c += 64) {
         float d0, d1, b0, b1;
@@ -189,7 +190,7 @@ struct Fc2DgradSm90 {
         s += d0 * b0 + d1 * b1;
       }
       s = sm90::warp_sum(s);
-      if (lane == 0) atomicAdd(p.dprobs + row, s);
+      if (lane == 0) atomicAdd(p.plain.dprobs + row, s);
     }
   }
 
@@ -197,9 +198,9 @@ struct Fc2DgradSm90 {
   __device__ static void zero_rows(const Sm90Fc2DgradParams& p, int tile_n, long long r0,
                                    long long r1, int tid, int nthreads) {
     const int c0 = tile_n * Cfg::block_n;
-    zero_groups(p.act_scaled, kF, r0, r1, Cfg::block_n / 8, tid, nthreads,
+    zero_groups(p.plain.act_scaled, kF, r0, r1, Cfg::block_n / 8, tid, nthreads,
                 [=](int g) { return c0 + g * 8; });
-    zero_preact_groups<kGlu, kLayout, kF>(p.dpreact, kF1, r0, r1, c0, Cfg::block_n / 8, tid,
+    zero_preact_groups<kGlu, kLayout, kF>(p.plain.dpreact, kF1, r0, r1, c0, Cfg::block_n / 8, tid,
                                           nthreads);
   }
 
@@ -232,7 +233,7 @@ struct Fc1DgradSm90 {
                                                int tile_n, long long row0,
                                                const sm90::WarpStage& ws) {
     const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3;
-    unsigned short* out = static_cast<unsigned short*>(p.out);
+    unsigned short* out = static_cast<unsigned short*>(p.plain.out);
 #pragma unroll
     for (int m = 0; m < S::mt; ++m)
 #pragma unroll
@@ -251,7 +252,7 @@ struct Fc1DgradSm90 {
   __device__ static void zero_rows(const Sm90GemmParams& p, int tile_n, long long r0, long long r1,
                                    int tid, int nthreads) {
     const int c0 = tile_n * Cfg::block_n;
-    zero_groups(p.out, kH, r0, r1, Cfg::block_n / 8, tid, nthreads,
+    zero_groups(p.plain.out, kH, r0, r1, Cfg::block_n / 8, tid, nthreads,
                 [=](int g) { return c0 + g * 8; });
   }
 

@@ -89,9 +89,9 @@ struct Fc1Sm90 {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3, wrow = wq * 16 + (lane >> 2);
     const ActParams ap{Cfg::act_limit, Cfg::act_alpha};
-    unsigned short* out = static_cast<unsigned short*>(p.out);
-    unsigned short* pre = static_cast<unsigned short*>(p.preact_out);
-    const unsigned short* bias = Cfg::has_bias ? static_cast<const unsigned short*>(p.bias) +
+    unsigned short* out = static_cast<unsigned short*>(p.plain.out);
+    unsigned short* pre = static_cast<unsigned short*>(p.plain.preact_out);
+    const unsigned short* bias = Cfg::has_bias ? static_cast<const unsigned short*>(p.plain.bias) +
                                                      static_cast<long long>(rt.expert) * kN
                                                : nullptr;
     float prob[S::mt][2];
@@ -100,7 +100,7 @@ struct Fc1Sm90 {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const long long row = row0 + m * 64 + wrow + h * 8;
-        prob[m][h] = Cfg::has_probs && row < rt.row_end ? p.probs[row] : 1.0f;
+        prob[m][h] = Cfg::has_probs && row < rt.row_end ? p.plain.probs[row] : 1.0f;
       }
     constexpr int kChunks = kGlu ? S::regs / 8 : S::regs / 4;  // output n8 chunks
 #pragma unroll
@@ -151,11 +151,11 @@ struct Fc1Sm90 {
   __device__ static void zero_rows(const Sm90GemmParams& p, int tile_n, long long r0, long long r1,
                                    int tid, int nthreads) {
     const int c0 = tile_n * block_n_out;
-    zero_groups(p.out, kNOut, r0, r1, block_n_out / 8, tid, nthreads,
+    zero_groups(p.plain.out, kNOut, r0, r1, block_n_out / 8, tid, nthreads,
                 [=](int g) { return c0 + g * 8; });
     if constexpr (Cfg::save_preact)
-      zero_preact_groups<kGlu, kLayout, Cfg::ffn>(p.preact_out, kN, r0, r1, c0, block_n_out / 8,
-                                                  tid, nthreads);
+      zero_preact_groups<kGlu, kLayout, Cfg::ffn>(p.plain.preact_out, kN, r0, r1, c0,
+                                                  block_n_out / 8, tid, nthreads);
   }
 
   __device__ static void run(const Sm90GemmParams& p) {
@@ -188,8 +188,8 @@ struct Fc2Sm90 {
                                                const sm90::WarpStage& ws) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3, wrow = wq * 16 + (lane >> 2);
-    unsigned short* out = static_cast<unsigned short*>(p.out);
-    const unsigned short* bias = Cfg::has_bias ? static_cast<const unsigned short*>(p.bias) +
+    unsigned short* out = static_cast<unsigned short*>(p.plain.out);
+    const unsigned short* bias = Cfg::has_bias ? static_cast<const unsigned short*>(p.plain.bias) +
                                                      static_cast<long long>(rt.expert) * kN
                                                : nullptr;
     float prob[S::mt][2];
@@ -198,7 +198,7 @@ struct Fc2Sm90 {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const long long row = row0 + m * 64 + wrow + h * 8;
-        prob[m][h] = Cfg::has_probs && row < rt.row_end ? p.probs[row] : 1.0f;
+        prob[m][h] = Cfg::has_probs && row < rt.row_end ? p.plain.probs[row] : 1.0f;
       }
 #pragma unroll
     for (int m = 0; m < S::mt; ++m) {
@@ -225,7 +225,7 @@ struct Fc2Sm90 {
   __device__ static void zero_rows(const Sm90GemmParams& p, int tile_n, long long r0, long long r1,
                                    int tid, int nthreads) {
     const int c0 = tile_n * block_n_out;
-    zero_groups(p.out, kNOut, r0, r1, block_n_out / 8, tid, nthreads,
+    zero_groups(p.plain.out, kNOut, r0, r1, block_n_out / 8, tid, nthreads,
                 [=](int g) { return c0 + g * 8; });
   }
 

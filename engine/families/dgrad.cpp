@@ -3,6 +3,7 @@
 // (Sm90GemmParams with the dgrad maps, sm90_mlp_bwd.cuh). The portable FC1 dgrad is a plain
 // grouped GEMM (sm80_gemm.cpp).
 #include "engine/families/family.hpp"
+#include "engine/families/grouped_gemm.hpp"
 #include "engine/families/tensor_maps.hpp"
 #include "engine/runtime/driver.hpp"
 #include "engine/runtime/loaded_kernel.hpp"
@@ -30,36 +31,28 @@ void* bind_sm90_fc2_dgrad(const CallTensors& call, const LoadedKernel& kernel,
   const kt::Fc2DgradParams fc2 = fc2_dgrad_params(call);
   auto& params = storage.emplace<kt::Sm90Fc2DgradParams>();
   check_driver(encode_sm90_dgrad_maps(driver().cuTensorMapEncodeTiled,
-                                      {fc2.dy, call.tokens, static_cast<int>(l.hidden), fc2.w2,
+                                      {fc2.dy, fc2.tokens, static_cast<int>(l.hidden), fc2.w2,
                                        static_cast<int>(l.experts), static_cast<int>(l.ffn),
                                        static_cast<int>(kernel.launch_shape().block_m)},
                                       params),
                "cuTensorMapEncodeTiled");
-  params.b2 = fc2.b2;
-  params.probs = fc2.probs;
-  params.preact = fc2.preact;
-  params.split_sizes = fc2.split_sizes;
-  params.dpreact = fc2.dpreact;
-  params.act_scaled = fc2.act_scaled;
-  params.dprobs = fc2.dprobs;
-  params.tokens = fc2.tokens;
+  params.plain = fc2;
   return &params;
 }
 
 void* bind_sm90_fc1_dgrad(const CallTensors& call, const LoadedKernel& kernel,
                           ParamStorage& storage) {
   const LayerSpec& l = *call.layer;
+  // The portable FC1 dgrad's block: a = dh, b = W1, out = dx, no bias or probs.
+  const kt::GroupedGemmParams fc1 = gemm_operands(codegen::KernelRole::fc1_dgrad, call).plain;
   auto& params = storage.emplace<kt::Sm90GemmParams>();
-  check_driver(
-      encode_sm90_dgrad_maps(driver().cuTensorMapEncodeTiled,
-                             {call.dpreact, call.tokens, static_cast<int>(l.fc1_out()), call.w1,
-                              static_cast<int>(l.experts), static_cast<int>(l.hidden),
-                              static_cast<int>(kernel.launch_shape().block_m)},
-                             params),
-      "cuTensorMapEncodeTiled");
-  params.split_sizes = call.split_sizes;
-  params.out = call.dx;
-  params.tokens = call.tokens;
+  check_driver(encode_sm90_dgrad_maps(driver().cuTensorMapEncodeTiled,
+                                      {fc1.a, fc1.tokens, static_cast<int>(l.fc1_out()), fc1.b,
+                                       static_cast<int>(l.experts), static_cast<int>(l.hidden),
+                                       static_cast<int>(kernel.launch_shape().block_m)},
+                                      params),
+               "cuTensorMapEncodeTiled");
+  params.plain = fc1;
   return &params;
 }
 

@@ -35,7 +35,7 @@ GemmOperands gemm_operands(codegen::KernelRole role, const CallTensors& c) {
               l.fc1_out(),
               Sm90BLayout::kPlain,
               {c.x, c.w1, c.b1, nullptr, c.split_sizes, c.preact, nullptr, c.tokens}};
-    case KernelRole::fc1_dgrad:  // dx = dh · W1 (portable kernel only; sm90 is in dgrad.cpp)
+    case KernelRole::fc1_dgrad:  // dx = dh · W1 (also the plain block of the sm90 one, dgrad.cpp)
       return {l.fc1_out(),
               l.hidden,
               Sm90BLayout::kPlain,

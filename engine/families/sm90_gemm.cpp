@@ -1,5 +1,5 @@
-// Family: the Hopper (TMA + wgmma) forward GEMM, Sm90GemmParams (sm90_mlp_fwd.cuh): the grouped
-// GEMM's operands plus the maps of a and b, encoded per call.
+// Family: the Hopper (TMA + wgmma) forward GEMM, Sm90GemmParams (sm90_mlp_fwd.cuh): the maps of a
+// and b, encoded per call, then the grouped GEMM's portable block as the sm80 family builds it.
 #include <cstdint>
 
 #include "engine/families/grouped_gemm.hpp"
@@ -40,7 +40,7 @@ const kt::Sm90GemmParams& encoded_maps(const LoadedKernel& kernel, const LayerSp
                               static_cast<int>(shape.block_m),
                               static_cast<int>(shape.block_n),
                               op.b_layout};
-  kt::Sm90GemmParams params{};
+  kt::Sm90GemmParams params{};  // maps only: the caller fills params.plain
   check_driver(encode_sm90_gemm_maps(driver().cuTensorMapEncodeTiled, maps, params),
                "cuTensorMapEncodeTiled");
   return EncodedMapsCache::store(kernel.serial(), key, hash, params);
@@ -52,12 +52,7 @@ void* bind_sm90_gemm(const CallTensors& call, const LoadedKernel& kernel, ParamS
   const GemmOperands op = gemm_operands(kernel.role(), call);
   auto& params = storage.emplace<kt::Sm90GemmParams>();
   params = encoded_maps(kernel, *call.layer, op);
-  params.bias = op.plain.bias;
-  params.probs = op.plain.probs;
-  params.split_sizes = op.plain.split_sizes;
-  params.out = op.plain.out;
-  params.preact_out = op.plain.preact_out;
-  params.tokens = op.plain.tokens;
+  params.plain = op.plain;
   return &params;
 }
 

@@ -1,10 +1,52 @@
 #include "engine/families/tensor_maps.hpp"
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 namespace gmjit::engine {
 namespace {
+
+// The Hopper blocks nest the portable one after the two maps. The kernels receive these bytes as
+// their parameter, so the layout is pinned to the one the blocks had when they repeated the plain
+// fields (maps at 0 and 128, the fields from 256 on, 64-byte alignment).
+using gmjit::kt::Sm90Fc2DgradParams;
+using gmjit::kt::Sm90GemmParams;
+using gmjit::kt::Sm90WgradParams;
+static_assert(sizeof(Sm90GemmParams) == 320 && alignof(Sm90GemmParams) == 64);
+static_assert(offsetof(Sm90GemmParams, tmap_a) == 0 && offsetof(Sm90GemmParams, tmap_b) == 128);
+static_assert(offsetof(Sm90GemmParams, plain) == 256);
+static_assert(offsetof(Sm90GemmParams, plain.a) == 256 &&
+              offsetof(Sm90GemmParams, plain.b) == 264 &&
+              offsetof(Sm90GemmParams, plain.bias) == 272 &&
+              offsetof(Sm90GemmParams, plain.probs) == 280 &&
+              offsetof(Sm90GemmParams, plain.split_sizes) == 288 &&
+              offsetof(Sm90GemmParams, plain.out) == 296 &&
+              offsetof(Sm90GemmParams, plain.preact_out) == 304 &&
+              offsetof(Sm90GemmParams, plain.tokens) == 312);
+static_assert(sizeof(Sm90Fc2DgradParams) == 384 && alignof(Sm90Fc2DgradParams) == 64);
+static_assert(offsetof(Sm90Fc2DgradParams, tmap_a) == 0 &&
+              offsetof(Sm90Fc2DgradParams, tmap_b) == 128);
+static_assert(offsetof(Sm90Fc2DgradParams, plain) == 256);
+static_assert(offsetof(Sm90Fc2DgradParams, plain.dy) == 256 &&
+              offsetof(Sm90Fc2DgradParams, plain.w2) == 264 &&
+              offsetof(Sm90Fc2DgradParams, plain.b2) == 272 &&
+              offsetof(Sm90Fc2DgradParams, plain.probs) == 280 &&
+              offsetof(Sm90Fc2DgradParams, plain.preact) == 288 &&
+              offsetof(Sm90Fc2DgradParams, plain.split_sizes) == 296 &&
+              offsetof(Sm90Fc2DgradParams, plain.dpreact) == 304 &&
+              offsetof(Sm90Fc2DgradParams, plain.act_scaled) == 312 &&
+              offsetof(Sm90Fc2DgradParams, plain.dprobs) == 320 &&
+              offsetof(Sm90Fc2DgradParams, plain.tokens) == 328);
+static_assert(sizeof(Sm90WgradParams) == 320 && alignof(Sm90WgradParams) == 64);
+static_assert(offsetof(Sm90WgradParams, tmap_a) == 0 && offsetof(Sm90WgradParams, tmap_b) == 128);
+static_assert(offsetof(Sm90WgradParams, plain) == 256);
+static_assert(offsetof(Sm90WgradParams, plain.a) == 256 &&
+              offsetof(Sm90WgradParams, plain.b) == 264 &&
+              offsetof(Sm90WgradParams, plain.split_sizes) == 272 &&
+              offsetof(Sm90WgradParams, plain.out) == 280 &&
+              offsetof(Sm90WgradParams, plain.tokens) == 288 &&
+              offsetof(Sm90WgradParams, plain.accumulate) == 296);
 
 // One bf16 map with 128-byte swizzle; dims/strides innermost first (strides in bytes, rank-1 of
 // them), box inner extent 64 elements.
@@ -31,8 +73,6 @@ CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOper
       (o.block_n != 128 && o.block_n != 256))
     return CUDA_ERROR_INVALID_VALUE;
   const cuuint64_t row_bytes = static_cast<cuuint64_t>(o.k) * 2;
-  params.a = o.a;
-  params.b = o.b;
 
   // A: rows past `tokens` read as zeros; a map needs >= 1 row even when no tile reads it.
   {
@@ -94,15 +134,11 @@ CUresult encode_dgrad(TensorMapEncodeTiledFn encode, const Sm90DgradOperands& o,
 
 CUresult encode_sm90_dgrad_maps(TensorMapEncodeTiledFn encode, const Sm90DgradOperands& o,
                                 gmjit::kt::Sm90Fc2DgradParams& params) {
-  params.dy = o.a;
-  params.w2 = o.b;
   return encode_dgrad(encode, o, params.tmap_a, params.tmap_b);
 }
 
 CUresult encode_sm90_dgrad_maps(TensorMapEncodeTiledFn encode, const Sm90DgradOperands& o,
                                 gmjit::kt::Sm90GemmParams& params) {
-  params.a = o.a;
-  params.b = o.b;
   return encode_dgrad(encode, o, params.tmap_a, params.tmap_b);
 }
 
@@ -110,8 +146,6 @@ CUresult encode_sm90_wgrad_maps(TensorMapEncodeTiledFn encode, const Sm90WgradOp
                                 gmjit::kt::Sm90WgradParams& params) {
   if (encode == nullptr || o.m <= 0 || o.m % 64 != 0 || o.n <= 0 || o.n % 64 != 0 || o.tokens < 0)
     return CUDA_ERROR_INVALID_VALUE;
-  params.a = o.a;
-  params.b = o.b;
   const CUresult r = encode_2d(encode, params.tmap_a, o.a, o.tokens, o.m, 64);
   if (r != CUDA_SUCCESS) return r;
   return encode_2d(encode, params.tmap_b, o.b, o.tokens, o.n, 64);

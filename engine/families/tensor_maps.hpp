@@ -38,10 +38,11 @@ struct Sm90GemmOperands {
   Sm90BLayout layout;
 };
 
-// Fills params.tmap_a / params.tmap_b (and params.a / params.b). Returns the first error of
-// `encode` (CUDA_ERROR_INVALID_VALUE for operands the maps cannot describe), CUDA_SUCCESS
-// otherwise. Other params fields are left to the caller. Maps depend only on pointers and shapes:
-// a plan may cache them per (pointer, tokens) and re-encode when either changes (~1 µs each).
+// Fills params.tmap_a / params.tmap_b. Returns the first error of `encode`
+// (CUDA_ERROR_INVALID_VALUE for operands the maps cannot describe), CUDA_SUCCESS otherwise.
+// params.plain (the portable block, with the same a and b) is left to the caller. Maps depend only
+// on pointers and shapes: a plan may cache them per (pointer, tokens) and re-encode when either
+// changes (~1 µs each).
 CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOperands& ops,
                                gmjit::kt::Sm90GemmParams& params);
 
@@ -61,10 +62,12 @@ struct Sm90DgradOperands {
   int block_m;  // Cfg::block_m of the kernel
 };
 
-// Fc2DgradSm90: fills params.tmap_a / tmap_b (and params.dy = a, params.w2 = b).
+// Fc2DgradSm90: fills params.tmap_a / tmap_b (params.plain, with dy = a and w2 = b, is the
+// caller's).
 CUresult encode_sm90_dgrad_maps(TensorMapEncodeTiledFn encode, const Sm90DgradOperands& ops,
                                 gmjit::kt::Sm90Fc2DgradParams& params);
-// Fc1DgradSm90: fills params.tmap_a / tmap_b (and params.a = dpreact, params.b = w1).
+// Fc1DgradSm90: fills params.tmap_a / tmap_b (params.plain, with a = dpreact and b = w1, is the
+// caller's).
 CUresult encode_sm90_dgrad_maps(TensorMapEncodeTiledFn encode, const Sm90DgradOperands& ops,
                                 gmjit::kt::Sm90GemmParams& params);
 
@@ -76,7 +79,8 @@ struct Sm90WgradOperands {
   int n;             // cols of each out_g (multiple of 64)
 };
 
-// GroupedWgradSm90: fills params.tmap_a / tmap_b (and params.a / params.b).
+// GroupedWgradSm90: fills params.tmap_a / tmap_b (params.plain, with the same a and b, is the
+// caller's).
 CUresult encode_sm90_wgrad_maps(TensorMapEncodeTiledFn encode, const Sm90WgradOperands& ops,
                                 gmjit::kt::Sm90WgradParams& params);
 

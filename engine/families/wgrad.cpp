@@ -31,12 +31,15 @@ WgradOperands wgrad_operands(codegen::KernelRole role, const CallTensors& c) {
   }
 }
 
+kt::WgradParams wgrad_params(const WgradOperands& op, const CallTensors& c) {
+  return {op.a, op.b, c.split_sizes, op.out, c.tokens, c.accumulate};
+}
+
 }  // namespace
 
 void* bind_sm80_wgrad(const CallTensors& call, const LoadedKernel& kernel, ParamStorage& storage) {
-  const WgradOperands op = wgrad_operands(kernel.role(), call);
   auto& params = storage.emplace<kt::WgradParams>();
-  params = {op.a, op.b, call.split_sizes, op.out, call.tokens, call.accumulate};
+  params = wgrad_params(wgrad_operands(kernel.role(), call), call);
   return &params;
 }
 
@@ -48,10 +51,7 @@ void* bind_sm90_wgrad(const CallTensors& call, const LoadedKernel& kernel, Param
           driver().cuTensorMapEncodeTiled,
           {op.a, op.b, call.tokens, static_cast<int>(op.m), static_cast<int>(op.n)}, params),
       "cuTensorMapEncodeTiled");
-  params.split_sizes = call.split_sizes;
-  params.out = op.out;
-  params.tokens = call.tokens;
-  params.accumulate = call.accumulate;
+  params.plain = wgrad_params(op, call);
   return &params;
 }
 
