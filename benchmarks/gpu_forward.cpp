@@ -51,14 +51,15 @@ double forward_flops(const LayerSpec& layer, std::int64_t tokens) {
   return 2.0 * tokens * layer.hidden * layer.fc1_out() + 2.0 * tokens * layer.ffn * layer.hidden;
 }
 
-GpuTimings time_on_gpu(Engine& eng, const Preset& preset, int warmup, int repeats) {
+GpuTimings time_on_gpu(Engine& eng, const Preset& preset, const Recipe& recipe, int warmup,
+                       int repeats) {
   const LayerSpec& l = preset.layer;
   const std::int64_t T = l.experts * preset.tokens_per_expert;
   const std::vector<std::int64_t> split = expert_tokens(preset);  // balanced unless ragged
   engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
   LayerTensors t(device, l, T, true, split);
-  const Recipe recipe = Recipe::bf16();
   engine::ScopedContext context(device.context());
+  if (recipe.is_fp8()) t.add_fp8_weights(device, l, eng, recipe);
   GpuTimings timings;
   timings.forward_ms =
       median_ms(warmup, repeats, [&] { eng.forward(l, recipe, t.no_grad, GradMode::no_grad); });

@@ -24,7 +24,8 @@ struct CpuCallCost {
 // FLOPs of one forward: FC1 (2·T·H·F1) + FC2 (2·T·F·H). A backward costs twice that.
 double forward_flops(const LayerSpec& layer, std::int64_t tokens);
 
-GpuTimings time_on_gpu(Engine& engine, const Preset& preset, int warmup, int repeats);
+GpuTimings time_on_gpu(Engine& engine, const Preset& preset, const Recipe& recipe, int warmup,
+                       int repeats);
 
 CpuCallCost measure_call_cost(Engine& engine);
 

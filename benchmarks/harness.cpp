@@ -36,10 +36,10 @@ std::string layer_arguments(const BenchOptions& o) {
   if (!find_preset(base)) base = std::string(kDefaultPreset);
   return fmt::format(
       "--preset {} --experts {} --hidden {} --ffn {} --tokens-per-expert {} --activation {}{} "
-      "--arch {}{}",
+      "--arch {} --recipe {}{}",
       shell_quote(base), l.experts, l.hidden, l.ffn, o.preset.tokens_per_expert,
       activation_name(l.activation.kind), l.router_probs ? "" : " --no-probs", shell_quote(*o.arch),
-      o.grad == GradMode::grad ? " --grad" : "");
+      shell_quote(o.recipe), o.grad == GradMode::grad ? " --grad" : "");
 }
 
 // Runs the disk-hit phase in a child process (a fresh process: nothing in memory).
@@ -110,7 +110,7 @@ int run_disk_hit_child(const BenchOptions& options) {
   if (!options.skip_gpu && Engine::driver_available()) cuinit_s = seconds_since(start);
   start = Clock::now();
   Engine engine;
-  engine.prepare(options.preset.layer, Recipe::bf16(), options.grad, *options.arch);
+  engine.prepare(options.preset.layer, recipe_by_name(options.recipe), options.grad, *options.arch);
   const double seconds = seconds_since(start);
   const EngineCounters c = engine.counters();
   nlohmann::json out = {{"seconds", seconds},
@@ -140,9 +140,10 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   const bool temporary_cache = !options.cache_dir;
 
   const LayerSpec& layer = options.preset.layer;
-  std::printf("gmjit bench: %s (%s), %lld tokens/expert, %s, %s\n", options.preset.name.c_str(),
-              layer.describe().c_str(), static_cast<long long>(options.preset.tokens_per_expert),
-              options.arch->c_str(), options.grad == GradMode::grad ? "grad" : "no-grad");
+  std::printf("gmjit bench: %s (%s), %lld tokens/expert, %s, %s, recipe %s\n",
+              options.preset.name.c_str(), layer.describe().c_str(),
+              static_cast<long long>(options.preset.tokens_per_expert), options.arch->c_str(),
+              options.grad == GradMode::grad ? "grad" : "no-grad", options.recipe.c_str());
   std::printf("  cache: %s%s\n", cache_dir.c_str(),
               temporary_cache ? " (fresh, removed after)" : "");
   std::fflush(stdout);
@@ -159,13 +160,15 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
                      {"router_probs", layer.router_probs}};
   report["arch"] = *options.arch;
   report["grad"] = options.grad == GradMode::grad;
+  report["recipe"] = options.recipe;
+  const Recipe recipe = recipe_by_name(options.recipe);
   report["nvrtc"] = nvrtc_version();
 
   Engine engine;
   std::printf("  compiling (empty cache)...\n");
   std::fflush(stdout);
   auto start = Clock::now();
-  engine.prepare(layer, Recipe::bf16(), options.grad, *options.arch);
+  engine.prepare(layer, recipe, options.grad, *options.arch);
   const double compile_s = seconds_since(start);
   const EngineCounters after_compile = engine.counters();
 
@@ -176,7 +179,7 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   std::vector<double> lookup_s;
   for (int i = 0; i < kLookups; ++i) {
     start = Clock::now();
-    engine.prepare(layer, Recipe::bf16(), options.grad, *options.arch);
+    engine.prepare(layer, recipe, options.grad, *options.arch);
     lookup_s.push_back(seconds_since(start));
   }
   std::nth_element(lookup_s.begin(), lookup_s.begin() + kLookups / 2, lookup_s.end());
@@ -208,7 +211,8 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   std::printf("  (torch.compile for comparison: about 9 s cold and 7 s in a restarted process)\n");
 
   if (have_gpu) {
-    const GpuTimings t = time_on_gpu(engine, options.preset, options.warmup, options.repeats);
+    const GpuTimings t =
+        time_on_gpu(engine, options.preset, recipe, options.warmup, options.repeats);
     const CpuCallCost cost = measure_call_cost(engine);
     report["forward"] = {{"ran", true},
                          {"device", devices[0].name},

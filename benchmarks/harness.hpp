@@ -15,6 +15,7 @@ namespace gmjit::bench {
 struct BenchOptions {
   Preset preset;
   GradMode grad = GradMode::no_grad;
+  std::string recipe = "bf16";           // a name of recipe_by_name (presets.hpp)
   std::optional<std::string> arch;       // default: the GPU's, else sm_90a
   std::optional<std::string> cache_dir;  // default: a fresh temporary directory
   int warmup = 3;

@@ -8,15 +8,38 @@
 
 namespace gmjit::bench {
 
+TensorRef LayerTensors::tensor(engine::DeviceContext& device, DType dtype,
+                               std::initializer_list<std::int64_t> shape) {
+  std::int64_t count = 1;
+  for (auto extent : shape) count *= extent;
+  buffers.emplace_back(device, std::max<std::size_t>(count * dtype_size(dtype), 16));
+  return make_tensor(buffers.back().data(), dtype, shape, {Device::Kind::cuda, device.ordinal()});
+}
+
+void LayerTensors::add_fp8_weights(engine::DeviceContext& device, const LayerSpec& l,
+                                   Engine& engine, const Recipe& recipe) {
+  const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
+  QuantizeWeightsArgs q;
+  q.w1 = forward.w1;
+  q.w2 = forward.w2;
+  q.w1_fp8 = tensor(device, DType::f8e4m3, {E, F1, H});
+  q.w1_scales = tensor(device, DType::f32, {E, F1 / 128, H / 128});
+  q.w2_fp8 = tensor(device, DType::f8e4m3, {E, H, F});
+  q.w2_scales = tensor(device, DType::f32, {E, H / 128, F / 128});
+  engine.quantize_weights(l, recipe, q);
+  for (ForwardArgs* args : {&forward, &no_grad}) {
+    args->w1_fp8 = q.w1_fp8;
+    args->w1_scales = q.w1_scales;
+    args->w2_fp8 = q.w2_fp8;
+    args->w2_scales = q.w2_scales;
+  }
+}
+
 LayerTensors::LayerTensors(engine::DeviceContext& device, const LayerSpec& l, std::int64_t T,
                            bool with_backward, std::span<const std::int64_t> split) {
   const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
-  const Device dev{Device::Kind::cuda, device.ordinal()};
   auto tensor = [&](DType dtype, std::initializer_list<std::int64_t> shape) {
-    std::int64_t count = 1;
-    for (auto extent : shape) count *= extent;
-    buffers.emplace_back(device, std::max<std::size_t>(count * dtype_size(dtype), 16));
-    return make_tensor(buffers.back().data(), dtype, shape, dev);
+    return this->tensor(device, dtype, shape);
   };
   forward.x = tensor(DType::bf16, {T, H});
   forward.w1 = tensor(DType::bf16, {E, F1, H});

@@ -21,6 +21,14 @@ struct LayerTensors {
   // `split`: tokens per expert (E of them, adding up to `tokens`); empty: balanced.
   LayerTensors(engine::DeviceContext& device, const LayerSpec& layer, std::int64_t tokens,
                bool with_backward, std::span<const std::int64_t> split = {});
+
+  // FP8 recipes: the quantized weights (written by `engine`) in both forward argument sets.
+  void add_fp8_weights(engine::DeviceContext& device, const LayerSpec& layer, Engine& engine,
+                       const Recipe& recipe);
+
+ private:
+  TensorRef tensor(engine::DeviceContext& device, DType dtype,
+                   std::initializer_list<std::int64_t> shape);
 };
 
 }  // namespace gmjit::bench

@@ -62,7 +62,8 @@ BENCHMARK(PlanLookup_MemoryHit_AlternatingGradModes);
 void ValidateForward(benchmark::State& state) {
   const LayerSpec layer = testing::small_layer();
   const ForwardArgs args = testing::fake_args(layer, 4096);
-  for (auto _ : state) benchmark::DoNotOptimize(validate_forward(layer, GradMode::no_grad, args));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(validate_forward(layer, Recipe::bf16(), GradMode::no_grad, args));
 }
 BENCHMARK(ValidateForward);
 
@@ -74,7 +75,7 @@ void LaunchPath_WithoutDriverCalls(benchmark::State& state) {
   const ForwardArgs args = testing::fake_args(layer, 4096);
   bool built = false;
   for (auto _ : state) {
-    const std::int64_t tokens = validate_forward(layer, GradMode::no_grad, args);
+    const std::int64_t tokens = validate_forward(layer, Recipe::bf16(), GradMode::no_grad, args);
     const PlanKey key = PlanKey::make(layer, Recipe::bf16(), GradMode::no_grad, 0);
     DevicePlan& plan = cache.get(
         key, [] { return std::make_shared<DevicePlan>(); }, &built);

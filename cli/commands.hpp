@@ -40,6 +40,7 @@ struct CompileOptions {
   std::vector<std::string> presets{std::string(bench::kDefaultPreset)};
   std::vector<std::string> arches{"sm_90a"};
   std::string grad = "both";
+  std::string recipe = "bf16";
   std::string specs;  // a JSON file of layer specs (cli/specs.hpp); replaces --preset/--grad
 };
 void add_compile_options(CLI::App& command, CompileOptions& options);

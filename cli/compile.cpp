@@ -21,6 +21,9 @@ void add_compile_options(CLI::App& command, CompileOptions& o) {
   command.add_option("--grad", o.grad, "on|off|both")
       ->check(CLI::IsMember({"on", "off", "both"}))
       ->capture_default_str();
+  command.add_option("--recipe", o.recipe, std::string(bench::kRecipeNames))
+      ->check(CLI::IsMember({"bf16", "fp8-block", "fp8-block-pow2"}))
+      ->capture_default_str();
   command
       .add_option("--specs", o.specs,
                   "JSON list of layer specs (every MoE layer of a model); replaces --preset "
@@ -46,6 +49,7 @@ int run_compile(const CompileOptions& o) {
       CompileSpec spec;
       spec.name = name;
       spec.layer = bench::find_preset(name)->layer;
+      spec.recipe = bench::recipe_by_name(o.recipe);
       spec.no_grad = o.grad != "on";
       spec.grad = o.grad != "off";
       if (spec.grad) {

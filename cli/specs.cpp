@@ -1,4 +1,5 @@
 #include "cli/specs.hpp"
+#include "presets/presets.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -133,7 +134,8 @@ CompileSpec parse_entry(const json& entry, std::size_t index,
   layer.split_dtype = text(entry, where, "split_dtype", {"int64", "int32"}, "int64") == "int32"
                           ? DType::i32
                           : DType::i64;
-  text(entry, where, "recipe", {"bf16"}, "bf16");  // the only recipe today
+  spec.recipe = bench::recipe_by_name(
+      text(entry, where, "recipe", {"bf16", "fp8-block", "fp8-block-pow2"}, "bf16"));
   const std::string grad = text(entry, where, "grad", {"no_grad", "grad", "both"}, "both");
   spec.no_grad = grad != "grad";
   spec.grad = grad != "no_grad";

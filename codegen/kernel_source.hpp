@@ -47,6 +47,12 @@ enum class KernelRole : std::uint8_t {
   fc1_dgrad = 8,    // dx = dh · W1
   linear = 9,       // op by op: one grouped linear, out = in · Wᵀ + b (· p)
   activation = 10,  // op by op: a = act(h) · p
+  // FP8 block recipe (fp8_forward.hpp).
+  quantize_x = 11,       // x -> E4M3 with 1 x 128 scales
+  fc1_forward_fp8 = 12,  // FC1 + activation + · p, a quantized in the epilogue
+  fc2_forward_fp8 = 13,
+  quantize_w1 = 14,  // W1 -> E4M3 with 128 x 128 scales
+  quantize_w2 = 15,
 };
 
 struct KernelSource {

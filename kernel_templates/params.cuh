@@ -119,3 +119,50 @@ struct ActivationParams {
 };
 
 }  // namespace gmjit::kt
+
+namespace gmjit::kt {
+
+// ---- FP8 block scaling (fp8_quantize.cuh, sm90_fp8_mlp_fwd.cuh) ----
+// E4M3 data; activations scaled per 1 x 128 block along K, weights per 128 x 128 block. Activation
+// scales are stored K-block-major ([K / 128, tokens]) so that the rows of a tile read consecutive
+// floats.
+
+// Hopper FP8 grouped GEMM (Fc1Fp8Sm90 / Fc2Fp8Sm90): out_rows = epilogue(dequant(a) dequant(b)ᵀ).
+struct Fp8GemmParams {
+  const void* a;            // [tokens, K] e4m3
+  const float* a_scales;    // [K / 128, tokens] fp32
+  const void* b;            // [E, N_total, K] e4m3
+  const float* b_scales;    // [E, N_total / 128, K / 128] fp32
+  const void* bias;         // [E, N_total] bf16, or null
+  const float* probs;       // [tokens] fp32 router probabilities, or null
+  const void* split_sizes;  // [E] int32 or int64, on the device
+  void* out;                // FC1: [tokens, F] e4m3; FC2: [tokens, H] bf16
+  float* out_scales;        // FC1: [F / 128, tokens] fp32; FC2: null
+  void* preact_out;         // FC1 with grad: [tokens, F1] bf16 pre-activation, else null
+  long long tokens;         // rows of a / out
+};
+
+// The FP8 block after two TMA descriptors over a and b (uint8 elements, 128-byte swizzle, box
+// inner extent 128 = block_k), encoded by engine/families/sm90_fp8_gemm.cpp.
+struct Sm90Fp8GemmParams {
+  alignas(64) unsigned char tmap_a[128];
+  alignas(64) unsigned char tmap_b[128];
+  Fp8GemmParams plain;
+};
+
+// QuantizeRows: in [rows, K] bf16 -> out [rows, K] e4m3, scales [K / 128, rows] (1 x 128 blocks).
+struct QuantizeRowsParams {
+  const void* in;
+  void* out;
+  float* scales;
+  long long rows;
+};
+
+// QuantizeBlocks: in [E, N, K] bf16 -> out [E, N, K] e4m3, scales [E, N / 128, K / 128].
+struct QuantizeBlocksParams {
+  const void* in;
+  void* out;
+  float* scales;
+};
+
+}  // namespace gmjit::kt

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <numeric>
 
+#include <fmt/format.h>
+
+#include "gmjit/error.hpp"
+
 namespace gmjit::bench {
 namespace {
 
@@ -71,6 +75,14 @@ std::vector<std::int64_t> expert_tokens(const Preset& preset) {
   const auto heaviest = std::max_element(weight.begin(), weight.end()) - weight.begin();
   tokens[heaviest] += total - std::accumulate(tokens.begin(), tokens.end(), std::int64_t{0});
   return tokens;
+}
+
+Recipe recipe_by_name(std::string_view name) {
+  if (name == "bf16") return Recipe::bf16();
+  if (name == "fp8-block") return Recipe::fp8_block();
+  if (name == "fp8-block-pow2") return Recipe::fp8_block({.power_of_two_scales = true});
+  throw Error(Status::invalid_argument,
+              fmt::format("recipe '{}' is not one of {}", name, kRecipeNames));
 }
 
 }  // namespace gmjit::bench

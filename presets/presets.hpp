@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gmjit/layer.hpp"
+#include "gmjit/recipe.hpp"
 
 namespace gmjit::bench {
 
@@ -30,5 +31,10 @@ std::optional<Preset> find_preset(std::string_view name);
 // (1 + (37 e + 11) mod 16)^2 (1 to 256), rounded down, the rest to the first heaviest expert.
 // benchmarks/side_by_side.py splits the same way.
 std::vector<std::int64_t> expert_tokens(const Preset& preset);
+
+// Recipes by their command-line names: bf16, fp8-block, fp8-block-pow2 (power-of-two scales).
+// Throws Error(Status::invalid_argument) for another name.
+Recipe recipe_by_name(std::string_view name);
+inline constexpr std::string_view kRecipeNames = "bf16|fp8-block|fp8-block-pow2";
 
 }  // namespace gmjit::bench

@@ -73,9 +73,9 @@ TensorRef make_tensor(void* data, DType dtype, std::initializer_list<std::int64_
 }
 
 namespace {
-// FNV-1a over the codegen-relevant fields. The recipe has one field today; FP8 recipes add
-// format, block sizes and scaling options here, each changing the key.
-std::uint64_t compute_options_key(RecipeKind kind) {
+// FNV-1a over the codegen-relevant fields: the kind, and for FP8 recipes their options (BF16
+// ignores them, so every bf16() recipe has one key).
+std::uint64_t compute_options_key(RecipeKind kind, const Fp8BlockOptions& fp8) {
   std::uint64_t hash = 0xcbf29ce484222325ull;
   auto mix = [&hash](std::uint64_t value) {
     for (int i = 0; i < 8; ++i) {
@@ -85,10 +85,14 @@ std::uint64_t compute_options_key(RecipeKind kind) {
   };
   mix(1);  // options_key schema version
   mix(static_cast<std::uint64_t>(kind));
+  if (kind != RecipeKind::bf16) mix(fp8.power_of_two_scales ? 1 : 0);
   return hash;
 }
 }  // namespace
 
-Recipe::Recipe(RecipeKind kind) : kind_(kind), options_key_(compute_options_key(kind)) {}
+Recipe::Recipe(RecipeKind kind, Fp8BlockOptions fp8)
+    : kind_(kind),
+      fp8_(kind == RecipeKind::bf16 ? Fp8BlockOptions{} : fp8),
+      options_key_(compute_options_key(kind, fp8_)) {}
 
 }  // namespace gmjit

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <future>
 
+#include "codegen/fp8_forward.hpp"
 #include "codegen/grouped_mlp.hpp"
 #include "codegen/nvrtc_compiler.hpp"
 #include "engine/api/engine_impl.hpp"
@@ -37,6 +38,8 @@ PlanKey PlanKey::make(const LayerSpec& layer, const Recipe& recipe, GradMode gra
   key.fc2_bias = layer.fc2_bias;
   key.probs = layer.router_probs;
   key.device = device;
+  key.recipe = static_cast<std::uint8_t>(recipe.kind());
+  key.pow2_scales = recipe.power_of_two_scales();
   return key;
 }
 
@@ -45,6 +48,12 @@ PlanKey PlanKey::make_backward(const LayerSpec& layer, const Recipe& recipe,
   PlanKey key = make(layer, recipe, GradMode::grad, device);
   key.backward = 1;
   key.gradients = gradients.bits();
+  return key;
+}
+
+PlanKey PlanKey::make_weight_quantizer(const LayerSpec& layer, const Recipe& recipe, int device) {
+  PlanKey key = make(layer, recipe, GradMode::no_grad, device);
+  key.weights = 1;
   return key;
 }
 
@@ -103,10 +112,16 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engin
                                          : std::span<const engine::FusionRule>{});
   const bool grad = key.grad != 0;
   std::vector<codegen::KernelSource> sources;
-  if (key.backward) {
+  const bool fp8 = key.recipe != static_cast<std::uint8_t>(RecipeKind::bf16);
+  if (key.weights) {
+    sources = codegen::emit_fp8_weight_quantizers({layer, grad, key.pow2_scales != 0, arch});
+  } else if (key.backward) {
     // The backward needs only the saved pre-activation, which both forward paths write.
     sources = codegen::emit_grouped_mlp_backward(
         {layer, GradientSet::from_bits(key.gradients), arch, options.portable_kernels_only});
+  } else if (fp8) {
+    // FP8 plans are one fused shape (no op-by-op variant): quantize x, FC1, FC2.
+    sources = codegen::emit_fp8_forward({layer, grad, key.pow2_scales != 0, arch});
   } else {
     for (const engine::FusedOp& op : fused) {
       auto emitted =

@@ -16,13 +16,21 @@ namespace {
 // Where a forward's scratch buffers sit in its workspace block.
 struct ForwardWorkspace {
   engine::WorkspaceLayout layout;
-  std::size_t activation = 0;  // bf16 [T, F]: FC1's output after the activation
+  std::size_t activation = 0;  // bf16 [T, F] FC1's output after the activation (FP8: E4M3)
   std::size_t preact = 0;      // bf16 [T, F1]: h of the op-by-op no-grad path
+  // FP8: x in E4M3 and the scales of x and of the activation (fp32, one per 128 values).
+  std::size_t x_fp8 = 0, x_scales = 0, act_scales = 0;
 
-  ForwardWorkspace(const LayerSpec& spec, GradMode grad, std::int64_t tokens, bool op_by_op) {
+  ForwardWorkspace(const LayerSpec& spec, GradMode grad, std::int64_t tokens, bool op_by_op,
+                   bool fp8) {
     const auto T = static_cast<std::size_t>(tokens);
-    activation = layout.add(T * static_cast<std::size_t>(spec.ffn) * 2);
-    if (op_by_op && grad == GradMode::no_grad) {
+    const auto H = static_cast<std::size_t>(spec.hidden), F = static_cast<std::size_t>(spec.ffn);
+    activation = layout.add(T * F * (fp8 ? 1 : 2));
+    if (fp8) {
+      x_fp8 = layout.add(T * H);
+      x_scales = layout.add(T * (H / 128) * 4);
+      act_scales = layout.add(T * (F / 128) * 4);
+    } else if (op_by_op && grad == GradMode::no_grad) {
       preact = layout.add(T * static_cast<std::size_t>(spec.fc1_out()) * 2);
     }
   }
@@ -31,13 +39,15 @@ struct ForwardWorkspace {
 }  // namespace
 
 std::size_t Engine::forward_workspace_bytes(const LayerSpec& spec, GradMode grad,
-                                            std::int64_t tokens) const {
-  return ForwardWorkspace(spec, grad, tokens, !impl_->options.fuse_ops).layout.total();
+                                            std::int64_t tokens, const Recipe& recipe) const {
+  return ForwardWorkspace(spec, grad, tokens, !impl_->options.fuse_ops && !recipe.is_fp8(),
+                          recipe.is_fp8())
+      .layout.total();
 }
 
 ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, const ForwardArgs& args,
                                GradMode grad, StreamHandle stream) {
-  const std::int64_t tokens = engine::validate_forward(spec, grad, args);
+  const std::int64_t tokens = engine::validate_forward(spec, recipe, grad, args);
   const ForwardContext context{spec,   grad,          recipe.options_key(),
                                tokens, args.x.device, args.saved_preact.data};
   // No tokens (an expert-parallel rank that received none): nothing to compute or build.
@@ -53,7 +63,8 @@ ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, cons
   }
   engine::ScopedContext scope(plan.device->context());
   const bool op_by_op = plan.kernels[0]->role() == codegen::KernelRole::linear;
-  const ForwardWorkspace parts(spec, grad, tokens, op_by_op);
+  const bool fp8 = recipe.is_fp8();
+  const ForwardWorkspace parts(spec, grad, tokens, op_by_op, fp8);
   const engine::WorkspaceLease workspace(impl_->workspaces, *plan.device, cu_stream,
                                          parts.layout.total(), args.workspace);
   engine::CallTensors call;
@@ -69,6 +80,16 @@ ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, cons
   call.y = args.y.data;
   call.saved_preact = args.saved_preact.data;
   call.act_scaled = workspace.at(parts.activation);
+  if (fp8) {
+    call.w1_fp8 = args.w1_fp8.data;
+    call.w1_scales = static_cast<float*>(args.w1_scales.data);
+    call.w2_fp8 = args.w2_fp8.data;
+    call.w2_scales = static_cast<float*>(args.w2_scales.data);
+    call.x_fp8 = workspace.at(parts.x_fp8);
+    call.x_scales = static_cast<float*>(workspace.at(parts.x_scales));
+    call.act_fp8 = workspace.at(parts.activation);
+    call.act_scales = static_cast<float*>(workspace.at(parts.act_scales));
+  }
   // Op by op, FC1 is a plain grouped linear into h: the caller's saved_preact in grad mode.
   if (op_by_op) {
     call.preact = grad == GradMode::grad ? args.saved_preact.data : workspace.at(parts.preact);

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "codegen/fp8_forward.hpp"
 #include "codegen/grouped_mlp.hpp"
 
 namespace gmjit::engine {
@@ -62,16 +63,57 @@ void check_optional(const char* name, const TensorRef& t, DType dtype,
   if (t.present()) check_tensor(name, t, dtype, shape, device);
 }
 
+// The FP8 weights of `recipe`: E4M3 data and a fp32 scale per 128 x 128 block.
+void check_fp8_weights(const LayerSpec& layer, const TensorRef& w1_fp8, const TensorRef& w1_scales,
+                       const TensorRef& w2_fp8, const TensorRef& w2_scales, const Device& device) {
+  const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
+  check_tensor("w1_fp8", w1_fp8, DType::f8e4m3, {E, F1, H}, device);
+  check_tensor("w1_scales", w1_scales, DType::f32, {E, F1 / 128, H / 128}, device);
+  check_tensor("w2_fp8", w2_fp8, DType::f8e4m3, {E, H, F}, device);
+  check_tensor("w2_scales", w2_scales, DType::f32, {E, H / 128, F / 128}, device);
+}
+
 }  // namespace
 
-std::int64_t validate_forward(const LayerSpec& layer, GradMode grad, const ForwardArgs& args) {
+Device validate_quantize_weights(const LayerSpec& layer, const Recipe& recipe,
+                                 const QuantizeWeightsArgs& args) {
+  if (!recipe.is_fp8()) fail("recipe", "is BF16, which has no quantized weights");
+  codegen::check_fp8_supported(layer, "sm_90a");
+  if (!args.w1.present()) fail("w1", "is required but was null");
+  const Device device = args.w1.device;
+  const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
+  check_tensor("w1", args.w1, DType::bf16, {E, F1, H}, device);
+  check_tensor("w2", args.w2, DType::bf16, {E, H, F}, device);
+  check_fp8_weights(layer, args.w1_fp8, args.w1_scales, args.w2_fp8, args.w2_scales, device);
+  return device;
+}
+
+namespace {
+void check_weights(const LayerSpec& layer, const Recipe& recipe, const ForwardArgs& args,
+                   const Device& device) {
+  const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
+  if (!recipe.is_fp8()) {
+    check_tensor("w1", args.w1, DType::bf16, {E, F1, H}, device);
+    check_tensor("w2", args.w2, DType::bf16, {E, H, F}, device);
+    return;
+  }
+  // The shape limits of the FP8 kernels; the arch is checked when the plan is built.
+  codegen::check_fp8_supported(layer, "sm_90a");
+  check_optional("w1", args.w1, DType::bf16, {E, F1, H}, device);
+  check_optional("w2", args.w2, DType::bf16, {E, H, F}, device);
+  check_fp8_weights(layer, args.w1_fp8, args.w1_scales, args.w2_fp8, args.w2_scales, device);
+}
+}  // namespace
+
+std::int64_t validate_forward(const LayerSpec& layer, const Recipe& recipe, GradMode grad,
+                              const ForwardArgs& args) {
   codegen::check_supported(layer);  // widths and layouts, also for calls without tokens
   const TensorRef& x = args.x;
   if (!x.present()) fail("x", "is required but was null");
   if (x.device.kind != Device::Kind::cuda) fail("x", "must be on a CUDA device, not the CPU");
   if (x.ndim != 2) fail("x", fmt::format("expected a 2-D tensor [T, H], got {}", shape_text(x)));
   const std::int64_t tokens = x.shape[0];
-  const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
+  const std::int64_t E = layer.experts, H = layer.hidden, F1 = layer.fc1_out();
   const Device device = x.device;
 
   if (tokens < 0) fail("x", "has a negative token count");
@@ -81,8 +123,7 @@ std::int64_t validate_forward(const LayerSpec& layer, GradMode grad, const Forwa
   }
   check_tensor("x", x, DType::bf16, {tokens, H}, device);
   check_tensor("split_sizes", args.split_sizes, layer.split_dtype, {E}, device);
-  check_tensor("w1", args.w1, DType::bf16, {E, F1, H}, device);
-  check_tensor("w2", args.w2, DType::bf16, {E, H, F}, device);
+  check_weights(layer, recipe, args, device);
   check_tensor("y", args.y, DType::bf16, {tokens, H}, device);
   if (layer.fc1_bias) {
     check_tensor("b1", args.b1, DType::bf16, {E, F1}, device);

@@ -8,7 +8,12 @@ namespace gmjit::engine {
 
 // Returns the token count T. Checks every tensor's presence, dtype, shape, device (all on
 // args.x's CUDA device) and 16-byte alignment.
-std::int64_t validate_forward(const LayerSpec& layer, GradMode grad, const ForwardArgs& args);
+std::int64_t validate_forward(const LayerSpec& layer, const Recipe& recipe, GradMode grad,
+                              const ForwardArgs& args);
+
+// Checks the BF16 weights and the FP8 outputs of Engine::quantize_weights; returns their device.
+Device validate_quantize_weights(const LayerSpec& layer, const Recipe& recipe,
+                                 const QuantizeWeightsArgs& args);
 
 // Checks that `context` comes from a grad-enabled forward with this recipe and that every
 // tensor matches the forward's layer, token count and device. Returns the gradients asked for

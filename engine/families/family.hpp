@@ -47,6 +47,15 @@ struct CallTensors {
   float* dw2 = nullptr;      // [E, H, F] fp32
   float* db2 = nullptr;      // [E, H] fp32
   int accumulate = 0;        // weight and bias gradients: 1 adds, 0 overwrites
+  // FP8 block recipe: quantized operands (E4M3) and their fp32 block scales.
+  void* w1_fp8 = nullptr;       // [E, F1, H]; written by quantize_w1, read by FC1
+  float* w1_scales = nullptr;   // [E, F1 / 128, H / 128]
+  void* w2_fp8 = nullptr;       // [E, H, F]
+  float* w2_scales = nullptr;   // [E, H / 128, F / 128]
+  void* x_fp8 = nullptr;        // [T, H] workspace
+  float* x_scales = nullptr;    // [H / 128, T] workspace
+  void* act_fp8 = nullptr;      // [T, F] workspace: FC2's input
+  float* act_scales = nullptr;  // [F / 128, T] workspace
   // Op by op, the plan is [linear (FC1), activation, linear (FC2)]: both GEMMs have the role
   // `linear`, and this tells the binding which one it is launching.
   bool linear_is_fc2 = false;

@@ -19,6 +19,9 @@ void* bind_sm80_wgrad(const CallTensors&, const LoadedKernel&, ParamStorage&);
 void* bind_sm90_wgrad(const CallTensors&, const LoadedKernel&, ParamStorage&);
 void* bind_column_sum(const CallTensors&, const LoadedKernel&, ParamStorage&);
 void* bind_activation(const CallTensors&, const LoadedKernel&, ParamStorage&);
+void* bind_quantize_x(const CallTensors&, const LoadedKernel&, ParamStorage&);
+void* bind_quantize_weights(const CallTensors&, const LoadedKernel&, ParamStorage&);
+void* bind_sm90_fp8_gemm(const CallTensors&, const LoadedKernel&, ParamStorage&);
 
 namespace {
 
@@ -36,6 +39,8 @@ constexpr Family kSm90Gemm{"sm90 grouped GEMM", &bind_sm90_gemm};
 constexpr Family kSm80Wgrad{"sm80 weight gradient", &bind_sm80_wgrad};
 constexpr Family kSm90Wgrad{"sm90 weight gradient", &bind_sm90_wgrad};
 constexpr Family kColumnSum{"column sum", &bind_column_sum};
+constexpr Family kSm90Fp8Gemm{"sm90 FP8 grouped GEMM", &bind_sm90_fp8_gemm};
+constexpr Family kQuantizeWeights{"FP8 weight quantizer", &bind_quantize_weights};
 
 constexpr std::array kFamilies{
     Registration{KernelRole::fc1_forward, Operands::pointers, kSm80Gemm},
@@ -58,6 +63,11 @@ constexpr std::array kFamilies{
     Registration{KernelRole::fc1_dgrad, Operands::pointers, kSm80Gemm},
     Registration{
         KernelRole::fc1_dgrad, Operands::tensor_maps, {"sm90 FC1 dgrad", &bind_sm90_fc1_dgrad}},
+    Registration{KernelRole::quantize_x, Operands::pointers, {"FP8 x quantizer", &bind_quantize_x}},
+    Registration{KernelRole::fc1_forward_fp8, Operands::tensor_maps, kSm90Fp8Gemm},
+    Registration{KernelRole::fc2_forward_fp8, Operands::tensor_maps, kSm90Fp8Gemm},
+    Registration{KernelRole::quantize_w1, Operands::pointers, kQuantizeWeights},
+    Registration{KernelRole::quantize_w2, Operands::pointers, kQuantizeWeights},
 };
 
 }  // namespace

@@ -27,11 +27,14 @@ struct PlanKey {
   std::uint8_t gradients = 0;  // backward: GradientSet::bits(); forward: 0
   std::int32_t device = -1;    // ordinal; -1 for an arch-only (prepared) plan
   std::uint8_t backward = 0;   // 1: the backward plan of a grad-enabled forward
-  std::uint8_t padding[3] = {};
+  std::uint8_t recipe = 0;     // RecipeKind (options_key has it too; codegen reads this)
+  std::uint8_t pow2_scales = 0;
+  std::uint8_t weights = 0;  // 1: the plan that quantizes the weights for the recipe
 
   static PlanKey make(const LayerSpec& layer, const Recipe& recipe, GradMode grad, int device);
   static PlanKey make_backward(const LayerSpec& layer, const Recipe& recipe,
                                const GradientSet& gradients, int device);
+  static PlanKey make_weight_quantizer(const LayerSpec& layer, const Recipe& recipe, int device);
   friend bool operator==(const PlanKey& a, const PlanKey& b) {
     return std::memcmp(&a, &b, sizeof(PlanKey)) == 0;
   }

@@ -23,9 +23,9 @@ using StreamHandle = void*;
 struct ForwardArgs {
   TensorRef x;             // [T, H] bf16
   TensorRef split_sizes;   // [E] int32/int64 on the same device
-  TensorRef w1;            // [E, F1, H] bf16
+  TensorRef w1;            // [E, F1, H] bf16 (BF16 recipe; FP8 recipes read w1_fp8)
   TensorRef b1;            // [E, F1] bf16, when spec.fc1_bias
-  TensorRef w2;            // [E, H, F] bf16
+  TensorRef w2;            // [E, H, F] bf16 (BF16 recipe; FP8 recipes read w2_fp8)
   TensorRef b2;            // [E, H] bf16, when spec.fc2_bias
   TensorRef probs;         // [T] fp32, when spec.router_probs
   TensorRef y;             // [T, H] bf16 output
@@ -33,6 +33,20 @@ struct ForwardArgs {
   // Optional scratch of at least Engine::forward_workspace_bytes (any dtype, 256-byte aligned);
   // absent: the engine takes it from its stream-ordered pool.
   TensorRef workspace;
+  // FP8 recipes: the weights as Engine::quantize_weights wrote them (x is quantized by the
+  // forward itself). E4M3 data, fp32 scales per 128 x 128 block.
+  TensorRef w1_fp8;     // [E, F1, H] float8_e4m3fn
+  TensorRef w1_scales;  // [E, F1 / 128, H / 128] fp32
+  TensorRef w2_fp8;     // [E, H, F] float8_e4m3fn
+  TensorRef w2_scales;  // [E, H / 128, F / 128] fp32
+};
+
+// Engine::quantize_weights: BF16 weights to the FP8 operands of a recipe. Weights change only at
+// optimizer steps, so the caller quantizes once per step and keeps the result.
+struct QuantizeWeightsArgs {
+  TensorRef w1, w2;             // bf16, as in ForwardArgs
+  TensorRef w1_fp8, w1_scales;  // outputs, shapes as in ForwardArgs
+  TensorRef w2_fp8, w2_scales;  // outputs
 };
 
 // What a forward leaves for its backward: a plain value the caller keeps with its tensors.
@@ -120,9 +134,14 @@ class Engine {
   void backward(const ForwardContext& context, const Recipe& recipe, const BackwardArgs& args,
                 StreamHandle stream = nullptr);
 
+  // Writes the FP8 weights (and their block scales) of `recipe` from BF16 ones, on the device
+  // holding them. Throws Status::invalid_argument for a BF16 recipe.
+  void quantize_weights(const LayerSpec& spec, const Recipe& recipe,
+                        const QuantizeWeightsArgs& args, StreamHandle stream = nullptr);
+
   // Scratch bytes a call with `tokens` tokens needs when the caller provides the workspace.
-  std::size_t forward_workspace_bytes(const LayerSpec& spec, GradMode grad,
-                                      std::int64_t tokens) const;
+  std::size_t forward_workspace_bytes(const LayerSpec& spec, GradMode grad, std::int64_t tokens,
+                                      const Recipe& recipe = Recipe::bf16()) const;
   std::size_t backward_workspace_bytes(const LayerSpec& spec, std::int64_t tokens) const;
 
   // Generates and compiles (or loads from the caches) every kernel of the plan for `arch`,

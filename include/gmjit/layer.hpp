@@ -6,7 +6,7 @@
 
 namespace gmjit {
 
-enum class DType : std::uint8_t { bf16, f32, i32, i64 };
+enum class DType : std::uint8_t { bf16, f32, i32, i64, f8e4m3 };
 
 enum class Activation : std::uint8_t { swiglu, geglu, clamped_swiglu, srelu, gelu, relu };
 
@@ -33,6 +33,8 @@ inline const char* dtype_name(DType dtype) noexcept {
       return "int32";
     case DType::i64:
       return "int64";
+    case DType::f8e4m3:
+      return "float8_e4m3fn";
   }
   return "unknown";
 }
@@ -47,6 +49,8 @@ inline std::size_t dtype_size(DType dtype) noexcept {
       return 4;
     case DType::i64:
       return 8;
+    case DType::f8e4m3:
+      return 1;
   }
   return 0;
 }

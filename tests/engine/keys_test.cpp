@@ -17,6 +17,21 @@ TEST(OptionsKey, EqualFieldsGiveEqualKeysAcrossSeparateObjects) {
   EXPECT_NE(a.options_key(), 0u);
 }
 
+TEST(OptionsKey, Fp8RecipesShareKeysByValueAndNeverWithBf16) {
+  EXPECT_EQ(Recipe::fp8_block(), Recipe::fp8_block());
+  EXPECT_NE(Recipe::fp8_block().options_key(), Recipe::bf16().options_key());
+  const Recipe pow2 = Recipe::fp8_block({.power_of_two_scales = true});
+  EXPECT_NE(pow2.options_key(), Recipe::fp8_block().options_key());
+  EXPECT_TRUE(pow2.is_fp8() && pow2.power_of_two_scales());
+  // BF16 keys are what they were before FP8 existed: cache entries stay valid.
+  EXPECT_EQ(Recipe::bf16().options_key(), 0x392209f14dea4c24ull);
+  const LayerSpec layer;
+  EXPECT_FALSE(PlanKey::make(layer, Recipe::bf16(), GradMode::no_grad, 0) ==
+               PlanKey::make(layer, Recipe::fp8_block(), GradMode::no_grad, 0));
+  EXPECT_FALSE(PlanKey::make(layer, pow2, GradMode::no_grad, 0) ==
+               PlanKey::make_weight_quantizer(layer, pow2, 0));
+}
+
 TEST(PlanKey, GradModeAndDeviceSeparatePlans) {
   const LayerSpec layer;
   const Recipe recipe = Recipe::bf16();

@@ -16,7 +16,7 @@ using gmjit::testing::small_layer;
 void expect_rejected(const LayerSpec& layer, const ForwardArgs& args, const std::string& needle,
                      GradMode grad = GradMode::no_grad) {
   try {
-    validate_forward(layer, grad, args);
+    validate_forward(layer, Recipe::bf16(), grad, args);
     FAIL() << "expected rejection mentioning " << needle;
   } catch (const Error& error) {
     EXPECT_EQ(error.status(), Status::invalid_argument);
@@ -26,12 +26,12 @@ void expect_rejected(const LayerSpec& layer, const ForwardArgs& args, const std:
 
 TEST(ForwardValidation, AcceptsAWellFormedCall) {
   const LayerSpec layer = small_layer();
-  EXPECT_EQ(validate_forward(layer, GradMode::no_grad, fake_args(layer, 100)), 100);
+  EXPECT_EQ(validate_forward(layer, Recipe::bf16(), GradMode::no_grad, fake_args(layer, 100)), 100);
 }
 
 TEST(ForwardValidation, AcceptsZeroTokens) {
   const LayerSpec layer = small_layer();
-  EXPECT_EQ(validate_forward(layer, GradMode::no_grad, fake_args(layer, 0)), 0);
+  EXPECT_EQ(validate_forward(layer, Recipe::bf16(), GradMode::no_grad, fake_args(layer, 0)), 0);
 }
 
 struct Mutation {

@@ -254,4 +254,8 @@ double relative_error(const std::vector<std::uint16_t>& out, const std::vector<d
   return std::sqrt(diff / std::max(norm, 1e-30));
 }
 
+double reference_activation(const ActivationSpec& act, double gate, double lin) {
+  return activate(act, gate, lin);
+}
+
 }  // namespace gmjit::testing

@@ -29,6 +29,9 @@ struct Reference {
 };
 Reference reference_forward(const HostLayer& host);
 
+// act(gate, lin) of the layer's activation in float64 (non-GLU activations ignore lin).
+double reference_activation(const ActivationSpec& act, double gate, double lin);
+
 struct ReferenceGrads {
   std::vector<double> dx, dw1, db1, dw2, db2, dprobs;
 };

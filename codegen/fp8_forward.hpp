@@ -1,0 +1,30 @@
+#pragma once
+// Codegen for the FP8 block recipe on Hopper (sm_90a): the forward (quantize x, FC1 with the
+// activation and the quantization of FC2's input in its epilogue, FC2) and the weight quantizers.
+// Templates: kernel_templates/fp8_quantize.cuh, sm90_fp8_mlp_fwd.cuh.
+#include <string>
+#include <vector>
+
+#include "codegen/kernel_source.hpp"
+#include "gmjit/layer.hpp"
+
+namespace gmjit::codegen {
+
+struct Fp8ForwardDesc {
+  LayerSpec layer;
+  bool save_preact = false;  // grad mode: FC1 also writes the bf16 pre-activation
+  bool pow2_scales = false;
+  std::string arch = "sm_90a";
+};
+
+// Throws Error(Status::unsupported) unless the layer and arch suit the FP8 kernels: sm_90a,
+// hidden and ffn multiples of 128 (whole scale blocks), the halves GLU layout.
+void check_fp8_supported(const LayerSpec& layer, const std::string& arch);
+
+// [quantize_x, fc1_forward_fp8, fc2_forward_fp8].
+std::vector<KernelSource> emit_fp8_forward(const Fp8ForwardDesc& desc);
+
+// [quantize_w1, quantize_w2].
+std::vector<KernelSource> emit_fp8_weight_quantizers(const Fp8ForwardDesc& desc);
+
+}  // namespace gmjit::codegen

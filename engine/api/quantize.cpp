@@ -1,0 +1,31 @@
+// Engine::quantize_weights: the FP8 weights of a recipe from BF16 ones, by the plan of the
+// recipe's weight quantizers (built and cached like any plan; its key has `weights` set).
+#include "engine/api/engine_impl.hpp"
+#include "engine/api/validate.hpp"
+#include "engine/families/family.hpp"
+#include "engine/runtime/device_context.hpp"
+#include "engine/runtime/nvtx.hpp"
+
+namespace gmjit {
+
+void Engine::quantize_weights(const LayerSpec& spec, const Recipe& recipe,
+                              const QuantizeWeightsArgs& args, StreamHandle stream) {
+  const Device device = engine::validate_quantize_weights(spec, recipe, args);
+  const engine::PlanKey key = engine::PlanKey::make_weight_quantizer(spec, recipe, device.ordinal);
+  engine::DevicePlan& plan = impl_->device_plan(key, spec, stream);
+  engine::NvtxRange range("gmjit quantize weights");
+  engine::ScopedContext scope(plan.device->context());
+  engine::CallTensors call;
+  call.layer = &spec;
+  call.w1 = args.w1.data;
+  call.w2 = args.w2.data;
+  call.w1_fp8 = args.w1_fp8.data;
+  call.w1_scales = static_cast<float*>(args.w1_scales.data);
+  call.w2_fp8 = args.w2_fp8.data;
+  call.w2_scales = static_cast<float*>(args.w2_scales.data);
+  for (const auto& kernel : plan.kernels) {
+    engine::bind_and_launch(*kernel, *plan.device, call, static_cast<CUstream>(stream));
+  }
+}
+
+}  // namespace gmjit

@@ -1,0 +1,99 @@
+// Family: the FP8 block recipe's kernels (codegen/fp8_forward.cpp): the quantizers of x and of the
+// weights (plain pointer blocks), and the Hopper FP8 GEMMs, Sm90Fp8GemmParams
+// (sm90_fp8_mlp_fwd.cuh): two uint8 TMA maps with 128-byte boxes along K, then the FP8 block.
+#include <cstddef>
+#include <cstring>
+
+#include "engine/families/family.hpp"
+#include "engine/runtime/driver.hpp"
+#include "engine/runtime/loaded_kernel.hpp"
+#include "gmjit/error.hpp"
+#include "kernel_templates/params.cuh"
+
+namespace gmjit::engine {
+namespace {
+
+using kt::Sm90Fp8GemmParams;
+static_assert(offsetof(Sm90Fp8GemmParams, tmap_a) == 0 &&
+              offsetof(Sm90Fp8GemmParams, tmap_b) == 128 &&
+              offsetof(Sm90Fp8GemmParams, plain) == 256);
+
+// One uint8 map, 128-byte swizzle, box inner extent 128 bytes (one K block), OOB zero-filled.
+void encode_e4m3(unsigned char (&out)[128], const void* base, cuuint32_t rank,
+                 const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box) {
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  CUtensorMap map;
+  check_driver(
+      driver().cuTensorMapEncodeTiled(
+          &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, const_cast<void*>(base), dims, strides, box,
+          elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+      "cuTensorMapEncodeTiled");
+  std::memcpy(out, &map, sizeof(map));
+}
+
+// A [rows, k] as {k, rows} with box {128, box_rows}; a map needs one row even when none is read.
+void encode_rows(unsigned char (&out)[128], const void* base, long long rows, long long k,
+                 int box_rows) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k),
+                              static_cast<cuuint64_t>(rows > 0 ? rows : 1)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
+  const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(box_rows)};
+  encode_e4m3(out, base, 2, dims, strides, box);
+}
+
+}  // namespace
+
+void* bind_quantize_x(const CallTensors& call, const LoadedKernel&, ParamStorage& storage) {
+  auto& p = storage.emplace<kt::QuantizeRowsParams>();
+  p = {call.x, call.x_fp8, call.x_scales, call.tokens};
+  return &p;
+}
+
+void* bind_quantize_weights(const CallTensors& call, const LoadedKernel& kernel,
+                            ParamStorage& storage) {
+  auto& p = storage.emplace<kt::QuantizeBlocksParams>();
+  if (kernel.role() == codegen::KernelRole::quantize_w1) {
+    p = {call.w1, call.w1_fp8, call.w1_scales};
+  } else {
+    p = {call.w2, call.w2_fp8, call.w2_scales};
+  }
+  return &p;
+}
+
+void* bind_sm90_fp8_gemm(const CallTensors& call, const LoadedKernel& kernel,
+                         ParamStorage& storage) {
+  const LayerSpec& l = *call.layer;
+  const auto& shape = kernel.launch_shape();
+  auto& p = storage.emplace<Sm90Fp8GemmParams>();
+  const bool fc1 = kernel.role() == codegen::KernelRole::fc1_forward_fp8;
+  const long long E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
+  if (fc1) {
+    p.plain = {call.x_fp8,        call.x_scales, call.w1_fp8,
+               call.w1_scales,    call.b1,       l.router_probs ? call.probs : nullptr,
+               call.split_sizes,  call.act_fp8,  call.act_scales,
+               call.saved_preact, call.tokens};
+    encode_rows(p.tmap_a, call.x_fp8, call.tokens, H, static_cast<int>(shape.block_m));
+    if (is_glu(l.activation.kind)) {
+      // {K, F, 2, E}: gate rows [0, F), lin rows [F, 2F) of each expert; 128 rows per box.
+      const cuuint64_t dims[4] = {static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(F), 2,
+                                  static_cast<cuuint64_t>(E)};
+      const cuuint64_t strides[3] = {static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(F * H),
+                                     static_cast<cuuint64_t>(2 * F * H)};
+      const cuuint32_t box[4] = {128, 128, 1, 1};
+      encode_e4m3(p.tmap_b, call.w1_fp8, 4, dims, strides, box);
+    } else {
+      encode_rows(p.tmap_b, call.w1_fp8, E * F1, H, 128);
+    }
+  } else {
+    p.plain = {call.act_fp8,     call.act_scales, call.w2_fp8,
+               call.w2_scales,   call.b2,         l.router_probs ? call.probs : nullptr,
+               call.split_sizes, call.y,          nullptr,
+               nullptr,          call.tokens};
+    encode_rows(p.tmap_a, call.act_fp8, call.tokens, F, static_cast<int>(shape.block_m));
+    encode_rows(p.tmap_b, call.w2_fp8, E * H, F, static_cast<int>(shape.block_n));
+  }
+  return &p;
+}
+
+}  // namespace gmjit::engine

@@ -1,0 +1,47 @@
+#pragma once
+// FP8 (E4M3) values and block scales, over inline PTX (NVRTC gets no toolkit headers).
+//
+// A block of values v is stored as q = e4m3(v / s) with s = amax(|v|) / 448 (448 is the largest
+// finite E4M3), so the block's largest value maps to ±448 and v ≈ q · s. With power-of-two
+// scales s is rounded up to a power of two: q · s is then exact in fp32 and dividing by s is a
+// multiply by its exact inverse. An all-zero block gets s = 1 (its q are zeros either way).
+// Conversions round to nearest even and saturate to ±448 (cvt .satfinite). Needs sm_89+.
+
+#include "gmjit/bf16.cuh"
+
+namespace gmjit::kt {
+
+constexpr float kE4m3Max = 448.0f;
+
+// The scale of a block whose largest magnitude is `amax`.
+template <bool kPow2>
+__device__ __forceinline__ float e4m3_scale(float amax) {
+  if (!(amax > 0.0f)) return 1.0f;  // zeros (and NaN amax: the values are NaN whatever s is)
+  float s = amax * (1.0f / kE4m3Max);
+  if constexpr (kPow2) {
+    // 2^ceil(log2 s) from the exponent bits: exact, no transcendental.
+    unsigned int bits = float_to_bits(s);
+    if ((bits & 0x007FFFFFu) != 0u) bits = (bits & 0xFF800000u) + 0x00800000u;
+    s = bits_to_float(bits & 0xFF800000u);
+  }
+  return s;
+}
+
+// Two floats as two E4M3 bytes: `lo` in bits 0..7 (the lower address), `hi` in bits 8..15.
+__device__ __forceinline__ unsigned short pack_e4m3x2(float lo, float hi) {
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Two E4M3 bytes (lo = bits 0..7) as floats, exactly.
+__device__ __forceinline__ void unpack_e4m3x2(unsigned short v, float& lo, float& hi) {
+  unsigned int h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(v));
+  unsigned short l16 = static_cast<unsigned short>(h2 & 0xFFFFu),
+                 h16 = static_cast<unsigned short>(h2 >> 16);
+  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(l16));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(h16));
+}
+
+}  // namespace gmjit::kt

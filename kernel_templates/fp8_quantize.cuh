@@ -1,0 +1,134 @@
+#pragma once
+// BF16 -> FP8 (E4M3) quantization with block scales (fp8.cuh), for the fp8_block recipe:
+//   QuantizeRows    activations [rows, K], one scale per 1 x 128 block, stored [K / 128, rows]
+//                   (the layout the FP8 GEMMs read: a tile's rows are consecutive floats)
+//   QuantizeBlocks  weights [E, N, K], one scale per 128 x 128 block, stored [E, N / 128, K / 128]
+//
+// Config (static constexpr, written by codegen):
+//   QuantizeRows:   cols (K, multiple of 128), pow2_scales
+//   QuantizeBlocks: experts, rows (N), cols (K) (multiples of 128), pow2_scales
+// Launch: 256 threads, any grid (grid-stride loops); rows == 0 writes nothing.
+
+#include "gmjit/bf16.cuh"
+#include "gmjit/fp8.cuh"
+#include "gmjit/params.cuh"
+
+namespace gmjit::kt {
+
+namespace fp8_detail {
+
+// 8 bf16 (16 bytes) as floats.
+__device__ __forceinline__ void load8(const unsigned short* p, float (&v)[8]) {
+  unsigned int w0, w1, w2, w3;
+  asm volatile("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+               : "l"(p));
+  const unsigned int w[4] = {w0, w1, w2, w3};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = bf16x2_lo(w[i]);
+    v[2 * i + 1] = bf16x2_hi(w[i]);
+  }
+}
+
+// v / s as 8 E4M3 bytes at p (8-byte aligned).
+__device__ __forceinline__ void store8(unsigned char* p, const float (&v)[8], float inv) {
+  unsigned int w[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const unsigned int lo = pack_e4m3x2(v[4 * i] * inv, v[4 * i + 1] * inv);
+    const unsigned int hi = pack_e4m3x2(v[4 * i + 2] * inv, v[4 * i + 3] * inv);
+    w[i] = lo | (hi << 16);
+  }
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(w[0]), "r"(w[1]) : "memory");
+}
+
+__device__ __forceinline__ float amax8(const float (&v)[8]) {
+  float m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[i]));
+  return m;
+}
+
+}  // namespace fp8_detail
+
+template <class Cfg>
+struct QuantizeRows {
+  static constexpr int threads = 256, min_blocks = 1;
+  static constexpr int kBlocks = Cfg::cols / 128;
+  static_assert(Cfg::cols % 128 == 0, "cols must be a multiple of 128");
+
+  // A half warp (16 lanes x 8 values) per 1 x 128 block; both halves of a warp stay in the loop
+  // together so that the full-warp shuffles are safe.
+  __device__ static void run(const QuantizeRowsParams& p) {
+    const int lane = static_cast<int>(threadIdx.x) & 31, sub = lane & 15;
+    const long long blocks = p.rows * kBlocks;
+    const long long warps = static_cast<long long>(gridDim.x) * (threads / 32);
+    const long long warp = static_cast<long long>(blockIdx.x) * (threads / 32) + threadIdx.x / 32;
+    for (long long b0 = 2 * warp; b0 < blocks; b0 += 2 * warps) {
+      const long long b = b0 + (lane >> 4);
+      const bool active = b < blocks;
+      const long long row = b / kBlocks;
+      const int kb = static_cast<int>(b % kBlocks);
+      const long long offset = row * Cfg::cols + kb * 128 + sub * 8;
+      float v[8] = {};
+      if (active) fp8_detail::load8(static_cast<const unsigned short*>(p.in) + offset, v);
+      float amax = fp8_detail::amax8(v);
+#pragma unroll
+      for (int d = 8; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+      const float s = e4m3_scale<Cfg::pow2_scales>(amax);
+      if (active) {
+        fp8_detail::store8(static_cast<unsigned char*>(p.out) + offset, v, 1.0f / s);
+        if (sub == 0) p.scales[kb * p.rows + row] = s;
+      }
+    }
+  }
+};
+
+template <class Cfg>
+struct QuantizeBlocks {
+  static constexpr int threads = 256, min_blocks = 1;
+  static constexpr int kRowBlocks = Cfg::rows / 128, kColBlocks = Cfg::cols / 128;
+  static_assert(Cfg::rows % 128 == 0 && Cfg::cols % 128 == 0,
+                "rows and cols must be multiples of 128");
+
+  // A CTA per 128 x 128 block: each thread reads 8 rows' worth of 8 values (64 in all), the block
+  // amax goes through shared memory, then every thread writes its 64 bytes.
+  __device__ static void run(const QuantizeBlocksParams& p) {
+    __shared__ float warp_max[threads / 32];
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31;
+    const long long total = static_cast<long long>(Cfg::experts) * kRowBlocks * kColBlocks;
+    for (long long blk = blockIdx.x; blk < total; blk += gridDim.x) {
+      const long long e = blk / (kRowBlocks * kColBlocks);
+      const int rb = static_cast<int>(blk / kColBlocks % kRowBlocks);
+      const int cb = static_cast<int>(blk % kColBlocks);
+      // Thread t covers columns 8 * (t % 16) .. +8 of rows (t / 16) + 16 i, i in [0, 8).
+      const long long base =
+          (e * Cfg::rows + rb * 128 + tid / 16) * Cfg::cols + cb * 128 + (tid % 16) * 8;
+      float v[8][8];
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        fp8_detail::load8(static_cast<const unsigned short*>(p.in) + base + 16LL * i * Cfg::cols,
+                          v[i]);
+        amax = fmaxf(amax, fp8_detail::amax8(v[i]));
+      }
+#pragma unroll
+      for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+      if (lane == 0) warp_max[tid / 32] = amax;
+      __syncthreads();
+      amax = warp_max[0];
+#pragma unroll
+      for (int w = 1; w < threads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
+      const float s = e4m3_scale<Cfg::pow2_scales>(amax);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        fp8_detail::store8(static_cast<unsigned char*>(p.out) + base + 16LL * i * Cfg::cols, v[i],
+                           1.0f / s);
+      if (tid == 0) p.scales[blk] = s;
+      __syncthreads();  // warp_max is reused by the next block
+    }
+  }
+};
+
+}  // namespace gmjit::kt
