@@ -84,13 +84,19 @@ std::string translation_unit(const Instantiation& inst) {
 }
 
 std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_rows_per_column) {
-  for (int block_n : {256, 128}) {
+  // Widest first (more reuse of each A tile): 2880 = 15 x 192. A GLU FC1 tile's block_n / 2
+  // output columns leave in groups of 64, so 192 and 64 serve only 1 B row per column.
+  // block_m stays 128 (one m64 tile per consumer warpgroup): two m64 tiles 192 wide would need
+  // 192 accumulators per thread, over the 128 that the consumers' 232 registers allow.
+  for (int block_n : {256, 192, 128, 64}) {
+    if (block_n / b_rows_per_column % 64 != 0) continue;
     if (out_columns % (block_n / b_rows_per_column) != 0) continue;
     TileConfig tile;
     tile.block_m = 128;
     tile.block_n = block_n;
     tile.block_k = 64;
-    tile.stages = 4;
+    // 64-row B: a deeper ring of the small stages keeps as many bytes in flight as 4 of 128 x 256.
+    tile.stages = block_n == 64 ? 8 : 4;
     tile.group_m = 8;
     return tile;
   }

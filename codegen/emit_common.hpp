@@ -32,9 +32,10 @@ struct Instantiation {
 };
 std::string translation_unit(const Instantiation& inst);
 
-// Hopper (TMA + wgmma) kernels: 128-row tiles of 128 or 256 B rows, block_k 64, 4 stages —
-// the measured best on the H200 for every docs/DESIGN.md §9 shape. The widest B tile whose output
-// columns (block_n / b_rows_per_column) divide `out_columns`, or nullopt.
+// Hopper (TMA + wgmma) kernels: 128-row tiles of 256, 192, 128 or 64 B rows, block_k 64, 4 stages
+// (8 for 64 rows) — 128 x 256 and 128 x 128 with 4 stages measured best on the H200 for every
+// docs/DESIGN.md §9 shape. The widest B tile whose output columns (block_n / b_rows_per_column,
+// a multiple of 64) divide `out_columns`, or nullopt.
 std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_rows_per_column);
 int sm90_smem_bytes(const TileConfig& tile);  // the templates static_assert the same formula
 std::string sm90_tile_fields(const TileConfig& tile);

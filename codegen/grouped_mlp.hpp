@@ -42,7 +42,7 @@ struct TileConfig {
 // it (sm_80, sm_87, sm_90, sm_100), else shrunk to fit (see detail::fit_tile).
 TileConfig choose_tile(const LayerSpec& layer, KernelRole role, std::string_view arch);
 
-// The Hopper tile (block_m x block_n, block_k 64, 4 stages) for FC1 or FC2, or nullopt when the
+// The Hopper tile (128 x 256, 192, 128 or 64, block_k 64) for FC1 or FC2, or nullopt when the
 // dims do not divide into any supported Hopper tile (the portable kernel serves them).
 std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole role);
 

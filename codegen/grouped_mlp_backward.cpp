@@ -34,8 +34,9 @@ std::string entry_name(std::string_view role, const LayerSpec& l, std::string_vi
 }
 
 // The Hopper tile for an output of rows x cols (rows are tokens for the dgrad kernels), if any.
+// The wgrad kernel takes rows that block_m does not divide in a partial last M tile.
 std::optional<TileConfig> sm90_tile(std::int64_t rows, std::int64_t cols) {
-  if (rows % 128 != 0) return std::nullopt;
+  if (rows % 64 != 0) return std::nullopt;
   return sm90_tile_dividing(cols, 1);
 }
 

@@ -53,7 +53,10 @@ struct TileShape {
 
   static_assert(Cfg::block_k == 64, "sm90 kernels use block_k = 64 (128-byte swizzle rows)");
   static_assert(block_m == 128 || block_m == 256, "block_m must be 128 or 256");
-  static_assert(block_n == 128 || block_n == 256, "block_n must be 128 or 256");
+  // Epilogues and B loads work in 64-column groups; wgmma has these N (sm90_wgmma.cuh).
+  static_assert(block_n == 64 || block_n == 128 || block_n == 192 || block_n == 256,
+                "block_n must be 64, 128, 192 or 256");
+  // 232 consumer registers: at most 128 accumulators (so block_n = 192 needs block_m = 128).
   static_assert(mt * regs <= 128, "accumulators exceed 128 registers per thread");
   static_assert(stages >= 2 && stages <= 16, "stages must be in [2, 16]");
   static_assert(Cfg::smem_bytes == smem_bytes,

@@ -15,9 +15,13 @@
 // over the 256 consumer threads). Experts without rows: zeros (accumulate = 0) or untouched.
 //
 // Config (all `static constexpr`):
-//   experts, rows, cols      int    E, M, N of out (rows % block_m == 0, cols % block_n == 0)
+//   experts, rows, cols      int    E, M, N of out (rows % 64 == 0, cols % block_n == 0); when
+//                                   block_m does not divide rows, the last M tile is partial: its
+//                                   A boxes past M are not loaded and its rows past M not stored
+//                                   (out row m depends only on A column m)
 //   split_int64              bool
-//   block_m, block_n         int    128 or 256 each, block_m * block_n <= 32768
+//   block_m                  int    128 or 256
+//   block_n                  int    64, 128, 192 or 256; block_m * block_n <= 32768
 //   block_k                  int    must be 64 (token rows per K step)
 //   stages                   int    TMA ring depth, 2..16 (4 for 128 x 256)
 //   group_m                  int    M tiles per N sweep inside an expert, e.g. 8
@@ -48,11 +52,18 @@ struct GroupedWgradSm90 {
   using S = sm90::TileShape<Cfg>;
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kM = Cfg::rows, kN = Cfg::cols;
-  static constexpr int num_m = kM / Cfg::block_m, num_n = kN / Cfg::block_n;
+  static constexpr int num_m = (kM + Cfg::block_m - 1) / Cfg::block_m, num_n = kN / Cfg::block_n;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
-  static_assert(kM % Cfg::block_m == 0 && kN % Cfg::block_n == 0,
-                "rows / cols must be multiples of block_m / block_n");
+  static_assert(kM % 64 == 0 && kN % Cfg::block_n == 0,
+                "rows must be a multiple of 64 and cols a multiple of block_n");
+
+  // A boxes (64 M rows of out each) of M tile `tile_m` that lie inside M: all of them except in a
+  // partial last tile.
+  __device__ static __forceinline__ int a_boxes(int tile_m) {
+    const int left = (kM - tile_m * Cfg::block_m) / 64;
+    return left < Cfg::block_m / 64 ? left : Cfg::block_m / 64;
+  }
 
   // Zeroes token rows [valid, 64) of `boxes` 8 KiB boxes (a 128-byte row is its own swizzle unit).
   __device__ static __forceinline__ void zero_box_rows(unsigned int base, int boxes, int valid,
@@ -114,10 +125,12 @@ struct GroupedWgradSm90 {
             } else {
               const unsigned int dst = base + stage * S::stage_bytes;
               const int row = static_cast<int>(beg) + kt * 64;
-              mbar_arrive_expect_tx(bar, S::stage_bytes);
+              const int boxes = a_boxes(tile_m);  // boxes past M: no row of out reads them
+              mbar_arrive_expect_tx(bar, S::stage_bytes - (Cfg::block_m / 64 - boxes) * 8192);
 #pragma unroll
               for (int i = 0; i < Cfg::block_m / 64; ++i)
-                tma_load_2d(dst + i * 8192, p.tmap_a, bar, tile_m * Cfg::block_m + i * 64, row);
+                if (i < boxes)
+                  tma_load_2d(dst + i * 8192, p.tmap_a, bar, tile_m * Cfg::block_m + i * 64, row);
 #pragma unroll
               for (int i = 0; i < Cfg::block_n / 64; ++i)
                 tma_load_2d(dst + S::a_stage_bytes + i * 8192, p.tmap_b, bar,
@@ -203,14 +216,16 @@ struct GroupedWgradSm90 {
     constexpr int kRows = Cfg::block_m / 2, kChunks = Cfg::block_n / 4;  // 16-byte chunks / row
     float* out = p.plain.out + static_cast<long long>(ti.expert) * kM * kN;
     const long long r0 = static_cast<long long>(ti.tile_m) * Cfg::block_m + wg * kRows;
-    for (int i = static_cast<int>(threadIdx.x) & 127; i < kRows * kChunks; i += 128) {
+    const int rows = kM - r0 < kRows ? static_cast<int>(kM - r0) : kRows;  // partial last M tile
+    for (int i = static_cast<int>(threadIdx.x) & 127; i < rows * kChunks; i += 128) {
       float* o = out + (r0 + i / kChunks) * kN + ti.tile_n * Cfg::block_n + (i % kChunks) * 4;
       asm volatile("st.global.v4.f32 [%0], {%1, %1, %1, %1};" ::"l"(o), "f"(0.0f) : "memory");
     }
   }
 
   // This warpgroup's rows of the tile: (m, h) -> M row tile_m*block_m + (wg*mt + m)*64 +
-  // (warp%4)*16 + lane/4 + 8h; n8 chunk j -> columns 8j + 2*(lane%4) + {0, 1}.
+  // (warp%4)*16 + lane/4 + 8h; n8 chunk j -> columns 8j + 2*(lane%4) + {0, 1}. An m64 tile past M
+  // (partial last M tile) holds no rows of out and is skipped.
   __device__ static __forceinline__ void store(const Sm90WgradParams& p,
                                                float (&acc)[S::mt][S::regs],
                                                const sm90::WgradTileInfo& ti, int wg) {
@@ -219,7 +234,8 @@ struct GroupedWgradSm90 {
     float* out = p.plain.out + static_cast<long long>(ti.expert) * kM * kN;
     const int col0 = ti.tile_n * Cfg::block_n + (lane & 3) * 2;
 #pragma unroll
-    for (int m = 0; m < S::mt; ++m)
+    for (int m = 0; m < S::mt; ++m) {
+      if (ti.tile_m * Cfg::block_m + (wg * S::mt + m) * 64 >= kM) continue;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const long long r = static_cast<long long>(ti.tile_m) * Cfg::block_m +
@@ -249,6 +265,7 @@ struct GroupedWgradSm90 {
                          : "memory");
         }
       }
+    }
   }
 };
 

@@ -14,8 +14,8 @@
 //   split_int64              bool   split_sizes are int64 (else int32)
 //   act                      Act    Fc1DgradSm90 only needs is_glu(act) (K = F1 = 2F for GLU)
 //   block_m                  int    128 or 256 rows per tile (each consumer warpgroup owns half)
-//   block_n                  int    128 or 256 output columns (F for Fc2DgradSm90, H for
-//                                   Fc1DgradSm90); block_m * block_n <= 32768
+//   block_n                  int    64, 128, 192 or 256 output columns (F for Fc2DgradSm90, H
+//                                   for Fc1DgradSm90); block_m * block_n <= 32768
 //   block_k                  int    must be 64
 //   stages                   int    TMA ring depth, 2..16 (4 for 128 x 256)
 //   group_m                  int    row tiles per column sweep (L2 rasterization), e.g. 8

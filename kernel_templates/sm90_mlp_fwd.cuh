@@ -9,9 +9,11 @@
 //   split_int64              bool   split_sizes are int64 (else int32)
 //   has_bias, has_probs      bool   params.bias / params.probs are used (else ignored)
 //   block_m                  int    rows per tile: 128 or 256 (each consumer warpgroup owns half)
-//   block_n                  int    GEMM columns (B rows) per tile: 128 or 256; for GLU the tile
-//                                   holds block_n/2 gate rows then their block_n/2 lin rows, so
-//                                   it covers block_n/2 output columns. block_m * block_n <= 32768
+//   block_n                  int    GEMM columns (B rows) per tile: 64, 128, 192 or 256; for GLU
+//                                   the tile holds block_n/2 gate rows then their block_n/2 lin
+//                                   rows, so it covers block_n/2 output columns, and block_n must
+//                                   be 128 or 256 (the epilogue stores 64 columns at a time).
+//                                   block_m * block_n <= 32768 (128 accumulators per thread)
 //   block_k                  int    must be 64 (one 128-byte swizzle row)
 //   stages                   int    TMA ring depth, 2..16; 4 for 128 x 256 (smem must fit 227 KiB)
 //   group_m                  int    row tiles walked per column sweep (L2 rasterization), e.g. 8
@@ -57,6 +59,9 @@ struct Fc1Sm90 {
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
   static_assert(kNOut % block_n_out == 0, "ffn must be a multiple of the output tile width");
+  static_assert(!kGlu || Cfg::block_n == 128 || Cfg::block_n == 256,
+                "GLU FC1 needs block_n 128 or 256: its tile emits block_n / 2 output columns and "
+                "the epilogue stores them 64 at a time");
 
   // GLU: gate rows of output columns [c0, c0 + block_n/2) to smem rows [0, block_n/2), their lin
   // rows after them (4-D map {K, inner, 2, outer}; see tensor_maps.hpp). So accumulator n8 chunk

@@ -185,18 +185,57 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], unsigned long l
       : "l"(da), "l"(db), "r"(scale_d), "n"(kTnspA), "n"(kTnspB));
 }
 
+// D[64 x 192] (+)= A(smem desc) * B(smem desc)ᵀ; majors as in wgmma_m64n256k16. An MN-major B
+// spans three 64-column groups, the leading byte offset of its descriptor apart.
+template <int kTnspA = 0, int kTnspB = 0>
+__device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96], unsigned long long da,
+                                                 unsigned long long db, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
+      "%96, %97, p, 1, 1, %99, %100;\n}\n"
+      : GMJIT_ACC32(d, 0), GMJIT_ACC32(d, 32), GMJIT_ACC32(d, 64)
+      : "l"(da), "l"(db), "r"(scale_d), "n"(kTnspA), "n"(kTnspB));
+}
+
+// D[64 x 64] (+)= A(smem desc) * B(smem desc)ᵀ; majors as in wgmma_m64n256k16 (an MN-major B is
+// a single 64-column group, so its leading byte offset is not used).
+template <int kTnspA = 0, int kTnspB = 0>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], unsigned long long da,
+                                                unsigned long long db, int scale_d) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, %35, %36;\n}\n"
+      : GMJIT_ACC32(d, 0)
+      : "l"(da), "l"(db), "r"(scale_d), "n"(kTnspA), "n"(kTnspB));
+}
+
 #undef GMJIT_ACC32
 #undef GMJIT_ACC8
 
-// One k16 step of a 64 x N tile, N = 128 or 256 (register count R = N / 2).
+// One k16 step of a 64 x N tile, N = 64, 128, 192 or 256 (register count R = N / 2).
 template <int R, int kTnspA = 0, int kTnspB = 0>
 __device__ __forceinline__ void wgmma_k16(float (&d)[R], unsigned long long da,
                                           unsigned long long db, int scale_d) {
-  static_assert(R == 64 || R == 128, "wgmma tile N must be 128 or 256");
+  static_assert(R == 32 || R == 64 || R == 96 || R == 128,
+                "wgmma tile N must be 64, 128, 192 or 256");
   if constexpr (R == 128) {
     wgmma_m64n256k16<kTnspA, kTnspB>(d, da, db, scale_d);
-  } else {
+  } else if constexpr (R == 96) {
+    wgmma_m64n192k16<kTnspA, kTnspB>(d, da, db, scale_d);
+  } else if constexpr (R == 64) {
     wgmma_m64n128k16<kTnspA, kTnspB>(d, da, db, scale_d);
+  } else {
+    wgmma_m64n64k16<kTnspA, kTnspB>(d, da, db, scale_d);
   }
 }
 

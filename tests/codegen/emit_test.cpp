@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "codegen/embedded_templates.hpp"
+#include "codegen/emit_common.hpp"
 #include "codegen/grouped_mlp.hpp"
 #include "gmjit/error.hpp"
 
@@ -79,13 +80,69 @@ TEST(GroupedMlpEmit, Sm90aGetsPersistentTensorMapKernelsWhereDimsAllow) {
             LaunchShape::Operands::pointers);
 }
 
-TEST(GroupedMlpEmit, Sm90aFallsBackToPortableKernelsForWidthsNoHopperTileDivides) {
-  LayerSpec layer = mixtral();
-  layer.activation.kind = Activation::relu;
-  layer.ffn = 192;  // non-GLU FC1 needs ffn % 128 == 0 on Hopper
-  const auto kernels = emit_grouped_mlp_forward({layer, false, "sm_90a", false});
-  EXPECT_EQ(kernels[0].launch.operands, LaunchShape::Operands::pointers);
-  EXPECT_EQ(kernels[1].launch.operands, LaunchShape::Operands::tensor_maps);
+// The Hopper tile of a kernel: "block_n = N" of its Cfg (0 when it is not a Hopper kernel).
+int sm90_block_n(const KernelSource& k) {
+  if (k.source.find("gmjit/sm90_") == std::string::npos) return 0;
+  constexpr std::string_view field = "block_n = ";
+  const std::size_t at = k.source.find(field);
+  return at == std::string::npos ? 0 : std::stoi(k.source.substr(at + field.size()));
+}
+
+TEST(GroupedMlpEmit, Sm90aTakesHopperKernelsForEveryMultipleOf64) {
+  // Output width -> widest dividing tile: 256, then 192, 128, 64 (GLU FC1: 256 or 128 B rows).
+  struct Width {
+    std::int64_t columns;
+    int block_n;
+  };
+  for (const Width w : {Width{2880, 192}, Width{192, 192}, Width{576, 192}, Width{320, 64},
+                        Width{640, 128}, Width{768, 256}, Width{64, 64}}) {
+    for (Activation act : {Activation::relu, Activation::swiglu}) {
+      LayerSpec layer = mixtral();
+      layer.activation.kind = act;
+      layer.hidden = w.columns;  // FC2 out, FC1 dgrad out, the wgrad_w1 columns
+      layer.ffn = w.columns;     // FC1 out, FC2 dgrad out, the wgrad_w2 columns
+      layer.fc1_bias = layer.fc2_bias = layer.router_probs = true;
+      const auto fwd = emit_grouped_mlp_forward({layer, true, "sm_90a", false});
+      for (const auto& k : fwd) {
+        EXPECT_EQ(k.launch.operands, LaunchShape::Operands::tensor_maps) << k.entry;
+        EXPECT_TRUE(k.entry.ends_with("_sm90")) << k.entry;
+        EXPECT_EQ(static_cast<int>(k.launch.block_n), sm90_block_n(k)) << k.entry;
+      }
+      EXPECT_EQ(sm90_block_n(fwd[1]), w.block_n) << w.columns;
+      if (act == Activation::relu) {
+        EXPECT_EQ(sm90_block_n(fwd[0]), w.block_n) << w.columns;
+      } else {  // GLU: block_n / 2 output columns, a multiple of 64
+        EXPECT_EQ(sm90_block_n(fwd[0]), w.columns % 128 == 0 ? 256 : 128) << w.columns;
+      }
+      GradientSet all;
+      all.db1 = all.db2 = true;
+      for (const auto& k : emit_grouped_mlp_backward({layer, all, "sm_90a", false})) {
+        if (k.role == KernelRole::bgrad_b1 || k.role == KernelRole::bgrad_b2) continue;
+        EXPECT_EQ(k.launch.operands, LaunchShape::Operands::tensor_maps) << k.entry;
+        EXPECT_TRUE(k.entry.ends_with("_sm90")) << k.entry;
+        EXPECT_EQ(sm90_block_n(k), w.block_n) << k.entry;
+      }
+      const KernelSource linear =
+          emit_grouped_linear({8, 1024, w.columns, true, true, DType::i64, "sm_90a", false});
+      EXPECT_EQ(sm90_block_n(linear), w.block_n) << linear.entry;
+    }
+  }
+}
+
+TEST(GroupedMlpEmit, Sm90TilesFitTheirSharedMemoryAndRegisters) {
+  for (std::int64_t columns : {64, 128, 192, 256, 320, 576, 2880}) {
+    for (int rows_per_column : {1, 2}) {
+      const auto tile = detail::sm90_tile_dividing(columns, rows_per_column);
+      ASSERT_TRUE(tile.has_value()) << columns << " " << rows_per_column;
+      EXPECT_EQ(tile->block_m, 128) << columns;  // 192 columns: 96 accumulators, one m64 tile
+      EXPECT_LE(detail::sm90_smem_bytes(*tile), 232448) << columns;
+      EXPECT_EQ(columns % (tile->block_n / rows_per_column), 0) << columns;
+      EXPECT_EQ(tile->block_n / rows_per_column % 64, 0) << columns;
+    }
+  }
+  EXPECT_FALSE(detail::sm90_tile_dividing(2880 + 8, 1).has_value());
+  EXPECT_EQ(detail::sm90_tile_dividing(2880, 1)->block_n, 192);
+  EXPECT_EQ(detail::sm90_tile_dividing(2880, 2)->block_n, 128);
 }
 
 TEST(GroupedMlpEmit, RejectsDimsTheKernelsCannotServe) {
@@ -115,15 +172,28 @@ TEST(GroupedMlpEmit, WidthsThatAreNotMultiplesOf64TakeThePortableKernelsWithPart
   }
 }
 
-TEST(GroupedMlpEmit, GptOssWidthsKeepTheirHopperKernels) {
+TEST(GroupedMlpEmit, GptOssWidthsTakeHopperKernelsWithWholeTiles) {
   LayerSpec layer = mixtral();
   layer.hidden = 2880;  // a multiple of 64, not of 128
   layer.ffn = 2880;
+  layer.activation.kind = Activation::clamped_swiglu;
   const auto kernels = emit_grouped_mlp_forward({layer, false, "sm_90a", false});
-  // GLU FC1 emits 64 columns per 128-row B tile: Hopper; FC2 needs 128 | 2880: portable.
+  // GLU FC1 emits 64 columns per 128-row B tile; FC2: 2880 = 15 x 192.
   EXPECT_EQ(kernels[0].launch.operands, LaunchShape::Operands::tensor_maps);
-  EXPECT_EQ(kernels[1].launch.operands, LaunchShape::Operands::pointers);
-  EXPECT_EQ(kernels[1].launch.grid_x * kernels[1].launch.block_n, 2880u);
+  EXPECT_EQ(kernels[1].launch.operands, LaunchShape::Operands::tensor_maps);
+  EXPECT_EQ(kernels[0].launch.block_n, 128u);
+  EXPECT_EQ(kernels[1].launch.block_n, 192u);
+  EXPECT_EQ(kernels[1].entry, "gmjit_fc2_fwd_e8_h2880_f2880_sm90");
+  GradientSet all;
+  all.db1 = all.db2 = true;
+  for (const auto& k : emit_grouped_mlp_backward({layer, all, "sm_90a", false})) {
+    if (k.launch.operands == LaunchShape::Operands::pointers) {
+      EXPECT_TRUE(k.role == KernelRole::bgrad_b1 || k.role == KernelRole::bgrad_b2) << k.entry;
+      continue;
+    }
+    EXPECT_EQ(k.launch.block_n, 192u) << k.entry;  // dgrad: F or H columns; wgrad: F or H
+    EXPECT_EQ(k.launch.dynamic_smem_bytes, 4u * (128 + 192) * 128 + 20480) << k.entry;
+  }
 }
 
 TEST(GroupedMlpEmit, InterleavedGluNeedsFfnMultipleOf32) {

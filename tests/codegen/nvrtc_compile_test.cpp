@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <string_view>
 
 #include "codegen/grouped_mlp.hpp"
 #include "codegen/nvrtc_compiler.hpp"
@@ -30,7 +31,16 @@ struct Case {
     l.fc1_bias = l.fc2_bias = l.router_probs = biases_and_probs;
     return l;
   }
+
+  // sm_90a with widths in whole 64-column TMA boxes: every GEMM takes a Hopper kernel.
+  bool hopper() const {
+    return std::string_view(arch) == "sm_90a" && hidden % 64 == 0 && ffn % 64 == 0;
+  }
 };
+
+bool is_column_sum(const KernelSource& k) {
+  return k.role == KernelRole::bgrad_b1 || k.role == KernelRole::bgrad_b2;
+}
 
 class NvrtcCompilesPlanKernels : public ::testing::TestWithParam<Case> {};
 
@@ -39,6 +49,9 @@ TEST_P(NvrtcCompilesPlanKernels, ToANonEmptyCubin) {
   const LayerSpec layer = c.layer(8);
   for (const KernelSource& kernel :
        emit_grouped_mlp_forward({layer, c.save_preact, c.arch, false})) {
+    if (c.hopper()) {
+      EXPECT_TRUE(kernel.entry.ends_with("_sm90")) << kernel.entry;
+    }
     const CompiledCubin cubin = compile_to_cubin(kernel, c.arch, "test");
     EXPECT_GT(cubin.cubin.size(), 1000u) << kernel.entry;
     EXPECT_LT(cubin.seconds, 30.0) << kernel.entry;
@@ -74,7 +87,16 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"sm90a_geglu_i32_w200x96", "sm_90a", Activation::geglu, GluLayout::interleaved32, true,
              true, 200, 96},
         Case{"sm90a_swiglu_gpt_oss", "sm_90a", Activation::swiglu, GluLayout::halves, true, true,
-             2880, 2880}),
+             2880, 2880},
+        // Multiples of 64, not of 128: Hopper tiles 192 and 64 wide (GLU FC1: 128 B rows).
+        Case{"sm90a_relu_w192x576", "sm_90a", Activation::relu, GluLayout::halves, true, false, 192,
+             576},
+        Case{"sm90a_gelu_w320x576_save", "sm_90a", Activation::gelu, GluLayout::halves, true, true,
+             320, 576},
+        Case{"sm90a_swiglu_w576x320_save", "sm_90a", Activation::swiglu, GluLayout::halves, true,
+             true, 576, 320},
+        Case{"sm90a_geglu_i32_w320x192", "sm_90a", Activation::geglu, GluLayout::interleaved32,
+             false, false, 320, 192}),
     [](const auto& info) { return std::string(info.param.name); });
 
 class NvrtcCompilesBackwardKernels : public ::testing::TestWithParam<Case> {};
@@ -87,6 +109,9 @@ TEST_P(NvrtcCompilesBackwardKernels, EveryGradientKernel) {
   const auto kernels = emit_grouped_mlp_backward({layer, all, c.arch, false});
   ASSERT_EQ(kernels.size(), 6u);
   for (const KernelSource& kernel : kernels) {
+    if (c.hopper() && !is_column_sum(kernel)) {
+      EXPECT_TRUE(kernel.entry.ends_with("_sm90")) << kernel.entry;
+    }
     EXPECT_GT(compile_to_cubin(kernel, c.arch, "test").cubin.size(), 1000u) << kernel.entry;
   }
 }
@@ -106,7 +131,17 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"sm90a_gelu_w4104x1416", "sm_90a", Activation::gelu, GluLayout::halves, true, true,
              4104, 1416},
         Case{"sm90a_geglu_i32_w200x96", "sm_90a", Activation::geglu, GluLayout::interleaved32, true,
-             true, 200, 96}),
+             true, 200, 96},
+        // Multiples of 64, not of 128 (gpt-oss: 2880 = 15 x 192): Hopper dgrad and wgrad with
+        // 192- and 64-wide tiles, wgrad rows in a partial last M tile.
+        Case{"sm90a_clamped_gpt_oss", "sm_90a", Activation::clamped_swiglu, GluLayout::halves, true,
+             true, 2880, 2880},
+        Case{"sm90a_swiglu_w576x320", "sm_90a", Activation::swiglu, GluLayout::halves, true, true,
+             576, 320},
+        Case{"sm90a_gelu_w320x576", "sm_90a", Activation::gelu, GluLayout::halves, true, true, 320,
+             576},
+        Case{"sm90a_relu_w192x192", "sm_90a", Activation::relu, GluLayout::halves, false, true, 192,
+             192}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // The op-by-op activation kernel: the smallest kernel the library emits.
@@ -130,6 +165,18 @@ TEST(NvrtcCompile, OpByOpKernelsCompileForWidthsWithTails) {
     for (const KernelSource& kernel : kernels) {
       EXPECT_GT(compile_to_cubin(kernel, arch, "test").cubin.size(), 1000u) << kernel.entry;
     }
+  }
+}
+
+TEST(NvrtcCompile, GroupedLinearTakesHopperTilesForMultiplesOf64) {
+  // Outputs 2880 (192-wide tiles), 320 (64-wide), 576 (192-wide).
+  const KernelSource kernels[] = {
+      emit_grouped_linear({4, 2880, 2880, true, true, DType::i64, "sm_90a", false}),
+      emit_grouped_linear({4, 576, 320, true, false, DType::i32, "sm_90a", false}),
+      emit_grouped_linear({4, 320, 576, false, false, DType::i64, "sm_90a", false})};
+  for (const KernelSource& kernel : kernels) {
+    EXPECT_TRUE(kernel.entry.ends_with("_sm90")) << kernel.entry;
+    EXPECT_GT(compile_to_cubin(kernel, "sm_90a", "test").cubin.size(), 1000u) << kernel.entry;
   }
 }
 

@@ -24,7 +24,7 @@ struct Case {
   GradientSet wanted{};  // dx, dw1, dw2 by default
   bool accumulate = false;
   bool portable = false;   // force the mma.sync kernels (forward and backward)
-  std::int64_t ffn = 192;  // 192: Hopper FC1-dgrad and dW1 only; 256: every Hopper kernel
+  std::int64_t ffn = 192;  // on sm_90a every GEMM is Hopper (F = 192: 192-wide tiles on F)
   std::int64_t hidden = 256;
 };
 
@@ -59,8 +59,10 @@ std::vector<Case> cases() {
     list.push_back(portable);
   }
   // Widths that are multiples of 8 but not of 64 (portable kernels with K tails and partial
-  // tiles, on every arch), and gpt-oss's 2880 (Hopper where a tile divides it); each again on
-  // the portable kernels. Small token counts keep the float64 reference cheap.
+  // tiles, on every arch), and multiples of 64 but not of 128 (gpt-oss's 2880 and the w64x
+  // cases: Hopper dgrad / wgrad with 192- and 64-wide tiles, wgrad rows H or F1 in a partial
+  // last 128-row tile); each again on the portable kernels. Small token counts keep the float64
+  // reference cheap.
   const std::vector<std::int64_t> short_ragged = {0, 37, 5, 64, 0, 21};
   const std::vector<Case> widths = {
       {"swiglu_w4104x1416", Activation::swiglu, GluLayout::halves, true, true, short_ragged, 3, all,
@@ -85,6 +87,19 @@ std::vector<Case> cases() {
        false,
        2880,
        2880},
+      // FC2 dgrad 320 = 5 x 64, FC1 dgrad 576 = 3 x 192; dW2 576 x 320 (rows: 4.5 tiles of
+      // 128), dW1 640 x 576.
+      {"swiglu_w64x_h576_f320", Activation::swiglu, GluLayout::halves, true, true, ragged, 3, all,
+       false, false, 320, 576},
+      // FC2 dgrad 576 = 3 x 192, FC1 dgrad 320 = 5 x 64; dW2 320 x 576, dW1 576 x 320 (both
+      // with a partial last row tile).
+      {"gelu_w64x_h320_f576", Activation::gelu, GluLayout::halves, true, true, ragged, 0, all,
+       false, false, 576, 320},
+      {"relu_w64x_h320_f576_accumulate", Activation::relu, GluLayout::halves, true, true, ragged, 6,
+       all, true, false, 576, 320},
+      // Interleaved GLU dgrad on a 192-wide F tile; dW1 384 x 320.
+      {"geglu_interleaved_w64x_h320_f192_tail", Activation::geglu, GluLayout::interleaved32, true,
+       true, ragged, 7, all, false, false, 192, 320},
   };
   for (const Case& c : widths) {
     list.push_back(c);

@@ -74,8 +74,9 @@ std::vector<Case> cases() {
        1024},
   };
   // Widths that are multiples of 8 but not of 64: K tails and partial column tiles on the
-  // portable kernels (also on sm_90a); 2880 (gpt-oss, a multiple of 64 but not of 128) keeps its
-  // Hopper FC1. Ragged splits with empty experts; small token counts keep the reference cheap.
+  // portable kernels (also on sm_90a). Multiples of 64 but not of 128 (gpt-oss's 2880, the w64x
+  // cases) take the Hopper kernels with 192- and 64-wide tiles (GLU FC1: 128 B rows, 64 output
+  // columns). Ragged splits with empty experts; small token counts keep the reference cheap.
   const std::vector<std::int64_t> short_ragged = {0, 37, 5, 64, 0, 21};
   const std::vector<Case> widths = {
       {"swiglu_w4104x1416", Activation::swiglu, GluLayout::halves, true, true, true, DType::i64,
@@ -94,6 +95,17 @@ std::vector<Case> cases() {
        true, DType::i64, short_ragged, 4, GradMode::grad, 2880, 2880},
       {"relu_gpt_oss_w2880", Activation::relu, GluLayout::halves, true, true, true, DType::i64,
        short_ragged, 0, GradMode::no_grad, 2880, 2880},
+      // FC1 GLU: 128-row B tiles; FC2: 576 = 3 x 192.
+      {"swiglu_w64x_h576_f320", Activation::swiglu, GluLayout::halves, true, true, true, DType::i64,
+       ragged, 3, GradMode::grad, 576, 320},
+      // FC1: 576 = 3 x 192; FC2: 320 = 5 x 64.
+      {"gelu_w64x_h320_f576", Activation::gelu, GluLayout::halves, true, true, true, DType::i32,
+       ragged, 0, GradMode::grad, 320, 576},
+      {"relu_w64x_h320_f576_tail", Activation::relu, GluLayout::halves, true, true, true,
+       DType::i64, ragged, 11, GradMode::no_grad, 320, 576},
+      // FC1 interleaved GLU on F = 192 (three 64-column output tiles); FC2: 320 = 5 x 64.
+      {"geglu_interleaved_w64x_h320_f192", Activation::geglu, GluLayout::interleaved32, true, true,
+       true, DType::i64, ragged, 5, GradMode::grad, 320, 192},
   };
   all.insert(all.end(), widths.begin(), widths.end());
   // Every case again on the portable kernels, so that both paths are tested on a Hopper GPU.
@@ -110,7 +122,8 @@ std::vector<Case> cases() {
     if (c.portable) continue;
     if (c.name == all[0].name || c.name == all[3].name || c.name == all[7].name ||
         c.name == "swiglu_w200x72_tail" || c.name == "geglu_interleaved_w200x96" ||
-        c.name == "relu_w200x72") {
+        c.name == "relu_w200x72" || c.name == "swiglu_w64x_h576_f320" ||
+        c.name == "gelu_w64x_h320_f576") {
       Case unfused = c;
       unfused.name += "_unfused";
       unfused.unfused = true;
