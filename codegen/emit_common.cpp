@@ -161,4 +161,33 @@ LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,
   return launch;
 }
 
+int widest_dividing(std::int64_t extent, std::initializer_list<int> candidates) {
+  for (int c : candidates) {
+    if (extent % c == 0) return c;
+  }
+  return 64;
+}
+
+bool sm90_allowed(const families::KernelRequest& request) {
+  return request.arch == "sm_90a" && !request.portable_only && hopper_widths(request.layer);
+}
+
+std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols) {
+  if (rows % 128 != 0) return std::nullopt;
+  return sm90_tile_dividing(cols, 1);
+}
+
+KernelSource sm90_kernel(const families::KernelRequest& request, const TileConfig& tile,
+                         std::string_view header, std::string_view kernel,
+                         std::string_view params) {
+  check_sm90_fits(tile, request.arch);
+  KernelSource k;
+  k.role = request.role;
+  k.entry = request.entry + "_sm90";
+  k.source = translation_unit(
+      {header, kernel, params, request.fields + sm90_tile_fields(tile), k.entry, "384, 1"});
+  set_sm90_launch(k.launch, tile, request.layer.experts);
+  return k;
+}
+
 }  // namespace gmjit::codegen::detail

@@ -1,0 +1,36 @@
+// Family column_sum: the grouped column sums behind the bias gradients, out_g = Σ_t in_t (· p_t)
+// over expert g's rows, db2 and db1 (GroupedColumnSum, sm80_grouped_wgrad.cuh, ColumnSumParams):
+// 16 warps per block of 256 columns, one block row per expert. Portable, every arch. Bound by
+// engine/families/column_sum.cpp.
+#include <fmt/format.h>
+
+#include "codegen/emit_common.hpp"
+#include "codegen/families/family.hpp"
+
+namespace gmjit::codegen::families {
+namespace {
+
+std::optional<KernelSource> emit(const KernelRequest& r) {
+  constexpr int kWarps = 16;
+  constexpr int kColumnsPerBlock = 256;
+  KernelSource k;
+  k.role = r.role;
+  k.entry = r.entry;
+  k.source = detail::translation_unit(
+      {"sm80_grouped_wgrad.cuh", "GroupedColumnSum", "ColumnSumParams",
+       r.fields + fmt::format("  static constexpr int warps = {}, min_blocks = 1;\n", kWarps),
+       k.entry});
+  k.launch.grid = LaunchShape::Grid::fixed;
+  k.launch.threads = 32 * kWarps;
+  k.launch.grid_x = static_cast<std::uint32_t>((r.cols + kColumnsPerBlock - 1) / kColumnsPerBlock);
+  k.launch.grid_y = static_cast<std::uint32_t>(r.layer.experts);
+  return k;
+}
+
+constexpr KernelRole kRoles[] = {KernelRole::bgrad_b2, KernelRole::bgrad_b1};
+
+}  // namespace
+
+extern const KernelFamily column_sum{"column_sum", kRoles, &emit};
+
+}  // namespace gmjit::codegen::families

@@ -1,0 +1,43 @@
+// Family sm80_wgrad: the portable (mma.sync) weight gradients out_g = Σ_t a_tᵀ b_t over expert
+// g's rows, dW2 and dW1 (GroupedWgrad, sm80_grouped_wgrad.cuh, WgradParams), one block per
+// output tile and expert. Every arch; the fallback wherever sm90_wgrad does not apply. Bound by
+// engine/families/sm80_wgrad.cpp.
+#include "codegen/emit_common.hpp"
+#include "codegen/families/family.hpp"
+
+namespace gmjit::codegen::families {
+namespace {
+
+// Both wgrad operands are token-major: stages * block_k * (block_m + block_n + 16) * 2.
+int wgrad_smem(const TileConfig& t) {
+  return t.stages * t.block_k * (t.block_m + t.block_n + 16) * 2;
+}
+
+std::optional<KernelSource> emit(const KernelRequest& r) {
+  using namespace detail;
+  TileConfig preferred;
+  preferred.block_m = widest_dividing(r.rows, {256, 128, 64});
+  preferred.block_n = widest_dividing(r.cols, {128, 64});
+  const TileConfig tile = fit_tile(preferred, r.arch, wgrad_smem);
+  const int smem = wgrad_smem(tile);
+  KernelSource k;
+  k.role = r.role;
+  k.entry = r.entry;
+  k.source = translation_unit({"sm80_grouped_wgrad.cuh", "GroupedWgrad", "WgradParams",
+                               r.fields + tile_fields(tile, smem), k.entry});
+  k.launch.grid = LaunchShape::Grid::fixed;
+  k.launch.threads = static_cast<std::uint32_t>(tile.threads());
+  k.launch.dynamic_smem_bytes = static_cast<std::uint32_t>(smem);
+  k.launch.grid_x = static_cast<std::uint32_t>((r.cols + tile.block_n - 1) / tile.block_n);
+  k.launch.grid_y = static_cast<std::uint32_t>((r.rows + tile.block_m - 1) / tile.block_m);
+  k.launch.grid_z = static_cast<std::uint32_t>(r.layer.experts);
+  return k;
+}
+
+constexpr KernelRole kRoles[] = {KernelRole::wgrad_w2, KernelRole::wgrad_w1};
+
+}  // namespace
+
+extern const KernelFamily sm80_wgrad{"sm80_wgrad", kRoles, &emit};
+
+}  // namespace gmjit::codegen::families
