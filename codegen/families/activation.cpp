@@ -10,22 +10,18 @@ namespace gmjit::codegen::families {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kBlocks = 1024;  // grid-stride: the blocks loop over all of [T, F]
 
 std::optional<KernelSource> emit(const KernelRequest& r) {
-  KernelSource k;
-  k.role = r.role;
-  k.entry = r.entry;
-  k.source = detail::translation_unit(
-      {"activation_fwd.cuh", "ActivationFwd", "ActivationParams",
-       fmt::format("  static constexpr int ffn = {}, threads = {}, min_blocks = 1;\n"
-                   "  static constexpr bool has_probs = {};\n",
-                   r.layer.ffn, kThreads, r.layer.router_probs) +
-           r.fields,
-       k.entry});
-  k.launch.grid = LaunchShape::Grid::fixed;
-  k.launch.threads = kThreads;
-  k.launch.grid_x = 1024;
-  return k;
+  // This family's fields come before the operation's (the activation's), as they always have:
+  // the order is part of the source, hence of the kernel key.
+  return detail::kernel_source(
+      r, "activation_fwd.cuh", "ActivationFwd", "ActivationParams",
+      fmt::format("  static constexpr int ffn = {}, threads = {}, min_blocks = 1;\n"
+                  "  static constexpr bool has_probs = {};\n",
+                  r.layer.ffn, kThreads, r.layer.router_probs) +
+          r.fields,
+      detail::fixed_launch(kThreads, 0, kBlocks));
 }
 
 constexpr KernelRole kRoles[] = {KernelRole::activation};

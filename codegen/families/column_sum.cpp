@@ -13,18 +13,11 @@ namespace {
 std::optional<KernelSource> emit(const KernelRequest& r) {
   constexpr int kWarps = 16;
   constexpr int kColumnsPerBlock = 256;
-  KernelSource k;
-  k.role = r.role;
-  k.entry = r.entry;
-  k.source = detail::translation_unit(
-      {"sm80_grouped_wgrad.cuh", "GroupedColumnSum", "ColumnSumParams",
-       r.fields + fmt::format("  static constexpr int warps = {}, min_blocks = 1;\n", kWarps),
-       k.entry});
-  k.launch.grid = LaunchShape::Grid::fixed;
-  k.launch.threads = 32 * kWarps;
-  k.launch.grid_x = static_cast<std::uint32_t>((r.cols + kColumnsPerBlock - 1) / kColumnsPerBlock);
-  k.launch.grid_y = static_cast<std::uint32_t>(r.layer.experts);
-  return k;
+  return detail::kernel_source(
+      r, "sm80_grouped_wgrad.cuh", "GroupedColumnSum", "ColumnSumParams",
+      r.fields + fmt::format("  static constexpr int warps = {}, min_blocks = 1;\n", kWarps),
+      detail::fixed_launch(32 * kWarps, 0, (r.cols + kColumnsPerBlock - 1) / kColumnsPerBlock,
+                           r.layer.experts));
 }
 
 constexpr KernelRole kRoles[] = {KernelRole::bgrad_b2, KernelRole::bgrad_b1};

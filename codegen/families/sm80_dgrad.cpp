@@ -22,14 +22,10 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   preferred.block_n = widest_dividing(out_columns, {128, 64});
   const TileConfig tile = fit_tile(preferred, r.arch, dgrad_smem);
   const int smem = dgrad_smem(tile);
-  KernelSource k;
-  k.role = r.role;
-  k.entry = r.entry;
-  k.source = translation_unit({"sm80_mlp_bwd.cuh", fc2 ? "Fc2Dgrad" : "Fc1Dgrad",
-                               fc2 ? "Fc2DgradParams" : "GroupedGemmParams",
-                               r.fields + tile_fields(tile, smem), k.entry});
-  k.launch = grouped_rows_launch(tile, smem, tile.block_n, out_columns, r.layer.experts);
-  return k;
+  return kernel_source(r, "sm80_mlp_bwd.cuh", fc2 ? "Fc2Dgrad" : "Fc1Dgrad",
+                       fc2 ? "Fc2DgradParams" : "GroupedGemmParams",
+                       r.fields + tile_fields(tile, smem),
+                       grouped_rows_launch(tile, smem, tile.block_n, out_columns, r.layer.experts));
 }
 
 constexpr KernelRole kRoles[] = {KernelRole::fc2_dgrad, KernelRole::fc1_dgrad};

@@ -26,15 +26,12 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   const bool fc1 = r.role == KernelRole::fc1_forward;
   const bool glu_fc1 = fc1 && is_glu(r.layer.activation.kind);
   const TileConfig tile = choose_tile(r.layer, r.role, r.arch);
-  KernelSource k;
-  k.role = r.role;
-  k.entry = r.entry;
-  k.source = translation_unit({"sm80_mlp_fwd.cuh", fc1 ? "Fc1" : "Fc2", "GroupedGemmParams",
-                               r.fields + tile_fields(tile, tile.smem_bytes()), k.entry});
-  k.launch = grouped_rows_launch(tile, tile.smem_bytes(), glu_fc1 ? tile.block_n / 2 : tile.block_n,
-                                 fc1 ? r.layer.ffn : r.layer.hidden, r.layer.experts);
-  k.launch.block_n = static_cast<std::uint32_t>(tile.block_n);
-  return k;
+  LaunchShape launch =
+      grouped_rows_launch(tile, tile.smem_bytes(), glu_fc1 ? tile.block_n / 2 : tile.block_n,
+                          fc1 ? r.layer.ffn : r.layer.hidden, r.layer.experts);
+  launch.block_n = static_cast<std::uint32_t>(tile.block_n);
+  return kernel_source(r, "sm80_mlp_fwd.cuh", fc1 ? "Fc1" : "Fc2", "GroupedGemmParams",
+                       r.fields + tile_fields(tile, tile.smem_bytes()), launch);
 }
 
 constexpr KernelRole kRoles[] = {KernelRole::fc1_forward, KernelRole::fc2_forward,

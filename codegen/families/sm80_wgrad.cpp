@@ -20,18 +20,11 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   preferred.block_n = widest_dividing(r.cols, {128, 64});
   const TileConfig tile = fit_tile(preferred, r.arch, wgrad_smem);
   const int smem = wgrad_smem(tile);
-  KernelSource k;
-  k.role = r.role;
-  k.entry = r.entry;
-  k.source = translation_unit({"sm80_grouped_wgrad.cuh", "GroupedWgrad", "WgradParams",
-                               r.fields + tile_fields(tile, smem), k.entry});
-  k.launch.grid = LaunchShape::Grid::fixed;
-  k.launch.threads = static_cast<std::uint32_t>(tile.threads());
-  k.launch.dynamic_smem_bytes = static_cast<std::uint32_t>(smem);
-  k.launch.grid_x = static_cast<std::uint32_t>((r.cols + tile.block_n - 1) / tile.block_n);
-  k.launch.grid_y = static_cast<std::uint32_t>((r.rows + tile.block_m - 1) / tile.block_m);
-  k.launch.grid_z = static_cast<std::uint32_t>(r.layer.experts);
-  return k;
+  return kernel_source(
+      r, "sm80_grouped_wgrad.cuh", "GroupedWgrad", "WgradParams",
+      r.fields + tile_fields(tile, smem),
+      fixed_launch(tile.threads(), smem, (r.cols + tile.block_n - 1) / tile.block_n,
+                   (r.rows + tile.block_m - 1) / tile.block_m, r.layer.experts));
 }
 
 constexpr KernelRole kRoles[] = {KernelRole::wgrad_w2, KernelRole::wgrad_w1};
