@@ -167,4 +167,57 @@ LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,
   return launch;
 }
 
+LaunchShape fixed_launch(int threads, int smem_bytes, std::int64_t grid_x, std::int64_t grid_y,
+                         std::int64_t grid_z) {
+  LaunchShape launch;
+  launch.grid = LaunchShape::Grid::fixed;
+  launch.threads = static_cast<std::uint32_t>(threads);
+  launch.dynamic_smem_bytes = static_cast<std::uint32_t>(smem_bytes);
+  launch.grid_x = static_cast<std::uint32_t>(grid_x);
+  launch.grid_y = static_cast<std::uint32_t>(grid_y);
+  launch.grid_z = static_cast<std::uint32_t>(grid_z);
+  return launch;
+}
+
+KernelSource kernel_source(const families::KernelRequest& request, std::string_view header,
+                           std::string_view kernel, std::string_view params, std::string cfg_fields,
+                           const LaunchShape& launch) {
+  KernelSource k;
+  k.role = request.role;
+  k.entry = request.entry;
+  k.source = translation_unit({header, kernel, params, std::move(cfg_fields), k.entry});
+  k.launch = launch;
+  return k;
+}
+
+int widest_dividing(std::int64_t extent, std::initializer_list<int> candidates) {
+  for (int c : candidates) {
+    if (extent % c == 0) return c;
+  }
+  return 64;
+}
+
+bool sm90_allowed(const families::KernelRequest& request) {
+  return request.arch == "sm_90a" && !request.portable_only && hopper_widths(request.layer);
+}
+
+std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols) {
+  // The wgrad kernel takes rows that block_m does not divide in a partial last M tile.
+  if (rows % 64 != 0) return std::nullopt;
+  return sm90_tile_dividing(cols, 1);
+}
+
+KernelSource sm90_kernel(const families::KernelRequest& request, const TileConfig& tile,
+                         std::string_view header, std::string_view kernel,
+                         std::string_view params) {
+  check_sm90_fits(tile, request.arch);
+  KernelSource k;
+  k.role = request.role;
+  k.entry = request.entry + "_sm90";
+  k.source = translation_unit(
+      {header, kernel, params, request.fields + sm90_tile_fields(tile), k.entry, "384, 1"});
+  set_sm90_launch(k.launch, tile, request.layer.experts);
+  return k;
+}
+
 }  // namespace gmjit::codegen::detail

@@ -1,10 +1,13 @@
 #pragma once
-// Pieces shared by the emitters: the Cfg fields every kernel takes and the one shape of a
-// generated translation unit (include a template header, define a Cfg, declare the entry).
+// Pieces shared by the emitters and the kernel families (codegen/families/): the Cfg fields every
+// kernel takes, the one shape of a generated translation unit (include a template header, define
+// a Cfg, declare the entry), tile fitting, and what the Hopper families have in common.
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "codegen/families/family.hpp"
 #include "codegen/grouped_mlp.hpp"
 
 namespace gmjit::codegen::detail {
@@ -56,5 +59,30 @@ void check_sm90_fits(const TileConfig& tile, std::string_view arch);
 LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,
                                 std::int64_t out_columns_per_tile, std::int64_t out_columns,
                                 std::int64_t experts);
+
+// A fixed grid (grid_x, grid_y, grid_z) of `threads`-thread blocks.
+LaunchShape fixed_launch(int threads, int smem_bytes, std::int64_t grid_x, std::int64_t grid_y = 1,
+                         std::int64_t grid_z = 1);
+
+// A non-Hopper kernel of `request`: template `kernel` of `header` taking `params`, Cfg
+// `cfg_fields`, entry request.entry, launched as `launch`.
+KernelSource kernel_source(const families::KernelRequest& request, std::string_view header,
+                           std::string_view kernel, std::string_view params, std::string cfg_fields,
+                           const LaunchShape& launch);
+
+// The first of `candidates` that divides `extent`, else 64 (the last tile is then partial).
+int widest_dividing(std::int64_t extent, std::initializer_list<int> candidates);
+
+// Whether a Hopper family may serve `request` at all: sm_90a, not portable_only, and hidden and
+// ffn that suit the Hopper kernels (hopper_widths).
+bool sm90_allowed(const families::KernelRequest& request);
+// The Hopper tile of a kernel whose output is rows x cols per expert, if any (the dgrad kernels'
+// rows are tokens, which tile freely: they pass any multiple of 128).
+std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols);
+// The Hopper kernel `header`'s template `kernel` taking `params`, on `tile`: the tile checked
+// against the arch (check_sm90_fits), entry + "_sm90", Cfg = request.fields + sm90_tile_fields,
+// launch bounds (384, 1) and the persistent launch of set_sm90_launch.
+KernelSource sm90_kernel(const families::KernelRequest& request, const TileConfig& tile,
+                         std::string_view header, std::string_view kernel, std::string_view params);
 
 }  // namespace gmjit::codegen::detail

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "codegen/emit_common.hpp"
+#include "codegen/families/family.hpp"
 #include "gmjit/error.hpp"
 
 namespace gmjit::codegen {
@@ -69,55 +70,17 @@ bool hopper_widths(const LayerSpec& layer) {
   return layer.hidden % 64 == 0 && layer.ffn % 64 == 0;
 }
 
-TileConfig choose_tile(const LayerSpec& layer, KernelRole role, std::string_view arch) {
-  TileConfig tile;
-  // A narrower B tile serves widths that are multiples of 64 but not of 128 with whole tiles;
-  // other widths end in a partial tile. GLU FC1 tiles emit block_n / 2 columns.
-  const std::int64_t out_columns = role == KernelRole::fc2_forward ? layer.hidden : layer.ffn;
-  const bool glu_fc1 = role == KernelRole::fc1_forward && is_glu(layer.activation.kind);
-  if (!glu_fc1 && out_columns % tile.block_n != 0) tile.block_n = 64;
-  return detail::fit_tile(tile, arch, [](const TileConfig& t) { return t.smem_bytes(); });
-}
-
-std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole role) {
-  // The Hopper kernels need K in whole 64-column TMA boxes and whole output tiles; other widths
-  // take the portable kernels.
-  if (!hopper_widths(layer)) return std::nullopt;
-  const bool glu_fc1 = role == KernelRole::fc1_forward && is_glu(layer.activation.kind);
-  const std::int64_t out_columns = role == KernelRole::fc2_forward ? layer.hidden : layer.ffn;
-  return detail::sm90_tile_dividing(out_columns, glu_fc1 ? 2 : 1);
-}
-
 namespace {
 
-// One forward GEMM kernel: the Hopper template where the arch and dims allow, else the portable.
-KernelSource emit_forward_kernel(const GroupedMlpForwardDesc& desc, KernelRole role,
-                                 const std::string& fields, const std::string& entry) {
-  using namespace detail;
-  const LayerSpec& layer = desc.layer;
-  const bool fc1 = role == KernelRole::fc1_forward;
-  const bool glu_fc1 = fc1 && is_glu(layer.activation.kind);
-  const std::int64_t out_columns = fc1 ? layer.ffn : layer.hidden;
-  KernelSource k;
-  k.role = role;
-  const std::optional<TileConfig> hopper =
-      desc.arch == "sm_90a" && !desc.portable_only ? choose_sm90_tile(layer, role) : std::nullopt;
-  if (hopper) {
-    check_sm90_fits(*hopper, desc.arch);
-    k.entry = entry + "_sm90";
-    k.source = translation_unit({"sm90_mlp_fwd.cuh", fc1 ? "Fc1Sm90" : "Fc2Sm90", "Sm90GemmParams",
-                                 fields + sm90_tile_fields(*hopper), k.entry, "384, 1"});
-    set_sm90_launch(k.launch, *hopper, layer.experts);
-    return k;
-  }
-  const TileConfig tile = choose_tile(layer, role, desc.arch);
-  k.entry = entry;
-  k.source = translation_unit({"sm80_mlp_fwd.cuh", fc1 ? "Fc1" : "Fc2", "GroupedGemmParams",
-                               fields + tile_fields(tile, tile.smem_bytes()), k.entry});
-  k.launch = grouped_rows_launch(tile, tile.smem_bytes(), glu_fc1 ? tile.block_n / 2 : tile.block_n,
-                                 out_columns, layer.experts);
-  k.launch.block_n = static_cast<std::uint32_t>(tile.block_n);
-  return k;
+// A forward GEMM of `desc`: sm90_gemm or sm80_gemm (codegen/families) by arch and widths.
+KernelSource forward_gemm(const GroupedMlpForwardDesc& desc, KernelRole role, std::string fields,
+                          std::string entry) {
+  return families::emit_kernel({.role = role,
+                                .layer = desc.layer,
+                                .arch = desc.arch,
+                                .portable_only = desc.portable_only,
+                                .entry = std::move(entry),
+                                .fields = std::move(fields)});
 }
 
 }  // namespace
@@ -133,8 +96,8 @@ std::vector<KernelSource> emit_grouped_mlp_forward(const GroupedMlpForwardDesc& 
   const std::string fc2_fields =
       layer_fields(layer) + fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n",
                                         layer.fc2_bias, layer.router_probs);
-  return {emit_forward_kernel(desc, KernelRole::fc1_forward, fc1_fields, fc1_entry(desc)),
-          emit_forward_kernel(desc, KernelRole::fc2_forward, fc2_fields, fc2_entry(layer))};
+  return {forward_gemm(desc, KernelRole::fc1_forward, fc1_fields, fc1_entry(desc)),
+          forward_gemm(desc, KernelRole::fc2_forward, fc2_fields, fc2_entry(layer))};
 }
 
 KernelSource emit_grouped_linear(const GroupedLinearDesc& d) {
@@ -155,34 +118,25 @@ KernelSource emit_grouped_linear(const GroupedLinearDesc& d) {
   const std::string fields = detail::layer_fields(desc.layer) +
                              fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n",
                                          d.bias, d.scale_bias_by_probs);
-  KernelSource k = emit_forward_kernel(
-      desc, KernelRole::fc2_forward, fields,
+  return forward_gemm(
+      desc, KernelRole::linear, fields,
       fmt::format("gmjit_linear_e{}_{}x{}{}{}", d.experts, d.in_features, d.out_features,
                   d.bias ? "_b" : "", d.scale_bias_by_probs ? "_p" : ""));
-  k.role = KernelRole::linear;
-  return k;
 }
 
 KernelSource emit_activation(const ActivationDesc& d) {
-  using namespace detail;
   check_width("ffn", d.ffn);
   check_glu_layout(d.activation, d.ffn);
-  KernelSource k;
-  k.role = KernelRole::activation;
-  k.entry = fmt::format("gmjit_activation_f{}_{}{}{}", d.ffn, activation_name(d.activation.kind),
-                        d.activation.layout == GluLayout::interleaved32 ? "_i32" : "",
-                        d.scale_by_probs ? "_p" : "");
-  k.source = translation_unit(
-      {"activation_fwd.cuh", "ActivationFwd", "ActivationParams",
-       fmt::format("  static constexpr int ffn = {}, threads = 256, min_blocks = 1;\n"
-                   "  static constexpr bool has_probs = {};\n",
-                   d.ffn, d.scale_by_probs) +
-           activation_fields(d.activation),
-       k.entry});
-  k.launch.grid = LaunchShape::Grid::fixed;
-  k.launch.threads = 256;
-  k.launch.grid_x = 1024;
-  return k;
+  families::KernelRequest request{
+      .role = KernelRole::activation,
+      .entry = fmt::format("gmjit_activation_f{}_{}{}{}", d.ffn, activation_name(d.activation.kind),
+                           d.activation.layout == GluLayout::interleaved32 ? "_i32" : "",
+                           d.scale_by_probs ? "_p" : ""),
+      .fields = detail::activation_fields(d.activation)};
+  request.layer.ffn = d.ffn;
+  request.layer.activation = d.activation;
+  request.layer.router_probs = d.scale_by_probs;
+  return families::emit_kernel(request);
 }
 
 }  // namespace gmjit::codegen

@@ -2,6 +2,9 @@
 // Codegen for the grouped MLP: the fused forward (FC1 + activation, FC2), the backward, and the
 // op-by-op kernels (grouped linear, activation). One generated translation unit per kernel, each
 // a handful of constants and an entry that instantiates a template from kernel_templates/.
+// The emitters here (grouped_mlp*.cpp) decide which kernels a plan needs, their names and the
+// Cfg fields of their operation; a kernel family (codegen/families/) picks template, tile and
+// launch for each.
 #include <optional>
 #include <string>
 #include <string_view>
@@ -39,11 +42,14 @@ struct TileConfig {
 };
 
 // The portable forward tile for `arch`: the default above where the arch's shared memory holds
-// it (sm_80, sm_87, sm_90, sm_100), else shrunk to fit (see detail::fit_tile).
+// it (sm_80, sm_87, sm_90, sm_100), else shrunk to fit (see detail::fit_tile). FC1 is `role`
+// fc1_forward; any other role is FC2-shaped. The sm80_gemm family's tile
+// (codegen/families/sm80_gemm.cpp).
 TileConfig choose_tile(const LayerSpec& layer, KernelRole role, std::string_view arch);
 
 // The Hopper tile (128 x 256, 192, 128 or 64, block_k 64) for FC1 or FC2, or nullopt when the
-// dims do not divide into any supported Hopper tile (the portable kernel serves them).
+// dims do not divide into any supported Hopper tile (the portable kernel serves them). The
+// sm90_gemm family's tile (codegen/families/sm90_gemm.cpp).
 std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole role);
 
 struct GroupedMlpBackwardDesc {

@@ -3,6 +3,7 @@
 // instantiates a template, its entry name, and how to launch it.
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace gmjit::codegen {
 
@@ -60,6 +61,10 @@ struct KernelSource {
   std::string entry;   // extern "C" kernel name inside `source`
   std::string source;  // the generated translation unit
   LaunchShape launch;
+  // The codegen family that emitted it (codegen/families/<family>.cpp), whose parameter block
+  // the engine binds under the same name (engine/families/<family>.cpp). A static string; not
+  // part of the kernel's key or cache payload, since the source and entry already determine it.
+  std::string_view family;
 };
 
 }  // namespace gmjit::codegen

@@ -174,7 +174,7 @@ engine::DevicePlan& Engine::Impl::device_plan(const engine::PlanKey& key, const 
           loaded->device = &device;
           for (const auto& kernel : loaded->prepared->kernels) {
             auto& added = loaded->kernels.emplace_back(std::make_unique<engine::LoadedKernel>(
-                kernel->cubin, kernel->entry, kernel->role, kernel->launch));
+                kernel->cubin, kernel->entry, kernel->role, kernel->launch, kernel->family));
             added->prepare_for(device);
           }
           engine::log(LogLevel::debug, "loaded plan {} on cuda:{}", layer.describe(), key.device);

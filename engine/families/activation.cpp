@@ -1,5 +1,5 @@
-// Family: the standalone elementwise activation of op-by-op execution, a = act(h) · p
-// (ActivationParams, activation_fwd.cuh).
+// Family activation (codegen/families/activation.cpp): the op-by-op activation,
+// ActivationParams.
 #include "engine/families/family.hpp"
 #include "kernel_templates/params.cuh"
 

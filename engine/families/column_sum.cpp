@@ -1,5 +1,5 @@
-// Family: the grouped column sums behind the bias gradients, out_g (+)= Σ in_t (· p_t) over
-// expert g's rows (ColumnSumParams, sm80_mlp_bwd.cuh). Portable on every arch.
+// Family column_sum (codegen/families/column_sum.cpp): the bias gradients' column sums,
+// ColumnSumParams.
 #include "engine/families/family.hpp"
 #include "engine/runtime/loaded_kernel.hpp"
 #include "gmjit/error.hpp"

@@ -1,15 +1,17 @@
 #pragma once
-// Kernel families: what one kind of kernel needs from a call. A family binds the call's tensors
-// to its kernel's parameter block (and, for the Hopper kernels, encodes its TMA descriptors);
-// the forward and the backward then only bind and launch each kernel of their plan, in order.
-// Families are found by (KernelRole, LaunchShape::Operands) in registry.cpp, the only list of
-// them. They see runtime/ and the parameter blocks (kernel_templates/params.cuh), never plan/ or
-// api/.
+// Kernel families, engine side: what one kind of kernel needs from a call. A family binds the
+// call's tensors to its kernel's parameter block (and, for the Hopper kernels, encodes its TMA
+// descriptors); the forward and the backward then only bind and launch each kernel of their
+// plan, in order. A family is found by the name its codegen module gave the kernel
+// (codegen/families/<name>.cpp emits, <name>.cpp here binds) in registry.cpp, the only list of
+// them. They see runtime/ and the parameter blocks (kernel_templates/params.cuh), never plan/,
+// api/ or codegen/families/.
 #include <cuda.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <string_view>
 #include <type_traits>
 
 #include "codegen/kernel_source.hpp"
@@ -79,16 +81,15 @@ class ParamStorage {
 
 // Fills `storage` with the kernel's parameter block for this call and returns a pointer to it
 // (the kernel's one argument).
-using BindFn = void* (*)(const CallTensors& call, const LoadedKernel& kernel,
-                         ParamStorage& storage);
+using BindFn = void*(const CallTensors& call, const LoadedKernel& kernel, ParamStorage& storage);
 
 struct Family {
-  const char* name;  // for messages
-  BindFn bind;
+  std::string_view name;  // codegen::KernelSource::family of the kernels it binds
+  BindFn* bind;
 };
 
-// The family of a kernel; throws Error(Status::internal) when none is registered.
-const Family& family_of(codegen::KernelRole role, codegen::LaunchShape::Operands operands);
+// The family named `name`; throws Error(Status::internal) when none is registered.
+const Family& family_of(std::string_view name);
 
 // Binds `kernel` to `call` and launches it on `stream` of `device` (whose context is current).
 class DeviceContext;

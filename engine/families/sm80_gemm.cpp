@@ -1,6 +1,6 @@
-// Family: the portable (mma.sync) grouped GEMM, GroupedGemmParams with plain pointers
-// (sm80_mlp_fwd.cuh; also the portable FC1 dgrad).
-#include "engine/families/grouped_gemm.hpp"
+// Family sm80_gemm (codegen/families/sm80_gemm.cpp): the portable grouped GEMM of the forward,
+// GroupedGemmParams with plain pointers.
+#include "engine/families/operands.hpp"
 #include "engine/runtime/loaded_kernel.hpp"
 
 namespace gmjit::engine {

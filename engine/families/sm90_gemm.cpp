@@ -1,8 +1,8 @@
-// Family: the Hopper (TMA + wgmma) forward GEMM, Sm90GemmParams (sm90_mlp_fwd.cuh): the maps of a
-// and b, encoded per call, then the grouped GEMM's portable block as the sm80 family builds it.
+// Family sm90_gemm (codegen/families/sm90_gemm.cpp): the Hopper grouped GEMM of the forward,
+// Sm90GemmParams: the maps of a and b, encoded per call, then the block sm80_gemm binds.
 #include <cstdint>
 
-#include "engine/families/grouped_gemm.hpp"
+#include "engine/families/operands.hpp"
 #include "engine/runtime/driver.hpp"
 #include "engine/runtime/loaded_kernel.hpp"
 #include "engine/runtime/thread_local_cache.hpp"

@@ -134,9 +134,10 @@ std::shared_ptr<const CompiledKernel> KernelStore::load_or_compile(
     cache::LoadOrigin origin;
     if (auto bytes = disk_->load(key, &origin)) {
       auto kernel = std::make_shared<CompiledKernel>();
-      // The role picks the parameter binding (engine/families), so it must match too.
+      // The role picks the tensors the family binds (engine/families), so it must match too.
       if (decode_payload(*bytes, *kernel) && kernel->entry == source.entry &&
           kernel->role == source.role && kernel->launch == source.launch) {
+        kernel->family = source.family;
         kernel->key = key;
         kernel->arch = arch;
         ++counters_.disk_reads;
@@ -164,6 +165,7 @@ std::shared_ptr<const CompiledKernel> KernelStore::load_or_compile(
   kernel->entry = source.entry;
   kernel->launch = source.launch;
   kernel->role = source.role;
+  kernel->family = source.family;
   kernel->cubin = std::move(compiled.cubin);
   kernel->key = key;
   kernel->arch = arch;

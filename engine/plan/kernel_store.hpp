@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cache/disk_cache.hpp"
@@ -17,6 +18,8 @@ struct CompiledKernel {
   std::string entry;
   codegen::LaunchShape launch;
   codegen::KernelRole role{};
+  // From the source, never from the payload: the source and entry determine it (kernel_key).
+  std::string_view family;
   std::vector<std::byte> cubin;
   cache::Key128 key;
   std::string arch;

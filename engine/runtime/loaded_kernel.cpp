@@ -8,8 +8,13 @@
 namespace gmjit::engine {
 
 LoadedKernel::LoadedKernel(std::span<const std::byte> cubin, std::string entry,
-                           codegen::KernelRole role, codegen::LaunchShape launch)
-    : entry_(std::move(entry)), role_(role), serial_(next_serial()), launch_(launch) {
+                           codegen::KernelRole role, codegen::LaunchShape launch,
+                           std::string_view family)
+    : entry_(std::move(entry)),
+      role_(role),
+      family_(family),
+      serial_(next_serial()),
+      launch_(launch) {
   const DriverApi& api = driver();
   check_driver(
       api.cuLibraryLoadData(&library_, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "codegen/kernel_source.hpp"
 
@@ -17,8 +18,10 @@ class DeviceContext;
 
 class LoadedKernel {
  public:
+  // `family` names the kernel's family (codegen::KernelSource::family, a static string), whose
+  // binding engine/families looks up by that name.
   LoadedKernel(std::span<const std::byte> cubin, std::string entry, codegen::KernelRole role,
-               codegen::LaunchShape launch);
+               codegen::LaunchShape launch, std::string_view family = {});
   ~LoadedKernel();
   LoadedKernel(const LoadedKernel&) = delete;
   LoadedKernel& operator=(const LoadedKernel&) = delete;
@@ -33,6 +36,7 @@ class LoadedKernel {
 
   const std::string& entry() const { return entry_; }
   codegen::KernelRole role() const { return role_; }
+  std::string_view family() const { return family_; }
   // Never reused in this process (addresses may be, after a kernel is unloaded): names the
   // kernel's entries in thread-local caches (engine/runtime/thread_local_cache.hpp).
   std::uint64_t serial() const { return serial_; }
@@ -43,6 +47,7 @@ class LoadedKernel {
   CUkernel kernel_ = nullptr;
   std::string entry_;
   codegen::KernelRole role_;
+  std::string_view family_;
   std::uint64_t serial_;
   codegen::LaunchShape launch_;
   std::array<std::atomic<bool>, 64> prepared_devices_{};

@@ -1,6 +1,6 @@
-// Family: the FP8 block recipe's kernels (codegen/fp8_forward.cpp): the quantizers of x and of the
-// weights (plain pointer blocks), and the Hopper FP8 GEMMs, Sm90Fp8GemmParams
-// (sm90_fp8_mlp_fwd.cuh): two uint8 TMA maps with 128-byte boxes along K, then the FP8 block.
+// Family sm90_fp8_gemm: the Hopper FP8 GEMMs of the fp8_block forward, Sm90Fp8GemmParams
+// (sm90_fp8_mlp_fwd.cuh): two uint8 TMA maps with 128-byte boxes along K, then the FP8 block
+// (codegen/families/sm90_fp8_gemm.cpp emits them).
 #include <cstddef>
 #include <cstring>
 
@@ -43,23 +43,6 @@ void encode_rows(unsigned char (&out)[128], const void* base, long long rows, lo
 }
 
 }  // namespace
-
-void* bind_quantize_x(const CallTensors& call, const LoadedKernel&, ParamStorage& storage) {
-  auto& p = storage.emplace<kt::QuantizeRowsParams>();
-  p = {call.x, call.x_fp8, call.x_scales, call.tokens};
-  return &p;
-}
-
-void* bind_quantize_weights(const CallTensors& call, const LoadedKernel& kernel,
-                            ParamStorage& storage) {
-  auto& p = storage.emplace<kt::QuantizeBlocksParams>();
-  if (kernel.role() == codegen::KernelRole::quantize_w1) {
-    p = {call.w1, call.w1_fp8, call.w1_scales};
-  } else {
-    p = {call.w2, call.w2_fp8, call.w2_scales};
-  }
-  return &p;
-}
 
 void* bind_sm90_fp8_gemm(const CallTensors& call, const LoadedKernel& kernel,
                          ParamStorage& storage) {

@@ -1,4 +1,4 @@
-#include "engine/families/grouped_gemm.hpp"
+#include "engine/families/operands.hpp"
 
 #include "gmjit/error.hpp"
 
@@ -35,13 +35,31 @@ GemmOperands gemm_operands(codegen::KernelRole role, const CallTensors& c) {
               l.fc1_out(),
               Sm90BLayout::kPlain,
               {c.x, c.w1, c.b1, nullptr, c.split_sizes, c.preact, nullptr, c.tokens}};
-    case KernelRole::fc1_dgrad:  // dx = dh · W1 (also the plain block of the sm90 one, dgrad.cpp)
+    case KernelRole::fc1_dgrad:  // dx = dh · W1
       return {l.fc1_out(),
               l.hidden,
               Sm90BLayout::kPlain,
               {c.dpreact, c.w1, nullptr, nullptr, c.split_sizes, c.dx, nullptr, c.tokens}};
     default:
       throw Error(Status::internal, "no grouped GEMM operands for this kernel role");
+  }
+}
+
+kt::Fc2DgradParams fc2_dgrad_params(const CallTensors& c) {
+  return {c.dy,          c.w2,      c.b2,         c.probs,  c.saved_preact,
+          c.split_sizes, c.dpreact, c.act_scaled, c.dprobs, c.tokens};
+}
+
+WgradOperands wgrad_operands(codegen::KernelRole role, const CallTensors& c) {
+  const LayerSpec& l = *c.layer;
+  switch (role) {
+    case codegen::KernelRole::wgrad_w2:  // dW2 = dyᵀ (a ⊙ p)
+      return {l.hidden, l.ffn, {c.dy, c.act_scaled, c.split_sizes, c.dw2, c.tokens, c.accumulate}};
+    case codegen::KernelRole::wgrad_w1:  // dW1 = dhᵀ x
+      return {
+          l.fc1_out(), l.hidden, {c.dpreact, c.x, c.split_sizes, c.dw1, c.tokens, c.accumulate}};
+    default:
+      throw Error(Status::internal, "no weight-gradient operands for this kernel role");
   }
 }
 

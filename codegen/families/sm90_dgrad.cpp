@@ -1,0 +1,29 @@
+// Family sm90_dgrad: the Hopper (TMA + wgmma) data gradients (sm90_mlp_bwd.cuh): FC2 dgrad with
+// the activation backward (Fc2DgradSm90, Sm90Fc2DgradParams) and FC1 dgrad (Fc1DgradSm90,
+// Sm90GemmParams). Applies on sm_90a (not portable_only) where hidden and ffn are multiples of
+// 64 and a Hopper tile divides the output width; sm80_dgrad serves the rest. Bound by
+// engine/families/sm90_dgrad.cpp.
+#include "codegen/emit_common.hpp"
+#include "codegen/families/family.hpp"
+
+namespace gmjit::codegen::families {
+namespace {
+
+std::optional<KernelSource> emit(const KernelRequest& r) {
+  if (!detail::sm90_allowed(r)) return std::nullopt;
+  const bool fc2 = r.role == KernelRole::fc2_dgrad;
+  // Rows are tokens: any multiple of 128 stands for "rows tile freely" here.
+  const std::optional<TileConfig> tile =
+      detail::sm90_output_tile(128, fc2 ? r.layer.ffn : r.layer.hidden);
+  if (!tile) return std::nullopt;
+  return detail::sm90_kernel(r, *tile, "sm90_mlp_bwd.cuh", fc2 ? "Fc2DgradSm90" : "Fc1DgradSm90",
+                             fc2 ? "Sm90Fc2DgradParams" : "Sm90GemmParams");
+}
+
+constexpr KernelRole kRoles[] = {KernelRole::fc2_dgrad, KernelRole::fc1_dgrad};
+
+}  // namespace
+
+extern const KernelFamily sm90_dgrad{"sm90_dgrad", kRoles, &emit};
+
+}  // namespace gmjit::codegen::families

@@ -1,0 +1,62 @@
+// Family sm90_fp8_gemm: the Hopper FP8 (E4M3, block-scaled) grouped GEMMs of the fp8_block
+// forward, Fc1Fp8Sm90 / Fc2Fp8Sm90 (sm90_fp8_mlp_fwd.cuh, Sm90Fp8GemmParams), persistent with
+// one block per SM. Applies on sm_90a only (codegen/fp8_forward.cpp checks the widths first).
+// Bound by engine/families/sm90_fp8_gemm.cpp.
+#include <fmt/format.h>
+
+#include "codegen/emit_common.hpp"
+#include "codegen/families/family.hpp"
+
+namespace gmjit::codegen::families {
+namespace {
+
+// 128-row tiles. FC1's covers 128 output columns, one activation scale block (GLU: 128 gate
+// then 128 lin B rows); FC2's 256 columns where hidden allows. The ring takes the shared memory
+// the epilogue staging leaves, up to 8 stages.
+struct Fp8Tile {
+  int block_m = 128, block_n = 128, stages = 2;
+  int smem_bytes() const { return stages * (block_m + block_n) * 128 + 20480; }
+};
+
+Fp8Tile tile_for(const KernelRequest& r) {
+  Fp8Tile t;
+  const bool fc1 = r.role == KernelRole::fc1_forward_fp8;
+  t.block_n =
+      fc1 ? (is_glu(r.layer.activation.kind) ? 256 : 128) : (r.layer.hidden % 256 == 0 ? 256 : 128);
+  constexpr int kSmemLimit = 232448;  // sm_90a's per-block dynamic shared memory
+  while (t.stages < 8 && (t.stages + 1) * (t.block_m + t.block_n) * 128 + 20480 <= kSmemLimit)
+    ++t.stages;
+  return t;
+}
+
+std::optional<KernelSource> emit(const KernelRequest& r) {
+  if (r.arch != "sm_90a") return std::nullopt;
+  const Fp8Tile t = tile_for(r);
+  const bool fc1 = r.role == KernelRole::fc1_forward_fp8;
+  KernelSource k;
+  k.role = r.role;
+  k.entry = r.entry;
+  k.source = detail::translation_unit(
+      {"sm90_fp8_mlp_fwd.cuh", fc1 ? "Fc1Fp8Sm90" : "Fc2Fp8Sm90", "Sm90Fp8GemmParams",
+       r.fields + fmt::format("  static constexpr int block_m = {}, block_n = {}, block_k = 128, "
+                              "stages = {}, group_m = 8;\n"
+                              "  static constexpr int smem_bytes = {};\n",
+                              t.block_m, t.block_n, t.stages, t.smem_bytes()),
+       k.entry, "384, 1"});
+  k.launch.grid = LaunchShape::Grid::persistent;
+  k.launch.operands = LaunchShape::Operands::tensor_maps;
+  k.launch.threads = 384;
+  k.launch.dynamic_smem_bytes = static_cast<std::uint32_t>(t.smem_bytes());
+  k.launch.block_m = static_cast<std::uint32_t>(t.block_m);
+  k.launch.block_n = static_cast<std::uint32_t>(t.block_n);
+  k.launch.experts = static_cast<std::uint32_t>(r.layer.experts);
+  return k;
+}
+
+constexpr KernelRole kRoles[] = {KernelRole::fc1_forward_fp8, KernelRole::fc2_forward_fp8};
+
+}  // namespace
+
+extern const KernelFamily sm90_fp8_gemm{"sm90_fp8_gemm", kRoles, &emit};
+
+}  // namespace gmjit::codegen::families
