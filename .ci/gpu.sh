@@ -39,19 +39,23 @@ if [ -z "${GMJIT_SKIP_TORCH:-}" ]; then
   PYTHONUNBUFFERED=1 python3 .devcarry/torch_reference.py ${GMJIT_TORCH_ARGS:---compile} \
     --json "$OUT/torch.json" >"$LOGS/torch.log" 2>&1 || tail -20 "$LOGS/torch.log"
 fi
-for preset in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
+# GMJIT_PRESETS entries are "preset" or "preset@recipe" (a --recipe name, e.g. mixtral@fp8-block).
+for entry in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
+  preset=${entry%@*}
+  recipe=bf16
+  [ "$entry" != "$preset" ] && recipe=${entry#*@}
   ref=""
   [ -f "$OUT/torch.json" ] && ref="--reference $OUT/torch.json"
-  build-gpu/cli/gmjit bench --preset "$preset" --pattern recompute $ref --json "$OUT/bench_$preset.json" \
-    >"$LOGS/bench_$preset.log" 2>&1 ||
-    tail -20 "$LOGS/bench_$preset.log"
+  build-gpu/cli/gmjit bench --preset "$preset" --recipe "$recipe" --pattern recompute $ref \
+    --json "$OUT/bench_$entry.json" >"$LOGS/bench_$entry.log" 2>&1 ||
+    tail -20 "$LOGS/bench_$entry.log"
 done
 build-gpu/cli/gmjit plot "$OUT"/bench_*.json -o "$OUT/shapes.png" >/dev/null || echo "plot failed"
 echo "== GPU tests (rc $gpu_rc)"; grep -E "tests passed|tests failed|Failed|Skipped" "$OUT/gpu_tests.log" | head -20
 grep -E "Failure|error|Expected|Which is|rel err" "$OUT/gpu_tests.log" | grep -v "numerics \]" | head -30
 echo "== CPU tests (rc $cpu_rc)"; grep -sE "tests passed|tests failed" "$LOGS/cpu_tests.log"
-for preset in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
-  echo "== $preset"; grep -E "compile |disk-hit|memory-hit|forward|fwd\+bwd|cpu/call|recompute|skipped|error|vs torch" "$LOGS/bench_$preset.log"
+for entry in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
+  echo "== $entry"; grep -E "compile |disk-hit|memory-hit|forward|fwd\+bwd|cpu/call|recompute|skipped|error|vs torch" "$LOGS/bench_$entry.log"
 done
 [ -f "$OUT/saved_bytes.json" ] && { echo "== saved for backward"; cat "$OUT/saved_bytes.json"; }
 [ -f "$OUT/torch.json" ] && python3 - "$OUT/torch.json" <<'PY'
