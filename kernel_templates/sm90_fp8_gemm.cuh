@@ -172,21 +172,31 @@ __device__ __forceinline__ void fp8_grouped_gemm(const P& p) {
     for (int g = 0; g < S::nt; ++g)
       sb_rows[g] = p.plain.b_scales +
                    static_cast<long long>(Epi::b_scale_row(ti.expert, ti.tile_n, g)) * kKTiles;
-#pragma unroll 1
-    for (int kt = 0; kt < kKTiles; ++kt) {
-      if (kt > 0) mbar_wait(full + 8 * stage, phase);
-      // This K block's scales (rows past the expert's end get 0: their results are never
-      // stored, and their scale slots may lie past the tensor).
-      float sa[S::mt][2], sb[S::nt];
+    // A K block's scales (rows past the expert's end get 0: their results are never stored, and
+    // their scale slots may lie past the tensor). Loaded one K block ahead: they come from L2,
+    // and the MMAs of a block are shorter than that latency.
+    float sa_next[S::mt][2], sb_next[S::nt];
+    auto load_scales = [&](int kt) {
 #pragma unroll
       for (int m = 0; m < S::mt; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const long long row = row0 + m * 64 + wrow + 8 * h;
-          sa[m][h] = row < ti.row_end ? p.plain.a_scales[kt * tokens + row] : 0.0f;
+          sa_next[m][h] = row < ti.row_end ? p.plain.a_scales[kt * tokens + row] : 0.0f;
         }
 #pragma unroll
-      for (int g = 0; g < S::nt; ++g) sb[g] = sb_rows[g][kt];
+      for (int g = 0; g < S::nt; ++g) sb_next[g] = sb_rows[g][kt];
+    };
+    load_scales(0);
+#pragma unroll 1
+    for (int kt = 0; kt < kKTiles; ++kt) {
+      if (kt > 0) mbar_wait(full + 8 * stage, phase);
+      float sa[S::mt][2], sb[S::nt];
+#pragma unroll
+      for (int m = 0; m < S::mt; ++m) sa[m][0] = sa_next[m][0], sa[m][1] = sa_next[m][1];
+#pragma unroll
+      for (int g = 0; g < S::nt; ++g) sb[g] = sb_next[g];
+      if (kt + 1 < kKTiles) load_scales(kt + 1);
       const unsigned int a_s = base + stage * S::stage_bytes + wg * S::mt * 64 * 128;
       const unsigned int b_s = base + stage * S::stage_bytes + S::a_stage_bytes;
 #pragma unroll
