@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/runtime/driver.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
 
 namespace gmjit::testing {
@@ -253,6 +254,66 @@ TEST_P(Fp8Forward, MatchesFloat64ReferenceOfDequantizedOperands) {
 
 INSTANTIATE_TEST_SUITE_P(Layers, Fp8Forward, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
+
+// The FP8 forward (x quantizer, two GEMMs, workspace from the pool) does nothing capture
+// forbids: captured on a fresh non-blocking stream and replayed, it writes the eager bits; and a
+// layer without tokens (an expert-parallel rank that received none) launches nothing.
+TEST(Fp8Forward, CapturedInAGraphReplaysEagerBitsAndZeroTokensLaunchNothing) {
+  GMJIT_REQUIRE_GPU();
+  if (Engine::devices()[0].arch != "sm_90a") GTEST_SKIP() << "FP8 kernels need sm_90a";
+  const engine::DriverApi& api = engine::driver();
+  auto check = [](CUresult rc, const char* call) { engine::check_driver(rc, call); };
+  const LayerSpec l = spec(4, 256, 384, Activation::swiglu, true, true, DType::i64);
+  const HostLayer host = make_host_layer(l, {100, 0, 157, 43}, 320, 77);
+  DeviceLayer layer(host, GradMode::no_grad);
+  engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
+  const Device dev{Device::Kind::cuda, 0};
+  const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out(), T = host.tokens;
+  engine::DeviceBuffer w1q(device, E * F1 * H), w1s(device, E * (F1 / 128) * (H / 128) * 4);
+  engine::DeviceBuffer w2q(device, E * H * F), w2s(device, E * (H / 128) * (F / 128) * 4);
+  QuantizeWeightsArgs q;
+  q.w1 = layer.args.w1;
+  q.w2 = layer.args.w2;
+  q.w1_fp8 = make_tensor(w1q.data(), DType::f8e4m3, {E, F1, H}, dev);
+  q.w1_scales = make_tensor(w1s.data(), DType::f32, {E, F1 / 128, H / 128}, dev);
+  q.w2_fp8 = make_tensor(w2q.data(), DType::f8e4m3, {E, H, F}, dev);
+  q.w2_scales = make_tensor(w2s.data(), DType::f32, {E, H / 128, F / 128}, dev);
+  Engine engine;
+  const Recipe recipe = Recipe::fp8_block();
+  engine.quantize_weights(l, recipe, q);
+  ForwardArgs args = layer.args;
+  args.w1_fp8 = q.w1_fp8;
+  args.w1_scales = q.w1_scales;
+  args.w2_fp8 = q.w2_fp8;
+  args.w2_scales = q.w2_scales;
+  engine.forward(l, recipe, args);  // eager (and builds the plan)
+  const auto eager = DeviceLayer::download(layer.y, T * H);
+
+  CUstream stream = nullptr;
+  check(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  check(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
+  engine.forward(l, recipe, args, GradMode::no_grad, stream);
+  check(api.cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
+  check(api.cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiate");
+  layer.y.fill_bytes(0xFF);
+  check(api.cuCtxSynchronize(), "cuCtxSynchronize");  // the poison lands before the replays
+  for (int i = 0; i < 10; ++i) check(api.cuGraphLaunch(exec, stream), "cuGraphLaunch");
+  check(api.cuStreamSynchronize(stream), "cuStreamSynchronize");
+  EXPECT_EQ(DeviceLayer::download(layer.y, T * H), eager);
+  api.cuGraphExecDestroy(exec);
+  api.cuGraphDestroy(graph);
+  api.cuStreamDestroy(stream);
+
+  ForwardArgs empty = args;
+  empty.x = make_tensor(nullptr, DType::bf16, {0, H}, dev);
+  empty.y = make_tensor(nullptr, DType::bf16, {0, H}, dev);
+  empty.probs = make_tensor(nullptr, DType::f32, {0}, dev);
+  const EngineCounters before = engine.counters();
+  EXPECT_EQ(engine.forward(l, recipe, empty).tokens, 0);
+  EXPECT_EQ(engine.counters().plans_built, before.plans_built);
+}
 
 }  // namespace
 }  // namespace gmjit::testing
