@@ -73,7 +73,7 @@ Subcommand add_bench_command(CLI::App& app) {
   bench->add_option("--cache-dir", s.layer.cache_dir,
                     "cache directory to use (default: a fresh temporary one)");
   bench->add_option("--recipe", s.options.recipe, std::string(bench::kRecipeNames))
-      ->check(CLI::IsMember({"bf16", "fp8-block", "fp8-block-pow2"}))
+      ->check(CLI::IsMember({"bf16", "fp8-block", "fp8-block-pow2", "fp8-tensor"}))
       ->capture_default_str();
   bench->add_option("--repeats", s.options.repeats, "timed forward repeats")->capture_default_str();
   bench->add_flag("--no-gpu", s.options.skip_gpu, "run only the phases that need no GPU");

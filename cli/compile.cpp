@@ -22,7 +22,7 @@ void add_compile_options(CLI::App& command, CompileOptions& o) {
       ->check(CLI::IsMember({"on", "off", "both"}))
       ->capture_default_str();
   command.add_option("--recipe", o.recipe, std::string(bench::kRecipeNames))
-      ->check(CLI::IsMember({"bf16", "fp8-block", "fp8-block-pow2"}))
+      ->check(CLI::IsMember({"bf16", "fp8-block", "fp8-block-pow2", "fp8-tensor"}))
       ->capture_default_str();
   command
       .add_option("--specs", o.specs,

@@ -135,7 +135,7 @@ CompileSpec parse_entry(const json& entry, std::size_t index,
                           ? DType::i32
                           : DType::i64;
   spec.recipe = bench::recipe_by_name(
-      text(entry, where, "recipe", {"bf16", "fp8-block", "fp8-block-pow2"}, "bf16"));
+      text(entry, where, "recipe", {"bf16", "fp8-block", "fp8-block-pow2", "fp8-tensor"}, "bf16"));
   const std::string grad = text(entry, where, "grad", {"no_grad", "grad", "both"}, "both");
   spec.no_grad = grad != "grad";
   spec.grad = grad != "no_grad";

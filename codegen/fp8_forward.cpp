@@ -11,12 +11,16 @@
 namespace gmjit::codegen {
 namespace {
 
-std::string recipe_suffix(bool pow2) {
-  return pow2 ? "_fp8b_p2" : "_fp8b";
+std::string recipe_suffix(const Fp8ForwardDesc& d) {
+  return fmt::format("_fp8{}{}", d.per_tensor ? "t" : "b", d.pow2_scales ? "_p2" : "");
 }
 
 std::string pow2_field(bool pow2) {
   return fmt::format("  static constexpr bool pow2_scales = {};\n", pow2);
+}
+
+std::string scaling_field(const Fp8ForwardDesc& d) {
+  return fmt::format("  static constexpr bool per_tensor_scales = {};\n", d.per_tensor);
 }
 
 KernelSource emit(KernelRole role, const Fp8ForwardDesc& d, std::string entry, std::string fields,
@@ -30,11 +34,21 @@ KernelSource emit(KernelRole role, const Fp8ForwardDesc& d, std::string entry, s
                                 .cols = cols});
 }
 
+// fp8_tensor passes over a whole tensor ([T, cols], one group) or over the experts' matrices
+// (E groups of rows x cols).
+KernelSource tensor_pass(KernelRole role, const Fp8ForwardDesc& d, std::string entry,
+                         std::int64_t groups) {
+  return emit(
+      role, d, std::move(entry),
+      fmt::format("  static constexpr int groups = {};\n", groups) + pow2_field(d.pow2_scales),
+      groups);
+}
+
 KernelSource weight_quantizer(KernelRole role, const Fp8ForwardDesc& d, const char* name,
                               std::int64_t rows, std::int64_t cols) {
   return emit(role, d,
               fmt::format("gmjit_quantize_{}_e{}_{}x{}{}", name, d.layer.experts, rows, cols,
-                          recipe_suffix(d.pow2_scales)),
+                          recipe_suffix(d)),
               fmt::format("  static constexpr int experts = {}, rows = {}, cols = {};\n",
                           d.layer.experts, rows, cols) +
                   pow2_field(d.pow2_scales),
@@ -64,30 +78,47 @@ std::vector<KernelSource> emit_fp8_forward(const Fp8ForwardDesc& d) {
   using namespace detail;
   const LayerSpec& l = d.layer;
   check_fp8_supported(l, d.arch);
-  const std::string suffix = recipe_suffix(d.pow2_scales);
-  return {
-      emit(
-          KernelRole::quantize_x, d, fmt::format("gmjit_quantize_x_h{}{}", l.hidden, suffix),
-          fmt::format("  static constexpr int cols = {};\n", l.hidden) + pow2_field(d.pow2_scales)),
-      emit(KernelRole::fc1_forward_fp8, d,
-           fmt::format("gmjit_fc1_fwd_e{}_h{}_f{}_{}{}{}{}{}", l.experts, l.hidden, l.ffn,
-                       activation_name(l.activation.kind), l.fc1_bias ? "_b1" : "",
-                       l.router_probs ? "_p" : "", d.save_preact ? "_save" : "", suffix),
-           layer_fields(l) + activation_fields(l.activation) +
-               fmt::format(
-                   "  static constexpr bool has_bias = {}, has_probs = {}, save_preact = {};\n",
-                   l.fc1_bias, l.router_probs, d.save_preact) +
-               pow2_field(d.pow2_scales)),
+  const std::string suffix = recipe_suffix(d);
+  KernelSource fc1 = emit(
+      KernelRole::fc1_forward_fp8, d,
+      fmt::format("gmjit_fc1_fwd_e{}_h{}_f{}_{}{}{}{}{}", l.experts, l.hidden, l.ffn,
+                  activation_name(l.activation.kind), l.fc1_bias ? "_b1" : "",
+                  l.router_probs ? "_p" : "", d.save_preact ? "_save" : "", suffix),
+      layer_fields(l) + activation_fields(l.activation) +
+          fmt::format("  static constexpr bool has_bias = {}, has_probs = {}, save_preact = {};\n",
+                      l.fc1_bias, l.router_probs, d.save_preact) +
+          pow2_field(d.pow2_scales) + scaling_field(d));
+  KernelSource fc2 =
       emit(KernelRole::fc2_forward_fp8, d,
            fmt::format("gmjit_fc2_fwd_e{}_h{}_f{}{}{}{}", l.experts, l.hidden, l.ffn,
                        l.fc2_bias ? "_b2" : "", l.router_probs ? "_p" : "", suffix),
-           layer_fields(l) + fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n",
-                                         l.fc2_bias, l.router_probs)),
-  };
+           layer_fields(l) +
+               fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n", l.fc2_bias,
+                           l.router_probs) +
+               scaling_field(d));
+  if (d.per_tensor) {
+    // FC2's input needs the amax of all of a before any of it is quantized: FC1 writes a in
+    // bf16 with its amax, a pass quantizes it.
+    return {tensor_pass(KernelRole::tensor_amax_x, d, "gmjit_amax_x" + suffix, 1),
+            tensor_pass(KernelRole::tensor_quantize_x, d, "gmjit_quantize_x" + suffix, 1), fc1,
+            tensor_pass(KernelRole::tensor_quantize_act, d, "gmjit_quantize_act" + suffix, 1), fc2};
+  }
+  KernelSource quantize_x = emit(
+      KernelRole::quantize_x, d, fmt::format("gmjit_quantize_x_h{}{}", l.hidden, suffix),
+      fmt::format("  static constexpr int cols = {};\n", l.hidden) + pow2_field(d.pow2_scales));
+  return {quantize_x, fc1, fc2};
 }
 
 std::vector<KernelSource> emit_fp8_weight_quantizers(const Fp8ForwardDesc& d) {
   check_fp8_supported(d.layer, d.arch);
+  const std::int64_t E = d.layer.experts;
+  if (d.per_tensor) {
+    const std::string suffix = fmt::format("_e{}{}", E, recipe_suffix(d));
+    return {tensor_pass(KernelRole::tensor_amax_w1, d, "gmjit_amax_w1" + suffix, E),
+            tensor_pass(KernelRole::tensor_quantize_w1, d, "gmjit_quantize_w1" + suffix, E),
+            tensor_pass(KernelRole::tensor_amax_w2, d, "gmjit_amax_w2" + suffix, E),
+            tensor_pass(KernelRole::tensor_quantize_w2, d, "gmjit_quantize_w2" + suffix, E)};
+  }
   return {weight_quantizer(KernelRole::quantize_w1, d, "w1", d.layer.fc1_out(), d.layer.hidden),
           weight_quantizer(KernelRole::quantize_w2, d, "w2", d.layer.hidden, d.layer.ffn)};
 }

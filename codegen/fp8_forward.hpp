@@ -14,6 +14,7 @@ struct Fp8ForwardDesc {
   LayerSpec layer;
   bool save_preact = false;  // grad mode: FC1 also writes the bf16 pre-activation
   bool pow2_scales = false;
+  bool per_tensor = false;  // fp8_tensor recipe (else fp8_block)
   std::string arch = "sm_90a";
 };
 
@@ -21,10 +22,12 @@ struct Fp8ForwardDesc {
 // hidden and ffn multiples of 128 (whole scale blocks), the halves GLU layout.
 void check_fp8_supported(const LayerSpec& layer, const std::string& arch);
 
-// [quantize_x, fc1_forward_fp8, fc2_forward_fp8].
+// fp8_block: [quantize_x, fc1_forward_fp8, fc2_forward_fp8]; fp8_tensor: [tensor_amax_x,
+// tensor_quantize_x, fc1_forward_fp8, tensor_quantize_act, fc2_forward_fp8].
 std::vector<KernelSource> emit_fp8_forward(const Fp8ForwardDesc& desc);
 
-// [quantize_w1, quantize_w2].
+// fp8_block: [quantize_w1, quantize_w2]; fp8_tensor: [tensor_amax_w1, tensor_quantize_w1,
+// tensor_amax_w2, tensor_quantize_w2].
 std::vector<KernelSource> emit_fp8_weight_quantizers(const Fp8ForwardDesc& desc);
 
 }  // namespace gmjit::codegen

@@ -54,6 +54,14 @@ enum class KernelRole : std::uint8_t {
   fc2_forward_fp8 = 13,
   quantize_w1 = 14,  // W1 -> E4M3 with 128 x 128 scales
   quantize_w2 = 15,
+  // FP8 per-tensor recipe: amax passes and quantization with one scale per tensor (or expert).
+  tensor_amax_x = 16,
+  tensor_quantize_x = 17,
+  tensor_quantize_act = 18,  // a, whose amax FC1's epilogue took
+  tensor_amax_w1 = 19,
+  tensor_quantize_w1 = 20,
+  tensor_amax_w2 = 21,
+  tensor_quantize_w2 = 22,
 };
 
 struct KernelSource {

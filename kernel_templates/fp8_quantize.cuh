@@ -3,10 +3,14 @@
 //   QuantizeRows    activations [rows, K], one scale per 1 x 128 block, stored [K / 128, rows]
 //                   (the layout the FP8 GEMMs read: a tile's rows are consecutive floats)
 //   QuantizeBlocks  weights [E, N, K], one scale per 128 x 128 block, stored [E, N / 128, K / 128]
+// and for the fp8_tensor recipe (current scaling: one scale per tensor, or per expert matrix):
+//   GroupAmax       amax of each group of elements into its slot (atomic max; slots zeroed first)
+//   QuantizeGroups  each group with the scale of its amax
 //
 // Config (static constexpr, written by codegen):
 //   QuantizeRows:   cols (K, multiple of 128), pow2_scales
 //   QuantizeBlocks: experts, rows (N), cols (K) (multiples of 128), pow2_scales
+//   GroupAmax, QuantizeGroups: pow2_scales (QuantizeGroups); gridDim.y = groups
 // Launch: 256 threads, any grid (grid-stride loops); rows == 0 writes nothing.
 
 #include "gmjit/bf16.cuh"
@@ -128,6 +132,62 @@ struct QuantizeBlocks {
       if (tid == 0) p.scales[blk] = s;
       __syncthreads();  // warp_max is reused by the next block
     }
+  }
+};
+
+namespace fp8_detail {
+
+// The block's largest value of `v` (every thread gets it); `scratch` holds a float per warp.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int tid = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
+  if ((tid & 31) == 0) scratch[tid >> 5] = v;
+  __syncthreads();
+  v = scratch[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x) / 32; ++w) v = fmaxf(v, scratch[w]);
+  __syncthreads();
+  return v;
+}
+
+}  // namespace fp8_detail
+
+// blockIdx.y = group; the blocks of a group stride over its 8-element vectors, reduce, and add
+// one atomic max each.
+template <class Cfg>
+struct GroupAmax {
+  static constexpr int threads = 256, min_blocks = 1;
+  __device__ static void run(const GroupAmaxParams& p) {
+    __shared__ float scratch[threads / 32];
+    const long long g = blockIdx.y, vectors = p.group_elems / 8;
+    const unsigned short* in = static_cast<const unsigned short*>(p.in) + g * p.group_elems;
+    float m = 0.0f;
+    for (long long v = static_cast<long long>(blockIdx.x) * threads + threadIdx.x; v < vectors;
+         v += static_cast<long long>(gridDim.x) * threads) {
+      float x[8];
+      fp8_detail::load8(in + v * 8, x);
+      m = fmaxf(m, fp8_detail::amax8(x));
+    }
+    m = fp8_detail::block_max(m, scratch);
+    if (threadIdx.x == 0) atomicMax(p.amax + g, float_to_bits(m));
+  }
+};
+
+template <class Cfg>
+struct QuantizeGroups {
+  static constexpr int threads = 256, min_blocks = 1;
+  __device__ static void run(const QuantizeGroupsParams& p) {
+    const long long g = blockIdx.y, vectors = p.group_elems / 8;
+    const float s = e4m3_scale<Cfg::pow2_scales>(bits_to_float(p.amax[g])), inv = 1.0f / s;
+    const unsigned short* in = static_cast<const unsigned short*>(p.in) + g * p.group_elems;
+    unsigned char* out = static_cast<unsigned char*>(p.out) + g * p.group_elems;
+    for (long long v = static_cast<long long>(blockIdx.x) * threads + threadIdx.x; v < vectors;
+         v += static_cast<long long>(gridDim.x) * threads) {
+      float x[8];
+      fp8_detail::load8(in + v * 8, x);
+      fp8_detail::store8(out + v * 8, x, inv);
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) p.scales[g] = s;
   }
 };
 

@@ -166,3 +166,25 @@ struct QuantizeBlocksParams {
 };
 
 }  // namespace gmjit::kt
+
+namespace gmjit::kt {
+
+// ---- FP8 per-tensor current scaling (fp8_quantize.cuh: GroupAmax, QuantizeGroups) ----
+// A tensor as `groups` consecutive runs of `group_elems` elements (the whole tensor for
+// activations, one expert's matrix for weights), one scale per run from its amax. amax slots hold
+// non-negative floats as their bits (which order like unsigned ints), ZEROED BY THE HOST.
+struct GroupAmaxParams {
+  const void* in;  // bf16
+  unsigned int* amax;
+  long long group_elems;  // multiple of 8
+};
+
+struct QuantizeGroupsParams {
+  const void* in;  // bf16
+  void* out;       // e4m3, same layout
+  const unsigned int* amax;
+  float* scales;  // [groups]
+  long long group_elems;
+};
+
+}  // namespace gmjit::kt

@@ -12,7 +12,8 @@
 // consumer warpgroups interleave, so one's promotion overlaps the other's MMAs.
 //
 // Cfg (static constexpr): experts, split_int64, block_m (128 or 256), block_n (128 or 256),
-// stages, group_m, smem_bytes = stages * (block_m + block_n) * 128 + 20480. block_m / 128 times
+// stages, group_m, smem_bytes = stages * (block_m + block_n) * 128 + 20480, per_tensor_scales
+// (fp8_tensor recipe: a_scales holds one scale, b_scales one per expert; else the block scales). block_m / 128 times
 // block_n / 128 must be at most 2 (the accumulators and the temporary fit 232 registers).
 //
 // Epi provides: SplitT, kK (multiple of 128), kN (B rows per expert), num_n (column tiles),
@@ -177,6 +178,15 @@ __device__ __forceinline__ void fp8_grouped_gemm(const P& p) {
     // and the MMAs of a block are shorter than that latency.
     float sa_next[S::mt][2], sb_next[S::nt];
     auto load_scales = [&](int kt) {
+      if constexpr (Cfg::per_tensor_scales) {
+        // One scale for A, one per expert matrix of B, whatever the K block.
+        const float sa_all = p.plain.a_scales[0], sb_all = p.plain.b_scales[ti.expert];
+#pragma unroll
+        for (int m = 0; m < S::mt; ++m) sa_next[m][0] = sa_next[m][1] = sa_all;
+#pragma unroll
+        for (int g = 0; g < S::nt; ++g) sb_next[g] = sb_all;
+        return;
+      }
 #pragma unroll
       for (int m = 0; m < S::mt; ++m)
 #pragma unroll

@@ -10,8 +10,10 @@
 //
 // Cfg (static constexpr, written by codegen): experts, hidden, ffn (multiples of 128),
 // split_int64, has_bias, has_probs, block_m, block_n, stages, group_m, smem_bytes (see
-// sm90_fp8_gemm.cuh). FC1 also: act, glu_layout (kHalves only), act_limit, act_alpha,
-// save_preact, pow2_scales; its tile covers 128 output columns: block_n = 256 for GLU (128 gate
+// sm90_fp8_gemm.cuh), per_tensor_scales. FC1 also: act, glu_layout (kHalves only), act_limit,
+// act_alpha, save_preact, pow2_scales; with per_tensor_scales (fp8_tensor recipe) FC1 writes a
+// in bf16 and its amax instead (out_scales points at the amax slot) and a separate pass
+// quantizes it with one scale for the tensor; its tile covers 128 output columns: block_n = 256 for GLU (128 gate
 // rows then their 128 lin rows), 128 otherwise. FC2: block_n 128 or 256.
 // Params: Sm90Fp8GemmParams (params.cuh). Launch: persistent, 384 threads, smem_bytes.
 
@@ -155,6 +157,10 @@ struct Fc1Fp8Sm90 {
           amax[h] = fmaxf(amax[h], fmaxf(fabsf(g[0]), fabsf(g[1])));
         }
       }
+      if constexpr (Cfg::per_tensor_scales) {
+        store_bf16_with_amax(p, acc[m], rt, tile_n, row0 + m * 64, ws);
+        continue;
+      }
       // The row's 128 columns sit in the 4 lanes of a quad.
       float inv[2];
 #pragma unroll
@@ -177,6 +183,36 @@ struct Fc1Fp8Sm90 {
       fp8_fwd::flush_bytes(ws, static_cast<unsigned char*>(p.plain.out), Cfg::ffn,
                            row0 + m * 64 + wq * 16, rt.row_end, tile_n * 128LL);
     }
+  }
+
+  // fp8_tensor: a (in the first 64 accumulators) goes out in bf16 and its amax, over the rounded
+  // values, into the slot at out_scales; a later pass quantizes it with the tensor's scale.
+  __device__ static __forceinline__ void store_bf16_with_amax(const Sm90Fp8GemmParams& p,
+                                                              const float (&a)[S::regs],
+                                                              const RowTile& rt, int tile_n,
+                                                              long long row0,
+                                                              const sm90::WarpStage& ws) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3, wrow = wq * 16 + (lane >> 2);
+    float amax = 0.0f;
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i = 4 * (cc * 8 + jj) + 2 * h;
+          const unsigned int v = pack_bf16x2(a[i], a[i + 1]);
+          if (row0 + wrow + 8 * h < rt.row_end)
+            amax = fmaxf(amax, fmaxf(fabsf(bf16x2_lo(v)), fabsf(bf16x2_hi(v))));
+          ws.put(jj, h, v);
+        }
+      ws.flush(static_cast<unsigned short*>(p.plain.out), Cfg::ffn, row0 + wq * 16, rt.row_end,
+               tile_n * 128 + cc * 64);
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+    if (lane == 0) atomicMax(reinterpret_cast<unsigned int*>(p.plain.out_scales), float_to_bits(amax));
   }
 
   // Tail rows: h (saved pre-activation) is zeroed; â is FC2's business only inside the experts.

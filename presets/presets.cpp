@@ -81,6 +81,7 @@ Recipe recipe_by_name(std::string_view name) {
   if (name == "bf16") return Recipe::bf16();
   if (name == "fp8-block") return Recipe::fp8_block();
   if (name == "fp8-block-pow2") return Recipe::fp8_block({.power_of_two_scales = true});
+  if (name == "fp8-tensor") return Recipe::fp8_tensor();
   throw Error(Status::invalid_argument,
               fmt::format("recipe '{}' is not one of {}", name, kRecipeNames));
 }

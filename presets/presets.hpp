@@ -32,9 +32,10 @@ std::optional<Preset> find_preset(std::string_view name);
 // benchmarks/side_by_side.py splits the same way.
 std::vector<std::int64_t> expert_tokens(const Preset& preset);
 
-// Recipes by their command-line names: bf16, fp8-block, fp8-block-pow2 (power-of-two scales).
+// Recipes by their command-line names: bf16, fp8-block, fp8-block-pow2 (power-of-two scales),
+// fp8-tensor.
 // Throws Error(Status::invalid_argument) for another name.
 Recipe recipe_by_name(std::string_view name);
-inline constexpr std::string_view kRecipeNames = "bf16|fp8-block|fp8-block-pow2";
+inline constexpr std::string_view kRecipeNames = "bf16|fp8-block|fp8-block-pow2|fp8-tensor";
 
 }  // namespace gmjit::bench

@@ -1,6 +1,7 @@
-// Family fp8_quantize: BF16 -> E4M3 with block scales (fp8_quantize.cuh): QuantizeRows for x
-// (1 x 128 blocks, QuantizeRowsParams) and QuantizeBlocks for the weights (128 x 128 blocks,
-// QuantizeBlocksParams); grid-stride loops of 256 threads. Any arch with E4M3 conversions (the
+// Family fp8_quantize: BF16 -> E4M3 (fp8_quantize.cuh): QuantizeRows for x (1 x 128 blocks,
+// QuantizeRowsParams) and QuantizeBlocks for the weights (128 x 128 blocks, QuantizeBlocksParams)
+// of fp8_block; GroupAmax and QuantizeGroups (one scale per tensor or expert matrix) of
+// fp8_tensor; grid-stride loops of 256 threads. Any arch with E4M3 conversions (the
 // FP8 plans are sm_90a today). Bound by engine/families/fp8_quantize.cpp.
 #include <algorithm>
 
@@ -12,26 +13,50 @@
 namespace gmjit::codegen::families {
 namespace {
 
+bool is_amax(KernelRole role) {
+  return role == KernelRole::tensor_amax_x || role == KernelRole::tensor_amax_w1 ||
+         role == KernelRole::tensor_amax_w2;
+}
+
+bool is_tensor_quantize(KernelRole role) {
+  return role == KernelRole::tensor_quantize_x || role == KernelRole::tensor_quantize_act ||
+         role == KernelRole::tensor_quantize_w1 || role == KernelRole::tensor_quantize_w2;
+}
+
+// A few waves of a large GPU; the grid-stride loops cover the rest.
+constexpr std::int64_t kBlocks = 132 * 8;
+
 std::optional<KernelSource> emit(const KernelRequest& r) {
-  const bool rows = r.role == KernelRole::quantize_x;
   KernelSource k;
   k.role = r.role;
   k.entry = r.entry;
+  k.launch.grid = LaunchShape::Grid::fixed;
+  k.launch.threads = 256;
+  if (is_amax(r.role) || is_tensor_quantize(r.role)) {
+    // fp8_tensor passes: r.rows groups (1 for an activation, E for weights), gridDim.y each.
+    const bool amax = is_amax(r.role);
+    k.source = detail::translation_unit({"fp8_quantize.cuh", amax ? "GroupAmax" : "QuantizeGroups",
+                                         amax ? "GroupAmaxParams" : "QuantizeGroupsParams",
+                                         r.fields, k.entry});
+    k.launch.grid_x = static_cast<std::uint32_t>(std::max<std::int64_t>(1, kBlocks / r.rows));
+    k.launch.grid_y = static_cast<std::uint32_t>(r.rows);
+    return k;
+  }
+  const bool rows = r.role == KernelRole::quantize_x;
   k.source = detail::translation_unit({"fp8_quantize.cuh", rows ? "QuantizeRows" : "QuantizeBlocks",
                                        rows ? "QuantizeRowsParams" : "QuantizeBlocksParams",
                                        r.fields, k.entry});
-  // x: the blocks of work depend on T, unknown here; weights: one CTA per 128 x 128 block. Either
-  // way a few waves of a large GPU, the loops cover the rest.
-  const std::int64_t work =
-      rows ? std::int64_t{1} << 30 : r.layer.experts * (r.rows / 128) * (r.cols / 128);
-  k.launch.grid = LaunchShape::Grid::fixed;
-  k.launch.threads = 256;
-  k.launch.grid_x = static_cast<std::uint32_t>(std::clamp<std::int64_t>(work, 1, 132 * 8));
+  // x: the blocks of work depend on T, unknown here; weights: one CTA per 128 x 128 block.
+  const std::int64_t work = rows ? kBlocks : r.layer.experts * (r.rows / 128) * (r.cols / 128);
+  k.launch.grid_x = static_cast<std::uint32_t>(std::clamp<std::int64_t>(work, 1, kBlocks));
   return k;
 }
 
-constexpr KernelRole kRoles[] = {KernelRole::quantize_x, KernelRole::quantize_w1,
-                                 KernelRole::quantize_w2};
+constexpr KernelRole kRoles[] = {KernelRole::quantize_x,        KernelRole::quantize_w1,
+                                 KernelRole::quantize_w2,       KernelRole::tensor_amax_x,
+                                 KernelRole::tensor_quantize_x, KernelRole::tensor_quantize_act,
+                                 KernelRole::tensor_amax_w1,    KernelRole::tensor_quantize_w1,
+                                 KernelRole::tensor_amax_w2,    KernelRole::tensor_quantize_w2};
 
 }  // namespace
 

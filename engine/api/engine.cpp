@@ -113,15 +113,18 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engin
   const bool grad = key.grad != 0;
   std::vector<codegen::KernelSource> sources;
   const bool fp8 = key.recipe != static_cast<std::uint8_t>(RecipeKind::bf16);
+  constexpr auto fp8_tensor = static_cast<std::uint8_t>(RecipeKind::fp8_tensor);
   if (key.weights) {
-    sources = codegen::emit_fp8_weight_quantizers({layer, grad, key.pow2_scales != 0, arch});
+    sources = codegen::emit_fp8_weight_quantizers(
+        {layer, grad, key.pow2_scales != 0, key.recipe == fp8_tensor, arch});
   } else if (key.backward) {
     // The backward needs only the saved pre-activation, which both forward paths write.
     sources = codegen::emit_grouped_mlp_backward(
         {layer, GradientSet::from_bits(key.gradients), arch, options.portable_kernels_only});
   } else if (fp8) {
     // FP8 plans are one fused shape (no op-by-op variant): quantize x, FC1, FC2.
-    sources = codegen::emit_fp8_forward({layer, grad, key.pow2_scales != 0, arch});
+    sources = codegen::emit_fp8_forward(
+        {layer, grad, key.pow2_scales != 0, key.recipe == fp8_tensor, arch});
   } else {
     for (const engine::FusedOp& op : fused) {
       auto emitted =

@@ -7,6 +7,7 @@
 #include "engine/api/validate.hpp"
 #include "engine/families/family.hpp"
 #include "engine/runtime/device_context.hpp"
+#include "engine/runtime/driver.hpp"
 #include "engine/runtime/log.hpp"
 #include "engine/runtime/nvtx.hpp"
 
@@ -18,18 +19,24 @@ struct ForwardWorkspace {
   engine::WorkspaceLayout layout;
   std::size_t activation = 0;  // bf16 [T, F] FC1's output after the activation (FP8: E4M3)
   std::size_t preact = 0;      // bf16 [T, F1]: h of the op-by-op no-grad path
-  // FP8: x in E4M3 and the scales of x and of the activation (fp32, one per 128 values).
-  std::size_t x_fp8 = 0, x_scales = 0, act_scales = 0;
+  // FP8: x in E4M3 and the scales of x and of the activation (fp32: one per 128 values for
+  // fp8_block, one per tensor for fp8_tensor, which also keeps a in bf16 and two amax slots).
+  std::size_t x_fp8 = 0, x_scales = 0, act_scales = 0, act_bf16 = 0, amax = 0;
 
   ForwardWorkspace(const LayerSpec& spec, GradMode grad, std::int64_t tokens, bool op_by_op,
-                   bool fp8) {
+                   RecipeKind recipe) {
     const auto T = static_cast<std::size_t>(tokens);
     const auto H = static_cast<std::size_t>(spec.hidden), F = static_cast<std::size_t>(spec.ffn);
+    const bool fp8 = recipe != RecipeKind::bf16, per_tensor = recipe == RecipeKind::fp8_tensor;
     activation = layout.add(T * F * (fp8 ? 1 : 2));
     if (fp8) {
       x_fp8 = layout.add(T * H);
-      x_scales = layout.add(T * (H / 128) * 4);
-      act_scales = layout.add(T * (F / 128) * 4);
+      x_scales = layout.add(per_tensor ? 4 : T * (H / 128) * 4);
+      act_scales = layout.add(per_tensor ? 4 : T * (F / 128) * 4);
+      if (per_tensor) {
+        act_bf16 = layout.add(T * F * 2);
+        amax = layout.add(2 * 4);
+      }
     } else if (op_by_op && grad == GradMode::no_grad) {
       preact = layout.add(T * static_cast<std::size_t>(spec.fc1_out()) * 2);
     }
@@ -41,7 +48,7 @@ struct ForwardWorkspace {
 std::size_t Engine::forward_workspace_bytes(const LayerSpec& spec, GradMode grad,
                                             std::int64_t tokens, const Recipe& recipe) const {
   return ForwardWorkspace(spec, grad, tokens, !impl_->options.fuse_ops && !recipe.is_fp8(),
-                          recipe.is_fp8())
+                          recipe.kind())
       .layout.total();
 }
 
@@ -64,7 +71,7 @@ ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, cons
   engine::ScopedContext scope(plan.device->context());
   const bool op_by_op = plan.kernels[0]->role() == codegen::KernelRole::linear;
   const bool fp8 = recipe.is_fp8();
-  const ForwardWorkspace parts(spec, grad, tokens, op_by_op, fp8);
+  const ForwardWorkspace parts(spec, grad, tokens, op_by_op, recipe.kind());
   const engine::WorkspaceLease workspace(impl_->workspaces, *plan.device, cu_stream,
                                          parts.layout.total(), args.workspace);
   engine::CallTensors call;
@@ -89,6 +96,14 @@ ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, cons
     call.x_scales = static_cast<float*>(workspace.at(parts.x_scales));
     call.act_fp8 = workspace.at(parts.activation);
     call.act_scales = static_cast<float*>(workspace.at(parts.act_scales));
+  }
+  if (recipe.kind() == RecipeKind::fp8_tensor) {
+    // Current scaling: the amax of x and of a are taken in this call, into zeroed slots.
+    call.act_bf16 = workspace.at(parts.act_bf16);
+    call.amax = static_cast<unsigned int*>(workspace.at(parts.amax));
+    engine::check_driver(engine::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(call.amax),
+                                                           0, 2, cu_stream),
+                         "cuMemsetD32Async(amax)");
   }
   // Op by op, FC1 is a plain grouped linear into h: the caller's saved_preact in grad mode.
   if (op_by_op) {

@@ -4,6 +4,7 @@
 #include "engine/api/validate.hpp"
 #include "engine/families/family.hpp"
 #include "engine/runtime/device_context.hpp"
+#include "engine/runtime/driver.hpp"
 #include "engine/runtime/nvtx.hpp"
 
 namespace gmjit {
@@ -23,8 +24,20 @@ void Engine::quantize_weights(const LayerSpec& spec, const Recipe& recipe,
   call.w1_scales = static_cast<float*>(args.w1_scales.data);
   call.w2_fp8 = args.w2_fp8.data;
   call.w2_scales = static_cast<float*>(args.w2_scales.data);
+  const auto cu_stream = static_cast<CUstream>(stream);
+  // fp8_tensor: one amax slot per expert matrix of W1, then of W2, zeroed here.
+  const bool per_tensor = recipe.kind() == RecipeKind::fp8_tensor;
+  const std::size_t slots = per_tensor ? 2 * static_cast<std::size_t>(spec.experts) : 0;
+  const engine::WorkspaceLease workspace(impl_->workspaces, *plan.device, cu_stream, slots * 4,
+                                         TensorRef{});
+  if (per_tensor) {
+    call.amax = static_cast<unsigned int*>(workspace.at(0));
+    engine::check_driver(engine::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(call.amax),
+                                                           0, slots, cu_stream),
+                         "cuMemsetD32Async(amax)");
+  }
   for (const auto& kernel : plan.kernels) {
-    engine::bind_and_launch(*kernel, *plan.device, call, static_cast<CUstream>(stream));
+    engine::bind_and_launch(*kernel, *plan.device, call, cu_stream);
   }
 }
 

@@ -63,14 +63,21 @@ void check_optional(const char* name, const TensorRef& t, DType dtype,
   if (t.present()) check_tensor(name, t, dtype, shape, device);
 }
 
-// The FP8 weights of `recipe`: E4M3 data and a fp32 scale per 128 x 128 block.
-void check_fp8_weights(const LayerSpec& layer, const TensorRef& w1_fp8, const TensorRef& w1_scales,
-                       const TensorRef& w2_fp8, const TensorRef& w2_scales, const Device& device) {
+// The FP8 weights of `recipe`: E4M3 data and fp32 scales, one per 128 x 128 block (fp8_block)
+// or per expert matrix (fp8_tensor).
+void check_fp8_weights(const LayerSpec& layer, const Recipe& recipe, const TensorRef& w1_fp8,
+                       const TensorRef& w1_scales, const TensorRef& w2_fp8,
+                       const TensorRef& w2_scales, const Device& device) {
   const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
   check_tensor("w1_fp8", w1_fp8, DType::f8e4m3, {E, F1, H}, device);
-  check_tensor("w1_scales", w1_scales, DType::f32, {E, F1 / 128, H / 128}, device);
   check_tensor("w2_fp8", w2_fp8, DType::f8e4m3, {E, H, F}, device);
-  check_tensor("w2_scales", w2_scales, DType::f32, {E, H / 128, F / 128}, device);
+  if (recipe.kind() == RecipeKind::fp8_tensor) {
+    check_tensor("w1_scales", w1_scales, DType::f32, {E}, device);
+    check_tensor("w2_scales", w2_scales, DType::f32, {E}, device);
+  } else {
+    check_tensor("w1_scales", w1_scales, DType::f32, {E, F1 / 128, H / 128}, device);
+    check_tensor("w2_scales", w2_scales, DType::f32, {E, H / 128, F / 128}, device);
+  }
 }
 
 }  // namespace
@@ -84,7 +91,8 @@ Device validate_quantize_weights(const LayerSpec& layer, const Recipe& recipe,
   const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
   check_tensor("w1", args.w1, DType::bf16, {E, F1, H}, device);
   check_tensor("w2", args.w2, DType::bf16, {E, H, F}, device);
-  check_fp8_weights(layer, args.w1_fp8, args.w1_scales, args.w2_fp8, args.w2_scales, device);
+  check_fp8_weights(layer, recipe, args.w1_fp8, args.w1_scales, args.w2_fp8, args.w2_scales,
+                    device);
   return device;
 }
 
@@ -101,7 +109,8 @@ void check_weights(const LayerSpec& layer, const Recipe& recipe, const ForwardAr
   codegen::check_fp8_supported(layer, "sm_90a");
   check_optional("w1", args.w1, DType::bf16, {E, F1, H}, device);
   check_optional("w2", args.w2, DType::bf16, {E, H, F}, device);
-  check_fp8_weights(layer, args.w1_fp8, args.w1_scales, args.w2_fp8, args.w2_scales, device);
+  check_fp8_weights(layer, recipe, args.w1_fp8, args.w1_scales, args.w2_fp8, args.w2_scales,
+                    device);
 }
 }  // namespace
 

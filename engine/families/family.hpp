@@ -57,7 +57,11 @@ struct CallTensors {
   void* x_fp8 = nullptr;        // [T, H] workspace
   float* x_scales = nullptr;    // [H / 128, T] workspace
   void* act_fp8 = nullptr;      // [T, F] workspace: FC2's input
-  float* act_scales = nullptr;  // [F / 128, T] workspace
+  float* act_scales = nullptr;  // [F / 128, T] workspace (fp8_tensor: one float)
+  // fp8_tensor: a in bf16 (FC1's output, quantized by a pass once its amax is known) and the
+  // amax slots (float bits): x then a in a forward; E for W1 then E for W2 in quantize_weights.
+  void* act_bf16 = nullptr;
+  unsigned int* amax = nullptr;
   // Op by op, the plan is [linear (FC1), activation, linear (FC2)]: both GEMMs have the role
   // `linear`, and this tells the binding which one it is launching.
   bool linear_is_fc2 = false;

@@ -10,6 +10,30 @@ namespace gmjit::engine {
 void* bind_fp8_quantize(const CallTensors& call, const LoadedKernel& kernel,
                         ParamStorage& storage) {
   using codegen::KernelRole;
+  const LayerSpec& l = *call.layer;
+  const long long T = call.tokens, E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
+  switch (kernel.role()) {
+    case KernelRole::tensor_amax_x:
+      return &(storage.emplace<kt::GroupAmaxParams>() = {call.x, call.amax, T * H});
+    case KernelRole::tensor_amax_w1:
+      return &(storage.emplace<kt::GroupAmaxParams>() = {call.w1, call.amax, F1 * H});
+    case KernelRole::tensor_amax_w2:
+      return &(storage.emplace<kt::GroupAmaxParams>() = {call.w2, call.amax + E, H * F});
+    case KernelRole::tensor_quantize_x:
+      return &(storage.emplace<kt::QuantizeGroupsParams>() = {call.x, call.x_fp8, call.amax,
+                                                              call.x_scales, T * H});
+    case KernelRole::tensor_quantize_act:
+      return &(storage.emplace<kt::QuantizeGroupsParams>() = {
+                   call.act_bf16, call.act_fp8, call.amax + 1, call.act_scales, T * F});
+    case KernelRole::tensor_quantize_w1:
+      return &(storage.emplace<kt::QuantizeGroupsParams>() = {call.w1, call.w1_fp8, call.amax,
+                                                              call.w1_scales, F1 * H});
+    case KernelRole::tensor_quantize_w2:
+      return &(storage.emplace<kt::QuantizeGroupsParams>() = {call.w2, call.w2_fp8, call.amax + E,
+                                                              call.w2_scales, H * F});
+    default:
+      break;
+  }
   if (kernel.role() == KernelRole::quantize_x) {
     auto& p = storage.emplace<kt::QuantizeRowsParams>();
     p = {call.x, call.x_fp8, call.x_scales, call.tokens};

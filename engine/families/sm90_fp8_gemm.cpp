@@ -52,10 +52,19 @@ void* bind_sm90_fp8_gemm(const CallTensors& call, const LoadedKernel& kernel,
   const bool fc1 = kernel.role() == codegen::KernelRole::fc1_forward_fp8;
   const long long E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
   if (fc1) {
-    p.plain = {call.x_fp8,        call.x_scales, call.w1_fp8,
-               call.w1_scales,    call.b1,       l.router_probs ? call.probs : nullptr,
-               call.split_sizes,  call.act_fp8,  call.act_scales,
-               call.saved_preact, call.tokens};
+    // fp8_tensor (act_bf16 given): FC1 writes a in bf16 and its amax into the slot after x's.
+    const bool per_tensor = call.act_bf16 != nullptr;
+    p.plain = {call.x_fp8,
+               call.x_scales,
+               call.w1_fp8,
+               call.w1_scales,
+               call.b1,
+               l.router_probs ? call.probs : nullptr,
+               call.split_sizes,
+               per_tensor ? call.act_bf16 : call.act_fp8,
+               per_tensor ? reinterpret_cast<float*>(call.amax + 1) : call.act_scales,
+               call.saved_preact,
+               call.tokens};
     encode_rows(p.tmap_a, call.x_fp8, call.tokens, H, static_cast<int>(shape.block_m));
     if (is_glu(l.activation.kind)) {
       // {K, F, 2, E}: gate rows [0, F), lin rows [F, 2F) of each expert; 128 rows per box.

@@ -34,11 +34,12 @@ struct ForwardArgs {
   // absent: the engine takes it from its stream-ordered pool.
   TensorRef workspace;
   // FP8 recipes: the weights as Engine::quantize_weights wrote them (x is quantized by the
-  // forward itself). E4M3 data, fp32 scales per 128 x 128 block.
+  // forward itself). E4M3 data and fp32 scales: per 128 x 128 block (fp8_block), per expert
+  // (fp8_tensor).
   TensorRef w1_fp8;     // [E, F1, H] float8_e4m3fn
-  TensorRef w1_scales;  // [E, F1 / 128, H / 128] fp32
+  TensorRef w1_scales;  // fp8_block: [E, F1 / 128, H / 128]; fp8_tensor: [E]
   TensorRef w2_fp8;     // [E, H, F] float8_e4m3fn
-  TensorRef w2_scales;  // [E, H / 128, F / 128] fp32
+  TensorRef w2_scales;  // fp8_block: [E, H / 128, F / 128]; fp8_tensor: [E]
 };
 
 // Engine::quantize_weights: BF16 weights to the FP8 operands of a recipe. Weights change only at

@@ -7,8 +7,10 @@ namespace gmjit {
 
 enum class RecipeKind : std::uint8_t {
   bf16,       // BF16 operands, fp32 accumulation
-  fp8_block,  // E4M3 operands: activations scaled per 1 x 128 block along K, weights per
-              // 128 x 128 block (DeepSeek-V3's recipe); fp32 scales and accumulation
+  fp8_block,   // E4M3 operands: activations scaled per 1 x 128 block along K, weights per
+               // 128 x 128 block (DeepSeek-V3's recipe); fp32 scales and accumulation
+  fp8_tensor,  // E4M3 operands with current per-tensor scaling: one scale per activation
+               // tensor, one per expert weight matrix, from their amax in this call
 };
 
 struct Fp8BlockOptions {
@@ -22,6 +24,10 @@ class Recipe {
   static Recipe bf16() { return Recipe(RecipeKind::bf16, {}); }
   static Recipe fp8_block(Fp8BlockOptions options = {}) {
     return Recipe(RecipeKind::fp8_block, options);
+  }
+  // Same options (power-of-two scales); one scale per tensor instead of per block.
+  static Recipe fp8_tensor(Fp8BlockOptions options = {}) {
+    return Recipe(RecipeKind::fp8_tensor, options);
   }
 
   RecipeKind kind() const noexcept { return kind_; }

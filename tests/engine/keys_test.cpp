@@ -23,6 +23,8 @@ TEST(OptionsKey, Fp8RecipesShareKeysByValueAndNeverWithBf16) {
   const Recipe pow2 = Recipe::fp8_block({.power_of_two_scales = true});
   EXPECT_NE(pow2.options_key(), Recipe::fp8_block().options_key());
   EXPECT_TRUE(pow2.is_fp8() && pow2.power_of_two_scales());
+  EXPECT_NE(Recipe::fp8_tensor().options_key(), Recipe::fp8_block().options_key());
+  EXPECT_EQ(Recipe::fp8_tensor(), Recipe::fp8_tensor());
   // BF16 keys are what they were before FP8 existed: cache entries stay valid.
   EXPECT_EQ(Recipe::bf16().options_key(), 0x392209f14dea4c24ull);
   const LayerSpec layer;

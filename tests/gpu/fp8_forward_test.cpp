@@ -76,6 +76,14 @@ void fake_quantize_rows(std::vector<double>& v, bool pow2) {
   }
 }
 
+// Quantizes then dequantizes every value of `v` with the one scale of its amax (fp8_tensor).
+void fake_quantize_tensor(std::vector<double>& v, bool pow2) {
+  float amax = 0.0f;
+  for (double x : v) amax = std::max(amax, std::fabs(static_cast<float>(x)));
+  const float s = block_scale(amax, pow2), inv = 1.0f / s;
+  for (double& x : v) x = static_cast<double>(round_e4m3(static_cast<float>(x) * inv)) * s;
+}
+
 struct Fp8Case {
   std::string name;
   LayerSpec layer;
@@ -83,6 +91,7 @@ struct Fp8Case {
   std::int64_t tokens;
   GradMode grad;
   bool pow2;
+  RecipeKind kind = RecipeKind::fp8_block;
 };
 
 LayerSpec spec(std::int64_t E, std::int64_t H, std::int64_t F, Activation act, bool bias,
@@ -124,6 +133,20 @@ std::vector<Fp8Case> cases() {
        300,
        GradMode::no_grad,
        false},
+      {"tensor_swiglu_bias_probs_tail",
+       spec(4, 256, 384, Activation::swiglu, true, true, DType::i64),
+       {100, 0, 157, 43},
+       320,
+       GradMode::grad,
+       false,
+       RecipeKind::fp8_tensor},
+      {"tensor_gelu_long_k_pow2",
+       spec(2, 2048, 256, Activation::gelu, false, true, DType::i32),
+       {150, 150},
+       300,
+       GradMode::no_grad,
+       true,
+       RecipeKind::fp8_tensor},
   };
 }
 
@@ -146,18 +169,27 @@ TEST_P(Fp8Forward, MatchesFloat64ReferenceOfDequantizedOperands) {
   DeviceLayer layer(host, c.grad);
   engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
   const Device dev{Device::Kind::cuda, 0};
-  engine::DeviceBuffer w1q(device, E * F1 * H), w1s(device, E * (F1 / 128) * (H / 128) * 4);
-  engine::DeviceBuffer w2q(device, E * H * F), w2s(device, E * (H / 128) * (F / 128) * 4);
+  const bool per_tensor = c.kind == RecipeKind::fp8_tensor;
+  const std::int64_t w1_blocks = per_tensor ? E : E * (F1 / 128) * (H / 128);
+  const std::int64_t w2_blocks = per_tensor ? E : E * (H / 128) * (F / 128);
+  engine::DeviceBuffer w1q(device, E * F1 * H), w1s(device, w1_blocks * 4);
+  engine::DeviceBuffer w2q(device, E * H * F), w2s(device, w2_blocks * 4);
   QuantizeWeightsArgs q;
   q.w1 = layer.args.w1;
   q.w2 = layer.args.w2;
   q.w1_fp8 = make_tensor(w1q.data(), DType::f8e4m3, {E, F1, H}, dev);
-  q.w1_scales = make_tensor(w1s.data(), DType::f32, {E, F1 / 128, H / 128}, dev);
   q.w2_fp8 = make_tensor(w2q.data(), DType::f8e4m3, {E, H, F}, dev);
-  q.w2_scales = make_tensor(w2s.data(), DType::f32, {E, H / 128, F / 128}, dev);
+  if (per_tensor) {
+    q.w1_scales = make_tensor(w1s.data(), DType::f32, {E}, dev);
+    q.w2_scales = make_tensor(w2s.data(), DType::f32, {E}, dev);
+  } else {
+    q.w1_scales = make_tensor(w1s.data(), DType::f32, {E, F1 / 128, H / 128}, dev);
+    q.w2_scales = make_tensor(w2s.data(), DType::f32, {E, H / 128, F / 128}, dev);
+  }
 
   Engine engine;
-  const Recipe recipe = Recipe::fp8_block({.power_of_two_scales = c.pow2});
+  const Recipe recipe = per_tensor ? Recipe::fp8_tensor({.power_of_two_scales = c.pow2})
+                                   : Recipe::fp8_block({.power_of_two_scales = c.pow2});
   engine.quantize_weights(l, recipe, q);
   ForwardArgs args = layer.args;
   args.w1 = {};  // the FP8 forward needs only the quantized weights
@@ -174,14 +206,15 @@ TEST_P(Fp8Forward, MatchesFloat64ReferenceOfDequantizedOperands) {
                         const std::vector<std::uint16_t>& bf16, std::int64_t rows,
                         std::int64_t cols, const char* name) {
     const auto bytes = download_as<std::uint8_t>(data, E * rows * cols);
-    const auto s = download_as<float>(scales, E * (rows / 128) * (cols / 128));
+    const auto s = download_as<float>(scales, per_tensor ? E : E * (rows / 128) * (cols / 128));
     std::vector<double> out(bytes.size());
     std::int64_t mismatches = 0;
     for (std::int64_t e = 0; e < E; ++e)
       for (std::int64_t r = 0; r < rows; ++r)
         for (std::int64_t k = 0; k < cols; ++k) {
           const std::int64_t i = (e * rows + r) * cols + k;
-          const float scale = s[(e * (rows / 128) + r / 128) * (cols / 128) + k / 128];
+          const float scale =
+              per_tensor ? s[e] : s[(e * (rows / 128) + r / 128) * (cols / 128) + k / 128];
           out[i] = static_cast<double>(decode_e4m3(bytes[i])) * scale;
           const float expect = round_e4m3(from_bf16(bf16[i]) * (1.0f / scale));
           mismatches += decode_e4m3(bytes[i]) != expect;
@@ -195,23 +228,29 @@ TEST_P(Fp8Forward, MatchesFloat64ReferenceOfDequantizedOperands) {
   const std::vector<double> w1 = dequantize(w1q, w1s, host.w1, F1, H, "w1");
   const std::vector<double> w2 = dequantize(w2q, w2s, host.w2, H, F, "w2");
 
-  // Reference: x and a quantized per 1 x 128 block as the kernels do, dequantized weights.
+  // Reference: x and a quantized as the kernels do (per 1 x 128 block, or per tensor: x over
+  // all T rows, a over the experts' rows after its bf16 rounding), dequantized weights.
   const bool glu = is_glu(l.activation.kind);
+  std::vector<double> x(T * H), x_plain(T * H);
+  for (std::int64_t i = 0; i < T * H; ++i) x[i] = x_plain[i] = from_bf16(host.x[i]);
+  if (per_tensor) {
+    fake_quantize_tensor(x, c.pow2);
+  } else {
+    fake_quantize_rows(x, c.pow2);
+  }
   std::vector<double> ref_y(T * H, 0.0), ref_h(T * F1, 0.0), plain_y(T * H, 0.0);
+  std::vector<double> a_all, a_plain_all(T * F, 0.0);
+  std::vector<std::int64_t> row_expert;
   std::int64_t row = 0;
   for (std::int64_t e = 0; e < E; ++e) {
     for (std::int64_t i = 0; i < c.splits[e] && row < T; ++i, ++row) {
-      std::vector<double> x(H), x_plain(H);
-      for (std::int64_t k = 0; k < H; ++k) x[k] = x_plain[k] = from_bf16(host.x[row * H + k]);
-      fake_quantize_rows(x, c.pow2);
       const double p = l.router_probs ? host.probs[row] : 1.0;
-      std::vector<double> a(F), a_plain(F);
       std::vector<double> h(F1), h_plain(F1);
       for (std::int64_t j = 0; j < F1; ++j) {
         double acc = 0, acc_plain = 0;
         for (std::int64_t k = 0; k < H; ++k) {
-          acc += x[k] * w1[(e * F1 + j) * H + k];
-          acc_plain += x_plain[k] * from_bf16(host.w1[(e * F1 + j) * H + k]);
+          acc += x[row * H + k] * w1[(e * F1 + j) * H + k];
+          acc_plain += x_plain[row * H + k] * from_bf16(host.w1[(e * F1 + j) * H + k]);
         }
         const double b = l.fc1_bias ? from_bf16(host.b1[e * F1 + j]) : 0.0;
         h[j] = acc + b;
@@ -219,20 +258,33 @@ TEST_P(Fp8Forward, MatchesFloat64ReferenceOfDequantizedOperands) {
         ref_h[row * F1 + j] = h[j];
       }
       for (std::int64_t f = 0; f < F; ++f) {
-        a[f] = reference_activation(l.activation, h[f], glu ? h[F + f] : 0.0) * p;
-        a_plain[f] = reference_activation(l.activation, h_plain[f], glu ? h_plain[F + f] : 0.0) * p;
+        double a = reference_activation(l.activation, h[f], glu ? h[F + f] : 0.0) * p;
+        // fp8_tensor keeps a in bf16 until its amax is known.
+        if (per_tensor) a = from_bf16(to_bf16(static_cast<float>(a)));
+        a_all.push_back(a);
+        a_plain_all[row * F + f] =
+            reference_activation(l.activation, h_plain[f], glu ? h_plain[F + f] : 0.0) * p;
       }
-      fake_quantize_rows(a, c.pow2);
-      for (std::int64_t n = 0; n < H; ++n) {
-        double acc = 0, acc_plain = 0;
-        for (std::int64_t f = 0; f < F; ++f) {
-          acc += a[f] * w2[(e * H + n) * F + f];
-          acc_plain += a_plain[f] * from_bf16(host.w2[(e * H + n) * F + f]);
-        }
-        const double b = l.fc2_bias ? from_bf16(host.b2[e * H + n]) * p : 0.0;
-        ref_y[row * H + n] = acc + b;
-        plain_y[row * H + n] = acc_plain + b;
+      row_expert.push_back(e);
+    }
+  }
+  if (per_tensor) {
+    fake_quantize_tensor(a_all, c.pow2);
+  } else {
+    fake_quantize_rows(a_all, c.pow2);
+  }
+  for (std::int64_t r = 0; r < static_cast<std::int64_t>(row_expert.size()); ++r) {
+    const std::int64_t e = row_expert[r];
+    const double p = l.router_probs ? host.probs[r] : 1.0;
+    for (std::int64_t n = 0; n < H; ++n) {
+      double acc = 0, acc_plain = 0;
+      for (std::int64_t f = 0; f < F; ++f) {
+        acc += a_all[r * F + f] * w2[(e * H + n) * F + f];
+        acc_plain += a_plain_all[r * F + f] * from_bf16(host.w2[(e * H + n) * F + f]);
       }
+      const double b = l.fc2_bias ? from_bf16(host.b2[e * H + n]) * p : 0.0;
+      ref_y[r * H + n] = acc + b;
+      plain_y[r * H + n] = acc_plain + b;
     }
   }
   const auto y = DeviceLayer::download(layer.y, T * H);
