@@ -23,9 +23,12 @@ void LayerTensors::add_fp8_weights(engine::DeviceContext& device, const LayerSpe
   q.w1 = forward.w1;
   q.w2 = forward.w2;
   q.w1_fp8 = tensor(device, DType::f8e4m3, {E, F1, H});
-  q.w1_scales = tensor(device, DType::f32, {E, F1 / 128, H / 128});
+  const bool per_tensor = recipe.kind() == RecipeKind::fp8_tensor;
+  q.w1_scales = per_tensor ? tensor(device, DType::f32, {E})
+                           : tensor(device, DType::f32, {E, F1 / 128, H / 128});
   q.w2_fp8 = tensor(device, DType::f8e4m3, {E, H, F});
-  q.w2_scales = tensor(device, DType::f32, {E, H / 128, F / 128});
+  q.w2_scales = per_tensor ? tensor(device, DType::f32, {E})
+                           : tensor(device, DType::f32, {E, H / 128, F / 128});
   engine.quantize_weights(l, recipe, q);
   for (ForwardArgs* args : {&forward, &no_grad}) {
     args->w1_fp8 = q.w1_fp8;

@@ -341,6 +341,7 @@ TEST(Fp8Forward, CapturedInAGraphReplaysEagerBitsAndZeroTokensLaunchNothing) {
   engine.forward(l, recipe, args);  // eager (and builds the plan)
   const auto eager = DeviceLayer::download(layer.y, T * H);
 
+  engine::ScopedContext scope(device.context());
   CUstream stream = nullptr;
   check(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   CUgraph graph = nullptr;
