@@ -12,9 +12,26 @@ the router probabilities'), and prints TFLOP/s and gmjit's ratios, writes JSON (
 chart (--png, when matplotlib is importable). Each shape runs balanced (tokens_per_expert each)
 and ragged (the same total, split as `gmjit bench --ragged` splits: presets/presets.cpp).
 
-  python3 benchmarks/side_by_side.py                    # every shape, balanced and ragged
+Decode rows (--decode, on by default in the full run; forward only, balanced): 1, 4 and 16
+tokens per expert (--decode-tokens) for --decode-shapes. There the layer is bound by streaming
+the weights, so each row reports the weight bytes read (every expert that has tokens:
+E·(F1·H + H·F)·2 bytes in bf16, plus the biases), the achieved GB/s and its share of the HBM
+peak (--hbm-peak-gbs, 4800 for an H200), and the ratios to torch eager and torch.compile.
+
+At the end: the issue's targets as a markdown table (printed, in the JSON's "summary" and in
+--md): forward and forward+backward ≥ 1.1× torch.compile on every shape, balanced and ragged,
+mixtral forward ≥ 720 TFLOP/s; decode ≥ 90 % of the HBM peak and ≥ 1.5× torch eager.
+
+Made for one unattended run: --time-budget-s skips the cases that would start past it (time is
+kept for the decode rows while the large shapes run), an exception in a case or in one
+implementation (out of memory, a torch.compile failure) is recorded in its row instead of
+ending the run, and the JSON and markdown are rewritten after every case, so a run killed from
+outside still leaves what it measured.
+
+  python3 benchmarks/side_by_side.py                    # every shape, balanced and ragged, decode
   python3 benchmarks/side_by_side.py --quick            # 2 small shapes, well under a minute
   python3 benchmarks/side_by_side.py --shapes gpt-oss,mixtral --no-ragged --no-compile
+  python3 benchmarks/side_by_side.py --decode-only --decode-tokens 1,16
 
 FLOPs: 2·T·H·F1 + 2·T·F·H forward (F1 = 2F for GLU activations), 3x that forward+backward.
 """
@@ -22,7 +39,9 @@ FLOPs: 2·T·H·F1 + 2·T·F·H forward (F1 = 2F for GLU activations), 3x that f
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import signal
 import statistics
 import sys
 import time
@@ -61,6 +80,15 @@ QUICK = [
     Shape("small-swiglu", 8, 512, 1024, 1024),
     Shape("small-gpt-oss", 16, 256, 1024, 512, "clamped_swiglu", biases=True),
 ]
+DECODE_SHAPES = "mixtral,deepseek,qwen3-30b-a3b,gpt-oss"
+DECODE_TOKENS = "1,4,16"
+
+# The issue's targets (#13).
+FWD_VS_COMPILE = 1.1  # forward, every shape, balanced and ragged
+FWD_BWD_VS_COMPILE = 1.1  # forward+backward, every shape, balanced and ragged
+TFLOPS_TARGETS = {"mixtral": 720.0}  # gmjit forward TFLOP/s (balanced and ragged)
+DECODE_HBM_SHARE = 0.90  # weight bytes streamed / time, as a share of the HBM peak
+DECODE_VS_EAGER = 1.5  # decode forward vs torch eager
 
 
 def expert_tokens(experts: int, tokens_per_expert: int, ragged: bool) -> list[int]:
@@ -136,7 +164,37 @@ def time_ms(fn, warmup: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def run(s: Shape, ragged: bool, a) -> dict:
+class HardLimit(BaseException):
+    """--hard-limit-s passed: raised from SIGALRM, past the per-case `except Exception`."""
+
+
+def short_error(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def weight_bytes(s: Shape, active_experts: int) -> int:
+    """Bytes of weights (and biases) a forward reads once: each expert that has tokens."""
+    F1 = 2 * s.ffn if s.activation in GLU else s.ffn
+    per_expert = F1 * s.hidden + s.hidden * s.ffn + ((F1 + s.hidden) if s.biases else 0)
+    return active_experts * per_expert * 2  # bf16
+
+
+def case_name(s: Shape, ragged: bool, decode: bool) -> str:
+    if decode:
+        return f"{s.name}-decode{s.tokens_per_expert}"
+    return s.name + ("-ragged" if ragged else "")
+
+
+def run(s: Shape, ragged: bool, a, decode: bool = False) -> dict:
+    """One case: every implementation, forward (and forward+backward unless decode). Errors in
+    one implementation (out of memory, a torch.compile failure) are recorded in its entry."""
     from gmjit.torch import grouped_mlp
 
     dev, bf = torch.device("cpu" if a.dry_run_cpu else "cuda"), torch.bfloat16
@@ -144,22 +202,23 @@ def run(s: Shape, ragged: bool, a) -> dict:
     F1 = 2 * Fd if s.activation in GLU else Fd
     split_list = expert_tokens(E, s.tokens_per_expert, ragged)
     T = sum(split_list)
+    grad = not decode
     g = torch.Generator(device=dev).manual_seed(1234)
     split = torch.tensor(split_list, device=dev, dtype=torch.int64)
     offs = torch.cumsum(split, 0).to(torch.int32)
     rows_expert = torch.repeat_interleave(torch.arange(E, device=dev), split, output_size=T)
     x = torch.randn(T, H, device=dev, dtype=bf, generator=g)
-    w1 = (torch.randn(E, F1, H, device=dev, dtype=bf, generator=g) * H**-0.5).requires_grad_()
-    w2 = (torch.randn(E, H, Fd, device=dev, dtype=bf, generator=g) * Fd**-0.5).requires_grad_()
+    w1 = (torch.randn(E, F1, H, device=dev, dtype=bf, generator=g) * H**-0.5).requires_grad_(grad)
+    w2 = (torch.randn(E, H, Fd, device=dev, dtype=bf, generator=g) * Fd**-0.5).requires_grad_(grad)
     b1 = b2 = None
     if s.biases:
-        b1 = (torch.randn(E, F1, device=dev, dtype=bf, generator=g) * 0.1).requires_grad_()
-        b2 = (torch.randn(E, H, device=dev, dtype=bf, generator=g) * 0.1).requires_grad_()
+        b1 = (torch.randn(E, F1, device=dev, dtype=bf, generator=g) * 0.1).requires_grad_(grad)
+        b2 = (torch.randn(E, H, device=dev, dtype=bf, generator=g) * 0.1).requires_grad_(grad)
     probs = torch.rand(T, device=dev, dtype=torch.float32, generator=g) if s.probs else None
-    if probs is not None and a.probs_grad:
+    if probs is not None and a.probs_grad and grad:
         probs.requires_grad_()
-    xg = x.clone().requires_grad_()
-    dy = torch.randn(T, H, device=dev, dtype=bf, generator=g)
+    xg = x.clone().requires_grad_() if grad else None
+    dy = torch.randn(T, H, device=dev, dtype=bf, generator=g) if grad else None
     leaves = [t for t in (xg, w1, w2, b1, b2, probs) if t is not None and t.requires_grad]
 
     eager = torch_layer(s, offs, rows_expert)
@@ -172,22 +231,37 @@ def run(s: Shape, ragged: bool, a) -> dict:
         "gmjit": gmjit_call,
         "torch": lambda inp: eager(inp, w1, w2, b1, b2, probs),
     }
-    if not a.no_compile:
-        torch._dynamo.reset()
+    compile_on = not (a.no_compile or (decode and a.no_decode_compile))
+    torch._dynamo.reset()  # drop the previous case's compiled graphs
+    compiled = None
+    if compile_on:
         compiled = torch.compile(eager, dynamic=False)
         impls["compile"] = lambda inp: compiled(inp, w1, w2, b1, b2, probs)
 
     flops = 2 * T * H * F1 + 2 * T * Fd * H
+    active = E - split_list.count(0)
     row = {
-        "shape": s.name + ("-ragged" if ragged else ""), "experts": E, "tokens": T,
-        "tokens_per_expert": s.tokens_per_expert, "hidden": H, "ffn": Fd,
-        "activation": s.activation, "biases": s.biases, "probs": s.probs, "ragged": ragged,
-        "empty_experts": split_list.count(0), "max_expert_tokens": max(split_list),
+        "shape": case_name(s, ragged, decode), "base_shape": s.name, "decode": decode,
+        "experts": E, "tokens": T, "tokens_per_expert": s.tokens_per_expert, "hidden": H,
+        "ffn": Fd, "activation": s.activation, "biases": s.biases, "probs": s.probs,
+        "ragged": ragged, "empty_experts": split_list.count(0),
+        "max_expert_tokens": max(split_list),
     }  # fmt: skip
-    with torch.no_grad():
-        ref = impls["torch"](x).float()
+    if decode:
+        row["weight_bytes"] = weight_bytes(s, active)
+    warmup, reps = (a.warmup, a.decode_reps) if decode else (a.warmup, a.reps)
+    ref = None
+    try:
+        with torch.no_grad():
+            ref = impls["torch"](x).float()
+    except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+        row["reference_error"] = short_error(e)
+    if ref is None:  # (the traceback, which holds the failed call's tensors, is gone here)
+        free_memory()
     for name, fn in impls.items():
         started = time.perf_counter()
+        res = row[name] = {}
+        out = None
 
         def fwd():
             with torch.no_grad():
@@ -198,42 +272,231 @@ def run(s: Shape, ragged: bool, a) -> dict:
                 t.grad = None
             fn(xg).backward(dy)
 
-        with torch.no_grad():
-            out = fn(x).float()
-        err = ((out - ref).abs().max() / ref.abs().max().clamp(min=1e-30)).item()
-        ms_f = time_ms(fwd, a.warmup, a.reps)
-        ms_fb = time_ms(fwd_bwd, a.warmup, a.reps)
-        row[name] = {
-            "forward_ms": round(ms_f, 4), "forward_tflops": round(flops / ms_f / 1e9, 1),
-            "fwd_bwd_ms": round(ms_fb, 4), "fwd_bwd_tflops": round(3 * flops / ms_fb / 1e9, 1),
-            "max_rel_diff_vs_torch": float(f"{err:.3g}"),
-            "setup_and_timing_s": round(time.perf_counter() - started, 1),
-        }  # fmt: skip
+        try:  # the first call: JIT compilation (gmjit's kernels, torch.compile's graph)
+            with torch.no_grad():
+                out = fn(x).float()
+            if ref is not None:
+                err = ((out - ref).abs().max() / ref.abs().max().clamp(min=1e-30)).item()
+                res["max_rel_diff_vs_torch"] = float(f"{err:.3g}")
+            out = None
+            res["first_call_s"] = round(time.perf_counter() - started, 2)
+            ms_f = time_ms(fwd, warmup, reps)
+            res["forward_ms"] = round(ms_f, 4)
+            res["forward_tflops"] = round(flops / ms_f / 1e9, 1)
+            if decode:
+                gbs = row["weight_bytes"] / ms_f / 1e6
+                res["forward_gbs"] = round(gbs, 1)
+                res["forward_hbm_pct"] = round(100 * gbs / a.hbm_peak_gbs, 1)
+        except Exception as e:  # noqa: BLE001
+            res["error"] = short_error(e)
+        out = None
+        if "error" in res:
+            free_memory()
+        if grad and "error" not in res:
+            try:
+                ms_fb = time_ms(fwd_bwd, warmup, reps)
+                res["fwd_bwd_ms"] = round(ms_fb, 4)
+                res["fwd_bwd_tflops"] = round(3 * flops / ms_fb / 1e9, 1)
+            except Exception as e:  # noqa: BLE001
+                res["fwd_bwd_error"] = short_error(e)
+            if "fwd_bwd_error" in res:
+                free_memory()
+        for t in leaves:
+            t.grad = None
+        res["setup_and_timing_s"] = round(time.perf_counter() - started, 1)
     for other in ("torch", "compile"):
-        if other in row:
-            for k in ("forward", "fwd_bwd"):
-                row[f"{k}_vs_{other}"] = round(row[other][f"{k}_ms"] / row["gmjit"][f"{k}_ms"], 2)
-    del x, xg, w1, w2, b1, b2, probs, dy, leaves, impls, ref
-    torch.cuda.empty_cache()
+        for k in ("forward", "fwd_bwd"):
+            mine, theirs = row["gmjit"].get(f"{k}_ms"), row.get(other, {}).get(f"{k}_ms")
+            if mine and theirs:
+                row[f"{k}_vs_{other}"] = round(theirs / mine, 2)
+    del x, xg, w1, w2, b1, b2, probs, dy, leaves, impls, ref, eager, compiled
+    torch._dynamo.reset()
+    free_memory()
     return row
 
 
+def fmt(v, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
 def print_table(rows: list[dict]) -> None:
-    impls = [k for k in ("gmjit", "torch", "compile") if k in rows[0]]
-    head = f"{'shape':24s} {'T':>7s}"
-    for k in ("fwd", "fwd+bwd"):
-        head += "  " + " ".join(f"{k + ' ' + i:>16s}" for i in impls)
-    head += "   gmjit/torch  gmjit/compile (fwd, fwd+bwd)"
-    print("TFLOP/s")
-    print(head)
+    main = [r for r in rows if not r.get("decode") and "gmjit" in r]
+    if main:
+        impls = [k for k in ("gmjit", "torch", "compile") if any(k in r for r in main)]
+        head = f"{'shape':24s} {'T':>7s}"
+        for k in ("fwd", "fwd+bwd"):
+            head += "  " + " ".join(f"{k + ' ' + i:>16s}" for i in impls)
+        head += "   gmjit/torch" + ("  gmjit/compile" if "compile" in impls else "")
+        head += " (fwd, fwd+bwd)"
+        print("TFLOP/s")
+        print(head)
+        for r in main:
+            line = f"{r['shape']:24s} {r['tokens']:7d}"
+            for k in ("forward", "fwd_bwd"):
+                line += "  " + " ".join(
+                    f"{fmt(r.get(i, {}).get(k + '_tflops')):>16s}" for i in impls)
+            line += f"   {fmt(r.get('forward_vs_torch'), '.2f'):>5s}"
+            line += f" {fmt(r.get('fwd_bwd_vs_torch'), '.2f'):>5s}"
+            if "compile" in impls:
+                line += f"  {fmt(r.get('forward_vs_compile'), '.2f'):>5s}"
+                line += f" {fmt(r.get('fwd_bwd_vs_compile'), '.2f'):>5s}"
+            print(line, flush=True)
+    dec = [r for r in rows if r.get("decode") and "gmjit" in r]
+    if dec:
+        impls = [k for k in ("gmjit", "torch", "compile") if any(k in r for r in dec)]
+        print("decode, forward: µs (GB/s of weights)")
+        print(f"{'shape':24s} {'T':>7s} {'weight MB':>10s}  "
+              + " ".join(f"{i:>18s}" for i in impls) + "   gmjit/torch"
+              + (" gmjit/compile" if "compile" in impls else ""))  # fmt: skip
+        for r in dec:
+            line = f"{r['shape']:24s} {r['tokens']:7d} {r['weight_bytes'] / 1e6:10.1f}  "
+            for i in impls:
+                ms = r.get(i, {}).get("forward_ms")
+                cell = "-" if ms is None else f"{ms * 1e3:.1f} ({r['weight_bytes'] / ms / 1e6:.0f})"
+                line += f" {cell:>18s}"
+            line += f"   {fmt(r.get('forward_vs_torch'), '.2f'):>11s}"
+            if "compile" in impls:
+                line += f" {fmt(r.get('forward_vs_compile'), '.2f'):>13s}"
+            print(line, flush=True)
     for r in rows:
-        line = f"{r['shape']:24s} {r['tokens']:7d}"
-        for k in ("forward", "fwd_bwd"):
-            line += "  " + " ".join(f"{r[i][k + '_tflops']:16.1f}" for i in impls)
-        line += f"   {r.get('forward_vs_torch', 0):5.2f} {r.get('fwd_bwd_vs_torch', 0):5.2f}"
-        if "compile" in r:
-            line += f"  {r['forward_vs_compile']:5.2f} {r['fwd_bwd_vs_compile']:5.2f}"
-        print(line, flush=True)
+        problems = [f"{k}: {r[k]}" for k in ("skipped", "error", "reference_error") if k in r]
+        for i in ("gmjit", "torch", "compile"):
+            for k in ("error", "fwd_bwd_error"):
+                if k in r.get(i, {}):
+                    problems.append(f"{i} {k.replace('_error', '').replace('error', 'forward')}: "
+                                    f"{r[i][k]}")  # fmt: skip
+        for p in problems:
+            print(f"  {r['shape']}: {p}", flush=True)
+
+
+def summarize(rows: list[dict], a, meta: dict) -> dict:
+    """The issue's targets, cell by cell: a markdown table and the same as data."""
+
+    def verdict(value, target):
+        return None if value is None else value >= target
+
+    def cell(value, target, unit="×", spec=".2f"):
+        if value is None:
+            return "n/a"
+        return f"{value:{spec}}{unit} " + ("✓" if value >= target else "✗")
+
+    def missing(r, impls, key="forward"):
+        """Why a cell has no number: skipped, error or n/a (not measured, e.g. --no-compile)."""
+        if "skipped" in r:
+            return "skipped"
+        if "error" in r:
+            return "error"
+        for impl in impls:
+            res = r.get(impl)
+            if res is None:
+                return "n/a" if impl == "compile" else "error"
+            if "error" in res or f"{key}_error" in res:
+                return "error"
+        return "n/a"
+
+    out_rows, dec_rows, met, cells = [], [], 0, 0
+    lines = [
+        f"gmjit vs torch {meta['torch']} on {meta['gpu']}, bf16, router probs; median of "
+        f"{meta['reps']} after {meta['warmup']} warm-up ({meta['decode_reps']} for decode). "
+        "Ratios: torch's time over gmjit's; the TFLOP/s target "
+        + ", ".join(f"{k} ≥ {v:.0f}" for k, v in TFLOPS_TARGETS.items())
+        + " is checked on both loads.",
+        "",
+    ]
+    main = [r for r in rows if not r.get("decode")]
+    if main:
+        lines += [
+            f"| shape | load | forward vs torch.compile (≥ {FWD_VS_COMPILE}×) | "
+            f"fwd+bwd vs torch.compile (≥ {FWD_BWD_VS_COMPILE}×) | gmjit forward TFLOP/s | "
+            "gmjit fwd+bwd TFLOP/s | forward vs eager | fwd+bwd vs eager |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in main:
+            base = r.get("base_shape", r["shape"].removesuffix("-ragged"))
+            load = "ragged" if r.get("ragged") else "balanced"
+            g = r.get("gmjit", {})
+            item = {"shape": base, "load": load}
+            texts = []
+            for key, target in (("forward", FWD_VS_COMPILE), ("fwd_bwd", FWD_BWD_VS_COMPILE)):
+                v = r.get(f"{key}_vs_compile")
+                item[f"{key}_vs_compile"] = v
+                item[f"{key}_meets"] = verdict(v, target)
+                texts.append(cell(v, target) if v is not None
+                             else missing(r, ("gmjit", "compile"), key))  # fmt: skip
+            tf = g.get("forward_tflops")
+            item["forward_tflops"], item["fwd_bwd_tflops"] = tf, g.get("fwd_bwd_tflops")
+            if base in TFLOPS_TARGETS:
+                item["tflops_target"] = TFLOPS_TARGETS[base]
+                item["tflops_meets"] = verdict(tf, TFLOPS_TARGETS[base])
+                texts.append(cell(tf, TFLOPS_TARGETS[base], "", ".1f")
+                             + f" (≥ {TFLOPS_TARGETS[base]:.0f})" if tf is not None
+                             else missing(r, ("gmjit",)))  # fmt: skip
+            else:
+                texts.append(fmt(tf) if tf is not None else missing(r, ("gmjit",)))
+            texts.append(fmt(g.get("fwd_bwd_tflops")) if g.get("fwd_bwd_tflops") is not None
+                         else missing(r, ("gmjit",), "fwd_bwd"))  # fmt: skip
+            for key in ("forward", "fwd_bwd"):
+                v = r.get(f"{key}_vs_torch")
+                item[f"{key}_vs_eager"] = v
+                texts.append(f"{v:.2f}×" if v is not None else missing(r, ("gmjit", "torch"), key))
+            for k in ("forward_meets", "fwd_bwd_meets", "tflops_meets"):
+                if item.get(k) is not None:
+                    cells += 1
+                    met += item[k]
+            out_rows.append(item)
+            lines.append(f"| {base} | {load} | " + " | ".join(texts) + " |")
+        lines.append("")
+    dec = [r for r in rows if r.get("decode")]
+    if dec:
+        lines += [
+            f"Decode, forward, balanced; weight bytes streamed per forward over its time, HBM "
+            f"peak {a.hbm_peak_gbs:.0f} GB/s:",
+            "",
+            f"| shape | tokens/expert | gmjit µs | weights MB | GB/s | % of HBM peak "
+            f"(≥ {100 * DECODE_HBM_SHARE:.0f} %) | vs torch eager (≥ {DECODE_VS_EAGER}×) | "
+            "vs torch.compile |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in dec:
+            base = r.get("base_shape", r["shape"])
+            g = r.get("gmjit", {})
+            pct = g.get("forward_hbm_pct")
+            vs_e, vs_c = r.get("forward_vs_torch"), r.get("forward_vs_compile")
+            us = None if g.get("forward_ms") is None else round(g["forward_ms"] * 1e3, 1)
+            item = {"shape": base, "tokens_per_expert": r["tokens_per_expert"], "gmjit_us": us,
+                    "weight_bytes": r.get("weight_bytes"), "gbs": g.get("forward_gbs"),
+                    "hbm_pct": pct, "hbm_meets": verdict(pct, 100 * DECODE_HBM_SHARE),
+                    "vs_eager": vs_e, "vs_eager_meets": verdict(vs_e, DECODE_VS_EAGER),
+                    "vs_compile": vs_c}  # fmt: skip
+            for k in ("hbm_meets", "vs_eager_meets"):
+                if item[k] is not None:
+                    cells += 1
+                    met += item[k]
+            gm = missing(r, ("gmjit",))
+            wb = r.get("weight_bytes")
+            texts = [
+                fmt(item["gmjit_us"]) if item["gmjit_us"] is not None else gm,
+                f"{wb / 1e6:.1f}" if wb else "n/a",
+                fmt(item["gbs"], ".0f") if item["gbs"] is not None else gm,
+                cell(pct, 100 * DECODE_HBM_SHARE, " %", ".1f") if pct is not None else gm,
+                cell(vs_e, DECODE_VS_EAGER) if vs_e is not None else missing(r, ("gmjit", "torch")),
+                f"{vs_c:.2f}×" if vs_c is not None else missing(r, ("gmjit", "compile")),
+            ]
+            dec_rows.append(item)
+            lines.append(f"| {base} | {r['tokens_per_expert']} | " + " | ".join(texts) + " |")
+        lines.append("")
+    skipped = [r["shape"] for r in rows if "skipped" in r]
+    failed = [r["shape"] for r in rows if "error" in r]
+    tail = f" Skipped: {', '.join(skipped)}." if skipped else ""
+    tail += f" Failed: {', '.join(failed)}." if failed else ""
+    lines.append(f"Targets met: {met} of {cells} measured cells (✓ meets, ✗ misses; n/a: not "
+                 f"measured).{tail}")  # fmt: skip
+    return {"targets": {"forward_vs_compile": FWD_VS_COMPILE,
+                        "fwd_bwd_vs_compile": FWD_BWD_VS_COMPILE,
+                        "forward_tflops": TFLOPS_TARGETS, "decode_hbm_share": DECODE_HBM_SHARE,
+                        "decode_vs_eager": DECODE_VS_EAGER, "hbm_peak_gbs": a.hbm_peak_gbs},
+            "rows": out_rows, "decode": dec_rows, "met": met, "cells": cells,
+            "skipped": skipped, "failed": failed, "markdown": "\n".join(lines) + "\n"}  # fmt: skip
 
 
 def plot(rows: list[dict], path: str) -> bool:
@@ -245,7 +508,10 @@ def plot(rows: list[dict], path: str) -> bool:
     except ImportError:
         print("(matplotlib not importable: no PNG)")
         return False
-    impls = [k for k in ("gmjit", "torch", "compile") if k in rows[0]]
+    rows = [r for r in rows if not r.get("decode") and "gmjit" in r]
+    if not rows:
+        return False
+    impls = [k for k in ("gmjit", "torch", "compile") if any(k in r for r in rows)]
     labels = {"gmjit": "gmjit", "torch": "torch eager (_grouped_mm)", "compile": "torch.compile"}
     fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.1 * len(rows) + 3), 8), sharex=True)
     width = 0.8 / len(impls)
@@ -253,7 +519,8 @@ def plot(rows: list[dict], path: str) -> bool:
                                         ("fwd_bwd", "forward + backward"))):  # fmt: skip
         for j, impl in enumerate(impls):
             xs = [i + (j - (len(impls) - 1) / 2) * width for i in range(len(rows))]
-            ax.bar(xs, [r[impl][f"{key}_tflops"] for r in rows], width, label=labels[impl])
+            ys = [r.get(impl, {}).get(f"{key}_tflops") or 0 for r in rows]
+            ax.bar(xs, ys, width, label=labels[impl])
         ax.set_ylabel("TFLOP/s")
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
@@ -264,6 +531,7 @@ def plot(rows: list[dict], path: str) -> bool:
     fig.suptitle(f"gmjit vs torch {torch.__version__} on {gpu}, bf16")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
     return True
 
 
@@ -298,7 +566,25 @@ def main() -> None:
     ap.add_argument("--probs-grad", action="store_true", help="router probabilities need grad")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--decode", action=argparse.BooleanOptionalAction, default=None,
+                    help="decode rows (default: on in the full run, off with --quick/--shapes)")
+    ap.add_argument("--decode-only", action="store_true", help="only the decode rows")
+    ap.add_argument("--decode-shapes", default=DECODE_SHAPES,
+                    help=f"shapes of the decode rows (default {DECODE_SHAPES})")
+    ap.add_argument("--decode-tokens", default=DECODE_TOKENS,
+                    help=f"tokens per expert of the decode rows (default {DECODE_TOKENS})")
+    ap.add_argument("--decode-reps", type=int, default=30, help="repeats of a decode row")
+    ap.add_argument("--no-decode-compile", action="store_true",
+                    help="no torch.compile in the decode rows (one compilation fewer each)")
+    ap.add_argument("--hbm-peak-gbs", type=float, default=4800.0,
+                    help="HBM peak in GB/s for the decode rows' share (H200: 4800)")
+    ap.add_argument("--time-budget-s", type=float, default=420.0,
+                    help="skip the cases that would start after this many seconds (0: none)")
+    ap.add_argument("--hard-limit-s", type=float, default=None,
+                    help="abandon the case running at this many seconds and write what ran "
+                    "(default: time budget + 120; 0: none)")  # fmt: skip
     ap.add_argument("--json", default="side_by_side.json")
+    ap.add_argument("--md", default="side_by_side.md", help="the targets table, markdown")
     ap.add_argument("--png", default="side_by_side.png")
     ap.add_argument("--dry-run-cpu", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -314,41 +600,151 @@ def main() -> None:
         shapes = [by_name[n] for n in a.shapes.split(",")]
     else:
         shapes = QUICK if a.quick else SHAPES
-    cases = []
-    for s in shapes:
+    cases = []  # (shape, ragged, decode)
+    for s in shapes if not a.decode_only else []:
         if a.quick and not a.shapes:  # one balanced, one ragged
-            cases.append((s, s is QUICK[1]))
+            cases.append((s, s is QUICK[1], False))
             continue
         if not a.ragged_only:
-            cases.append((s, False))
+            cases.append((s, False, False))
         if not a.no_ragged:
-            cases.append((s, True))
+            cases.append((s, True, False))
+    if a.decode is None:
+        a.decode = a.decode_only or not (a.quick or a.shapes)
+    if a.decode:
+        names = [n for n in a.decode_shapes.split(",") if n]
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            sys.exit(f"unknown decode shapes {unknown}; known: {sorted(by_name)}")
+        try:
+            tokens = [int(t) for t in a.decode_tokens.split(",") if t]
+        except ValueError:
+            sys.exit(f"--decode-tokens: comma-separated integers, not {a.decode_tokens!r}")
+        if any(t < 1 for t in tokens):
+            sys.exit("--decode-tokens: at least 1 token per expert")
+        for n in names:
+            for t in tokens:
+                cases.append((Shape(**{**vars(by_name[n]), "tokens_per_expert": t}), False, True))
     if a.quick:
         a.warmup, a.reps = min(a.warmup, 2), min(a.reps, 5)
     if a.dry_run_cpu:  # tiny versions of the shapes: the CPU computes torch's side
-        cases = [(Shape(**{**vars(s), "tokens_per_expert": 16, "hidden": 64, "ffn": 64}), r)
-                 for s, r in cases]  # fmt: skip
-        a.warmup, a.reps = 1, 2
+        cases = [(Shape(**{**vars(s), "tokens_per_expert": s.tokens_per_expert if d else 16,
+                           "hidden": 64, "ffn": 64}), r, d) for s, r, d in cases]  # fmt: skip
+        a.warmup, a.reps, a.decode_reps = 1, 2, 2
+    if not cases:
+        sys.exit("nothing to run")
     for limit in ("recompile_limit", "cache_size_limit"):  # one compiled function per shape
         if hasattr(torch._dynamo.config, limit):
             setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
+    meta = {"torch": torch.__version__, "gpu": device_name(), "reps": a.reps,
+            "warmup": a.warmup, "decode_reps": a.decode_reps, "probs_grad": a.probs_grad,
+            "compile": not a.no_compile,
+            "decode_compile": not (a.no_compile or a.no_decode_compile),
+            "hbm_peak_gbs": a.hbm_peak_gbs, "time_budget_s": a.time_budget_s}  # fmt: skip
+    # Seconds kept for the decode rows while the large shapes run (a decode row: a forward-only
+    # torch.compile of a few seconds and 3 x (warm-up + repeats) calls of a millisecond or so).
+    per_decode = 2.0 if not meta["decode_compile"] else 8.0
+    decode_left = sum(d for _, _, d in cases) * per_decode
+    budget = f"{a.time_budget_s:.0f} s" if a.time_budget_s else "none"
+    print(f"side_by_side: {len(cases)} cases ({sum(d for _, _, d in cases)} decode), torch "
+          f"{torch.__version__}, {device_name()}, time budget {budget}", flush=True)  # fmt: skip
     started = time.perf_counter()
     rows = []
-    for s, ragged in cases:
-        rows.append(run(s, ragged, a))
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+
+    def write_outputs(final: bool) -> dict:
+        meta["elapsed_s"] = round(time.perf_counter() - started, 1)
+        meta["finished"] = final  # False: written after a case, the run still going
+        summary = summarize(rows, a, meta)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"meta": meta, "summary": summary, "results": rows}, f, indent=1)
+        if a.md:
+            with open(a.md, "w") as f:
+                f.write(summary["markdown"])
+        return summary
+
+    def skip(s: Shape, ragged: bool, decode: bool, why: str) -> dict:
+        return {"shape": case_name(s, ragged, decode), "base_shape": s.name, "decode": decode,
+                "ragged": ragged, "tokens_per_expert": s.tokens_per_expert, "skipped": why}
+
+    if a.hard_limit_s is None:
+        a.hard_limit_s = a.time_budget_s + 120 if a.time_budget_s else 0
+    meta["hard_limit_s"] = a.hard_limit_s
+    if a.hard_limit_s and hasattr(signal, "SIGALRM"):
+
+        def on_alarm(signum, frame):
+            raise HardLimit()
+
+        signal.signal(signal.SIGALRM, on_alarm)
+        signal.alarm(max(1, int(a.hard_limit_s)))
+    n = 0
+    try:
+        for n, (s, ragged, decode) in enumerate(cases, 1):
+            name = case_name(s, ragged, decode)
+            elapsed = time.perf_counter() - started
+            if decode:
+                decode_left -= per_decode
+            reserve = 0.0 if decode else min(decode_left, a.time_budget_s / 3)
+            if a.time_budget_s and elapsed + reserve > a.time_budget_s:
+                why = f"time budget: {elapsed:.0f} s used" + (
+                    f", {reserve:.0f} s kept for the decode rows" if reserve else "")
+                rows.append(skip(s, ragged, decode, why))
+                print(f"[{n}/{len(cases)} {elapsed:5.0f} s] {name}: skipped ({why})", flush=True)
+                continue
+            print(f"[{n}/{len(cases)} {elapsed:5.0f} s] {name} ...", flush=True)
+            try:
+                row = run(s, ragged, a, decode)
+            except Exception as e:  # noqa: BLE001 - setting the case up failed (out of memory)
+                row = skip(s, ragged, decode, "")
+                del row["skipped"]
+                row["error"] = short_error(e)
+            free_memory()
+            took = time.perf_counter() - started - elapsed
+            row["case_s"] = round(took, 1)
+            rows.append(row)
+            if "error" in row:
+                print(f"    {name}: error {row['error']} ({took:.1f} s)", flush=True)
+            else:
+                g = row["gmjit"]
+                bits = [f"{k} {row[k]:.2f}x" for k in ("forward_vs_torch", "forward_vs_compile",
+                                                        "fwd_bwd_vs_torch", "fwd_bwd_vs_compile")
+                        if k in row]  # fmt: skip
+                if decode and "forward_hbm_pct" in g:
+                    bits.insert(0, f"gmjit {g['forward_ms'] * 1e3:.1f} us, {g['forward_gbs']:.0f} "
+                                   f"GB/s ({g['forward_hbm_pct']:.1f} % of peak)")  # fmt: skip
+                elif "forward_tflops" in g:
+                    bits.insert(0, f"gmjit {g['forward_tflops']:.1f} / "
+                                   f"{fmt(g.get('fwd_bwd_tflops'))} TFLOP/s")  # fmt: skip
+                errs = [i for i in ("gmjit", "torch", "compile")
+                        if "error" in row.get(i, {}) or "fwd_bwd_error" in row.get(i, {})]
+                if errs:
+                    bits.append("errors in " + ",".join(errs))
+                print(f"    {name}: {'; '.join(bits)} ({took:.1f} s)", flush=True)
+            write_outputs(False)
+    except HardLimit:
+        elapsed = time.perf_counter() - started
+        why = f"hard limit: {elapsed:.0f} s"
+        for s, ragged, decode in cases[len(rows):]:
+            rows.append(skip(s, ragged, decode, why))
+        print(f"[{elapsed:5.0f} s] hard limit ({a.hard_limit_s:.0f} s) reached in case {n}: "
+              f"it and the {len(cases) - n} after it are skipped", flush=True)  # fmt: skip
+    finally:
+        if hasattr(signal, "SIGALRM"):
+            signal.alarm(0)
+    free_memory()
     seconds = time.perf_counter() - started
     print(f"torch {torch.__version__}, {device_name()}, median of {a.reps} after {a.warmup} "
-          f"warm-up, {seconds:.0f} s")  # fmt: skip
+          f"warm-up ({a.decode_reps} for decode), {seconds:.0f} s")  # fmt: skip
     print_table(rows)
-    meta = {"torch": torch.__version__, "gpu": device_name(), "reps": a.reps,
-            "warmup": a.warmup, "probs_grad": a.probs_grad}  # fmt: skip
+    summary = write_outputs(True)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"meta": meta, "results": rows}, f, indent=1)
         print(f"wrote {a.json}")
     if a.png and plot(rows, a.png):
         print(f"wrote {a.png}")
+    if a.md:
+        print(f"wrote {a.md}")
+    print()
+    print(summary["markdown"], end="", flush=True)
 
 
 if __name__ == "__main__":
