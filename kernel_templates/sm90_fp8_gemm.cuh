@@ -13,8 +13,9 @@
 //
 // Cfg (static constexpr): experts, split_int64, block_m (128 or 256), block_n (128 or 256),
 // stages, group_m, smem_bytes = stages * (block_m + block_n) * 128 + 20480, per_tensor_scales
-// (fp8_tensor recipe: a_scales holds one scale, b_scales one per expert; else the block scales). block_m / 128 times
-// block_n / 128 must be at most 2 (the accumulators and the temporary fit 232 registers).
+// (fp8_tensor recipe: a_scales holds one scale, b_scales one per expert; else the block scales).
+// block_m / 128 times block_n / 128 must be at most 2 (the accumulators and the temporary fit 232
+// registers).
 //
 // Epi provides: SplitT, kK (multiple of 128), kN (B rows per expert), num_n (column tiles),
 //   load_b(p, dst, bar, expert, tile_n, k), b_scale_row(expert, tile_n, g): the row of b_scales
@@ -79,68 +80,20 @@ struct Fp8TileShape {
 template <class Cfg, class Epi, class P>
 __device__ __forceinline__ void fp8_grouped_gemm(const P& p) {
   using S = Fp8TileShape<Cfg>;
-  using SplitT = typename Epi::SplitT;
   static_assert(Epi::kK % 128 == 0, "K must be a multiple of 128");
   constexpr int kKTiles = Epi::kK / 128;
 
-  const unsigned int base = (smem_u32(dyn_smem()) + 1023u) & ~1023u;
-  const unsigned int full = base + S::stages * S::stage_bytes;
-  const unsigned int empty = full + S::stages * 8;
-  TileInfo* info =
-      reinterpret_cast<TileInfo*>(dyn_smem() + (empty + S::stages * 8 - smem_u32(dyn_smem())));
+  const Ring ring = init_ring<S>(p);
+  const unsigned int base = ring.base, full = ring.full, empty = ring.empty;
+  TileInfo* info = ring.info;
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  if (tid == 0) {
-    for (int s = 0; s < S::stages; ++s) {
-      mbar_init(full + 8 * s, 1);
-      mbar_init(empty + 8 * s, S::consumer_warps);
-    }
-    fence_barrier_init();
-  } else if (tid == 32) {
-    tma_prefetch_map(p.tmap_a);
-    tma_prefetch_map(p.tmap_b);
-  }
-  __syncthreads();
   int stage = 0;
   unsigned int phase = 0;
 
   if (warp < 4) {
-    // Producer: as in grouped_gemm, with 128-wide K blocks.
+    // Producer: as in grouped_gemm, with 128-element K blocks.
     setmaxnreg_dec<S::producer_regs>();
-    if (warp != 0) return;
-    const SplitT* split = static_cast<const SplitT*>(p.plain.split_sizes);
-    const int num_m = count_row_tiles<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
-    const int num_tiles = num_m * Epi::num_n;
-    auto post = [&](const TileInfo& ti, bool data) {
-      if (lane == 0) {
-        info[stage] = ti;
-        if (!data) mbar_arrive(full + 8 * stage);
-      }
-    };
-    for (int t = static_cast<int>(blockIdx.x); t < num_tiles; t += static_cast<int>(gridDim.x)) {
-      int tile_m, tile_n;
-      tile_coords(t, num_m, Epi::num_n, Cfg::group_m, tile_m, tile_n);
-      const RowTile rt =
-          find_row_tile<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens, tile_m);
-      if (rt.row_begin >= rt.row_end) continue;
-      const TileInfo ti{rt.row_begin, rt.row_end, rt.expert, tile_n};
-      const int stages_used = rt.expert < 0 ? 1 : kKTiles;
-#pragma unroll 1
-      for (int kt = 0; kt < stages_used; ++kt) {
-        mbar_wait(empty + 8 * stage, phase ^ 1u);
-        if (kt == 0) post(ti, rt.expert >= 0);
-        if (lane == 0 && rt.expert >= 0) {
-          const unsigned int bar = full + 8 * stage;
-          const unsigned int dst = base + stage * S::stage_bytes;
-          mbar_arrive_expect_tx(bar, S::stage_bytes);
-          tma_load_2d(dst, p.tmap_a, bar, kt * 128, static_cast<int>(rt.row_begin));
-          Epi::load_b(p, dst + S::a_stage_bytes, bar, rt.expert, tile_n, kt * 128);
-        }
-        __syncwarp();
-        if (++stage == S::stages) stage = 0, phase ^= 1u;
-      }
-    }
-    mbar_wait(empty + 8 * stage, phase ^ 1u);
-    post(TileInfo{0, 0, -2, 0}, false);
+    if (warp == 0) produce_tiles<Cfg, Epi, S, kKTiles, 128>(p, ring);
     return;
   }
 

@@ -13,9 +13,9 @@
 // sm90_fp8_gemm.cuh), per_tensor_scales. FC1 also: act, glu_layout (kHalves only), act_limit,
 // act_alpha, save_preact, pow2_scales; with per_tensor_scales (fp8_tensor recipe) FC1 writes a
 // in bf16 and its amax instead (out_scales points at the amax slot) and a separate pass
-// quantizes it with one scale for the tensor; its tile covers 128 output columns: block_n = 256 for GLU (128 gate
-// rows then their 128 lin rows), 128 otherwise. FC2: block_n 128 or 256.
-// Params: Sm90Fp8GemmParams (params.cuh). Launch: persistent, 384 threads, smem_bytes.
+// quantizes it with one scale for the tensor; its tile covers 128 output columns: block_n = 256 for
+// GLU (128 gate rows then their 128 lin rows), 128 otherwise. FC2: block_n 128 or 256. Params:
+// Sm90Fp8GemmParams (params.cuh). Launch: persistent, 384 threads, smem_bytes.
 
 #include "gmjit/activations.cuh"
 #include "gmjit/bf16.cuh"
@@ -212,7 +212,8 @@ struct Fc1Fp8Sm90 {
     }
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
-    if (lane == 0) atomicMax(reinterpret_cast<unsigned int*>(p.plain.out_scales), float_to_bits(amax));
+    if (lane == 0)
+      atomicMax(reinterpret_cast<unsigned int*>(p.plain.out_scales), float_to_bits(amax));
   }
 
   // Tail rows: h (saved pre-activation) is zeroed; â is FC2's business only inside the experts.

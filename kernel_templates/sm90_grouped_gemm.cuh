@@ -130,25 +130,28 @@ struct BMnMajor<Epi, decltype(void(Epi::kBMnMajor))> {
   static constexpr bool value = Epi::kBMnMajor;
 };
 
-template <class Cfg, class Epi, class P>
-__device__ __forceinline__ void grouped_gemm(const P& p) {
-  using S = TileShape<Cfg>;
-  using SplitT = typename Epi::SplitT;
-  static_assert(Epi::kK % 64 == 0, "K must be a multiple of 64");
-  constexpr int kKTiles = Epi::kK / 64;
-  constexpr bool kBMn = BMnMajor<Epi>::value;
+// The shared-memory ring of a Hopper mainloop (BF16 or FP8): `stages` slots of A and B rows of
+// 128 bytes, their full/empty mbarriers and tile-info slots.
+struct Ring {
+  unsigned int base, full, empty;
+  TileInfo* info;  // a generic pointer: ordinary loads/stores, ordered by the mbarriers
+};
 
-  const unsigned int base = (smem_u32(dyn_smem()) + 1023u) & ~1023u;
-  const unsigned int full = base + S::stages * S::stage_bytes;
-  const unsigned int empty = full + S::stages * 8;
-  // Info slots, as a generic pointer (ordinary loads/stores, ordered by the mbarriers).
-  TileInfo* info =
-      reinterpret_cast<TileInfo*>(dyn_smem() + (empty + S::stages * 8 - smem_u32(dyn_smem())));
-  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+// Lays out the ring, initialises its barriers (thread 0) and prefetches the maps (thread 32);
+// the whole CTA calls it. S: TileShape or Fp8TileShape.
+template <class S, class P>
+__device__ __forceinline__ Ring init_ring(const P& p) {
+  Ring r;
+  r.base = (smem_u32(dyn_smem()) + 1023u) & ~1023u;
+  r.full = r.base + S::stages * S::stage_bytes;
+  r.empty = r.full + S::stages * 8;
+  r.info =
+      reinterpret_cast<TileInfo*>(dyn_smem() + (r.empty + S::stages * 8 - smem_u32(dyn_smem())));
+  const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) {
     for (int s = 0; s < S::stages; ++s) {
-      mbar_init(full + 8 * s, 1);
-      mbar_init(empty + 8 * s, S::consumer_warps);
+      mbar_init(r.full + 8 * s, 1);
+      mbar_init(r.empty + 8 * s, S::consumer_warps);
     }
     fence_barrier_init();
   } else if (tid == 32) {
@@ -156,48 +159,73 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
     tma_prefetch_map(p.tmap_b);
   }
   __syncthreads();
+  return r;
+}
+
+// The producer warp: walks the tiles, publishes each tile's info in its first stage and issues
+// the TMA loads of its kKTiles K blocks of kBlockK elements (128 bytes) each. Tail tiles and the
+// final "done" marker take one stage each, with no data (plain arrive on full[s]).
+template <class Cfg, class Epi, class S, int kKTiles, int kBlockK, class P>
+__device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
+  using SplitT = typename Epi::SplitT;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  int stage = 0;
+  unsigned int phase = 0;
+  const SplitT* split = static_cast<const SplitT*>(p.plain.split_sizes);
+  const int num_m = count_row_tiles<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
+  const int num_tiles = num_m * Epi::num_n;
+  // Publishes tile info in the current stage; data-less stages complete with a plain arrive.
+  auto post = [&](const TileInfo& ti, bool data) {
+    if (lane == 0) {
+      r.info[stage] = ti;
+      if (!data) mbar_arrive(r.full + 8 * stage);
+    }
+  };
+  for (int t = static_cast<int>(blockIdx.x); t < num_tiles; t += static_cast<int>(gridDim.x)) {
+    int tile_m, tile_n;
+    tile_coords(t, num_m, Epi::num_n, Cfg::group_m, tile_m, tile_n);
+    const RowTile rt =
+        find_row_tile<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens, tile_m);
+    if (rt.row_begin >= rt.row_end) continue;
+    const TileInfo ti{rt.row_begin, rt.row_end, rt.expert, tile_n};
+    const int stages_used = rt.expert < 0 ? 1 : kKTiles;
+#pragma unroll 1
+    for (int kt = 0; kt < stages_used; ++kt) {
+      mbar_wait(r.empty + 8 * stage, phase ^ 1u);
+      if (kt == 0) post(ti, rt.expert >= 0);
+      if (lane == 0 && rt.expert >= 0) {
+        const unsigned int bar = r.full + 8 * stage;
+        const unsigned int dst = r.base + stage * S::stage_bytes;
+        mbar_arrive_expect_tx(bar, S::stage_bytes);
+        tma_load_2d(dst, p.tmap_a, bar, kt * kBlockK, static_cast<int>(rt.row_begin));
+        Epi::load_b(p, dst + S::a_stage_bytes, bar, rt.expert, tile_n, kt * kBlockK);
+      }
+      __syncwarp();
+      if (++stage == S::stages) stage = 0, phase ^= 1u;
+    }
+  }
+  mbar_wait(r.empty + 8 * stage, phase ^ 1u);
+  post(TileInfo{0, 0, -2, 0}, false);
+}
+
+template <class Cfg, class Epi, class P>
+__device__ __forceinline__ void grouped_gemm(const P& p) {
+  using S = TileShape<Cfg>;
+  static_assert(Epi::kK % 64 == 0, "K must be a multiple of 64");
+  constexpr int kKTiles = Epi::kK / 64;
+  constexpr bool kBMn = BMnMajor<Epi>::value;
+
+  const Ring ring = init_ring<S>(p);
+  const unsigned int base = ring.base, full = ring.full, empty = ring.empty;
+  TileInfo* info = ring.info;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   int stage = 0;
   unsigned int phase = 0;
 
   if (warp < 4) {
     // Producer warpgroup: give registers to the consumers; warp 0 schedules, lane 0 copies.
     setmaxnreg_dec<S::producer_regs>();
-    if (warp != 0) return;
-    const SplitT* split = static_cast<const SplitT*>(p.plain.split_sizes);
-    const int num_m = count_row_tiles<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
-    const int num_tiles = num_m * Epi::num_n;
-    // Publishes tile info in the current stage; data-less stages complete with a plain arrive.
-    auto post = [&](const TileInfo& ti, bool data) {
-      if (lane == 0) {
-        info[stage] = ti;
-        if (!data) mbar_arrive(full + 8 * stage);
-      }
-    };
-    for (int t = static_cast<int>(blockIdx.x); t < num_tiles; t += static_cast<int>(gridDim.x)) {
-      int tile_m, tile_n;
-      tile_coords(t, num_m, Epi::num_n, Cfg::group_m, tile_m, tile_n);
-      const RowTile rt =
-          find_row_tile<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens, tile_m);
-      if (rt.row_begin >= rt.row_end) continue;
-      const TileInfo ti{rt.row_begin, rt.row_end, rt.expert, tile_n};
-      const int stages_used = rt.expert < 0 ? 1 : kKTiles;
-#pragma unroll 1
-      for (int kt = 0; kt < stages_used; ++kt) {
-        mbar_wait(empty + 8 * stage, phase ^ 1u);
-        if (kt == 0) post(ti, rt.expert >= 0);
-        if (lane == 0 && rt.expert >= 0) {
-          const unsigned int bar = full + 8 * stage;
-          const unsigned int dst = base + stage * S::stage_bytes;
-          mbar_arrive_expect_tx(bar, S::stage_bytes);
-          tma_load_2d(dst, p.tmap_a, bar, kt * 64, static_cast<int>(rt.row_begin));
-          Epi::load_b(p, dst + S::a_stage_bytes, bar, rt.expert, tile_n, kt * 64);
-        }
-        __syncwarp();
-        if (++stage == S::stages) stage = 0, phase ^= 1u;
-      }
-    }
-    mbar_wait(empty + 8 * stage, phase ^ 1u);
-    post(TileInfo{0, 0, -2, 0}, false);
+    if (warp == 0) produce_tiles<Cfg, Epi, S, kKTiles, 64>(p, ring);
     return;
   }
 
