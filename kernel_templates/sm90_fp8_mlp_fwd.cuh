@@ -51,29 +51,6 @@ __device__ __forceinline__ void put_e4m3x2(const sm90::WarpStage& ws, int j, int
   asm volatile("st.shared.b16 [%0], %1;" ::"r"(a), "h"(v) : "memory");
 }
 
-// The staged 16 x 128 bytes to out[row0 + r][col0 .. col0 + 128) (bytes) for rows < row_end.
-__device__ __forceinline__ void flush_bytes(const sm90::WarpStage& ws, unsigned char* out,
-                                            long long ld, long long row0, long long row_end,
-                                            long long col0) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  __syncwarp();
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int r = (lane >> 3) + 4 * i, c = lane & 7;
-    unsigned int v0, v1, v2, v3;
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
-                 : "r"(ws.buf + r * 144 + c * 16)
-                 : "memory");
-    if (row0 + r < row_end)
-      asm volatile(
-          "st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + (row0 + r) * ld + col0 + c * 16),
-          "r"(v0), "r"(v1), "r"(v2), "r"(v3)
-          : "memory");
-  }
-  __syncwarp();
-}
-
 }  // namespace fp8_fwd
 
 template <class Cfg>
@@ -180,8 +157,8 @@ struct Fc1Fp8Sm90 {
           fp8_fwd::put_e4m3x2(
               ws, j, h,
               pack_e4m3x2(acc[m][4 * j + 2 * h] * inv[h], acc[m][4 * j + 2 * h + 1] * inv[h]));
-      fp8_fwd::flush_bytes(ws, static_cast<unsigned char*>(p.plain.out), Cfg::ffn,
-                           row0 + m * 64 + wq * 16, rt.row_end, tile_n * 128LL);
+      ws.flush_bytes(static_cast<unsigned char*>(p.plain.out), Cfg::ffn, row0 + m * 64 + wq * 16,
+                     rt.row_end, tile_n * 128LL);
     }
   }
 

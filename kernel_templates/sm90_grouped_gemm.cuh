@@ -84,6 +84,13 @@ struct WarpStage {
   // Writes the block to out[row0 + r][col0 .. col0 + 64) for rows row0 + r < row_end.
   __device__ __forceinline__ void flush(unsigned short* out, long long ld, long long row0,
                                         long long row_end, int col0) const {
+    flush_bytes(reinterpret_cast<unsigned char*>(out), 2 * ld, row0, row_end, 2LL * col0);
+  }
+
+  // The staged 16 rows x 128 bytes to out + (row0 + r) * ld + col0 (byte units) for rows
+  // row0 + r < row_end: what flush does for bf16, and the FP8 epilogues for 128 E4M3 columns.
+  __device__ __forceinline__ void flush_bytes(unsigned char* out, long long ld, long long row0,
+                                              long long row_end, long long col0) const {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     __syncwarp();
 #pragma unroll
@@ -96,7 +103,7 @@ struct WarpStage {
                    : "memory");
       if (row0 + r < row_end)
         asm volatile(
-            "st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + (row0 + r) * ld + col0 + c * 8),
+            "st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + (row0 + r) * ld + col0 + c * 16),
             "r"(v0), "r"(v1), "r"(v2), "r"(v3)
             : "memory");
     }
