@@ -40,7 +40,8 @@ logger = logging.getLogger("gmjit.transformers")
 
 NAME = "gmjit"
 # Experts-implementation names by recipe.
-RECIPE_NAMES = {"bf16": NAME, "fp8_block": "gmjit_fp8_block", "fp8_block_pow2": "gmjit_fp8_block_pow2"}
+RECIPE_NAMES = {"bf16": NAME, "fp8_block": "gmjit_fp8_block",
+                "fp8_block_pow2": "gmjit_fp8_block_pow2"}  # fmt: skip
 # How close the module's own gate must be to the activation gmjit picked for it (fp32 probe).
 _PROBE_TOLERANCE = 1e-4
 

@@ -240,7 +240,9 @@ def check_quantize_arguments(w1: Tensor, w2: Tensor, where: str = "quantize_weig
         if not isinstance(t, Tensor) or t.dim() != 3:
             raise ValueError(f"{where}: argument '{name}' must be a 3-D tensor, got {_describe(t)}")
         if t.dtype != _BF16:
-            raise ValueError(f"{where}: argument '{name}' must have dtype torch.bfloat16, got {t.dtype}")
+            raise ValueError(
+                f"{where}: argument '{name}' must have dtype torch.bfloat16, got {t.dtype}"
+            )
         if not t.is_contiguous():
             raise ValueError(f"{where}: argument '{name}' must be contiguous")
     E, F1, H = w1.shape
@@ -251,7 +253,9 @@ def check_quantize_arguments(w1: Tensor, w2: Tensor, where: str = "quantize_weig
             f"{F1 // 2} (from w1 {list(w1.shape)}), got {list(w2.shape)}"
         )
     if w2.device != w1.device:
-        raise ValueError(f"{where}: argument 'w2' must be on {w1.device} (where w1 is), got {w2.device}")
+        raise ValueError(
+            f"{where}: argument 'w2' must be on {w1.device} (where w1 is), got {w2.device}"
+        )
     _check_fp8_layer(H, F, 0, F1 != F, where)
 
 
@@ -260,8 +264,9 @@ def _quantize_impl(w1: Tensor, w2: Tensor, code: int) -> tuple[Tensor, Tensor, T
     E, F1, H = w1.shape
     F = w2.shape[2]
     dev = w1.device
+    shapes = fp8_weight_shapes(E, F1, H, F)
     out = tuple(torch.empty(shape, dtype=dtype, device=dev)
-                for shape, dtype in zip(fp8_weight_shapes(E, F1, H, F), (_FP8, _F32) * 2))  # fmt: skip
+                for shape, dtype in zip(shapes, (_FP8, _F32) * 2))  # fmt: skip
     if E == 0:
         return out
     d = _weights_device(w1)
@@ -274,7 +279,9 @@ def _quantize_impl(w1: Tensor, w2: Tensor, code: int) -> tuple[Tensor, Tensor, T
 
 def _weights_device(w1: Tensor) -> int:
     if not w1.is_cuda:
-        raise ValueError(f"quantize_weights: argument 'w1' must be on a CUDA device to run, got {w1.device}")
+        raise ValueError(
+            f"quantize_weights: argument 'w1' must be on a CUDA device to run, got {w1.device}"
+        )
     return w1.get_device()
 
 
@@ -576,7 +583,9 @@ _grouped_mlp_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
 @torch.library.custom_op("gmjit::quantize_weights", mutates_args=())
-def _quantize_weights_op(w1: Tensor, w2: Tensor, recipe: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _quantize_weights_op(
+    w1: Tensor, w2: Tensor, recipe: str
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(w1_fp8, w1_scales, w2_fp8, w2_scales) of an FP8 recipe from bf16 w1, w2."""
     return _quantize_impl(w1, w2, _parse_recipe(recipe, "quantize_weights"))
 
