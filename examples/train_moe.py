@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Trains a tiny random-initialised Qwen3-MoE language model twice, with transformers'
 "grouped_mm" experts and with gmjit's, and prints both loss curves, step time, peak memory.
+`--recipe fp8_block` runs gmjit's experts with the FP8 block recipe (E4M3 forward GEMMs, BF16
+backward; needs a Hopper GPU): the same model from the same seed, so its loss curve should
+track the BF16 one.
 
 The data is synthetic but learnable: each sequence counts up from a random start with a random
 stride (mod the vocabulary), so the loss falls quickly once the model finds the stride. Gradient
@@ -8,6 +11,7 @@ checkpointing is on, so every MoE layer runs a no-grad forward, a recomputed gra
 forward and a backward per step (gmjit builds each plan once and then only hits its caches).
 
   python3 examples/train_moe.py [--steps 300] [--batch 16] [--seq 256] [--every 25]
+                                [--recipe bf16|fp8_block]
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Optional, Sequence
 
 import torch
 
@@ -70,7 +75,7 @@ def train(impl: str, a) -> dict:
     }
 
 
-def main() -> None:
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=16)
@@ -84,22 +89,36 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args()
+    ap.add_argument("--recipe", choices=("bf16", "fp8_block"), default="bf16",
+                    help="gmjit's recipe (fp8_block: E4M3 forward GEMMs, BF16 backward)")
+    return ap.parse_args(argv)
+
+
+def gmjit_impl(recipe: str) -> str:
+    """The experts_implementation name of gmjit with `recipe`."""
+    return gmjit.transformers.RECIPE_NAMES[recipe]
+
+
+def main() -> None:
+    a = parse_args()
+    ours_impl = gmjit_impl(a.recipe)
     results = {}
-    for impl in ("grouped_mm", "gmjit"):
+    for impl in ("grouped_mm", ours_impl):
         results[impl] = train(impl, a)
-        if impl == "gmjit":
+        if impl == ours_impl:
             results[impl]["counters"] = gmjit.counters()
-    ref, ours = results["grouped_mm"], results["gmjit"]
+    ref, ours = results["grouped_mm"], results[ours_impl]
+    name = "gmjit" if a.recipe == "bf16" else f"gmjit {a.recipe}"
+    w = max(9, len(name))
     print(f"Qwen3-MoE {a.layers} layers, hidden {a.hidden}, {a.experts} experts (top {a.top_k}, "
           f"ffn {a.ffn}), batch {a.batch} x {a.seq} tokens, gradient checkpointing")  # fmt: skip
-    print(f"{'step':>6s} {'grouped_mm':>11s} {'gmjit':>9s}")
+    print(f"{'step':>6s} {'grouped_mm':>11s} {name:>{w}s}")
     for s in list(range(0, a.steps, a.every)) + [a.steps - 1]:
-        print(f"{s:6d} {ref['losses'][s]:11.4f} {ours['losses'][s]:9.4f}")
-    print(f"{'':18s} {'grouped_mm':>11s} {'gmjit':>9s}")
-    print(f"{'step time (ms)':18s} {ref['step_ms']:11.2f} {ours['step_ms']:9.2f}")
-    print(f"{'total (s)':18s} {ref['total_s']:11.2f} {ours['total_s']:9.2f}")
-    print(f"{'peak memory (GiB)':18s} {ref['peak_gib']:11.3f} {ours['peak_gib']:9.3f}")
+        print(f"{s:6d} {ref['losses'][s]:11.4f} {ours['losses'][s]:{w}.4f}")
+    print(f"{'':18s} {'grouped_mm':>11s} {name:>{w}s}")
+    print(f"{'step time (ms)':18s} {ref['step_ms']:11.2f} {ours['step_ms']:{w}.2f}")
+    print(f"{'total (s)':18s} {ref['total_s']:11.2f} {ours['total_s']:{w}.2f}")
+    print(f"{'peak memory (GiB)':18s} {ref['peak_gib']:11.3f} {ours['peak_gib']:{w}.3f}")
     print(f"speedup (step time): {ref['step_ms'] / ours['step_ms']:.2f}x")
     c = ours["counters"]
     print(f"gmjit: {c['plans_built']} plans built, {c['kernels_compiled']} kernels compiled, "

@@ -16,6 +16,7 @@ struct gmjit_engine {
 
 struct gmjit_forward_context {
   gmjit::ForwardContext context;
+  gmjit::Recipe recipe = gmjit::Recipe::bf16();  // the forward's: its backward uses it too
 };
 
 namespace {
@@ -106,6 +107,24 @@ Cpp from_c(const C& field, int (*to_c)(Cpp), const char* name) {
   return static_cast<Cpp>(number);
 }
 
+// The recipe of a gmjit_recipe field (read as its underlying integer, as from_c does).
+gmjit::Recipe recipe_from_c(const gmjit_recipe& field) {
+  static_assert(sizeof(gmjit_recipe) == sizeof(int), "C API enums are int-sized");
+  int number = 0;
+  std::memcpy(&number, &field, sizeof number);
+  switch (number) {
+    case GMJIT_RECIPE_BF16:
+      return gmjit::Recipe::bf16();
+    case GMJIT_RECIPE_FP8_BLOCK:
+      return gmjit::Recipe::fp8_block();
+    case GMJIT_RECIPE_FP8_BLOCK_POW2:
+      return gmjit::Recipe::fp8_block({.power_of_two_scales = true});
+    default:
+      throw gmjit::Error(gmjit::Status::invalid_argument,
+                         fmt::format("argument 'recipe': {} is not a valid value", number));
+  }
+}
+
 thread_local std::string last_error;
 // Static text reported instead of last_error when the message could not be stored (out of
 // memory): recording an error must never throw out of an extern "C" function.
@@ -121,6 +140,10 @@ void set_last_error(const char* message) noexcept {
   }
 }
 
+// DLPack 1.1's kDLFloat8_e4m3fn (what torch.float8_e4m3fn tensors export); the vendored
+// dlpack.h may predate it, so the code is spelled here.
+constexpr std::uint8_t kDLCodeFloat8E4M3fn = 10;
+
 gmjit::DType dtype_of(const DLTensor& t, const char* name) {
   const DLDataType d = t.dtype;
   if (d.lanes == 1) {
@@ -128,10 +151,14 @@ gmjit::DType dtype_of(const DLTensor& t, const char* name) {
     if (d.code == kDLFloat && d.bits == 32) return gmjit::DType::f32;
     if (d.code == kDLInt && d.bits == 32) return gmjit::DType::i32;
     if (d.code == kDLInt && d.bits == 64) return gmjit::DType::i64;
+    // E4M3 bytes: float8_e4m3fn, or uint8 from exporters without a float8 code.
+    if ((d.code == kDLCodeFloat8E4M3fn || d.code == kDLUInt) && d.bits == 8) {
+      return gmjit::DType::f8e4m3;
+    }
   }
   throw gmjit::Error(gmjit::Status::invalid_argument,
                      fmt::format("argument '{}': dtype (code {}, {} bits, {} lanes) is not one of "
-                                 "bfloat16, float32, int32, int64",
+                                 "bfloat16, float32, int32, int64, float8_e4m3fn (or uint8)",
                                  name, d.code, d.bits, d.lanes));
 }
 
@@ -192,17 +219,39 @@ struct ForwardCall {
   gmjit::ForwardArgs args;
 };
 
+// The layer description without the flags that follow from the call's optional tensors.
+gmjit::LayerSpec convert_layer(const gmjit_layer& layer) {
+  gmjit::LayerSpec spec;
+  spec.experts = layer.experts;
+  spec.hidden = layer.hidden;
+  spec.ffn = layer.ffn;
+  spec.activation.kind =
+      from_c<gmjit::Activation>(layer.activation, c_activation, "layer.activation");
+  spec.activation.layout =
+      from_c<gmjit::GluLayout>(layer.glu_layout, c_glu_layout, "layer.glu_layout");
+  spec.activation.limit = layer.clamp_limit;
+  spec.activation.alpha = layer.clamp_alpha;
+  return spec;
+}
+
 ForwardCall convert_forward(gmjit_engine* engine, const gmjit_layer* layer,
-                            const gmjit_forward_args* args) {
+                            const gmjit_forward_args* args, const gmjit::Recipe& recipe,
+                            const gmjit_fp8_weights* fp8) {
   if (engine == nullptr || layer == nullptr || args == nullptr) {
     throw gmjit::Error(gmjit::Status::invalid_argument,
                        "arguments 'engine', 'layer' and 'args' must not be null");
   }
-  const auto activation =
-      from_c<gmjit::Activation>(layer->activation, c_activation, "layer.activation");
-  const auto glu_layout =
-      from_c<gmjit::GluLayout>(layer->glu_layout, c_glu_layout, "layer.glu_layout");
+  if (recipe.is_fp8() && fp8 == nullptr) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       "argument 'fp8' must not be null with an FP8 recipe (the quantized "
+                       "weights, see gmjit_quantize_weights)");
+  }
+  if (!recipe.is_fp8() && fp8 != nullptr) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       "argument 'fp8' must be null with the BF16 recipe");
+  }
   ForwardCall call;
+  call.spec = convert_layer(*layer);
   gmjit::ForwardArgs& forward = call.args;
   forward.x = to_ref(args->x, "x");
   forward.split_sizes = to_ref(args->split_sizes, "split_sizes");
@@ -213,18 +262,17 @@ ForwardCall convert_forward(gmjit_engine* engine, const gmjit_layer* layer,
   forward.probs = to_ref(args->probs, "probs");
   forward.y = to_ref(args->y, "y");
   forward.saved_preact = to_ref(args->saved_preact, "saved_preact");
+  if (fp8 != nullptr) {
+    forward.w1_fp8 = to_ref(fp8->w1_fp8, "w1_fp8");
+    forward.w1_scales = to_ref(fp8->w1_scales, "w1_scales");
+    forward.w2_fp8 = to_ref(fp8->w2_fp8, "w2_fp8");
+    forward.w2_scales = to_ref(fp8->w2_scales, "w2_scales");
+  }
   if (!forward.split_sizes.present()) {
     throw gmjit::Error(gmjit::Status::invalid_argument,
                        "argument 'split_sizes' is required but was null");
   }
   gmjit::LayerSpec& spec = call.spec;
-  spec.experts = layer->experts;
-  spec.hidden = layer->hidden;
-  spec.ffn = layer->ffn;
-  spec.activation.kind = activation;
-  spec.activation.layout = glu_layout;
-  spec.activation.limit = layer->clamp_limit;
-  spec.activation.alpha = layer->clamp_alpha;
   spec.fc1_bias = forward.b1.present();
   spec.fc2_bias = forward.b2.present();
   spec.router_probs = forward.probs.present();
@@ -251,9 +299,16 @@ void gmjit_engine_destroy(gmjit_engine* engine) {
 
 gmjit_status gmjit_forward(gmjit_engine* engine, const gmjit_layer* layer,
                            const gmjit_forward_args* args, int grad, void* stream) {
+  return gmjit_forward_ex(engine, layer, GMJIT_RECIPE_BF16, args, nullptr, grad, stream);
+}
+
+gmjit_status gmjit_forward_ex(gmjit_engine* engine, const gmjit_layer* layer, gmjit_recipe recipe,
+                              const gmjit_forward_args* args, const gmjit_fp8_weights* fp8,
+                              int grad, void* stream) {
   return guarded([&] {
-    const ForwardCall call = convert_forward(engine, layer, args);
-    engine->engine.forward(call.spec, gmjit::Recipe::bf16(), call.args,
+    const gmjit::Recipe r = recipe_from_c(recipe);
+    const ForwardCall call = convert_forward(engine, layer, args, r, fp8);
+    engine->engine.forward(call.spec, r, call.args,
                            grad ? gmjit::GradMode::grad : gmjit::GradMode::no_grad, stream);
   });
 }
@@ -261,15 +316,44 @@ gmjit_status gmjit_forward(gmjit_engine* engine, const gmjit_layer* layer,
 gmjit_status gmjit_forward_train(gmjit_engine* engine, const gmjit_layer* layer,
                                  const gmjit_forward_args* args, void* stream,
                                  gmjit_forward_context** context) {
+  return gmjit_forward_train_ex(engine, layer, GMJIT_RECIPE_BF16, args, nullptr, stream, context);
+}
+
+gmjit_status gmjit_forward_train_ex(gmjit_engine* engine, const gmjit_layer* layer,
+                                    gmjit_recipe recipe, const gmjit_forward_args* args,
+                                    const gmjit_fp8_weights* fp8, void* stream,
+                                    gmjit_forward_context** context) {
   return guarded([&] {
     if (context == nullptr) {
       throw gmjit::Error(gmjit::Status::invalid_argument, "argument 'context' must not be null");
     }
-    const ForwardCall call = convert_forward(engine, layer, args);
+    const gmjit::Recipe r = recipe_from_c(recipe);
+    const ForwardCall call = convert_forward(engine, layer, args, r, fp8);
     auto made = std::make_unique<gmjit_forward_context>();
-    made->context = engine->engine.forward(call.spec, gmjit::Recipe::bf16(), call.args,
-                                           gmjit::GradMode::grad, stream);
+    made->context = engine->engine.forward(call.spec, r, call.args, gmjit::GradMode::grad, stream);
+    made->recipe = r;
     *context = made.release();
+  });
+}
+
+gmjit_status gmjit_quantize_weights(gmjit_engine* engine, const gmjit_layer* layer,
+                                    gmjit_recipe recipe, const DLTensor* w1, const DLTensor* w2,
+                                    const gmjit_fp8_weights* out, void* stream) {
+  return guarded([&] {
+    if (engine == nullptr || layer == nullptr || out == nullptr) {
+      throw gmjit::Error(gmjit::Status::invalid_argument,
+                         "arguments 'engine', 'layer' and 'out' must not be null");
+    }
+    const gmjit::Recipe r = recipe_from_c(recipe);
+    const gmjit::LayerSpec spec = convert_layer(*layer);
+    gmjit::QuantizeWeightsArgs q;
+    q.w1 = to_ref(w1, "w1");
+    q.w2 = to_ref(w2, "w2");
+    q.w1_fp8 = to_ref(out->w1_fp8, "w1_fp8");
+    q.w1_scales = to_ref(out->w1_scales, "w1_scales");
+    q.w2_fp8 = to_ref(out->w2_fp8, "w2_fp8");
+    q.w2_scales = to_ref(out->w2_scales, "w2_scales");
+    engine->engine.quantize_weights(spec, r, q, stream);
   });
 }
 
@@ -300,7 +384,7 @@ gmjit_status gmjit_backward(gmjit_engine* engine, const gmjit_forward_context* c
     b.db2 = to_ref(args->db2, "db2");
     b.dprobs = to_ref(args->dprobs, "dprobs");
     b.accumulate = args->accumulate != 0;
-    engine->engine.backward(context->context, gmjit::Recipe::bf16(), b, stream);
+    engine->engine.backward(context->context, context->recipe, b, stream);
   });
 }
 

@@ -35,6 +35,17 @@ typedef enum gmjit_glu_layout {
   GMJIT_GLU_INTERLEAVED32 = 1
 } gmjit_glu_layout;
 
+/* How the forward's GEMMs compute (gmjit::Recipe). BF16: bf16 operands, fp32 accumulation.
+ * FP8_BLOCK: E4M3 operands, x scaled per 1 x 128 block along K and the weights per 128 x 128
+ * block (fp32 scales and accumulation); Hopper (sm_90a) only, hidden and ffn multiples of 128,
+ * the halves GLU layout. FP8_BLOCK_POW2: the same with every scale rounded up to a power of two.
+ * The backward of an FP8 forward is the BF16 backward. */
+typedef enum gmjit_recipe {
+  GMJIT_RECIPE_BF16 = 0,
+  GMJIT_RECIPE_FP8_BLOCK = 1,
+  GMJIT_RECIPE_FP8_BLOCK_POW2 = 2
+} gmjit_recipe;
+
 typedef struct gmjit_layer {
   int64_t experts, hidden, ffn;
   gmjit_activation activation;
@@ -56,6 +67,17 @@ typedef struct gmjit_forward_args {
   const DLTensor* y;
   const DLTensor* saved_preact; /* required when grad != 0 */
 } gmjit_forward_args;
+
+/* The weights of an FP8 recipe, as gmjit_quantize_weights writes them: E4M3 data ([E, F1, H]
+ * and [E, H, F]; DLPack dtype float8_e4m3fn, code 10 in DLPack >= 1.1, or uint8 holding the
+ * E4M3 bytes) and fp32 scales, one per 128 x 128 block ([E, F1/128, H/128], [E, H/128, F/128]).
+ * F1 = 2 * ffn for GLU activations, else ffn. */
+typedef struct gmjit_fp8_weights {
+  const DLTensor* w1_fp8;
+  const DLTensor* w1_scales;
+  const DLTensor* w2_fp8;
+  const DLTensor* w2_scales;
+} gmjit_fp8_weights;
 
 typedef struct gmjit_engine gmjit_engine;
 
@@ -97,8 +119,31 @@ typedef struct gmjit_backward_args {
   int accumulate;
 } gmjit_backward_args;
 
+/* The recipe is the forward's (kept in the context). */
 gmjit_status gmjit_backward(gmjit_engine* engine, const gmjit_forward_context* context,
                             const gmjit_backward_args* args, void* stream);
+
+/* Recipes (additions; the functions above run GMJIT_RECIPE_BF16). */
+
+/* gmjit_forward with a recipe. FP8 recipes read the quantized weights in *fp8 (required) and
+ * ignore args->w1/w2, which may be NULL; BF16 takes fp8 = NULL. */
+gmjit_status gmjit_forward_ex(gmjit_engine* engine, const gmjit_layer* layer, gmjit_recipe recipe,
+                              const gmjit_forward_args* args, const gmjit_fp8_weights* fp8,
+                              int grad, void* stream);
+
+/* gmjit_forward_train with a recipe. The context remembers the recipe: gmjit_backward of it
+ * runs the (BF16) backward of that recipe, with the same gmjit_backward_args (bf16 x, w1, w2). */
+gmjit_status gmjit_forward_train_ex(gmjit_engine* engine, const gmjit_layer* layer,
+                                    gmjit_recipe recipe, const gmjit_forward_args* args,
+                                    const gmjit_fp8_weights* fp8, void* stream,
+                                    gmjit_forward_context** context);
+
+/* Writes the FP8 weights of an FP8 recipe (*out: data and scales, see gmjit_fp8_weights) from
+ * bf16 w1 [E, F1, H] and w2 [E, H, F]. Weights change only at optimizer steps: quantize once per
+ * step and keep the result. A BF16 recipe is an invalid argument. */
+gmjit_status gmjit_quantize_weights(gmjit_engine* engine, const gmjit_layer* layer,
+                                    gmjit_recipe recipe, const DLTensor* w1, const DLTensor* w2,
+                                    const gmjit_fp8_weights* out, void* stream);
 
 /* The message of the last failed call on this thread ("" if none). Valid until the next call. */
 const char* gmjit_last_error(void);

@@ -3,6 +3,12 @@
     import gmjit.transformers  # registers "gmjit" in transformers' ExpertsInterface
     model = AutoModelForCausalLM.from_config(config, experts_implementation="gmjit")
 
+FP8: `experts_implementation="gmjit_fp8_block"` (or "gmjit_fp8_block_pow2") runs the experts'
+forward GEMMs with that recipe (gmjit.torch.grouped_mlp's `recipe`; the backward is BF16's). The
+quantized weights are kept on the module and made again only when a weight's version counter or
+address changes (optimizer steps); modules whose widths are not multiples of 128 run gmjit's
+BF16 recipe instead, with one warning.
+
 Experts modules decorated with `use_experts_implementation` declare their weight layout
 (concatenated or interleaved gate/up, transposed, biases, gated or not); the activation comes from
 the module's `_apply_gate` (default: act_fn(gate) * up on concatenated halves; gpt-oss: clamped
@@ -28,11 +34,14 @@ import torch
 from torch import Tensor, nn
 
 from gmjit.torch import layouts
-from gmjit.torch._op import grouped_mlp
+from gmjit.torch._op import FP8_BLOCK, grouped_mlp, quantize_weights
 
 logger = logging.getLogger("gmjit.transformers")
 
 NAME = "gmjit"
+# Experts-implementation names by recipe.
+RECIPE_NAMES = {"bf16": NAME, "fp8_block": "gmjit_fp8_block",
+                "fp8_block_pow2": "gmjit_fp8_block_pow2"}  # fmt: skip
 # How close the module's own gate must be to the activation gmjit picked for it (fp32 probe).
 _PROBE_TOLERANCE = 1e-4
 
@@ -251,17 +260,54 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
     return out
 
 
-def gmjit_experts_forward(
-    self: nn.Module, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor
-) -> Tensor:
-    """The "gmjit" entry of transformers' ExpertsInterface."""
-    plan = plan_for(self)
-    if plan.reason is not None:
-        return _fallback(self, plan.reason, hidden_states, top_k_index, top_k_weights)
-    if not hidden_states.is_cuda:
-        return _fallback(self, "hidden states are not on a CUDA device", hidden_states,
-                         top_k_index, top_k_weights)  # fmt: skip
-    return experts_forward(self, plan, hidden_states, top_k_index, top_k_weights)
+def _fp8_weights(experts: nn.Module, plan: ExpertsPlan, recipe: str, w1: Tensor, w2: Tensor):
+    """The quantized (w1, w2) of `recipe`, kept on the module while its weights' versions and
+    addresses stay the same (they change at optimizer steps). None while compiling: the op then
+    quantizes inside the graph."""
+    if torch.compiler.is_compiling():
+        return None
+    params = [t for t in _weights(experts, plan.has_gate) if t is not None]
+    key = (recipe,) + tuple((id(p), p.data_ptr(), p._version) for p in params)
+    cached = experts.__dict__.get("_gmjit_fp8_weights")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    experts.__dict__.pop("_gmjit_fp8_weights", None)
+    weights = quantize_weights(w1, w2, recipe)
+    experts.__dict__["_gmjit_fp8_weights"] = (key, weights)
+    return weights
+
+
+def _recipe_for(experts: nn.Module, plan: ExpertsPlan, recipe: str) -> str:
+    """`recipe`, or "bf16" (warned once per module class) where the FP8 recipes cannot run."""
+    if recipe == "bf16" or (plan.hidden % FP8_BLOCK == 0 and plan.ffn % FP8_BLOCK == 0):
+        return recipe
+    key = (type(experts).__name__, f"{recipe}: widths")
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning("gmjit: %s runs the bf16 recipe instead of %s: hidden (%d) and ffn (%d) "
+                       "are not multiples of %d", key[0], recipe, plan.hidden, plan.ffn,
+                       FP8_BLOCK)  # fmt: skip
+    return "bf16"
+
+
+def _experts_forward_for(recipe: str) -> Callable[..., Tensor]:
+    def forward(self: nn.Module, hidden_states: Tensor, top_k_index: Tensor,
+                top_k_weights: Tensor) -> Tensor:  # fmt: skip
+        plan = plan_for(self)
+        if plan.reason is not None:
+            return _fallback(self, plan.reason, hidden_states, top_k_index, top_k_weights)
+        if not hidden_states.is_cuda:
+            return _fallback(self, "hidden states are not on a CUDA device", hidden_states,
+                             top_k_index, top_k_weights)  # fmt: skip
+        return experts_forward(self, plan, hidden_states, top_k_index, top_k_weights,
+                               recipe=_recipe_for(self, plan, recipe))  # fmt: skip
+
+    forward.__name__ = forward.__qualname__ = f"{RECIPE_NAMES[recipe]}_experts_forward"
+    forward.__doc__ = f"The {RECIPE_NAMES[recipe]!r} entry of transformers' ExpertsInterface."
+    return forward
+
+
+gmjit_experts_forward = _experts_forward_for("bf16")
 
 
 def experts_forward(
@@ -271,9 +317,11 @@ def experts_forward(
     top_k_index: Tensor,
     top_k_weights: Tensor,
     mlp: Callable[..., Tensor] = grouped_mlp,
+    recipe: str = "bf16",
 ) -> Tensor:
     """Sort by expert, run `mlp` (gmjit's grouped_mlp signature), restore token order and sum
-    over the top-k slots. `mlp` is replaceable so that the permutation is testable anywhere."""
+    over the top-k slots. `mlp` is replaceable so that the permutation is testable anywhere.
+    With an FP8 `recipe` the quantized weights are cached on `experts` (see _fp8_weights)."""
     num_experts = experts.num_experts
     tokens, hidden = hidden_states.shape
     top_k = top_k_index.shape[-1]
@@ -294,8 +342,13 @@ def experts_forward(
     split_sizes = counts.to(torch.int32)
 
     w1, w2, b1, b2 = _converted_weights(experts, plan)
-    y_sorted = mlp(x_sorted, split_sizes, w1, w2, b1, b2, probs, activation=plan.activation,
-                   limit=plan.limit, alpha=plan.alpha)  # fmt: skip
+    if recipe == "bf16":
+        y_sorted = mlp(x_sorted, split_sizes, w1, w2, b1, b2, probs, activation=plan.activation,
+                       limit=plan.limit, alpha=plan.alpha)  # fmt: skip
+    else:
+        y_sorted = mlp(x_sorted, split_sizes, w1, w2, b1, b2, probs, activation=plan.activation,
+                       limit=plan.limit, alpha=plan.alpha, recipe=recipe,
+                       fp8_weights=_fp8_weights(experts, plan, recipe, w1, w2))  # fmt: skip
     # Back to (token, slot) order, then the sum over the top-k slots; index_copy's backward is a
     # gather, so it stays deterministic.
     y = y_sorted.new_zeros((tokens * top_k, hidden)).index_copy(0, perm, y_sorted)
@@ -307,7 +360,9 @@ def register() -> None:
     """Registers "gmjit" in transformers' ExpertsInterface (done on import of this module)."""
     from transformers.integrations.moe import ExpertsInterface
 
-    ExpertsInterface.register(NAME, gmjit_experts_forward)
+    for recipe, name in RECIPE_NAMES.items():
+        ExpertsInterface.register(name, gmjit_experts_forward if recipe == "bf16"
+                                  else _experts_forward_for(recipe))  # fmt: skip
 
 
 try:

@@ -36,6 +36,18 @@ const gmjit::Recipe& bf16_recipe() {
   return recipe;
 }
 
+// Recipes by the code gmjit.torch passes (the values of the C API's gmjit_recipe): 0 bf16,
+// 1 fp8_block, 2 fp8_block with power-of-two scales.
+const gmjit::Recipe& recipe_of(int code) {
+  static const gmjit::Recipe recipes[] = {gmjit::Recipe::bf16(), gmjit::Recipe::fp8_block(),
+                                          gmjit::Recipe::fp8_block({.power_of_two_scales = true})};
+  if (code < 0 || code > 2) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       "argument 'recipe': " + std::to_string(code) + " is not a recipe code");
+  }
+  return recipes[code];
+}
+
 // A layer description built once per option set by the Python layer and reused on every call.
 struct Layer {
   gmjit::LayerSpec spec;
@@ -73,6 +85,47 @@ gmjit::TensorRef ref(std::uintptr_t address, gmjit::DType dtype,
   return gmjit::make_tensor(reinterpret_cast<void*>(address), dtype, shape, device);
 }
 
+// The tensors of a forward besides the weights.
+gmjit::ForwardArgs forward_args(const gmjit::LayerSpec& s, std::int64_t T, gmjit::Device dev,
+                                std::uintptr_t x, std::uintptr_t split_sizes, std::uintptr_t b1,
+                                std::uintptr_t b2, std::uintptr_t probs, std::uintptr_t y,
+                                std::uintptr_t saved_preact) {
+  using gmjit::DType;
+  const std::int64_t E = s.experts, H = s.hidden, F1 = s.fc1_out();
+  gmjit::ForwardArgs args;
+  args.x = ref(x, DType::bf16, {T, H}, dev);
+  args.split_sizes = ref(split_sizes, s.split_dtype, {E}, dev);
+  args.b1 = ref(b1, DType::bf16, {E, F1}, dev);
+  args.b2 = ref(b2, DType::bf16, {E, H}, dev);
+  args.probs = ref(probs, DType::f32, {T}, dev);
+  args.y = ref(y, DType::bf16, {T, H}, dev);
+  args.saved_preact = ref(saved_preact, DType::bf16, {T, F1}, dev);
+  return args;
+}
+
+// The weights of an FP8 recipe: E4M3 data and fp32 scales per 128 x 128 block.
+struct Fp8Refs {
+  gmjit::TensorRef w1, w1_scales, w2, w2_scales;
+};
+
+Fp8Refs fp8_refs(const gmjit::LayerSpec& s, gmjit::Device dev, std::uintptr_t w1_fp8,
+                 std::uintptr_t w1_scales, std::uintptr_t w2_fp8, std::uintptr_t w2_scales) {
+  using gmjit::DType;
+  const std::int64_t E = s.experts, H = s.hidden, F = s.ffn, F1 = s.fc1_out();
+  return {ref(w1_fp8, DType::f8e4m3, {E, F1, H}, dev),
+          ref(w1_scales, DType::f32, {E, F1 / 128, H / 128}, dev),
+          ref(w2_fp8, DType::f8e4m3, {E, H, F}, dev),
+          ref(w2_scales, DType::f32, {E, H / 128, F / 128}, dev)};
+}
+
+void run_forward(const gmjit::LayerSpec& s, const gmjit::Recipe& recipe,
+                 const gmjit::ForwardArgs& args, std::uintptr_t stream) {
+  const auto grad = args.saved_preact.present() ? gmjit::GradMode::grad : gmjit::GradMode::no_grad;
+  // A cold call compiles for seconds: let other Python threads run meanwhile.
+  nb::gil_scoped_release release;
+  engine().forward(s, recipe, args, grad, reinterpret_cast<void*>(stream));
+}
+
 void forward(const Layer& layer, std::int64_t tokens, int device, std::uintptr_t x,
              std::uintptr_t split_sizes, std::uintptr_t w1, std::uintptr_t b1, std::uintptr_t w2,
              std::uintptr_t b2, std::uintptr_t probs, std::uintptr_t y, std::uintptr_t saved_preact,
@@ -80,29 +133,63 @@ void forward(const Layer& layer, std::int64_t tokens, int device, std::uintptr_t
   using gmjit::DType;
   const gmjit::LayerSpec& s = layer.spec;
   const gmjit::Device dev{gmjit::Device::Kind::cuda, device};
-  const std::int64_t T = tokens, E = s.experts, H = s.hidden, F = s.ffn, F1 = s.fc1_out();
-  gmjit::ForwardArgs args;
-  args.x = ref(x, DType::bf16, {T, H}, dev);
-  args.split_sizes = ref(split_sizes, s.split_dtype, {E}, dev);
+  const std::int64_t E = s.experts, H = s.hidden, F = s.ffn, F1 = s.fc1_out();
+  gmjit::ForwardArgs args =
+      forward_args(s, tokens, dev, x, split_sizes, b1, b2, probs, y, saved_preact);
   args.w1 = ref(w1, DType::bf16, {E, F1, H}, dev);
-  args.b1 = ref(b1, DType::bf16, {E, F1}, dev);
   args.w2 = ref(w2, DType::bf16, {E, H, F}, dev);
-  args.b2 = ref(b2, DType::bf16, {E, H}, dev);
-  args.probs = ref(probs, DType::f32, {T}, dev);
-  args.y = ref(y, DType::bf16, {T, H}, dev);
-  args.saved_preact = ref(saved_preact, DType::bf16, {T, F1}, dev);
-  const auto grad = saved_preact != 0 ? gmjit::GradMode::grad : gmjit::GradMode::no_grad;
-  // A cold call compiles for seconds: let other Python threads run meanwhile.
+  run_forward(s, bf16_recipe(), args, stream);
+}
+
+// The forward of an FP8 recipe: the weights as quantize_weights wrote them; x is quantized by
+// the forward itself.
+void forward_fp8(const Layer& layer, int recipe, std::int64_t tokens, int device, std::uintptr_t x,
+                 std::uintptr_t split_sizes, std::uintptr_t w1_fp8, std::uintptr_t w1_scales,
+                 std::uintptr_t w2_fp8, std::uintptr_t w2_scales, std::uintptr_t b1,
+                 std::uintptr_t b2, std::uintptr_t probs, std::uintptr_t y,
+                 std::uintptr_t saved_preact, std::uintptr_t stream) {
+  const gmjit::Recipe& r = recipe_of(recipe);
+  const gmjit::LayerSpec& s = layer.spec;
+  const gmjit::Device dev{gmjit::Device::Kind::cuda, device};
+  gmjit::ForwardArgs args =
+      forward_args(s, tokens, dev, x, split_sizes, b1, b2, probs, y, saved_preact);
+  const Fp8Refs q = fp8_refs(s, dev, w1_fp8, w1_scales, w2_fp8, w2_scales);
+  args.w1_fp8 = q.w1;
+  args.w1_scales = q.w1_scales;
+  args.w2_fp8 = q.w2;
+  args.w2_scales = q.w2_scales;
+  run_forward(s, r, args, stream);
+}
+
+void quantize_weights(const Layer& layer, int recipe, int device, std::uintptr_t w1,
+                      std::uintptr_t w2, std::uintptr_t w1_fp8, std::uintptr_t w1_scales,
+                      std::uintptr_t w2_fp8, std::uintptr_t w2_scales, std::uintptr_t stream) {
+  using gmjit::DType;
+  const gmjit::Recipe& r = recipe_of(recipe);
+  const gmjit::LayerSpec& s = layer.spec;
+  const gmjit::Device dev{gmjit::Device::Kind::cuda, device};
+  const std::int64_t E = s.experts, H = s.hidden, F = s.ffn, F1 = s.fc1_out();
+  const Fp8Refs q = fp8_refs(s, dev, w1_fp8, w1_scales, w2_fp8, w2_scales);
+  gmjit::QuantizeWeightsArgs args;
+  args.w1 = ref(w1, DType::bf16, {E, F1, H}, dev);
+  args.w2 = ref(w2, DType::bf16, {E, H, F}, dev);
+  args.w1_fp8 = q.w1;
+  args.w1_scales = q.w1_scales;
+  args.w2_fp8 = q.w2;
+  args.w2_scales = q.w2_scales;
   nb::gil_scoped_release release;
-  engine().forward(s, bf16_recipe(), args, grad, reinterpret_cast<void*>(stream));
+  engine().quantize_weights(s, r, args, reinterpret_cast<void*>(stream));
 }
 
 void backward(const Layer& layer, std::int64_t tokens, int device, std::uintptr_t dy,
               std::uintptr_t x, std::uintptr_t split_sizes, std::uintptr_t w1, std::uintptr_t w2,
               std::uintptr_t b2, std::uintptr_t probs, std::uintptr_t saved_preact,
               std::uintptr_t dx, std::uintptr_t dw1, std::uintptr_t db1, std::uintptr_t dw2,
-              std::uintptr_t db2, std::uintptr_t dprobs, bool accumulate, std::uintptr_t stream) {
+              std::uintptr_t db2, std::uintptr_t dprobs, bool accumulate, std::uintptr_t stream,
+              int recipe) {
   using gmjit::DType;
+  // The forward's recipe (its context's options_key); every recipe's backward is BF16's.
+  const gmjit::Recipe& r = recipe_of(recipe);
   const gmjit::LayerSpec& s = layer.spec;
   const gmjit::Device dev{gmjit::Device::Kind::cuda, device};
   const std::int64_t T = tokens, E = s.experts, H = s.hidden, F = s.ffn, F1 = s.fc1_out();
@@ -110,7 +197,7 @@ void backward(const Layer& layer, std::int64_t tokens, int device, std::uintptr_
   // torch layer keeps the tensors and this rebuilds it; the engine still checks saved_preact.
   const gmjit::ForwardContext context{s,
                                       gmjit::GradMode::grad,
-                                      bf16_recipe().options_key(),
+                                      r.options_key(),
                                       T,
                                       dev,
                                       reinterpret_cast<const void*>(saved_preact)};
@@ -131,14 +218,15 @@ void backward(const Layer& layer, std::int64_t tokens, int device, std::uintptr_
   args.dprobs = ref(dprobs, DType::f32, {T}, dev);
   args.accumulate = accumulate;
   nb::gil_scoped_release release;
-  engine().backward(context, bf16_recipe(), args, reinterpret_cast<void*>(stream));
+  engine().backward(context, r, args, reinterpret_cast<void*>(stream));
 }
 
-std::vector<std::string> prepare(const Layer& layer, bool grad, const std::string& arch) {
+std::vector<std::string> prepare(const Layer& layer, bool grad, const std::string& arch,
+                                 int recipe) {
+  const gmjit::Recipe& r = recipe_of(recipe);
   nb::gil_scoped_release release;
   return engine()
-      .prepare(layer.spec, bf16_recipe(), grad ? gmjit::GradMode::grad : gmjit::GradMode::no_grad,
-               arch)
+      .prepare(layer.spec, r, grad ? gmjit::GradMode::grad : gmjit::GradMode::no_grad, arch)
       .kernel_names;
 }
 
@@ -244,9 +332,21 @@ NB_MODULE(_C, m) {
         nb::arg("dy"), nb::arg("x"), nb::arg("split_sizes"), nb::arg("w1"), nb::arg("w2"),
         nb::arg("b2"), nb::arg("probs"), nb::arg("saved_preact"), nb::arg("dx"), nb::arg("dw1"),
         nb::arg("db1"), nb::arg("dw2"), nb::arg("db2"), nb::arg("dprobs"), nb::arg("accumulate"),
-        nb::arg("stream"),
-        "Backward of a grad-enabled forward; gradients given as 0 are not computed.");
+        nb::arg("stream"), nb::arg("recipe") = 0,
+        "Backward of a grad-enabled forward; gradients given as 0 are not computed. `recipe` "
+        "is the forward's recipe code (0 bf16, 1 fp8_block, 2 fp8_block_pow2).");
+  m.def("forward_fp8", &forward_fp8, nb::arg("layer"), nb::arg("recipe"), nb::arg("tokens"),
+        nb::arg("device"), nb::arg("x"), nb::arg("split_sizes"), nb::arg("w1_fp8"),
+        nb::arg("w1_scales"), nb::arg("w2_fp8"), nb::arg("w2_scales"), nb::arg("b1"), nb::arg("b2"),
+        nb::arg("probs"), nb::arg("y"), nb::arg("saved_preact"), nb::arg("stream"),
+        "Forward of an FP8 recipe (code 1 or 2) from quantized weights; tensors are data "
+        "pointers (0: absent). A non-zero saved_preact makes it a grad-enabled forward.");
+  m.def("quantize_weights", &quantize_weights, nb::arg("layer"), nb::arg("recipe"),
+        nb::arg("device"), nb::arg("w1"), nb::arg("w2"), nb::arg("w1_fp8"), nb::arg("w1_scales"),
+        nb::arg("w2_fp8"), nb::arg("w2_scales"), nb::arg("stream"),
+        "Writes the E4M3 weights and fp32 block scales of an FP8 recipe from bf16 w1, w2.");
   m.def("prepare", &prepare, nb::arg("layer"), nb::arg("grad"), nb::arg("arch"),
+        nb::arg("recipe") = 0,
         "Compiles (or loads from the caches) the forward plan's kernels for `arch`; no GPU "
         "needed. Returns the kernel names.");
   m.def("counters", &counters, "The engine's counters as a dict.");

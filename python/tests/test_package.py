@@ -66,3 +66,28 @@ def test_prepare_compiles_a_forward_plan_without_a_gpu():
     again = gmjit._C.prepare(layer, False, "sm_80")
     assert again == names
     assert gmjit.counters()["kernels_compiled"] == after["kernels_compiled"]
+
+
+def test_fp8_entry_points_check_the_recipe_then_need_a_device():
+    if gmjit.driver_available():
+        pytest.skip("a driver is present")
+    layer = gmjit._C.Layer(2, 128, 128, 0, 0, 7.0, 1.702, False, False, False, True)
+    fake = [(i + 1) << 12 for i in range(7)]  # well-formed addresses never dereferenced
+    with pytest.raises(gmjit.Error, match="no_device"):
+        gmjit._C.forward_fp8(layer, 1, 16, 0, *fake[:6], 0, 0, 0, fake[6], 0, 0)
+    with pytest.raises(gmjit.Error, match="no_device"):
+        gmjit._C.quantize_weights(layer, 2, 0, *fake[:6], 0)
+    with pytest.raises(ValueError, match="'recipe': is BF16"):
+        gmjit._C.quantize_weights(layer, 0, 0, *fake[:6], 0)
+    with pytest.raises(ValueError, match="'recipe': 7 is not a recipe code"):
+        gmjit._C.forward_fp8(layer, 7, 16, 0, *fake[:6], 0, 0, 0, fake[6], 0, 0)
+
+
+def test_prepare_compiles_the_fp8_forward_plans_without_a_gpu():
+    layer = gmjit._C.Layer(2, 128, 128, 0, 0, 7.0, 1.702, False, False, False, True)
+    names = gmjit._C.prepare(layer, True, "sm_90a", 1)
+    assert any("quantize_x" in n for n in names) and all("fp8" in n for n in names)
+    pow2 = gmjit._C.prepare(layer, False, "sm_90a", 2)
+    assert pow2 != names and all("p2" in n for n in pow2)
+    with pytest.raises(gmjit.Error, match="sm_90a"):  # FP8 runs on Hopper only
+        gmjit._C.prepare(layer, False, "sm_80", 1)

@@ -165,3 +165,52 @@ def test_grouped_mlp_module_from_transformers_experts_has_the_same_math(name):
         @ (mm.down_proj[e] if plan.transposed else mm.down_proj[e].T)
         + (mm.down_proj_bias[e] if plan.has_bias else 0) for e in range(8)])  # fmt: skip
     torch.testing.assert_close(ours, theirs, rtol=2e-2, atol=2e-2)  # g holds bf16 weights
+
+
+def test_fp8_recipes_are_registered_by_name():
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    for recipe, name in gt.RECIPE_NAMES.items():
+        assert name in ALL_EXPERTS_FUNCTIONS, recipe
+    model = AutoModelForCausalLM.from_config(hf_configs.mixtral(),
+                                             experts_implementation="gmjit_fp8_block")  # fmt: skip
+    assert model.config._experts_implementation == "gmjit_fp8_block"
+
+
+def test_fp8_recipe_passes_quantized_weights_cached_until_a_parameter_changes(monkeypatch):
+    m = hf_configs.experts_module("mixtral")  # hidden 128, ffn 128: whole FP8 blocks
+    plan = gt.plan_for(m)
+    assert gt._recipe_for(m, plan, "fp8_block") == "fp8_block"
+    made, seen = [], []
+
+    def fake_quantize(w1, w2, recipe):
+        made.append(recipe)
+        return ("q", len(made))
+
+    def mlp(x, split_sizes, w1, w2, b1, b2, probs, activation, limit, alpha, recipe, fp8_weights):
+        seen.append((recipe, fp8_weights))
+        return _reference_mlp(x, split_sizes, w1, w2, b1, b2, probs, activation, limit, alpha)
+
+    monkeypatch.setattr(gt, "quantize_weights", fake_quantize)
+    x = torch.randn(12, 128, dtype=torch.bfloat16)
+    idx = torch.stack([torch.randperm(8)[:2] for _ in range(12)])
+    w = torch.rand(12, 2)
+    for _ in range(2):
+        gt.experts_forward(m, plan, x, idx, w, mlp=mlp, recipe="fp8_block")
+    assert made == ["fp8_block"] and seen == [("fp8_block", ("q", 1))] * 2
+    with torch.no_grad():
+        m.down_proj.mul_(0.5)  # an optimizer step's in-place update
+    gt.experts_forward(m, plan, x, idx, w, mlp=mlp, recipe="fp8_block")
+    assert made == ["fp8_block"] * 2 and seen[-1] == ("fp8_block", ("q", 2))
+
+
+def test_fp8_recipe_on_widths_that_are_not_whole_blocks_runs_bf16_with_a_warning(caplog,
+                                                                                monkeypatch):
+    monkeypatch.setattr(gt, "_warned", set())
+    m = hf_configs.experts_module("qwen3_moe")  # ffn 64
+    plan = gt.plan_for(m)
+    with caplog.at_level(logging.WARNING, logger="gmjit.transformers"):
+        assert gt._recipe_for(m, plan, "fp8_block") == "bf16"
+        assert gt._recipe_for(m, plan, "fp8_block") == "bf16"
+    assert sum("bf16 recipe instead of fp8_block" in r.getMessage() for r in caplog.records) == 1

@@ -121,6 +121,168 @@ TEST_F(CApi, ASuccessfulCallClearsTheLastError) {
   gmjit_engine_destroy(other);
 }
 
+// FP8 weights for small_layer(): E4M3 bytes as uint8 (or DLPack 1.1's float8_e4m3fn, code 10)
+// and fp32 scales per 128 x 128 block.
+struct Fp8Tensors {
+  std::int64_t w1_shape[3] = {4, 256, 256};
+  std::int64_t w1_scales_shape[3] = {4, 2, 2};
+  std::int64_t w2_shape[3] = {4, 256, 128};
+  std::int64_t w2_scales_shape[3] = {4, 2, 1};
+  DLTensor w1{}, w1_scales{}, w2{}, w2_scales{};
+
+  explicit Fp8Tensors(DLDataType e4m3 = DLDataType{kDLUInt, 8, 1}) {
+    const DLDevice dev{kDLCUDA, 0};
+    const DLDataType f32{kDLFloat, 32, 1};
+    auto fake = [](std::uintptr_t n) { return reinterpret_cast<void*>(n << 12); };
+    w1 = DLTensor{fake(11), dev, 3, e4m3, w1_shape, nullptr, 0};
+    w1_scales = DLTensor{fake(12), dev, 3, f32, w1_scales_shape, nullptr, 0};
+    w2 = DLTensor{fake(13), dev, 3, e4m3, w2_shape, nullptr, 0};
+    w2_scales = DLTensor{fake(14), dev, 3, f32, w2_scales_shape, nullptr, 0};
+  }
+  gmjit_fp8_weights weights() const { return gmjit_fp8_weights{&w1, &w1_scales, &w2, &w2_scales}; }
+};
+
+bool last_error_names(const char* what) {
+  return std::string(gmjit_last_error()).find(what) != std::string::npos;
+}
+
+TEST_F(CApi, OutOfRangeRecipeIsInvalidArgumentNamingIt) {
+  Tensors t;
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  for (int bad : {-1, 3, 300}) {
+    EXPECT_EQ(gmjit_forward_ex(engine_, &layer, static_cast<gmjit_recipe>(bad), &args, nullptr, 0,
+                               nullptr),
+              GMJIT_INVALID_ARGUMENT);
+    EXPECT_TRUE(last_error_names("'recipe'")) << gmjit_last_error();
+  }
+}
+
+TEST_F(CApi, Fp8RecipeNeedsTheQuantizedWeightsAndBf16RefusesThem) {
+  Tensors t;
+  Fp8Tensors q;
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  const gmjit_fp8_weights fp8 = q.weights();
+  EXPECT_EQ(gmjit_forward_ex(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK, &args, nullptr, 0, nullptr),
+            GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("'fp8'")) << gmjit_last_error();
+  EXPECT_EQ(gmjit_forward_ex(engine_, &layer, GMJIT_RECIPE_BF16, &args, &fp8, 0, nullptr),
+            GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("'fp8'")) << gmjit_last_error();
+  gmjit_fp8_weights missing = fp8;
+  missing.w2_scales = nullptr;
+  EXPECT_EQ(
+      gmjit_forward_ex(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK_POW2, &args, &missing, 0, nullptr),
+      GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("'w2_scales'")) << gmjit_last_error();
+}
+
+TEST_F(CApi, Fp8WeightsAcceptUint8AndFloat8E4m3fnAndCheckShapes) {
+  Tensors t;
+  t.y.data = nullptr;  // the only bad argument, checked after the weights
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  for (const DLDataType e4m3 : {DLDataType{kDLUInt, 8, 1}, DLDataType{10, 8, 1}}) {
+    Fp8Tensors q(e4m3);
+    const gmjit_fp8_weights fp8 = q.weights();
+    EXPECT_EQ(gmjit_forward_ex(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK, &args, &fp8, 0, nullptr),
+              GMJIT_INVALID_ARGUMENT);
+    EXPECT_TRUE(last_error_names("'y'")) << gmjit_last_error();
+  }
+  Tensors good;
+  const gmjit_forward_args good_args = good.args();
+  Fp8Tensors q;
+  q.w1_scales_shape[2] = 3;
+  gmjit_fp8_weights fp8 = q.weights();
+  EXPECT_EQ(gmjit_forward_ex(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK, &good_args, &fp8, 0, nullptr),
+            GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("'w1_scales'")) << gmjit_last_error();
+  Fp8Tensors bf16_data(DLDataType{kDLBfloat, 16, 1});
+  fp8 = bf16_data.weights();
+  EXPECT_EQ(gmjit_forward_ex(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK, &good_args, &fp8, 0, nullptr),
+            GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("'w1_fp8'")) << gmjit_last_error();
+  Fp8Tensors signed_bytes(DLDataType{kDLInt, 8, 1});
+  fp8 = signed_bytes.weights();
+  EXPECT_EQ(gmjit_forward_ex(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK, &good_args, &fp8, 0, nullptr),
+            GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("'w1_fp8'")) << gmjit_last_error();
+}
+
+TEST_F(CApi, Fp8ShapeLimitsAreUnsupported) {
+  Tensors t;
+  Fp8Tensors q;
+  const gmjit_forward_args args = t.args();
+  const gmjit_fp8_weights fp8 = q.weights();
+  gmjit_layer layer = small_layer();
+  layer.glu_layout = GMJIT_GLU_INTERLEAVED32;
+  EXPECT_EQ(gmjit_forward_ex(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK, &args, &fp8, 0, nullptr),
+            GMJIT_UNSUPPORTED);
+  EXPECT_TRUE(last_error_names("halves")) << gmjit_last_error();
+  // hidden 192: a multiple of 64 (BF16 runs it) but not of 128.
+  Tensors narrow;
+  narrow.x_shape[1] = 192;
+  narrow.w1_shape[2] = 192;
+  narrow.w2_shape[1] = 192;
+  layer = small_layer();
+  layer.hidden = 192;
+  const gmjit_forward_args narrow_args = narrow.args();
+  EXPECT_EQ(
+      gmjit_forward_ex(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK, &narrow_args, &fp8, 0, nullptr),
+      GMJIT_UNSUPPORTED);
+  EXPECT_TRUE(last_error_names("128")) << gmjit_last_error();
+}
+
+TEST_F(CApi, TrainingForwardWithARecipeNeedsSomewhereToPutTheContext) {
+  Tensors t;
+  Fp8Tensors q;
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  const gmjit_fp8_weights fp8 = q.weights();
+  EXPECT_EQ(gmjit_forward_train_ex(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK, &args, &fp8, nullptr,
+                                   nullptr),
+            GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("'context'")) << gmjit_last_error();
+  gmjit_forward_context* context = nullptr;
+  EXPECT_EQ(gmjit_forward_train_ex(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK, &args, &fp8, nullptr,
+                                   &context),
+            GMJIT_INVALID_ARGUMENT);  // grad mode: saved_preact is required
+  EXPECT_TRUE(last_error_names("saved_preact")) << gmjit_last_error();
+  EXPECT_EQ(context, nullptr);
+}
+
+TEST_F(CApi, QuantizeWeightsChecksRecipeAndTensors) {
+  Tensors t;
+  Fp8Tensors q;
+  const gmjit_layer layer = small_layer();
+  const gmjit_fp8_weights out = q.weights();
+  EXPECT_EQ(gmjit_quantize_weights(engine_, &layer, GMJIT_RECIPE_BF16, &t.w1, &t.w2, &out, nullptr),
+            GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("'recipe'")) << gmjit_last_error();
+  EXPECT_EQ(gmjit_quantize_weights(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK, &t.w1, &t.w2, nullptr,
+                                   nullptr),
+            GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("'out'")) << gmjit_last_error();
+  EXPECT_EQ(gmjit_quantize_weights(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK, nullptr, &t.w2, &out,
+                                   nullptr),
+            GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("'w1'")) << gmjit_last_error();
+  Fp8Tensors wrong;
+  wrong.w2_shape[2] = 256;
+  const gmjit_fp8_weights wrong_out = wrong.weights();
+  EXPECT_EQ(gmjit_quantize_weights(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK, &t.w1, &t.w2,
+                                   &wrong_out, nullptr),
+            GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("'w2_fp8'")) << gmjit_last_error();
+  gmjit_layer bad = small_layer();
+  bad.activation = static_cast<gmjit_activation>(42);
+  EXPECT_EQ(
+      gmjit_quantize_weights(engine_, &bad, GMJIT_RECIPE_FP8_BLOCK, &t.w1, &t.w2, &out, nullptr),
+      GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("activation")) << gmjit_last_error();
+}
+
 TEST(CApiStatus, HasReadableNames) {
   EXPECT_STREQ(gmjit_status_string(GMJIT_NO_DEVICE), "no_device");
 }

@@ -3,11 +3,13 @@ expert-parallel `ExpertParallelMoE` layer.
 
 The op is registered as torch.ops.gmjit.grouped_mlp (forward, with its fake kernel and autograd)
 and torch.ops.gmjit.grouped_mlp_backward; `grouped_mlp` is the function to call.
+`quantize_weights` (torch.ops.gmjit.quantize_weights) makes the FP8 recipes' weights.
 """
 
 from gmjit.torch import layouts
-from gmjit.torch._op import ACTIVATIONS, GLU_LAYOUTS, grouped_mlp
+from gmjit.torch._op import ACTIVATIONS, GLU_LAYOUTS, RECIPES, grouped_mlp, quantize_weights
 from gmjit.torch.expert_parallel import ExpertParallelMoE
 from gmjit.torch.module import GroupedMLP
 
-__all__ = ["ACTIVATIONS", "ExpertParallelMoE", "GLU_LAYOUTS", "GroupedMLP", "grouped_mlp", "layouts"]
+__all__ = ["ACTIVATIONS", "ExpertParallelMoE", "GLU_LAYOUTS", "GroupedMLP", "RECIPES", "grouped_mlp",
+           "layouts", "quantize_weights"]

@@ -9,6 +9,11 @@ Two entry points share one implementation (`_forward_impl`, `_backward_impl`):
   directly and a grad-enabled one goes through a plain autograd.Function. The dispatcher round
   trip of a Python custom op costs tens of microseconds of CPU per call (more with autograd),
   several times the rest of a warm call.
+
+Recipes: "bf16", or "fp8_block" / "fp8_block_pow2" (E4M3 GEMM operands with fp32 block scales:
+x per 1 x 128, weights per 128 x 128; the forward only, the backward is BF16's). The FP8
+weights come from `quantize_weights` (torch.ops.gmjit.quantize_weights); a call with an FP8
+recipe and none given quantizes w1 and w2 itself.
 """
 
 from __future__ import annotations
@@ -24,11 +29,16 @@ from gmjit import _C
 ACTIVATIONS = {"swiglu": 0, "geglu": 1, "clamped_swiglu": 2, "srelu": 3, "gelu": 4, "relu": 5}
 GLU_ACTIVATIONS = frozenset({"swiglu", "geglu", "clamped_swiglu"})
 GLU_LAYOUTS = {"halves": 0, "interleaved32": 1}
+# Recipe codes (gmjit_recipe in include/gmjit/gmjit.h).
+RECIPES = {"bf16": 0, "fp8_block": 1, "fp8_block_pow2": 2}
+# The FP8 recipes' scale blocks: weights per 128 x 128, activations per 1 x 128.
+FP8_BLOCK = 128
 
 _BF16 = torch.bfloat16
 # Types the eager fast path serves; anything else goes through the custom op.
 _PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
 _F32 = torch.float32
+_FP8 = torch.float8_e4m3fn
 
 # _C.Layer objects by (E, H, F, activation, layout, limit, alpha, b1, b2, probs, int64 splits).
 _layers: dict[tuple, _C.Layer] = {}
@@ -56,6 +66,26 @@ def _parse_options(activation: str, glu_layout: str) -> tuple[int, int, bool]:
     parsed = (ACTIVATIONS[activation], GLU_LAYOUTS[glu_layout] if glu else 0, glu)
     _options[key] = parsed
     return parsed
+
+
+def _parse_recipe(recipe: str, where: str = "grouped_mlp") -> int:
+    code = RECIPES.get(recipe) if isinstance(recipe, str) else None
+    if code is None:
+        raise ValueError(
+            f"{where}: argument 'recipe' must be one of {sorted(RECIPES)}, got {recipe!r}"
+        )
+    return code
+
+
+def _check_fp8_layer(hidden: int, ffn: int, layout: int, glu: bool, where: str = "grouped_mlp"):
+    """The FP8 recipes' shape limits (the engine's check_fp8_supported), as ValueErrors."""
+    if hidden % FP8_BLOCK or ffn % FP8_BLOCK:
+        raise ValueError(
+            f"{where}: the FP8 recipes need hidden ({hidden}) and ffn ({ffn}) to be multiples "
+            f"of {FP8_BLOCK} (whole scale blocks)"
+        )
+    if glu and layout != GLU_LAYOUTS["halves"]:
+        raise ValueError(f"{where}: the FP8 recipes need glu_layout='halves'")
 
 
 def _fail(name: str, message: str) -> None:
@@ -125,6 +155,27 @@ def check_arguments(
         _check_tensor("probs", probs, _F32, (T,), x)
 
 
+FP8_WEIGHT_NAMES = ("w1_fp8", "w1_scales", "w2_fp8", "w2_scales")
+
+
+def fp8_weight_shapes(E: int, F1: int, H: int, F: int) -> tuple[tuple[int, ...], ...]:
+    """Shapes of (w1_fp8, w1_scales, w2_fp8, w2_scales)."""
+    b = FP8_BLOCK
+    return (E, F1, H), (E, F1 // b, H // b), (E, H, F), (E, H // b, F // b)
+
+
+def check_fp8_weights(fp8_weights, w1: Tensor, w2: Tensor, x: Tensor) -> None:
+    """The quantized weights a call was given: (w1_fp8, w1_scales, w2_fp8, w2_scales) as
+    `quantize_weights` returns them, for w1 and w2 (already checked)."""
+    if not isinstance(fp8_weights, (tuple, list)) or len(fp8_weights) != 4:
+        _fail("fp8_weights", "must be the tuple (w1_fp8, w1_scales, w2_fp8, w2_scales) that "
+              f"quantize_weights returns, got {type(fp8_weights).__name__}")  # fmt: skip
+    E, F1, H = w1.shape
+    shapes = fp8_weight_shapes(E, F1, H, w2.shape[2])
+    for name, t, shape, dtype in zip(FP8_WEIGHT_NAMES, fp8_weights, shapes, (_FP8, _F32) * 2):
+        _check_tensor(name, t, dtype, shape, x)
+
+
 def _describe(t: object) -> str:
     if isinstance(t, Tensor):
         return f"shape {list(t.shape)}"
@@ -157,6 +208,17 @@ def _layer(
     return layer
 
 
+def _quant_layer(E: int, H: int, F: int, glu: bool) -> _C.Layer:
+    """A layer description for the weight quantizers: only E, H, F and F1 matter to them."""
+    key = ("quantize", E, H, F, glu)
+    layer = _layers.get(key)
+    if layer is None:
+        act = ACTIVATIONS["swiglu" if glu else "relu"]
+        layer = _C.Layer(E, H, F, act, 0, 7.0, 1.702, False, False, False, True)
+        _layers[key] = layer
+    return layer
+
+
 def _current_stream(device_index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device_index)
 
@@ -169,6 +231,58 @@ def _require_cuda(x: Tensor) -> int:
     if not x.is_cuda:
         _fail("x", f"must be on a CUDA device to run, got {x.device}")
     return x.get_device()
+
+
+def check_quantize_arguments(w1: Tensor, w2: Tensor, where: str = "quantize_weights") -> None:
+    """w1 [E, F1, H] and w2 [E, H, F] bf16, contiguous, on one device, F1 = F or 2F, H and F
+    multiples of 128."""
+    for name, t in (("w1", w1), ("w2", w2)):
+        if not isinstance(t, Tensor) or t.dim() != 3:
+            raise ValueError(f"{where}: argument '{name}' must be a 3-D tensor, got {_describe(t)}")
+        if t.dtype != _BF16:
+            raise ValueError(
+                f"{where}: argument '{name}' must have dtype torch.bfloat16, got {t.dtype}"
+            )
+        if not t.is_contiguous():
+            raise ValueError(f"{where}: argument '{name}' must be contiguous")
+    E, F1, H = w1.shape
+    F = w2.shape[2]
+    if w2.shape[:2] != (E, H) or F1 not in (F, 2 * F):
+        raise ValueError(
+            f"{where}: argument 'w2' must have shape [{E}, {H}, ffn] with ffn = {F1} or "
+            f"{F1 // 2} (from w1 {list(w1.shape)}), got {list(w2.shape)}"
+        )
+    if w2.device != w1.device:
+        raise ValueError(
+            f"{where}: argument 'w2' must be on {w1.device} (where w1 is), got {w2.device}"
+        )
+    _check_fp8_layer(H, F, 0, F1 != F, where)
+
+
+def _quantize_impl(w1: Tensor, w2: Tensor, code: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The engine's weight quantizers: (w1_fp8, w1_scales, w2_fp8, w2_scales)."""
+    E, F1, H = w1.shape
+    F = w2.shape[2]
+    dev = w1.device
+    shapes = fp8_weight_shapes(E, F1, H, F)
+    out = tuple(torch.empty(shape, dtype=dtype, device=dev)
+                for shape, dtype in zip(shapes, (_FP8, _F32) * 2))  # fmt: skip
+    if E == 0:
+        return out
+    d = _weights_device(w1)
+    w1q, w1s, w2q, w2s = out
+    _C.quantize_weights(_quant_layer(E, H, F, F1 != F), code, d, w1.data_ptr(), w2.data_ptr(),
+                        w1q.data_ptr(), w1s.data_ptr(), w2q.data_ptr(), w2s.data_ptr(),
+                        _current_stream(d))  # fmt: skip
+    return out
+
+
+def _weights_device(w1: Tensor) -> int:
+    if not w1.is_cuda:
+        raise ValueError(
+            f"quantize_weights: argument 'w1' must be on a CUDA device to run, got {w1.device}"
+        )
+    return w1.get_device()
 
 
 def _forward_impl(
@@ -184,8 +298,11 @@ def _forward_impl(
     limit: float,
     alpha: float,
     save_preact: bool,
+    recipe: int = 0,
+    fp8: Optional[Sequence[Tensor]] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
-    """Runs the engine's forward; returns y and (grad mode) FC1's bf16 pre-activation."""
+    """Runs the engine's forward; returns y and (grad mode) FC1's bf16 pre-activation. With an
+    FP8 recipe, `fp8` holds the quantized weights (None: quantized here)."""
     T, H = x.shape
     y = torch.empty(T, H, dtype=_BF16, device=x.device)
     saved = torch.empty(T, w1.shape[1], dtype=_BF16, device=x.device) if save_preact else None
@@ -193,6 +310,15 @@ def _forward_impl(
         return y, saved
     device = _require_cuda(x)
     layer = _layer(x, split_sizes, w1, w2, b1, b2, probs, act, layout, limit, alpha)
+    if recipe:
+        if fp8 is None:
+            fp8 = _quantize_impl(w1, w2, recipe)
+        w1q, w1s, w2q, w2s = fp8
+        _C.forward_fp8(layer, recipe, T, device, x.data_ptr(), split_sizes.data_ptr(),
+                       w1q.data_ptr(), w1s.data_ptr(), w2q.data_ptr(), w2s.data_ptr(), _ptr(b1),
+                       _ptr(b2), _ptr(probs), y.data_ptr(), _ptr(saved),
+                       _current_stream(device))  # fmt: skip
+        return y, saved
     _C.forward(layer, T, device, x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(), _ptr(b1),
                w2.data_ptr(), _ptr(b2), _ptr(probs), y.data_ptr(), _ptr(saved),
                _current_stream(device))  # fmt: skip
@@ -218,13 +344,14 @@ def _backward_impl(
     alpha: float,
     has_b1: bool,
     wanted: Sequence[bool],
+    recipe: int = 0,
 ) -> list[Optional[Tensor]]:
     """The gradients in GRAD_NAMES order (weight and bias gradients fp32); None for those not
-    wanted."""
+    wanted. `recipe`: the forward's (every recipe's backward is BF16's)."""
     layer = _layer(x, split_sizes, w1, w2, True if has_b1 else None, b2, probs, act, layout,
                    limit, alpha)  # fmt: skip
     return list(_run_backward(layer, dy, x, split_sizes, w1, w2, b2, probs, saved_preact, wanted,
-                              _NO_MAINS))  # fmt: skip
+                              _NO_MAINS, recipe))  # fmt: skip
 
 
 _NO_MAINS = (None, None, None, None)
@@ -242,11 +369,13 @@ def _run_backward(
     saved_preact: Tensor,
     wanted: Sequence[bool],
     main_grads: Sequence[Optional[Tensor]],
+    recipe: int = 0,
 ) -> tuple[Optional[Tensor], ...]:
     """The engine's backward: the gradients in GRAD_NAMES order, None for those not wanted.
 
     Weight and bias gradients are fp32. Where `main_grads` (for dw1, db1, dw2, db2) holds a
-    buffer, that gradient is added into it and None is returned in its place.
+    buffer, that gradient is added into it and None is returned in its place. `recipe` is the
+    forward's code (the engine checks it against the forward's; the backward is BF16's).
     """
     T = x.shape[0]
     accumulate = main_grads is not _NO_MAINS and any(g is not None for g in main_grads)
@@ -272,16 +401,20 @@ def _run_backward(
     if dy.dtype != _BF16:
         dy = dy.to(_BF16)
     d = _require_cuda(x)
-    _C.backward(layer, T, d, dy.data_ptr(), x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(),
-                w2.data_ptr(), 0 if b2 is None else b2.data_ptr(),
-                0 if probs is None else probs.data_ptr(), saved_preact.data_ptr(),
-                0 if dx is None else dx.data_ptr(),
-                0 if not wanted[1] else (m1 if m1 is not None else dw1).data_ptr(),
-                0 if not wanted[2] else (mb1 if mb1 is not None else db1).data_ptr(),
-                0 if not wanted[3] else (m2 if m2 is not None else dw2).data_ptr(),
-                0 if not wanted[4] else (mb2 if mb2 is not None else db2).data_ptr(),
-                0 if dprobs is None else dprobs.data_ptr(), accumulate,
-                _current_stream(d))  # fmt: skip
+    args = (layer, T, d, dy.data_ptr(), x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(),
+            w2.data_ptr(), 0 if b2 is None else b2.data_ptr(),
+            0 if probs is None else probs.data_ptr(), saved_preact.data_ptr(),
+            0 if dx is None else dx.data_ptr(),
+            0 if not wanted[1] else (m1 if m1 is not None else dw1).data_ptr(),
+            0 if not wanted[2] else (mb1 if mb1 is not None else db1).data_ptr(),
+            0 if not wanted[3] else (m2 if m2 is not None else dw2).data_ptr(),
+            0 if not wanted[4] else (mb2 if mb2 is not None else db2).data_ptr(),
+            0 if dprobs is None else dprobs.data_ptr(), accumulate,
+            _current_stream(d))  # fmt: skip
+    if recipe:
+        _C.backward(*args, recipe)
+    else:
+        _C.backward(*args)
     return dx, dw1, db1, dw2, db2, dprobs
 
 
@@ -303,17 +436,26 @@ def _grouped_mlp_op(
     limit: float,
     alpha: float,
     save_preact: bool,
+    recipe: str = "bf16",
+    w1_fp8: Optional[Tensor] = None,
+    w1_scales: Optional[Tensor] = None,
+    w2_fp8: Optional[Tensor] = None,
+    w2_scales: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
-    """y and FC1's bf16 pre-activation (an empty tensor unless save_preact)."""
+    """y and FC1's bf16 pre-activation (an empty tensor unless save_preact). FP8 recipes read
+    w1_fp8 ... w2_scales, or quantize w1 and w2 when they are None."""
     act, layout, _ = _parse_options(activation, glu_layout)
+    code = _parse_recipe(recipe)
+    fp8 = None if w1_fp8 is None else (w1_fp8, w1_scales, w2_fp8, w2_scales)
     y, saved = _forward_impl(x, split_sizes, w1, w2, b1, b2, probs, act, layout, limit, alpha,
-                             save_preact)  # fmt: skip
+                             save_preact, code, fp8)  # fmt: skip
     return y, saved if saved is not None else x.new_empty((0,))
 
 
 @_grouped_mlp_op.register_fake
 def _grouped_mlp_fake(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit,
-                      alpha, save_preact):  # fmt: skip
+                      alpha, save_preact, recipe="bf16", w1_fp8=None, w1_scales=None,
+                      w2_fp8=None, w2_scales=None):  # fmt: skip
     T, H = x.shape
     y = x.new_empty((T, H), dtype=_BF16)
     saved = x.new_empty((T, w1.shape[1]) if save_preact else (0,), dtype=_BF16)
@@ -336,12 +478,14 @@ def _grouped_mlp_backward_op(
     alpha: float,
     has_b1: bool,
     wanted: list[bool],
+    recipe: str = "bf16",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dx, dw1, db1, dw2, db2, dprobs (fp32 weight grads); empty tensors for the ones not
-    wanted. (Accumulation into main_grad is eager-only and does not go through this op.)"""
+    wanted. (Accumulation into main_grad is eager-only and does not go through this op.)
+    `recipe` is the forward's; the backward of every recipe is BF16's."""
     act, layout, _ = _parse_options(activation, glu_layout)
     grads = _backward_impl(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, act, layout,
-                           limit, alpha, has_b1, wanted)  # fmt: skip
+                           limit, alpha, has_b1, wanted, _parse_recipe(recipe))  # fmt: skip
     # Not-wanted gradients: empty, with the dtype the fake implementation reports.
     dtypes = (_BF16, _F32, _F32, _F32, _F32, _F32)
     return tuple(g if g is not None else x.new_empty((0,), dtype=dtypes[i])
@@ -350,7 +494,8 @@ def _grouped_mlp_backward_op(
 
 @_grouped_mlp_backward_op.register_fake
 def _grouped_mlp_backward_fake(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, activation,
-                               glu_layout, limit, alpha, has_b1, wanted):  # fmt: skip
+                               glu_layout, limit, alpha, has_b1, wanted,
+                               recipe="bf16"):  # fmt: skip
     T, H = x.shape
     E, F1, _ = w1.shape
     F = w2.shape[2]
@@ -410,22 +555,24 @@ def _weight_grad(grad: Optional[Tensor], param: Optional[Tensor], accumulated: b
 
 def _setup_context(ctx, inputs, output) -> None:
     (x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha,
-     save_preact) = inputs  # fmt: skip
+     save_preact) = inputs[:12]  # fmt: skip
     _, saved = output
     ctx.save_for_backward(x, split_sizes, w1, w2, b2, probs, saved)
-    ctx.options = (activation, glu_layout, limit, alpha, b1 is not None)
+    # The recipe (input 12, "bf16" when the call left it out); the FP8 weights get no gradient.
+    recipe = inputs[12] if len(inputs) > 12 else "bf16"
+    ctx.options = (activation, glu_layout, limit, alpha, b1 is not None, recipe, len(inputs))
 
 
 def _op_backward(ctx, dy, _dsaved):
     x, split_sizes, w1, w2, b2, probs, saved = ctx.saved_tensors
-    activation, glu_layout, limit, alpha, has_b1 = ctx.options
+    activation, glu_layout, limit, alpha, has_b1, recipe, n_inputs = ctx.options
     wanted = _wanted(ctx.needs_input_grad)
     grads = torch.ops.gmjit.grouped_mlp_backward(dy, x, split_sizes, w1, w2, b2, probs, saved,
                                                  activation, glu_layout, limit, alpha, has_b1,
-                                                 wanted)  # fmt: skip
+                                                 wanted, recipe)  # fmt: skip
     dx, dw1, db1, dw2, db2, dprobs = (g if w else None for g, w in zip(grads, wanted))
     return (dx, None, _to(dw1, w1), _to(dw2, w2), _to(db1, w1), _to(db2, w2), dprobs,
-            None, None, None, None, None)  # fmt: skip
+            None, None, None, None, None) + (None,) * (n_inputs - 12)  # fmt: skip
 
 
 def _to(grad: Optional[Tensor], like: Tensor) -> Optional[Tensor]:
@@ -433,6 +580,21 @@ def _to(grad: Optional[Tensor], like: Tensor) -> Optional[Tensor]:
 
 
 _grouped_mlp_op.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("gmjit::quantize_weights", mutates_args=())
+def _quantize_weights_op(
+    w1: Tensor, w2: Tensor, recipe: str
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(w1_fp8, w1_scales, w2_fp8, w2_scales) of an FP8 recipe from bf16 w1, w2."""
+    return _quantize_impl(w1, w2, _parse_recipe(recipe, "quantize_weights"))
+
+
+@_quantize_weights_op.register_fake
+def _quantize_weights_fake(w1, w2, recipe):
+    E, F1, H = w1.shape
+    shapes = fp8_weight_shapes(E, F1, H, w2.shape[2])
+    return tuple(w1.new_empty(shape, dtype=dtype) for shape, dtype in zip(shapes, (_FP8, _F32) * 2))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -456,7 +618,7 @@ _grouped_mlp_op.register_autograd(_op_backward, setup_context=_setup_context)
 # with a stand-in for _C).
 _FAST_ON_CPU = False
 
-# Checked call signatures: key (see `grouped_mlp`) -> (layer, hidden, F1).
+# Checked call signatures: key (see `grouped_mlp`) -> (layer, hidden, F1, recipe code).
 _entries: dict[tuple, tuple] = {}
 
 _is_compiling = torch.compiler.is_compiling
@@ -467,12 +629,16 @@ _empty_like = torch.empty_like
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _current_stream)
 
 
-def _admit(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha, key):
+def _admit(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha, recipe,
+           key):  # fmt: skip
     """The full checks (raising on a bad argument) and a new entry for `key`."""
     act, layout, glu = _parse_options(activation, glu_layout)
+    code = _parse_recipe(recipe)
     check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu)
+    if code:
+        _check_fp8_layer(x.shape[1], w2.shape[2], layout, glu)
     layer = _layer(x, split_sizes, w1, w2, b1, b2, probs, act, layout, float(limit), float(alpha))
-    entry = (layer, x.shape[1], w1.shape[1])
+    entry = (layer, x.shape[1], w1.shape[1], code)
     if key is not None and len(_entries) < 4096:  # any bound: keys are per layer shape
         _entries[key] = entry
     return entry
@@ -480,36 +646,45 @@ def _admit(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit,
 
 class _GroupedMLPFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, split_sizes, w1, w2, b1, b2, probs, entry, accumulate_main_grad):
-        layer, _, F1 = entry
+    def forward(ctx, x, split_sizes, w1, w2, b1, b2, probs, entry, accumulate_main_grad, fp8):
+        layer, _, F1, recipe = entry
         T = x.shape[0]
         y = _empty_like(x)
         saved = x.new_empty(T, F1)  # x: bf16 (checked); sizes as varargs parse faster
         if T:
             d = x.get_device()
-            _C.forward(layer, T, d, x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(),
-                       0 if b1 is None else b1.data_ptr(), w2.data_ptr(),
-                       0 if b2 is None else b2.data_ptr(), 0 if probs is None else probs.data_ptr(),
-                       y.data_ptr(), saved.data_ptr(), _current_stream(d))  # fmt: skip
+            if recipe:  # FP8: the quantized weights (fp8), never differentiated
+                _C.forward_fp8(layer, recipe, T, d, x.data_ptr(), split_sizes.data_ptr(),
+                               fp8[0].data_ptr(), fp8[1].data_ptr(), fp8[2].data_ptr(),
+                               fp8[3].data_ptr(), 0 if b1 is None else b1.data_ptr(),
+                               0 if b2 is None else b2.data_ptr(),
+                               0 if probs is None else probs.data_ptr(), y.data_ptr(),
+                               saved.data_ptr(), _current_stream(d))  # fmt: skip
+            else:
+                _C.forward(layer, T, d, x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(),
+                           0 if b1 is None else b1.data_ptr(), w2.data_ptr(),
+                           0 if b2 is None else b2.data_ptr(),
+                           0 if probs is None else probs.data_ptr(), y.data_ptr(),
+                           saved.data_ptr(), _current_stream(d))  # fmt: skip
         ctx.save_for_backward(x, split_sizes, w1, w2, b2, probs, saved)
         # Only parameters are kept by reference, for their main_grad attributes.
-        ctx.spec = (layer, (w1, b1, w2, b2) if accumulate_main_grad else None)
+        ctx.spec = (layer, (w1, b1, w2, b2) if accumulate_main_grad else None, recipe)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, split_sizes, w1, w2, b2, probs, saved = ctx.saved_tensors
-        layer, params = ctx.spec
+        layer, params, recipe = ctx.spec
         n = ctx.needs_input_grad
         wanted = (n[0], n[2], n[4], n[3], n[5], n[6])
         if params is None:
             dx, dw1, db1, dw2, db2, dprobs = _run_backward(
-                layer, dy, x, split_sizes, w1, w2, b2, probs, saved, wanted, _NO_MAINS)
+                layer, dy, x, split_sizes, w1, w2, b2, probs, saved, wanted, _NO_MAINS, recipe)
             # fp32 weight gradients: autograd casts them to the weights' dtype.
-            return dx, None, dw1, dw2, db1, db2, dprobs, None, None
+            return dx, None, dw1, dw2, db1, db2, dprobs, None, None, None
         mains = _main_grad_buffers(True, params, wanted[1:5])
         dx, dw1, db1, dw2, db2, dprobs = _run_backward(
-            layer, dy, x, split_sizes, w1, w2, b2, probs, saved, wanted, mains)
+            layer, dy, x, split_sizes, w1, w2, b2, probs, saved, wanted, mains, recipe)
         w1p, b1p, w2p, b2p = params
         return (
             dx,
@@ -519,6 +694,7 @@ class _GroupedMLPFunction(torch.autograd.Function):
             _weight_grad(db1, b1p, mains[1] is not None) if wanted[2] else None,
             _weight_grad(db2, b2p, mains[3] is not None) if wanted[4] else None,
             dprobs,
+            None,
             None,
             None,
         )
@@ -542,6 +718,8 @@ def grouped_mlp(
     limit: float = 7.0,
     alpha: float = 1.702,
     accumulate_main_grad: bool = False,
+    recipe: str = "bf16",
+    fp8_weights: Optional[Sequence[Tensor]] = None,
 ) -> Tensor:
     """y = probs ⊙ (act(x W1ᵀ + b1) W2ᵀ + b2), per expert, over tokens sorted by expert.
 
@@ -561,6 +739,16 @@ def grouped_mlp(
             attribute instead of being returned; autograd gets None for them, or an
             uninitialised dummy where the parameter has `grad_added_to_main_grad` (which is then
             set to True), as Megatron's distributed optimizer expects.
+        recipe: "bf16" (bf16 GEMM operands), "fp8_block" or "fp8_block_pow2" (the forward's
+            GEMMs on E4M3 operands with fp32 scales per 1 x 128 block of x and of the activation
+            and per 128 x 128 block of the weights; "_pow2" rounds the scales up to powers of
+            two). FP8 needs a Hopper GPU (sm_90a), hidden and ffn multiples of 128 and the
+            halves GLU layout. The backward is the BF16 backward in every recipe: the same
+            gradients, from the bf16 x, w1, w2 and the saved pre-activation.
+        fp8_weights: for an FP8 recipe, (w1_fp8, w1_scales, w2_fp8, w2_scales) as
+            `quantize_weights(w1, w2, recipe)` returns them (quantize once per optimizer step);
+            None: the call quantizes w1 and w2 itself. They get no gradient; w1 and w2 are
+            still required (the backward reads them).
 
     Gradients: only those whose inputs require grad are computed (frozen w1: no dW1; x without
     requires_grad: no dx). Weight gradients are computed in fp32 and returned in the weights'
@@ -591,7 +779,7 @@ def grouped_mlp(
                    split_sizes.dtype, None if b1 is None else b1.shape,
                    None if b1 is None else b1.dtype, None if b2 is None else b2.shape,
                    None if b2 is None else b2.dtype, None if probs is None else probs.dtype,
-                   activation, glu_layout, limit, alpha)  # fmt: skip
+                   activation, glu_layout, limit, alpha, recipe)  # fmt: skip
             entry = _entries.get(key)
             if entry is not None and not (
                 H == entry[1]
@@ -612,7 +800,16 @@ def grouped_mlp(
             entry = None
         if entry is None:
             entry = _admit(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit,
-                           alpha, key)  # fmt: skip
+                           alpha, recipe, key)  # fmt: skip
+        fp8 = None
+        if entry[3]:  # an FP8 recipe: the quantized weights given (checked), or quantized now
+            if fp8_weights is not None:
+                check_fp8_weights(fp8_weights, w1, w2, x)
+                fp8 = fp8_weights
+            elif T:
+                fp8 = _quantize_impl(w1.detach(), w2.detach(), entry[3])
+        elif fp8_weights is not None:
+            _fail("fp8_weights", "is for the FP8 recipes; recipe is 'bf16'")
         if _grad_enabled() and (
             x.requires_grad
             or w1.requires_grad
@@ -623,19 +820,35 @@ def grouped_mlp(
         ):
             if _functorch_active():
                 return _GroupedMLPFunction.apply(x, split_sizes, w1, w2, b1, b2, probs, entry,
-                                                 accumulate_main_grad)  # fmt: skip
-            return _apply(x, split_sizes, w1, w2, b1, b2, probs, entry, accumulate_main_grad)
+                                                 accumulate_main_grad, fp8)  # fmt: skip
+            return _apply(x, split_sizes, w1, w2, b1, b2, probs, entry, accumulate_main_grad, fp8)
         y = _empty_like(x)
         if T:
             d = x.get_device()
-            _C.forward(entry[0], T, d, x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(),
-                       0 if b1 is None else b1.data_ptr(), w2.data_ptr(),
-                       0 if b2 is None else b2.data_ptr(), 0 if probs is None else probs.data_ptr(),
-                       y.data_ptr(), 0, _current_stream(d))  # fmt: skip
+            if fp8 is not None:
+                _C.forward_fp8(entry[0], entry[3], T, d, x.data_ptr(), split_sizes.data_ptr(),
+                               fp8[0].data_ptr(), fp8[1].data_ptr(), fp8[2].data_ptr(),
+                               fp8[3].data_ptr(), 0 if b1 is None else b1.data_ptr(),
+                               0 if b2 is None else b2.data_ptr(),
+                               0 if probs is None else probs.data_ptr(), y.data_ptr(), 0,
+                               _current_stream(d))  # fmt: skip
+            else:
+                _C.forward(entry[0], T, d, x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(),
+                           0 if b1 is None else b1.data_ptr(), w2.data_ptr(),
+                           0 if b2 is None else b2.data_ptr(),
+                           0 if probs is None else probs.data_ptr(), y.data_ptr(), 0,
+                           _current_stream(d))  # fmt: skip
         return y
 
     act, layout, glu = _parse_options(activation, glu_layout)
+    code = _parse_recipe(recipe)
     check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu)
+    if code:
+        _check_fp8_layer(x.shape[1], w2.shape[2], layout, glu)
+        if fp8_weights is not None:
+            check_fp8_weights(fp8_weights, w1, w2, x)
+    elif fp8_weights is not None:
+        _fail("fp8_weights", "is for the FP8 recipes; recipe is 'bf16'")
     if accumulate_main_grad:
         raise ValueError(
             "grouped_mlp: accumulate_main_grad=True works in eager mode only (main_grad "
@@ -649,7 +862,36 @@ def grouped_mlp(
         or (b2 is not None and b2.requires_grad)
         or (probs is not None and probs.requires_grad)
     )
+    if not code:
+        y, _ = torch.ops.gmjit.grouped_mlp(x, split_sizes, w1, w2, b1, b2, probs, activation,
+                                           glu_layout, float(limit), float(alpha),
+                                           needs_grad)  # fmt: skip
+        return y
+    q = (None,) * 4 if fp8_weights is None else tuple(fp8_weights)
     y, _ = torch.ops.gmjit.grouped_mlp(x, split_sizes, w1, w2, b1, b2, probs, activation,
-                                       glu_layout, float(limit), float(alpha),
-                                       needs_grad)  # fmt: skip
+                                       glu_layout, float(limit), float(alpha), needs_grad, recipe,
+                                       *q)  # fmt: skip
     return y
+
+
+def quantize_weights(
+    w1: Tensor, w2: Tensor, recipe: str = "fp8_block"
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The FP8 weights of `recipe` for `grouped_mlp(..., recipe=recipe, fp8_weights=...)`.
+
+    w1 [E, F1, H] and w2 [E, H, F] bf16 (F1 = F or 2F; H, F multiples of 128). Returns
+    (w1_fp8 [E, F1, H], w1_scales [E, F1/128, H/128], w2_fp8 [E, H, F], w2_scales
+    [E, H/128, F/128]): torch.float8_e4m3fn data and float32 scales, one per 128 x 128 block
+    (block value ≈ fp8 · scale). Not differentiable. Runs on the current stream without a
+    host sync.
+    """
+    code = _parse_recipe(recipe, "quantize_weights")
+    if not code:
+        raise ValueError("quantize_weights: argument 'recipe' must be an FP8 recipe "
+                         f"({sorted(k for k, v in RECIPES.items() if v)}), got 'bf16'")  # fmt: skip
+    check_quantize_arguments(w1, w2)
+    w1, w2 = w1.detach(), w2.detach()
+    if (not _is_compiling() and type(w1) is Tensor and type(w2) is Tensor
+            and (w1.is_cuda or _FAST_ON_CPU) and not _dispatch_modes()):  # fmt: skip
+        return _quantize_impl(w1, w2, code)
+    return tuple(torch.ops.gmjit.quantize_weights(w1, w2, recipe))

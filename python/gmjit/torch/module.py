@@ -9,7 +9,21 @@ import torch
 from torch import Tensor, nn
 
 from gmjit.torch import layouts
-from gmjit.torch._op import GLU_ACTIVATIONS, _parse_options, grouped_mlp
+from gmjit.torch._op import (
+    GLU_ACTIVATIONS,
+    _check_fp8_layer,
+    _parse_options,
+    _parse_recipe,
+    grouped_mlp,
+    quantize_weights,
+)
+
+
+def _quantize_off_gpu() -> bool:
+    """Whether CPU weights are quantized too (the CPU tests' stand-in engine)."""
+    from gmjit.torch import _op
+
+    return _op._FAST_ON_CPU
 
 
 class GroupedMLP(nn.Module):
@@ -18,6 +32,12 @@ class GroupedMLP(nn.Module):
     Parameters: w1 [E, F1, H] (F1 = 2F for GLU activations, gate rows first), w2 [E, H, F],
     and with bias=True b1 [E, F1], b2 [E, H]. `forward(x, split_sizes, probs=None)` takes
     x [T, H] grouped by expert and split_sizes [E] (int32/int64, on x's device).
+
+    recipe="fp8_block" (or "fp8_block_pow2") runs the forward's GEMMs in FP8 (see
+    `grouped_mlp`). The module keeps the quantized weights and quantizes again only when w1 or
+    w2 changed: a new tensor, or an in-place update (optimizer step, copy_, load_state_dict) that
+    moves the parameter's version counter. Writes that bypass the counter (through `.data`)
+    are not seen: call `invalidate_fp8_weights()` after them.
     """
 
     def __init__(
@@ -32,17 +52,25 @@ class GroupedMLP(nn.Module):
         limit: float = 7.0,
         alpha: float = 1.702,
         accumulate_main_grad: bool = False,
+        recipe: str = "bf16",
         dtype: torch.dtype = torch.bfloat16,
         device: Optional[torch.device | str] = None,
     ) -> None:
         super().__init__()
-        _parse_options(activation, glu_layout)  # reject unknown names here, not at first call
+        # Reject unknown names and what the recipe cannot run here, not at the first call.
+        _, layout, glu = _parse_options(activation, glu_layout)
+        if _parse_recipe(recipe, "GroupedMLP"):
+            _check_fp8_layer(hidden, ffn, layout, glu, "GroupedMLP")
         if dtype != torch.bfloat16:
             raise ValueError(f"GroupedMLP: dtype must be torch.bfloat16 (the kernels' type), got {dtype}")
         self.num_experts, self.hidden, self.ffn = num_experts, hidden, ffn
         self.activation, self.glu_layout = activation, glu_layout
         self.limit, self.alpha = float(limit), float(alpha)
         self.accumulate_main_grad = accumulate_main_grad
+        self.recipe = recipe
+        # FP8: (key of the weights they came from, (w1_fp8, w1_scales, w2_fp8, w2_scales)).
+        self._fp8_cache: Optional[tuple] = None
+        self.fp8_quantizations = 0  # how many times the weights were quantized (for tests)
         f1 = 2 * ffn if activation in GLU_ACTIVATIONS else ffn
         kw = {"dtype": dtype, "device": device}
         self.w1 = nn.Parameter(torch.empty(num_experts, f1, hidden, **kw))
@@ -60,13 +88,44 @@ class GroupedMLP(nn.Module):
                 nn.init.uniform_(bias, -bound, bound)
 
     def forward(self, x: Tensor, split_sizes: Tensor, probs: Optional[Tensor] = None) -> Tensor:
+        if self.recipe == "bf16":
+            return grouped_mlp(x, split_sizes, self.w1, self.w2, self.b1, self.b2, probs,
+                               self.activation, self.glu_layout, self.limit, self.alpha,
+                               self.accumulate_main_grad)  # fmt: skip
         return grouped_mlp(x, split_sizes, self.w1, self.w2, self.b1, self.b2, probs,
                            self.activation, self.glu_layout, self.limit, self.alpha,
-                           self.accumulate_main_grad)  # fmt: skip
+                           self.accumulate_main_grad, self.recipe,
+                           self.fp8_weights())  # fmt: skip
+
+    def fp8_weights(self) -> Optional[tuple[Tensor, Tensor, Tensor, Tensor]]:
+        """The FP8 recipe's (w1_fp8, w1_scales, w2_fp8, w2_scales) of the current weights:
+        cached, quantized again only when w1 or w2 changed. None for the BF16 recipe, while
+        compiling (the op then quantizes inside the graph) and for weights off the GPU."""
+        if self.recipe == "bf16" or torch.compiler.is_compiling():
+            return None
+        w1, w2 = self.w1, self.w2
+        if not (w1.is_cuda and w2.is_cuda) and not _quantize_off_gpu():
+            return None
+        # In-place updates move _version; a new tensor (.to(), assignment, .data = ...) has
+        # another address. The tensors' ids guard against a new one at a freed address.
+        key = (id(w1), w1.data_ptr(), w1._version, id(w2), w2.data_ptr(), w2._version)
+        cached = self._fp8_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        self._fp8_cache = None  # free the old ones before making new ones
+        weights = quantize_weights(w1, w2, self.recipe)
+        self._fp8_cache = (key, weights)
+        self.fp8_quantizations += 1
+        return weights
+
+    def invalidate_fp8_weights(self) -> None:
+        """Forget the quantized weights (after writes the version counter does not see)."""
+        self._fp8_cache = None
 
     def extra_repr(self) -> str:
+        recipe = "" if self.recipe == "bf16" else f", recipe={self.recipe}"
         return (f"num_experts={self.num_experts}, hidden={self.hidden}, ffn={self.ffn}, "
-                f"activation={self.activation}, bias={self.b1 is not None}")  # fmt: skip
+                f"activation={self.activation}, bias={self.b1 is not None}{recipe}")  # fmt: skip
 
     @torch.no_grad()
     def load_gate_up(

@@ -1,0 +1,253 @@
+"""The FP8 recipes on a Hopper GPU: grouped_mlp against the bf16 op and float64, the BF16
+backward of an FP8 forward, the weight quantizer's block contract, GroupedMLP's cache of
+quantized weights, compile, CUDA graphs, and FC1 against torch._scaled_grouped_mm.
+
+Tolerances. E4M3 keeps 3 mantissa bits: rounding to nearest leaves a relative error uniform in
+±2^-4 at most, about 2^-4/sqrt(3) ≈ 0.036 rms per operand. Each GEMM multiplies two quantized
+operands (x or the activation, and a weight), and FC2's input carries FC1's error through the
+activation, so the output's normwise error against bf16 is a few of those added in quadrature:
+≈ 0.05-0.07. We allow 0.1 for y. The gradients come from the BF16 backward; they differ from the
+bf16 op's only through the saved pre-activation (FC1's output, one GEMM's noise, ≈ 0.05) and
+dy's path through it: 0.15.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gmjit
+import reference
+from gmjit.torch import GroupedMLP, grouped_mlp, quantize_weights
+
+pytestmark = pytest.mark.gpu
+
+E, H, F = 4, 256, 384
+SPLITS = [120, 0, 131, 39]  # an empty expert, ragged sizes
+T = 300  # 10 tail rows past sum(SPLITS): y = 0 there
+RECIPES = ("fp8_block", "fp8_block_pow2")
+BF, F32, FP8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
+
+
+@pytest.fixture(autouse=True)
+def hopper():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FP8 recipes run on Hopper (sm_90a) only")
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+
+def make(activation="swiglu", bias=False, probs=False, seed=0, requires_grad=True):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    f1 = 2 * F if activation in ("swiglu", "geglu", "clamped_swiglu") else F
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device="cuda") * scale).to(BF)
+
+    t = dict(
+        x=rnd(T, H),
+        split_sizes=torch.tensor(SPLITS, device="cuda"),
+        w1=rnd(E, f1, H, scale=H**-0.5),
+        w2=rnd(E, H, F, scale=F**-0.5),
+        b1=rnd(E, f1, scale=0.1) if bias else None,
+        b2=rnd(E, H, scale=0.1) if bias else None,
+        probs=torch.rand(T, generator=g, device="cuda") if probs else None,
+    )
+    if requires_grad:
+        for v in t.values():
+            if v is not None and v.is_floating_point():
+                v.requires_grad_()
+    return t
+
+
+def run(t, recipe, dy, **kw):
+    """y and the gradients of every float input, on fresh leaves."""
+    leaves = {k: (v.detach().clone().requires_grad_(v.requires_grad)
+                  if v is not None and v.is_floating_point() else v) for k, v in t.items()}  # fmt: skip
+    y = grouped_mlp(**leaves, recipe=recipe, **kw)
+    y.backward(dy)
+    grads = {k: v.grad for k, v in leaves.items() if v is not None and v.is_floating_point()}
+    return y.detach(), grads
+
+
+CASES = [("swiglu", False, False), ("swiglu", True, True), ("gelu", False, True),
+         ("clamped_swiglu", True, False)]  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("activation, bias, probs", CASES)
+def test_fp8_forward_and_bf16_backward_track_the_bf16_op(recipe, activation, bias, probs):
+    t = make(activation, bias, probs)
+    dy = torch.randn(T, H, dtype=BF, device="cuda")
+    y8, g8 = run(t, recipe, dy, activation=activation)
+    y16, g16 = run(t, "bf16", dy, activation=activation)
+    assert y8.dtype == BF and y8.shape == (T, H)
+    assert torch.isfinite(y8).all()
+    assert y8[sum(SPLITS):].abs().max().item() == 0  # rows past the splits
+    err = rel_err(y8, y16)
+    leaves = {k: (v.detach().double() if v is not None and v.is_floating_point() else v)
+              for k, v in t.items()}  # fmt: skip
+    ref = reference.grouped_mlp(leaves["x"], leaves["split_sizes"].cpu(), leaves["w1"],
+                                leaves["w2"], leaves["b1"], leaves["b2"], leaves["probs"],
+                                activation)  # fmt: skip
+    print(f"{recipe} {activation}: y vs bf16 op {err:.3e}, vs float64 {rel_err(y8, ref):.3e}")
+    assert err < 0.1
+    assert rel_err(y8, ref) < 0.1
+    assert err > 1e-3  # it did run in FP8
+    for name, g in g8.items():
+        assert g is not None and g.dtype == t[name].dtype, name
+        assert torch.isfinite(g).all(), name
+        e = rel_err(g, g16[name])
+        print(f"  d{name} vs bf16 op {e:.3e}")
+        assert e < 0.15, name
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_given_fp8_weights_equal_the_op_quantizing_itself(recipe):
+    t = make(probs=True, requires_grad=False)
+    q = quantize_weights(t["w1"], t["w2"], recipe)
+    y_given = grouped_mlp(**t, recipe=recipe, fp8_weights=q)
+    y_self = grouped_mlp(**t, recipe=recipe)
+    y_op, _ = torch.ops.gmjit.grouped_mlp(t["x"], t["split_sizes"], t["w1"], t["w2"], None, None,
+                                          t["probs"], "swiglu", "halves", 7.0, 1.702, False,
+                                          recipe, *q)  # fmt: skip
+    torch.testing.assert_close(y_given, y_self, rtol=0, atol=0)
+    torch.testing.assert_close(y_op, y_self, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_quantized_weights_follow_the_block_contract(recipe):
+    t = make(requires_grad=False)
+    w1q, w1s, w2q, w2s = quantize_weights(t["w1"], t["w2"], recipe)
+    assert (w1q.dtype, w1s.dtype, w2q.dtype, w2s.dtype) == (FP8, F32, FP8, F32)
+    for w, q, s in ((t["w1"], w1q, w1s), (t["w2"], w2q, w2s)):
+        e, rows, cols = w.shape
+        blocks = w.float().view(e, rows // 128, 128, cols // 128, 128)
+        deq = q.float().view_as(blocks) * s[:, :, None, :, None]
+        amax = blocks.abs().amax(dim=(2, 4))
+        if recipe == "fp8_block":
+            torch.testing.assert_close(s, amax / 448, rtol=1e-6, atol=0)
+        else:  # a power of two, with amax / s in (224, 448]
+            assert torch.equal(s, torch.exp2(torch.round(torch.log2(s))))
+            ratio = amax / s
+            assert (ratio > 224).all() and (ratio <= 448).all()
+        # Round to nearest E4M3: within half an ulp, at most 2^-4 relative for normal values
+        # (subnormals, below 2^-6 of the scale, add a negligible absolute error).
+        assert rel_err(deq, blocks) < 2**-4
+
+
+def test_module_requantizes_after_an_optimizer_step_and_not_otherwise():
+    torch.manual_seed(0)
+    m = GroupedMLP(E, H, F, recipe="fp8_block", device="cuda")
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    x = torch.randn(T, H, dtype=BF, device="cuda")
+    split = torch.tensor(SPLITS, device="cuda")
+    y0 = m(x, split)
+    with torch.no_grad():
+        y0_again = m(x, split)
+    assert m.fp8_quantizations == 1
+    torch.testing.assert_close(y0.detach(), y0_again, rtol=0, atol=0)
+    y0.float().square().mean().backward()
+    assert m.w1.grad is not None and torch.isfinite(m.w1.grad).all()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    y1 = m(x, split)
+    assert m.fp8_quantizations == 2
+    assert not torch.equal(y0.detach(), y1.detach())
+    # The cached weights are those of the updated parameters.
+    torch.testing.assert_close(y1, grouped_mlp(x, split, m.w1, m.w2, recipe="fp8_block"), rtol=0,
+                               atol=0)  # fmt: skip
+    m(x, split)
+    assert m.fp8_quantizations == 2
+    with torch.no_grad():
+        m.w2.mul_(0.5)
+    m(x, split)
+    assert m.fp8_quantizations == 3
+
+
+def test_compiled_fp8_module_matches_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = GroupedMLP(E, H, F, recipe="fp8_block", device="cuda")
+    x = torch.randn(T, H, dtype=BF, device="cuda", requires_grad=True)
+    split = torch.tensor(SPLITS, device="cuda")
+    compiled = torch.compile(m, fullgraph=True)
+    y = compiled(x, split)
+    y.float().square().mean().backward()
+    grads = [x.grad.clone(), m.w1.grad.clone(), m.w2.grad.clone()]
+    x.grad = m.w1.grad = m.w2.grad = None
+    y_eager = m(x, split)
+    y_eager.float().square().mean().backward()
+    torch.testing.assert_close(y, y_eager, rtol=0, atol=0)
+    for g, ref in zip(grads, (x.grad, m.w1.grad, m.w2.grad)):
+        assert rel_err(g, ref) < 1e-2
+
+
+def test_cuda_graph_replays_the_fp8_forward_and_backward():
+    t = make(probs=True, bias=True)
+    q = quantize_weights(t["w1"], t["w2"], "fp8_block")
+    leaves = [v for v in t.values() if v is not None and v.requires_grad]
+    dy = torch.randn(T, H, dtype=BF, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up on the capture stream
+        for _ in range(2):
+            grouped_mlp(**t, recipe="fp8_block", fp8_weights=q).backward(dy)
+            grouped_mlp(**t, recipe="fp8_block").backward(dy)  # quantizes inside
+    torch.cuda.current_stream().wait_stream(s)
+    for v in leaves:
+        v.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        y = grouped_mlp(**t, recipe="fp8_block", fp8_weights=q)
+        y.backward(dy)
+        y_self = grouped_mlp(**t, recipe="fp8_block")  # quantization captured too
+    before = gmjit.counters()
+    with torch.no_grad():
+        t["x"].copy_(torch.randn_like(t["x"]))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert gmjit.counters()["plans_built"] == before["plans_built"]
+    expected, grads = run(t, "fp8_block", dy, fp8_weights=q)
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+    torch.testing.assert_close(y_self, expected, rtol=0, atol=0)
+    for name, v in t.items():
+        if v is not None and v.requires_grad:
+            assert rel_err(v.grad, grads[name]) < 1e-2, name
+
+
+def test_fc1_matches_scaled_grouped_mm_with_rowwise_scales():
+    """FC1 (the saved pre-activation of a grad-enabled FP8 forward) against torch's own FP8
+    grouped GEMM with per-row scales: two different quantizations of the same product, each
+    ≈ 0.05 normwise from exact, so within 0.1 of each other."""
+    scaled_grouped_mm = getattr(torch, "_scaled_grouped_mm", None)
+    if scaled_grouped_mm is None:
+        pytest.skip("torch._scaled_grouped_mm is not available in this torch")
+    t = make(requires_grad=False)
+    x, w1 = t["x"], t["w1"]
+    _, h = torch.ops.gmjit.grouped_mlp(x, t["split_sizes"], w1, t["w2"], None, None, None,
+                                       "swiglu", "halves", 7.0, 1.702, True, "fp8_block",
+                                       None, None, None, None)  # fmt: skip
+    rows = sum(SPLITS)
+
+    def rowwise(a):  # E4M3 per row of the last dimension, fp32 scale per row
+        scale = a.float().abs().amax(dim=-1).clamp_min(1e-12) / 448
+        return (a.float() / scale[..., None]).to(FP8), scale
+
+    xq, xs = rowwise(x[:rows])
+    wq, ws = rowwise(w1)  # [E, F1, H]: scales per output row
+    offs = torch.tensor(SPLITS, device="cuda").cumsum(0).to(torch.int32)
+    try:
+        theirs = scaled_grouped_mm(xq, wq.transpose(1, 2), xs, ws, offs=offs, out_dtype=BF)
+    except (RuntimeError, NotImplementedError) as e:  # an arch or shape torch does not serve
+        pytest.skip(f"torch._scaled_grouped_mm did not run here: {e}")
+    exact = torch.cat([x[a:b].double() @ w1[e].double().T for e, (a, b) in
+                       enumerate(zip([0] + offs[:-1].tolist(), offs.tolist()))])  # fmt: skip
+    print(f"FC1: gmjit vs exact {rel_err(h[:rows], exact):.3e}, torch vs exact "
+          f"{rel_err(theirs, exact):.3e}, gmjit vs torch {rel_err(h[:rows], theirs):.3e}")
+    assert rel_err(theirs, exact) < 0.1  # the reference itself is sane
+    assert rel_err(h[:rows], exact) < 0.1
+    assert rel_err(h[:rows], theirs) < 0.1
