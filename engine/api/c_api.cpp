@@ -119,6 +119,8 @@ gmjit::Recipe recipe_from_c(const gmjit_recipe& field) {
       return gmjit::Recipe::fp8_block();
     case GMJIT_RECIPE_FP8_BLOCK_POW2:
       return gmjit::Recipe::fp8_block({.power_of_two_scales = true});
+    case GMJIT_RECIPE_FP8_TENSOR:
+      return gmjit::Recipe::fp8_tensor();
     default:
       throw gmjit::Error(gmjit::Status::invalid_argument,
                          fmt::format("argument 'recipe': {} is not a valid value", number));

@@ -43,7 +43,8 @@ typedef enum gmjit_glu_layout {
 typedef enum gmjit_recipe {
   GMJIT_RECIPE_BF16 = 0,
   GMJIT_RECIPE_FP8_BLOCK = 1,
-  GMJIT_RECIPE_FP8_BLOCK_POW2 = 2
+  GMJIT_RECIPE_FP8_BLOCK_POW2 = 2,
+  GMJIT_RECIPE_FP8_TENSOR = 3 /* per-tensor current scaling: w*_scales are [E] */
 } gmjit_recipe;
 
 typedef struct gmjit_layer {

@@ -37,11 +37,12 @@ const gmjit::Recipe& bf16_recipe() {
 }
 
 // Recipes by the code gmjit.torch passes (the values of the C API's gmjit_recipe): 0 bf16,
-// 1 fp8_block, 2 fp8_block with power-of-two scales.
+// 1 fp8_block, 2 fp8_block with power-of-two scales, 3 fp8_tensor.
 const gmjit::Recipe& recipe_of(int code) {
   static const gmjit::Recipe recipes[] = {gmjit::Recipe::bf16(), gmjit::Recipe::fp8_block(),
-                                          gmjit::Recipe::fp8_block({.power_of_two_scales = true})};
-  if (code < 0 || code > 2) {
+                                          gmjit::Recipe::fp8_block({.power_of_two_scales = true}),
+                                          gmjit::Recipe::fp8_tensor()};
+  if (code < 0 || code > 3) {
     throw gmjit::Error(gmjit::Status::invalid_argument,
                        "argument 'recipe': " + std::to_string(code) + " is not a recipe code");
   }
@@ -103,15 +104,21 @@ gmjit::ForwardArgs forward_args(const gmjit::LayerSpec& s, std::int64_t T, gmjit
   return args;
 }
 
-// The weights of an FP8 recipe: E4M3 data and fp32 scales per 128 x 128 block.
+// The weights of an FP8 recipe: E4M3 data and fp32 scales per 128 x 128 block (fp8_tensor: one
+// per expert matrix).
 struct Fp8Refs {
   gmjit::TensorRef w1, w1_scales, w2, w2_scales;
 };
 
-Fp8Refs fp8_refs(const gmjit::LayerSpec& s, gmjit::Device dev, std::uintptr_t w1_fp8,
-                 std::uintptr_t w1_scales, std::uintptr_t w2_fp8, std::uintptr_t w2_scales) {
+Fp8Refs fp8_refs(const gmjit::LayerSpec& s, const gmjit::Recipe& recipe, gmjit::Device dev,
+                 std::uintptr_t w1_fp8, std::uintptr_t w1_scales, std::uintptr_t w2_fp8,
+                 std::uintptr_t w2_scales) {
   using gmjit::DType;
   const std::int64_t E = s.experts, H = s.hidden, F = s.ffn, F1 = s.fc1_out();
+  if (recipe.kind() == gmjit::RecipeKind::fp8_tensor) {
+    return {ref(w1_fp8, DType::f8e4m3, {E, F1, H}, dev), ref(w1_scales, DType::f32, {E}, dev),
+            ref(w2_fp8, DType::f8e4m3, {E, H, F}, dev), ref(w2_scales, DType::f32, {E}, dev)};
+  }
   return {ref(w1_fp8, DType::f8e4m3, {E, F1, H}, dev),
           ref(w1_scales, DType::f32, {E, F1 / 128, H / 128}, dev),
           ref(w2_fp8, DType::f8e4m3, {E, H, F}, dev),
@@ -153,7 +160,7 @@ void forward_fp8(const Layer& layer, int recipe, std::int64_t tokens, int device
   const gmjit::Device dev{gmjit::Device::Kind::cuda, device};
   gmjit::ForwardArgs args =
       forward_args(s, tokens, dev, x, split_sizes, b1, b2, probs, y, saved_preact);
-  const Fp8Refs q = fp8_refs(s, dev, w1_fp8, w1_scales, w2_fp8, w2_scales);
+  const Fp8Refs q = fp8_refs(s, r, dev, w1_fp8, w1_scales, w2_fp8, w2_scales);
   args.w1_fp8 = q.w1;
   args.w1_scales = q.w1_scales;
   args.w2_fp8 = q.w2;
@@ -169,7 +176,7 @@ void quantize_weights(const Layer& layer, int recipe, int device, std::uintptr_t
   const gmjit::LayerSpec& s = layer.spec;
   const gmjit::Device dev{gmjit::Device::Kind::cuda, device};
   const std::int64_t E = s.experts, H = s.hidden, F = s.ffn, F1 = s.fc1_out();
-  const Fp8Refs q = fp8_refs(s, dev, w1_fp8, w1_scales, w2_fp8, w2_scales);
+  const Fp8Refs q = fp8_refs(s, r, dev, w1_fp8, w1_scales, w2_fp8, w2_scales);
   gmjit::QuantizeWeightsArgs args;
   args.w1 = ref(w1, DType::bf16, {E, F1, H}, dev);
   args.w2 = ref(w2, DType::bf16, {E, H, F}, dev);

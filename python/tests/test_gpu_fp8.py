@@ -26,6 +26,7 @@ E, H, F = 4, 256, 384
 SPLITS = [120, 0, 131, 39]  # an empty expert, ragged sizes
 T = 300  # 10 tail rows past sum(SPLITS): y = 0 there
 RECIPES = ("fp8_block", "fp8_block_pow2")
+ALL_RECIPES = RECIPES + ("fp8_tensor",)  # per-tensor scales: no block contract to check
 BF, F32, FP8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
 
 
@@ -77,7 +78,7 @@ CASES = [("swiglu", False, False), ("swiglu", True, True), ("gelu", False, True)
          ("clamped_swiglu", True, False)]  # fmt: skip
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", ALL_RECIPES)
 @pytest.mark.parametrize("activation, bias, probs", CASES)
 def test_fp8_forward_and_bf16_backward_track_the_bf16_op(recipe, activation, bias, probs):
     t = make(activation, bias, probs)
@@ -105,7 +106,7 @@ def test_fp8_forward_and_bf16_backward_track_the_bf16_op(recipe, activation, bia
         assert e < 0.15, name
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", ALL_RECIPES)
 def test_given_fp8_weights_equal_the_op_quantizing_itself(recipe):
     t = make(probs=True, requires_grad=False)
     q = quantize_weights(t["w1"], t["w2"], recipe)

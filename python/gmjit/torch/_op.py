@@ -11,7 +11,8 @@ Two entry points share one implementation (`_forward_impl`, `_backward_impl`):
   several times the rest of a warm call.
 
 Recipes: "bf16", or "fp8_block" / "fp8_block_pow2" (E4M3 GEMM operands with fp32 block scales:
-x per 1 x 128, weights per 128 x 128; the forward only, the backward is BF16's). The FP8
+x per 1 x 128, weights per 128 x 128), or "fp8_tensor" (one scale per activation tensor and per
+expert weight matrix, from this call's amax); the forward only, the backward is BF16's. The FP8
 weights come from `quantize_weights` (torch.ops.gmjit.quantize_weights); a call with an FP8
 recipe and none given quantizes w1 and w2 itself.
 """
@@ -30,7 +31,9 @@ ACTIVATIONS = {"swiglu": 0, "geglu": 1, "clamped_swiglu": 2, "srelu": 3, "gelu":
 GLU_ACTIVATIONS = frozenset({"swiglu", "geglu", "clamped_swiglu"})
 GLU_LAYOUTS = {"halves": 0, "interleaved32": 1}
 # Recipe codes (gmjit_recipe in include/gmjit/gmjit.h).
-RECIPES = {"bf16": 0, "fp8_block": 1, "fp8_block_pow2": 2}
+RECIPES = {"bf16": 0, "fp8_block": 1, "fp8_block_pow2": 2, "fp8_tensor": 3}
+# fp8_tensor: one scale per expert weight matrix (and per activation tensor) instead of blocks.
+FP8_TENSOR = 3
 # The FP8 recipes' scale blocks: weights per 128 x 128, activations per 1 x 128.
 FP8_BLOCK = 128
 
@@ -158,20 +161,23 @@ def check_arguments(
 FP8_WEIGHT_NAMES = ("w1_fp8", "w1_scales", "w2_fp8", "w2_scales")
 
 
-def fp8_weight_shapes(E: int, F1: int, H: int, F: int) -> tuple[tuple[int, ...], ...]:
-    """Shapes of (w1_fp8, w1_scales, w2_fp8, w2_scales)."""
+def fp8_weight_shapes(E: int, F1: int, H: int, F: int,
+                      code: int = 1) -> tuple[tuple[int, ...], ...]:  # fmt: skip
+    """Shapes of (w1_fp8, w1_scales, w2_fp8, w2_scales) for the recipe `code`."""
+    if code == FP8_TENSOR:
+        return (E, F1, H), (E,), (E, H, F), (E,)
     b = FP8_BLOCK
     return (E, F1, H), (E, F1 // b, H // b), (E, H, F), (E, H // b, F // b)
 
 
-def check_fp8_weights(fp8_weights, w1: Tensor, w2: Tensor, x: Tensor) -> None:
+def check_fp8_weights(fp8_weights, w1: Tensor, w2: Tensor, x: Tensor, code: int = 1) -> None:
     """The quantized weights a call was given: (w1_fp8, w1_scales, w2_fp8, w2_scales) as
     `quantize_weights` returns them, for w1 and w2 (already checked)."""
     if not isinstance(fp8_weights, (tuple, list)) or len(fp8_weights) != 4:
         _fail("fp8_weights", "must be the tuple (w1_fp8, w1_scales, w2_fp8, w2_scales) that "
               f"quantize_weights returns, got {type(fp8_weights).__name__}")  # fmt: skip
     E, F1, H = w1.shape
-    shapes = fp8_weight_shapes(E, F1, H, w2.shape[2])
+    shapes = fp8_weight_shapes(E, F1, H, w2.shape[2], code)
     for name, t, shape, dtype in zip(FP8_WEIGHT_NAMES, fp8_weights, shapes, (_FP8, _F32) * 2):
         _check_tensor(name, t, dtype, shape, x)
 
@@ -264,7 +270,7 @@ def _quantize_impl(w1: Tensor, w2: Tensor, code: int) -> tuple[Tensor, Tensor, T
     E, F1, H = w1.shape
     F = w2.shape[2]
     dev = w1.device
-    shapes = fp8_weight_shapes(E, F1, H, F)
+    shapes = fp8_weight_shapes(E, F1, H, F, code)
     out = tuple(torch.empty(shape, dtype=dtype, device=dev)
                 for shape, dtype in zip(shapes, (_FP8, _F32) * 2))  # fmt: skip
     if E == 0:
@@ -593,7 +599,7 @@ def _quantize_weights_op(
 @_quantize_weights_op.register_fake
 def _quantize_weights_fake(w1, w2, recipe):
     E, F1, H = w1.shape
-    shapes = fp8_weight_shapes(E, F1, H, w2.shape[2])
+    shapes = fp8_weight_shapes(E, F1, H, w2.shape[2], _parse_recipe(recipe, "quantize_weights"))
     return tuple(w1.new_empty(shape, dtype=dtype) for shape, dtype in zip(shapes, (_FP8, _F32) * 2))
 
 
@@ -742,7 +748,7 @@ def grouped_mlp(
         recipe: "bf16" (bf16 GEMM operands), "fp8_block" or "fp8_block_pow2" (the forward's
             GEMMs on E4M3 operands with fp32 scales per 1 x 128 block of x and of the activation
             and per 128 x 128 block of the weights; "_pow2" rounds the scales up to powers of
-            two). FP8 needs a Hopper GPU (sm_90a), hidden and ffn multiples of 128 and the
+            two), or "fp8_tensor" (one scale per tensor, per expert matrix for the weights). FP8 needs a Hopper GPU (sm_90a), hidden and ffn multiples of 128 and the
             halves GLU layout. The backward is the BF16 backward in every recipe: the same
             gradients, from the bf16 x, w1, w2 and the saved pre-activation.
         fp8_weights: for an FP8 recipe, (w1_fp8, w1_scales, w2_fp8, w2_scales) as
@@ -804,7 +810,7 @@ def grouped_mlp(
         fp8 = None
         if entry[3]:  # an FP8 recipe: the quantized weights given (checked), or quantized now
             if fp8_weights is not None:
-                check_fp8_weights(fp8_weights, w1, w2, x)
+                check_fp8_weights(fp8_weights, w1, w2, x, entry[3])
                 fp8 = fp8_weights
             elif T:
                 fp8 = _quantize_impl(w1.detach(), w2.detach(), entry[3])
@@ -846,7 +852,7 @@ def grouped_mlp(
     if code:
         _check_fp8_layer(x.shape[1], w2.shape[2], layout, glu)
         if fp8_weights is not None:
-            check_fp8_weights(fp8_weights, w1, w2, x)
+            check_fp8_weights(fp8_weights, w1, w2, x, code)
     elif fp8_weights is not None:
         _fail("fp8_weights", "is for the FP8 recipes; recipe is 'bf16'")
     if accumulate_main_grad:
