@@ -122,8 +122,9 @@ gmjit::Recipe recipe_from_c(const gmjit_recipe& field) {
     case GMJIT_RECIPE_FP8_TENSOR:
       return gmjit::Recipe::fp8_tensor();
     default:
+      // std::to_string, not fmt: GCC 13's -Warray-bounds misfires on fmt's digit copy here.
       throw gmjit::Error(gmjit::Status::invalid_argument,
-                         fmt::format("argument 'recipe': {} is not a valid value", number));
+                         "argument 'recipe': " + std::to_string(number) + " is not a valid value");
   }
 }
 
