@@ -52,13 +52,16 @@ KernelSource fc1_dgrad(const GroupedMlpBackwardDesc& desc) {
 KernelSource wgrad(KernelRole role, const GroupedMlpBackwardDesc& desc, std::int64_t rows,
                    std::int64_t cols) {
   const LayerSpec& layer = desc.layer;
-  KernelRequest r =
-      request(role, desc,
-              entry_name(role == KernelRole::wgrad_w2 ? "wgrad_w2" : "wgrad_w1", layer,
-                         fmt::format("_{}x{}", rows, cols)),
-              fmt::format("  static constexpr int experts = {}, rows = {}, cols = {};\n"
-                          "  static constexpr bool split_int64 = {};\n",
-                          layer.experts, rows, cols, layer.split_dtype == DType::i64));
+  KernelRequest r = request(
+      role, desc,
+      entry_name(
+          role == KernelRole::wgrad_w2 ? "wgrad_w2" : "wgrad_w1", layer,
+          fmt::format("_{}x{}{}", rows, cols, desc.outputs.bf16_weight_grads ? "_bf16" : "")),
+      fmt::format("  static constexpr int experts = {}, rows = {}, cols = {};\n"
+                  "  static constexpr bool split_int64 = {};\n",
+                  layer.experts, rows, cols, layer.split_dtype == DType::i64) +
+          // Only when set: fp32 kernels keep their source (and cache entries).
+          (desc.outputs.bf16_weight_grads ? "  static constexpr bool out_bf16 = true;\n" : ""));
   r.rows = rows;
   r.cols = cols;
   return families::emit_kernel(r);

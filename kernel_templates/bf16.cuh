@@ -9,6 +9,17 @@
 
 namespace gmjit::kt {
 
+// Weight-gradient kernels: Cfg::out_bf16 (when the Cfg has it and it is true) makes them write
+// bf16 instead of fp32 (no accumulation then); the fp32 Cfgs leave the field out.
+template <class Cfg, class = void>
+struct OutBf16 {
+  static constexpr bool value = false;
+};
+template <class Cfg>
+struct OutBf16<Cfg, decltype(void(Cfg::out_bf16))> {
+  static constexpr bool value = Cfg::out_bf16;
+};
+
 // A bf16 value as its bit pattern. Kept trivial so arrays of it alias global/shared memory.
 struct bf16 {
   unsigned short bits;

@@ -103,6 +103,12 @@ struct GroupedWgrad {
           if (kNTail && col0 + j * 8 >= kN) continue;
           float* o = out + r * kN + col0 + j * 8;
           float v0 = m.acc[i][j][half * 2], v1 = m.acc[i][j][half * 2 + 1];
+          if constexpr (OutBf16<Cfg>::value) {  // the same element offsets, 2-byte elements
+            store_bf16x2(reinterpret_cast<unsigned short*>(p.out) +
+                             (static_cast<long long>(g) * kM + r) * kN + col0 + j * 8,
+                         v0, v1);
+            continue;
+          }
           if (p.accumulate) {
             float o0, o1;
             asm volatile("ld.global.v2.f32 {%0, %1}, [%2];" : "=f"(o0), "=f"(o1) : "l"(o));

@@ -213,13 +213,20 @@ struct GroupedWgradSm90 {
   // Expert without rows (accumulate = 0): this warpgroup's rows of the tile become zeros.
   __device__ static void store_zeros(const Sm90WgradParams& p, const sm90::WgradTileInfo& ti,
                                      int wg) {
-    constexpr int kRows = Cfg::block_m / 2, kChunks = Cfg::block_n / 4;  // 16-byte chunks / row
-    float* out = p.plain.out + static_cast<long long>(ti.expert) * kM * kN;
+    // 16-byte chunks per row: 4 fp32 or 8 bf16 elements.
+    constexpr int kPerChunk = OutBf16<Cfg>::value ? 8 : 4;
+    constexpr int kRows = Cfg::block_m / 2, kChunks = Cfg::block_n / kPerChunk;
     const long long r0 = static_cast<long long>(ti.tile_m) * Cfg::block_m + wg * kRows;
     const int rows = kM - r0 < kRows ? static_cast<int>(kM - r0) : kRows;  // partial last M tile
     for (int i = static_cast<int>(threadIdx.x) & 127; i < rows * kChunks; i += 128) {
-      float* o = out + (r0 + i / kChunks) * kN + ti.tile_n * Cfg::block_n + (i % kChunks) * 4;
-      asm volatile("st.global.v4.f32 [%0], {%1, %1, %1, %1};" ::"l"(o), "f"(0.0f) : "memory");
+      const long long e = (static_cast<long long>(ti.expert) * kM + r0 + i / kChunks) * kN +
+                          ti.tile_n * Cfg::block_n + (i % kChunks) * kPerChunk;
+      if constexpr (OutBf16<Cfg>::value) {
+        store_zero16(reinterpret_cast<unsigned short*>(p.plain.out) + e);
+      } else {
+        asm volatile("st.global.v4.f32 [%0], {%1, %1, %1, %1};" ::"l"(p.plain.out + e), "f"(0.0f)
+                     : "memory");
+      }
     }
   }
 
@@ -241,7 +248,13 @@ struct GroupedWgradSm90 {
         const long long r = static_cast<long long>(ti.tile_m) * Cfg::block_m +
                             (wg * S::mt + m) * 64 + wq * 16 + (lane >> 2) + 8 * h;
         float* o = out + r * kN + col0;
-        if (p.plain.accumulate) {
+        if constexpr (OutBf16<Cfg>::value) {  // the same element offsets, 2-byte elements
+          unsigned short* ob = reinterpret_cast<unsigned short*>(p.plain.out) +
+                               (static_cast<long long>(ti.expert) * kM + r) * kN + col0;
+#pragma unroll
+          for (int j = 0; j < S::regs / 4; ++j)
+            store_bf16x2(ob + 8 * j, acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
+        } else if (p.plain.accumulate) {
 #pragma unroll
           for (int j0 = 0; j0 < S::regs / 4; j0 += 8) {
             float prev[16];  // 8 loads in flight, then the adds and stores

@@ -19,10 +19,12 @@ namespace {
 void zero_gradients(const BackwardArgs& args, CUstream stream) {
   for (const TensorRef* t : {&args.dw1, &args.db1, &args.dw2, &args.db2}) {
     if (!t->present() || args.accumulate) continue;
-    engine::check_driver(
-        engine::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t->data), 0,
-                                          static_cast<std::size_t>(t->numel()), stream),
-        "cuMemsetD32Async(weight gradient)");
+    const auto ptr = reinterpret_cast<CUdeviceptr>(t->data);
+    const auto count = static_cast<std::size_t>(t->numel());
+    engine::check_driver(t->dtype == DType::bf16
+                             ? engine::driver().cuMemsetD16Async(ptr, 0, count, stream)
+                             : engine::driver().cuMemsetD32Async(ptr, 0, count, stream),
+                         "cuMemsetAsync(weight gradient)");
   }
 }
 

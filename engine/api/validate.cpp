@@ -194,13 +194,21 @@ GradientSet validate_backward(const ForwardContext& context, const Recipe& recip
   if (!layer.fc1_bias) check_absent("db1", args.db1, "fc1_bias");
   if (!layer.fc2_bias) check_absent("db2", args.db2, "fc2_bias");
   check_optional("dx", args.dx, DType::bf16, {T, H}, device);
-  check_optional("dw1", args.dw1, DType::f32, {E, F1, H}, device);
+  // Weight gradients are fp32, or both bf16 (the weights' dtype, without accumulation).
+  const bool bf16_weight_grads = (args.dw1.present() && args.dw1.dtype == DType::bf16) ||
+                                 (args.dw2.present() && args.dw2.dtype == DType::bf16);
+  if (bf16_weight_grads && args.accumulate) {
+    fail(args.dw1.present() && args.dw1.dtype == DType::bf16 ? "dw1" : "dw2",
+         "is bfloat16, but accumulate adds into float32 main-grad buffers; pass float32 ones");
+  }
+  const DType weight_grad_dtype = bf16_weight_grads ? DType::bf16 : DType::f32;
+  check_optional("dw1", args.dw1, weight_grad_dtype, {E, F1, H}, device);
   check_optional("db1", args.db1, DType::f32, {E, F1}, device);
-  check_optional("dw2", args.dw2, DType::f32, {E, H, F}, device);
+  check_optional("dw2", args.dw2, weight_grad_dtype, {E, H, F}, device);
   check_optional("db2", args.db2, DType::f32, {E, H}, device);
   check_optional("dprobs", args.dprobs, DType::f32, {T}, device);
-  return GradientSet{args.dx.present(), args.dw1.present(), args.db1.present(), args.dw2.present(),
-                     args.db2.present()};
+  return GradientSet{args.dx.present(),  args.dw1.present(), args.db1.present(),
+                     args.dw2.present(), args.db2.present(), bf16_weight_grads};
 }
 
 }  // namespace gmjit::engine

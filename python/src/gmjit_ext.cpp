@@ -193,7 +193,7 @@ void backward(const Layer& layer, std::int64_t tokens, int device, std::uintptr_
               std::uintptr_t b2, std::uintptr_t probs, std::uintptr_t saved_preact,
               std::uintptr_t dx, std::uintptr_t dw1, std::uintptr_t db1, std::uintptr_t dw2,
               std::uintptr_t db2, std::uintptr_t dprobs, bool accumulate, std::uintptr_t stream,
-              int recipe) {
+              int recipe, bool bf16_weight_grads) {
   using gmjit::DType;
   // The forward's recipe (its context's options_key); every recipe's backward is BF16's.
   const gmjit::Recipe& r = recipe_of(recipe);
@@ -218,9 +218,11 @@ void backward(const Layer& layer, std::int64_t tokens, int device, std::uintptr_
   args.probs = ref(probs, DType::f32, {T}, dev);
   args.saved_preact = ref(saved_preact, DType::bf16, {T, F1}, dev);
   args.dx = ref(dx, DType::bf16, {T, H}, dev);
-  args.dw1 = ref(dw1, DType::f32, {E, F1, H}, dev);
+  // dW1, dW2 in bf16 (the weights' dtype) or fp32.
+  const DType weight_grad = bf16_weight_grads ? DType::bf16 : DType::f32;
+  args.dw1 = ref(dw1, weight_grad, {E, F1, H}, dev);
   args.db1 = ref(db1, DType::f32, {E, F1}, dev);
-  args.dw2 = ref(dw2, DType::f32, {E, H, F}, dev);
+  args.dw2 = ref(dw2, weight_grad, {E, H, F}, dev);
   args.db2 = ref(db2, DType::f32, {E, H}, dev);
   args.dprobs = ref(dprobs, DType::f32, {T}, dev);
   args.accumulate = accumulate;
@@ -339,9 +341,10 @@ NB_MODULE(_C, m) {
         nb::arg("dy"), nb::arg("x"), nb::arg("split_sizes"), nb::arg("w1"), nb::arg("w2"),
         nb::arg("b2"), nb::arg("probs"), nb::arg("saved_preact"), nb::arg("dx"), nb::arg("dw1"),
         nb::arg("db1"), nb::arg("dw2"), nb::arg("db2"), nb::arg("dprobs"), nb::arg("accumulate"),
-        nb::arg("stream"), nb::arg("recipe") = 0,
+        nb::arg("stream"), nb::arg("recipe") = 0, nb::arg("bf16_weight_grads") = false,
         "Backward of a grad-enabled forward; gradients given as 0 are not computed. `recipe` "
-        "is the forward's recipe code (0 bf16, 1 fp8_block, 2 fp8_block_pow2).");
+        "is the forward's recipe code (0 bf16, 1 fp8_block, 2 fp8_block_pow2, 3 fp8_tensor); "
+        "bf16_weight_grads: dw1 and dw2 are bf16 (no accumulation), else fp32.");
   m.def("forward_fp8", &forward_fp8, nb::arg("layer"), nb::arg("recipe"), nb::arg("tokens"),
         nb::arg("device"), nb::arg("x"), nb::arg("split_sizes"), nb::arg("w1_fp8"),
         nb::arg("w1_scales"), nb::arg("w2_fp8"), nb::arg("w2_scales"), nb::arg("b1"), nb::arg("b2"),

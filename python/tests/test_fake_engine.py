@@ -70,9 +70,10 @@ class StandIn:
                 start += n
 
     def backward(self, L, T, device, dy, x, split, w1, w2, b2, probs, saved, dx, dw1, db1, dw2,
-                 db2, dprobs, accumulate, stream):  # fmt: skip
+                 db2, dprobs, accumulate, stream, recipe=0, bf16_weight_grads=False):  # fmt: skip
         self.calls.append(("backward", tuple(bool(p) for p in (dx, dw1, db1, dw2, db2, dprobs)),
                            accumulate))  # fmt: skip
+        self.bf16_weight_grads = bf16_weight_grads
         args = (L, T, dy, x, split, w1, w2, b2, probs, saved, dx, dw1, db1, dw2, db2, dprobs,
                 accumulate)  # fmt: skip
         # The custom op's backward runs below autograd's dispatch key (thread-local state):
@@ -119,11 +120,13 @@ class StandIn:
             gw1[e] = dh[start : start + n].T @ xd[start : start + n]
             gb1[e] = dh[start : start + n].sum(0)
             start += n
+        # The engine writes dW1, dW2 in bf16 when asked (never while accumulating).
+        wdt = torch.bfloat16 if getattr(self, "bf16_weight_grads", False) else torch.float32
         for address, grad, dtype, shape in (
             (dx, gx, torch.bfloat16, (T, L.H)),
-            (dw1, gw1, torch.float32, (L.E, L.F1, L.H)),
+            (dw1, gw1, wdt, (L.E, L.F1, L.H)),
             (db1, gb1, torch.float32, (L.E, L.F1)),
-            (dw2, w2d.grad, torch.float32, (L.E, L.H, L.F)),
+            (dw2, w2d.grad, wdt, (L.E, L.H, L.F)),
             (db2, b2d.grad if b2d is not None else None, torch.float32, (L.E, L.H)),
             (dprobs, pd.grad if pd is not None else None, torch.float32, (T,)),
         ):

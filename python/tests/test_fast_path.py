@@ -104,15 +104,17 @@ def test_zero_tokens_launch_nothing(rec):
     assert y.shape == (0, H) and rec.calls == []
 
 
-def test_grad_call_saves_the_preactivation_and_backward_gets_fp32_buffers(rec):
+def test_grad_call_saves_the_preactivation_and_backward_gets_bf16_weight_gradients(rec):
     a = args()
     a["w2"].requires_grad_()
     y = grouped_mlp(**a)
     assert y.requires_grad and rec.calls[-1][0] == "forward" and rec.calls[-1][-2] != 0
     y.backward(torch.ones_like(y))
-    kind, layer, tokens, device, *ptrs, accumulate, stream = rec.calls[-1]
+    # bf16 weights: the engine writes dW in bf16 (recipe code 0, bf16_weight_grads True).
+    kind, layer, tokens, device, *ptrs, accumulate, stream, recipe, bf16_grads = rec.calls[-1]
     dx, dw1, db1, dw2, db2, dprobs = ptrs[-6:]
     assert kind == "backward" and not accumulate and stream == 1234
+    assert recipe == 0 and bf16_grads
     assert (dx, dw1, db1, db2, dprobs) == (0, 0, 0, 0, 0) and dw2 != 0
     assert a["w2"].grad.dtype == BF and a["w2"].grad.shape == a["w2"].shape
 

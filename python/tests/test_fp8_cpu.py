@@ -43,7 +43,7 @@ def fp8_weights(glu=True, **over):
 
 
 BAD_FP8_CALLS = [
-    (dict(recipe="fp8"), r"'recipe' must be one of \['bf16', 'fp8_block', 'fp8_block_pow2'\]"),
+    (dict(recipe="fp8"), r"'recipe' must be one of \['bf16', 'fp8_block', 'fp8_block_pow2', 'fp8_tensor'\]"),
     (dict(recipe=None), r"'recipe' must be one of"),
     (dict(recipe="fp8_block", x=torch.randn(T, 64, dtype=BF),
           w1=torch.randn(E, 2 * F, 64, dtype=BF), w2=torch.randn(E, 64, F, dtype=BF)),
@@ -165,7 +165,7 @@ def test_fake_backward_takes_the_recipe_and_gives_the_bf16_gradients():
             "halves", 7.0, 1.702, False, [True, True, False, True, False, False], "fp8_block")  # fmt: skip
     dx, dw1, _, dw2, _, _ = grads
     assert dx.shape == (T, H) and dx.dtype == BF
-    assert dw1.shape == (E, 2 * F, H) and dw2.shape == (E, H, F) and dw2.dtype == F32
+    assert dw1.shape == (E, 2 * F, H) and dw2.shape == (E, H, F) and dw2.dtype == BF
 
 
 def test_fp8_module_works_on_the_meta_device():
@@ -265,8 +265,8 @@ class Fp8StandIn(StandIn):
         self.calls[-1] = ("forward_fp8", recipe, bool(saved))
 
     def backward(self, *a):
-        recipe = a[19] if len(a) == 20 else 0
-        super().backward(*a[:19])
+        recipe = a[19] if len(a) >= 20 else 0
+        super().backward(*a[:19], 0, a[20] if len(a) == 21 else False)
         self.calls[-1] = self.calls[-1] + (recipe,)
 
 

@@ -144,6 +144,31 @@ INSTANTIATE_TEST_SUITE_P(
              192}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// bf16 weight gradients (what autograd hands back for bf16 weights): the wgrad kernels of both
+// families compile with Cfg::out_bf16 and name it; the fp32 ones keep their source.
+TEST(NvrtcCompile, Bf16WeightGradientKernels) {
+  for (const char* arch : {"sm_90a", "sm_80"}) {
+    for (std::int64_t width : {std::int64_t{512}, std::int64_t{200}}) {
+      Case c{"bf16", arch, Activation::swiglu, GluLayout::halves, true, true, width, width};
+      GradientSet bf16;
+      bf16.bf16_weight_grads = true;
+      const auto with = emit_grouped_mlp_backward({c.layer(4), bf16, arch, false});
+      const auto without = emit_grouped_mlp_backward({c.layer(4), GradientSet{}, arch, false});
+      ASSERT_EQ(with.size(), without.size());
+      for (std::size_t i = 0; i < with.size(); ++i) {
+        const bool wgrad =
+            with[i].role == KernelRole::wgrad_w1 || with[i].role == KernelRole::wgrad_w2;
+        EXPECT_EQ(with[i].source.find("out_bf16") != std::string::npos, wgrad) << with[i].entry;
+        EXPECT_EQ(without[i].source.find("out_bf16"), std::string::npos) << without[i].entry;
+        if (wgrad) {
+          EXPECT_NE(with[i].entry, without[i].entry);
+          EXPECT_GT(compile_to_cubin(with[i], arch, "test").cubin.size(), 1000u) << with[i].entry;
+        }
+      }
+    }
+  }
+}
+
 // The op-by-op activation kernel: the smallest kernel the library emits.
 KernelSource small_kernel() {
   return emit_activation({ActivationSpec{}, 128, true});

@@ -85,8 +85,21 @@ TEST(BackwardValidation, BiasGradientForALayerWithoutBiasIsRejected) {
 
 TEST(BackwardValidation, WrongGradientDtypeIsRejected) {
   Fixture f;
-  f.args.dw2.dtype = DType::bf16;
+  f.args.dw2.dtype = DType::i32;
   expect_rejected(f, "'dw2'");
+}
+
+TEST(BackwardValidation, Bf16WeightGradientsAreBothBf16AndNeverAccumulated) {
+  Fixture both;
+  both.args.dw1.dtype = both.args.dw2.dtype = DType::bf16;
+  EXPECT_TRUE(validate_backward(both.context, Recipe::bf16(), both.args).bf16_weight_grads);
+  Fixture mixed;
+  mixed.args.dw2.dtype = DType::bf16;  // dw1 stays fp32
+  expect_rejected(mixed, "'dw1'");
+  Fixture accumulating;
+  accumulating.args.dw1.dtype = accumulating.args.dw2.dtype = DType::bf16;
+  accumulating.args.accumulate = true;
+  expect_rejected(accumulating, "accumulate");
 }
 
 TEST(BackwardValidation, ADifferentRecipeIsRejected) {

@@ -8,6 +8,7 @@
 
 #include "engine/runtime/driver.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
+#include "tests/gpu/training_layer.hpp"
 
 namespace gmjit::testing {
 namespace {
@@ -210,6 +211,49 @@ TEST_P(BackwardMatchesFloat64Reference, EveryGradientWithinBf16Bounds) {
 
 INSTANTIATE_TEST_SUITE_P(Layers, BackwardMatchesFloat64Reference, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
+
+// bf16 weight gradients (what autograd hands back for bf16 weights) are the fp32 ones rounded
+// once: the same kernel writes the same fp32 sums in the weights' dtype, bit for bit. On the
+// Hopper and the portable kernels, the latter with widths that end in partial tiles, and with an
+// empty expert (whose gradient is zero).
+TEST(Bf16WeightGradients, AreTheFp32OnesRoundedOnce) {
+  GMJIT_REQUIRE_GPU();
+  for (const bool portable : {false, true}) {
+    for (const std::int64_t width : {std::int64_t{384}, std::int64_t{200}}) {
+      LayerSpec l;
+      l.experts = 4;
+      l.hidden = width;
+      l.ffn = width == 384 ? 320 : 136;
+      l.fc1_bias = l.fc2_bias = l.router_probs = true;
+      TrainingLayer t(make_host_layer(l, {100, 0, 157, 43}, 320, 5));
+      Engine engine(EngineOptions{.portable_kernels_only = portable});
+      const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
+      auto run = [&](const BackwardArgs& grads) {
+        const ForwardContext ctx = engine.forward(l, Recipe::bf16(), t.device.args, GradMode::grad);
+        engine.backward(ctx, Recipe::bf16(), grads);
+      };
+      run(t.grads);
+      std::vector<float> dw1(E * F1 * H), dw2(E * H * F);
+      t.dw1.download(std::as_writable_bytes(std::span(dw1)));
+      t.dw2.download(std::as_writable_bytes(std::span(dw2)));
+      engine::DeviceContext& ctx = engine::DeviceRegistry::instance().get(0);
+      engine::DeviceBuffer b1(ctx, E * F1 * H * 2), b2(ctx, E * H * F * 2);
+      b1.fill_bytes(0xFF);
+      b2.fill_bytes(0xFF);
+      BackwardArgs grads = t.grads;
+      const Device dev{Device::Kind::cuda, 0};
+      grads.dw1 = make_tensor(b1.data(), DType::bf16, {E, F1, H}, dev);
+      grads.dw2 = make_tensor(b2.data(), DType::bf16, {E, H, F}, dev);
+      run(grads);
+      for (const auto& [fp32, bf16] : {std::pair{&dw1, &b1}, std::pair{&dw2, &b2}}) {
+        const auto got = DeviceLayer::download(*bf16, static_cast<std::int64_t>(fp32->size()));
+        std::int64_t differ = 0;
+        for (std::size_t i = 0; i < got.size(); ++i) differ += got[i] != to_bf16((*fp32)[i]);
+        EXPECT_EQ(differ, 0) << "portable " << portable << " width " << width;
+      }
+    }
+  }
+}
 
 TEST(RecomputeOnGpu, EightStepsBuildTwoForwardPlansAndOneBackwardPlanThenOnlyHit) {
   GMJIT_REQUIRE_GPU();

@@ -352,12 +352,19 @@ def _backward_impl(
     wanted: Sequence[bool],
     recipe: int = 0,
 ) -> list[Optional[Tensor]]:
-    """The gradients in GRAD_NAMES order (weight and bias gradients fp32); None for those not
-    wanted. `recipe`: the forward's (every recipe's backward is BF16's)."""
+    """The gradients in GRAD_NAMES order (weight gradients in the weights' dtype, bias gradients
+    fp32); None for those not wanted. `recipe`: the forward's (every recipe's backward is
+    BF16's)."""
     layer = _layer(x, split_sizes, w1, w2, True if has_b1 else None, b2, probs, act, layout,
                    limit, alpha)  # fmt: skip
     return list(_run_backward(layer, dy, x, split_sizes, w1, w2, b2, probs, saved_preact, wanted,
-                              _NO_MAINS, recipe))  # fmt: skip
+                              _NO_MAINS, recipe, _bf16_weights(w1, w2)))  # fmt: skip
+
+
+def _bf16_weights(w1: Tensor, w2: Tensor) -> bool:
+    """Whether the kernels write dW1 and dW2 in bf16 (the weights' dtype, what autograd wants)
+    rather than fp32: saves the fp32 buffers and the cast, a pass over 6 bytes per weight."""
+    return w1.dtype == _BF16 and w2.dtype == _BF16
 
 
 _NO_MAINS = (None, None, None, None)
@@ -376,10 +383,12 @@ def _run_backward(
     wanted: Sequence[bool],
     main_grads: Sequence[Optional[Tensor]],
     recipe: int = 0,
+    bf16_weights: bool = False,
 ) -> tuple[Optional[Tensor], ...]:
     """The engine's backward: the gradients in GRAD_NAMES order, None for those not wanted.
 
-    Weight and bias gradients are fp32. Where `main_grads` (for dw1, db1, dw2, db2) holds a
+    Weight and bias gradients are fp32, dW1 and dW2 bf16 with `bf16_weights` when nothing is
+    accumulated. Where `main_grads` (for dw1, db1, dw2, db2) holds a
     buffer, that gradient is added into it and None is returned in its place. `recipe` is the
     forward's code (the engine checks it against the forward's; the backward is BF16's).
     """
@@ -388,16 +397,18 @@ def _run_backward(
     # With accumulation on, the engine adds into every weight gradient it is given, so the
     # ones without a main-grad buffer start from zeros (as they do for zero tokens).
     zeros = accumulate or not T
+    bf16_weights = bf16_weights and not accumulate
+    w_dtype = _BF16 if bf16_weights else _F32
     like = torch.zeros_like if zeros else _empty_like
     cf = torch.contiguous_format
     m1, mb1, m2, mb2 = main_grads
     dx = _empty_like(x, memory_format=cf) if wanted[0] else None
-    dw1 = like(w1, dtype=_F32, memory_format=cf) if wanted[1] and m1 is None else None
+    dw1 = like(w1, dtype=w_dtype, memory_format=cf) if wanted[1] and m1 is None else None
     db1 = None
     if wanted[2] and mb1 is None:
         E, F1 = w1.shape[:2]
         db1 = (torch.zeros if zeros else torch.empty)(E, F1, dtype=_F32, device=x.device)
-    dw2 = like(w2, dtype=_F32, memory_format=cf) if wanted[3] and m2 is None else None
+    dw2 = like(w2, dtype=w_dtype, memory_format=cf) if wanted[3] and m2 is None else None
     db2 = like(b2, dtype=_F32, memory_format=cf) if wanted[4] and mb2 is None else None
     dprobs = _empty_like(probs, memory_format=cf) if wanted[5] else None
     if not T:
@@ -417,8 +428,8 @@ def _run_backward(
             0 if not wanted[4] else (mb2 if mb2 is not None else db2).data_ptr(),
             0 if dprobs is None else dprobs.data_ptr(), accumulate,
             _current_stream(d))  # fmt: skip
-    if recipe:
-        _C.backward(*args, recipe)
+    if recipe or bf16_weights:
+        _C.backward(*args, recipe, bf16_weights)
     else:
         _C.backward(*args)
     return dx, dw1, db1, dw2, db2, dprobs
@@ -493,7 +504,7 @@ def _grouped_mlp_backward_op(
     grads = _backward_impl(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, act, layout,
                            limit, alpha, has_b1, wanted, _parse_recipe(recipe))  # fmt: skip
     # Not-wanted gradients: empty, with the dtype the fake implementation reports.
-    dtypes = (_BF16, _F32, _F32, _F32, _F32, _F32)
+    dtypes = _backward_dtypes(w1, w2)
     return tuple(g if g is not None else x.new_empty((0,), dtype=dtypes[i])
                  for i, g in enumerate(grads))  # fmt: skip
 
@@ -506,8 +517,14 @@ def _grouped_mlp_backward_fake(dy, x, split_sizes, w1, w2, b2, probs, saved_prea
     E, F1, _ = w1.shape
     F = w2.shape[2]
     shapes = ((T, H), (E, F1, H), (E, F1), (E, H, F), (E, H), (T,))
-    dtypes = (_BF16, _F32, _F32, _F32, _F32, _F32)
+    dtypes = _backward_dtypes(w1, w2)
     return tuple(x.new_empty(shapes[i] if wanted[i] else (0,), dtype=dtypes[i]) for i in range(6))
+
+
+def _backward_dtypes(w1: Tensor, w2: Tensor) -> tuple[torch.dtype, ...]:
+    """dtypes of (dx, dw1, db1, dw2, db2, dprobs) from the backward op."""
+    w = _BF16 if _bf16_weights(w1, w2) else _F32
+    return (_BF16, w, _F32, w, _F32, _F32)
 
 
 def _wanted(needs: Sequence[bool]) -> list[bool]:
@@ -685,8 +702,9 @@ class _GroupedMLPFunction(torch.autograd.Function):
         wanted = (n[0], n[2], n[4], n[3], n[5], n[6])
         if params is None:
             dx, dw1, db1, dw2, db2, dprobs = _run_backward(
-                layer, dy, x, split_sizes, w1, w2, b2, probs, saved, wanted, _NO_MAINS, recipe)
-            # fp32 weight gradients: autograd casts them to the weights' dtype.
+                layer, dy, x, split_sizes, w1, w2, b2, probs, saved, wanted, _NO_MAINS, recipe,
+                _bf16_weights(w1, w2))
+            # Weight gradients in the weights' dtype (bf16), or fp32 that autograd casts.
             return dx, None, dw1, dw2, db1, db2, dprobs, None, None, None
         mains = _main_grad_buffers(True, params, wanted[1:5])
         dx, dw1, db1, dw2, db2, dprobs = _run_backward(
