@@ -67,9 +67,9 @@ struct BackwardArgs {
   TensorRef x, split_sizes, w1, w2, b2, probs, saved_preact;
   // Gradients: give the ones you need; absent ones are not computed.
   TensorRef dx;             // [T, H] bf16
-  TensorRef dw1;            // [E, F1, H] fp32
+  TensorRef dw1;            // [E, F1, H] fp32, or bf16 (then dw2 too, and no accumulate)
   TensorRef db1;            // [E, F1] fp32 (layer with fc1_bias)
-  TensorRef dw2;            // [E, H, F] fp32
+  TensorRef dw2;            // [E, H, F] fp32, or bf16 like dw1
   TensorRef db2;            // [E, H] fp32 (layer with fc2_bias)
   TensorRef dprobs;         // [T] fp32 (layer with router_probs)
   bool accumulate = false;  // add into dw1/db1/dw2/db2 (fp32 main-grad buffers)
