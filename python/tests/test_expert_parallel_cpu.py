@@ -80,3 +80,17 @@ def test_arguments():
         ep_common.ExpertParallelMoE(64, 64, 4, 5, distributed=False, experts="torch")
     with pytest.raises(ValueError, match="experts"):
         ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, experts="nope")
+
+
+def test_fp8_recipes_are_checked_when_the_layer_is_built():
+    from gmjit.torch import ExpertParallelMoE
+
+    m = ExpertParallelMoE(256, 128, 4, 2, distributed=False, recipe="fp8_block", device="meta")
+    assert m.recipe == "fp8_block"
+    with pytest.raises(ValueError, match="multiples"):
+        ExpertParallelMoE(200, 128, 4, 2, distributed=False, recipe="fp8_block", device="meta")
+    with pytest.raises(ValueError, match="needs experts='gmjit'"):
+        ExpertParallelMoE(256, 128, 4, 2, distributed=False, recipe="fp8_tensor",
+                          experts="torch", device="meta")  # fmt: skip
+    with pytest.raises(ValueError, match="recipe"):
+        ExpertParallelMoE(256, 128, 4, 2, distributed=False, recipe="int8", device="meta")

@@ -35,7 +35,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from gmjit.torch._op import GLU_ACTIVATIONS, _parse_options
+from gmjit.torch._op import (GLU_ACTIVATIONS, GLU_LAYOUTS, _check_fp8_layer, _parse_options,
+                             _parse_recipe)
 
 __all__ = ["ExpertParallelMoE", "all_to_all", "torch_experts", "grouped_mm_experts"]
 
@@ -159,6 +160,9 @@ class ExpertParallelMoE(nn.Module):
         experts: "gmjit" (default: `gmjit.torch.grouped_mlp`), "grouped_mm" (torch._grouped_mm),
             "torch" (a plain loop, fp32; works on the CPU) or a function
             experts(x, split_sizes, w1, w2, b1, b2) -> y over the local experts.
+        recipe: "bf16", or an FP8 recipe of `gmjit.torch.grouped_mlp` ("fp8_block",
+            "fp8_block_pow2", "fp8_tensor"; experts="gmjit", hidden and ffn multiples of 128):
+            the local experts' forward in FP8, their weights quantized in each call.
         seed: expert e's weights are drawn from a generator seeded with (seed, e) and the
             router's from (seed, -1), so every rank (and a single-process layer with the same
             seed) agrees on the full layer while drawing only its own experts. None: a seed is
@@ -183,6 +187,7 @@ class ExpertParallelMoE(nn.Module):
         bias: bool = False,
         renormalize: bool = True,
         experts: str | ExpertsFn = "gmjit",
+        recipe: str = "bf16",
         seed: Optional[int] = None,
         profile: bool = False,
         dtype: torch.dtype = torch.bfloat16,
@@ -190,6 +195,13 @@ class ExpertParallelMoE(nn.Module):
     ) -> None:
         super().__init__()
         _parse_options(activation, glu_layout)
+        if _parse_recipe(recipe, "ExpertParallelMoE"):
+            if experts != "gmjit":
+                raise ValueError(f"ExpertParallelMoE: recipe {recipe!r} needs experts='gmjit', "
+                                 f"got {experts!r}")  # fmt: skip
+            _check_fp8_layer(hidden, ffn, GLU_LAYOUTS[glu_layout],
+                             activation in GLU_ACTIVATIONS, "ExpertParallelMoE")  # fmt: skip
+        self.recipe = recipe
         if distributed and dist.is_available() and dist.is_initialized():
             self.group = group if group is not None else dist.group.WORLD
             self.world_size = dist.get_world_size(self.group)
@@ -242,8 +254,12 @@ class ExpertParallelMoE(nn.Module):
         if experts == "gmjit":
             from gmjit.torch._op import grouped_mlp
 
+            recipe = self.recipe
+
+            # FP8 recipes quantize the local experts' weights in the call (the op's default when
+            # no quantized weights are given).
             def gmjit_experts(x, split_sizes, w1, w2, b1=None, b2=None):
-                return grouped_mlp(x, split_sizes, w1, w2, b1, b2, None, *opts)
+                return grouped_mlp(x, split_sizes, w1, w2, b1, b2, None, *opts, recipe=recipe)
 
             return gmjit_experts
         raise ValueError(f"ExpertParallelMoE: experts must be 'gmjit', 'grouped_mm', 'torch' or "
