@@ -24,7 +24,8 @@ namespace gmjit::kt {
 // Hopper (sm_90a) grouped GEMM, used by Fc1Sm90 / Fc2Sm90 (sm90_mlp_fwd.cuh): the portable block
 // GroupedGemmParams (`plain`, at byte 256) after two TMA descriptors (CUtensorMap, 128 opaque bytes
 // each) encoded on the host by engine/families/tensor_maps.cpp (encode_sm90_gemm_maps):
-//   tmap_a  over a [tokens, K]: 2-D, box {64, block_m}, 128-byte swizzle, OOB rows zero-filled
+//   tmap_a  over a [tokens, K]: 2-D, box {64, 64} (a stage loads the boxes holding the tile's
+//           rows), 128-byte swizzle, OOB rows zero-filled
 //   tmap_b  over b [E, N_total, K]: 2-D over [E * N_total, K], box {64, block_n} (non-GLU), or
 //           4-D {K, inner, 2, outer} with box {64, ., 1, .} for the GLU gate/lin halves of W1
 // Passed by value as `const __grid_constant__` (the maps must stay in param space for TMA).
@@ -88,7 +89,7 @@ namespace gmjit::kt {
 // (plain.a = dpreact, plain.b = w1, plain.out = dx).
 
 // Fc2DgradSm90: the portable block Fc2DgradParams (`plain`, at byte 256), plus
-//   tmap_a  over dy [tokens, H]: box {64, block_m} (K-major A, as the forward)
+//   tmap_a  over dy [tokens, H]: box {64, 64} (K-major A, as the forward)
 //   tmap_b  over w2 as [E * H, F]: box {64, 64} (MN-major B, block_n / 64 boxes per stage)
 struct Sm90Fc2DgradParams {
   alignas(64) unsigned char tmap_a[128];

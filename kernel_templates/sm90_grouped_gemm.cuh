@@ -203,8 +203,14 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
       if (lane == 0 && rt.expert >= 0) {
         const unsigned int bar = r.full + 8 * stage;
         const unsigned int dst = r.base + stage * S::stage_bytes;
-        mbar_arrive_expect_tx(bar, S::stage_bytes);
-        tma_load_2d(dst, p.tmap_a, bar, kt * kBlockK, static_cast<int>(rt.row_begin));
+        // A in boxes of 64 rows, only those holding rows of the expert: a tile with a few rows
+        // (decode; an expert's last tile) reads less from L2. The rows of a box it skips keep
+        // stale data; their results are never stored.
+        const int a_boxes = static_cast<int>((rt.row_end - rt.row_begin + 63) / 64);
+        mbar_arrive_expect_tx(bar, a_boxes * 64 * 128 + S::b_stage_bytes);
+        for (int b = 0; b < a_boxes; ++b)
+          tma_load_2d(dst + b * 64 * 128, p.tmap_a, bar, kt * kBlockK,
+                      static_cast<int>(rt.row_begin) + 64 * b);
         Epi::load_b(p, dst + S::a_stage_bytes, bar, rt.expert, tile_n, kt * kBlockK);
       }
       __syncwarp();

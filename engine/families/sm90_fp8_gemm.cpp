@@ -65,7 +65,7 @@ void* bind_sm90_fp8_gemm(const CallTensors& call, const LoadedKernel& kernel,
                per_tensor ? reinterpret_cast<float*>(call.amax + 1) : call.act_scales,
                call.saved_preact,
                call.tokens};
-    encode_rows(p.tmap_a, call.x_fp8, call.tokens, H, static_cast<int>(shape.block_m));
+    encode_rows(p.tmap_a, call.x_fp8, call.tokens, H, 64);  // 64-row A boxes
     if (is_glu(l.activation.kind)) {
       // {K, F, 2, E}: gate rows [0, F), lin rows [F, 2F) of each expert; 128 rows per box.
       const cuuint64_t dims[4] = {static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(F), 2,
@@ -82,7 +82,7 @@ void* bind_sm90_fp8_gemm(const CallTensors& call, const LoadedKernel& kernel,
                call.w2_scales,   call.b2,         l.router_probs ? call.probs : nullptr,
                call.split_sizes, call.y,          nullptr,
                nullptr,          call.tokens};
-    encode_rows(p.tmap_a, call.act_fp8, call.tokens, F, static_cast<int>(shape.block_m));
+    encode_rows(p.tmap_a, call.act_fp8, call.tokens, F, 64);
     encode_rows(p.tmap_b, call.w2_fp8, E * H, F, static_cast<int>(shape.block_n));
   }
   return &p;

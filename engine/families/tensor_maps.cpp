@@ -82,7 +82,7 @@ CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOper
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(o.k),
                                 static_cast<cuuint64_t>(o.tokens > 0 ? o.tokens : 1)};
     const cuuint64_t strides[1] = {row_bytes};
-    const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(o.block_m)};
+    const cuuint32_t box[2] = {64, 64};  // A goes in 64-row boxes (produce_tiles)
     const CUresult r = encode_bf16(encode, params.tmap_a, o.a, 2, dims, strides, box);
     if (r != CUDA_SUCCESS) return r;
   }
@@ -128,7 +128,7 @@ CUresult encode_dgrad(TensorMapEncodeTiledFn encode, const Sm90DgradOperands& o,
   if (encode == nullptr || o.k <= 0 || o.k % 64 != 0 || o.n <= 0 || o.n % 64 != 0 ||
       o.experts <= 0 || o.tokens < 0 || (o.block_m != 128 && o.block_m != 256))
     return CUDA_ERROR_INVALID_VALUE;
-  const CUresult r = encode_2d(encode, tmap_a, o.a, o.tokens, o.k, o.block_m);
+  const CUresult r = encode_2d(encode, tmap_a, o.a, o.tokens, o.k, 64);  // 64-row A boxes
   if (r != CUDA_SUCCESS) return r;
   return encode_2d(encode, tmap_b, o.b, static_cast<long long>(o.experts) * o.k, o.n, 64);
 }

@@ -6,7 +6,7 @@
 // Every map is bf16, 128-byte swizzle, box inner dimension 64 elements (= block_k, 128 bytes),
 // out-of-bounds elements zero-filled. The kernel's smem layout and coordinates depend on these
 // exact shapes: change them only together with the template.
-//   A  [tokens, K]            2-D {K, tokens}, box {64, block_m}
+//   A  [tokens, K]            2-D {K, tokens}, box {64, 64} (block_m / 64 boxes per stage)
 //   B  kPlain                 2-D {K, E*N} over [E, N, K], box {64, block_n} (block_n 64, 128,
 //                             192 or 256; the GLU layouts: 128 or 256)
 //      kGluHalves             4-D {K, F, 2, E} (gate = rows [0, F), lin = rows [F, 2F)),
@@ -49,7 +49,7 @@ CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOper
 
 // ---- Backward (kernel_templates/sm90_mlp_bwd.cuh, sm90_grouped_wgrad.cuh) ----
 // Same map style (bf16, 128-byte swizzle, box inner extent 64, OOB zero-filled).
-//   dgrad A  [tokens, K]      2-D {K, tokens}, box {64, block_m}   (K-major, as the forward)
+//   dgrad A  [tokens, K]      2-D {K, tokens}, box {64, 64}        (K-major, as the forward)
 //   dgrad B  [E, K, N]        2-D {N, E*K}, box {64, 64}           (N-major W: 64 cols x 64 K rows)
 //   wgrad A  [tokens, M]      2-D {M, tokens}, box {64, 64}        (64 cols x 64 token rows)
 //   wgrad B  [tokens, N]      2-D {N, tokens}, box {64, 64}
