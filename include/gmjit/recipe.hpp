@@ -6,7 +6,7 @@
 namespace gmjit {
 
 enum class RecipeKind : std::uint8_t {
-  bf16,       // BF16 operands, fp32 accumulation
+  bf16,        // BF16 operands, fp32 accumulation
   fp8_block,   // E4M3 operands: activations scaled per 1 x 128 block along K, weights per
                // 128 x 128 block (DeepSeek-V3's recipe); fp32 scales and accumulation
   fp8_tensor,  // E4M3 operands with current per-tensor scaling: one scale per activation
