@@ -112,7 +112,7 @@ typedef struct gmjit_backward_args {
   const DLTensor* probs;
   const DLTensor* saved_preact;
   const DLTensor* dx;
-  const DLTensor* dw1;
+  const DLTensor* dw1; /* float32, or bfloat16 (then dw2 too, and accumulate = 0) */
   const DLTensor* db1;
   const DLTensor* dw2;
   const DLTensor* db2;
