@@ -19,6 +19,14 @@ void OptionsKey_OfAFreshlyBuiltRecipe(benchmark::State& state) {
 }
 BENCHMARK(OptionsKey_OfAFreshlyBuiltRecipe);
 
+// FP8 recipes hash one more field when built; reading the key is free either way.
+void OptionsKey_OfAFreshlyBuiltFp8BlockRecipe(benchmark::State& state) {
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(Recipe::fp8_block({.power_of_two_scales = true}).options_key());
+  }
+}
+BENCHMARK(OptionsKey_OfAFreshlyBuiltFp8BlockRecipe);
+
 void PlanKey_Make(benchmark::State& state) {
   const LayerSpec layer = testing::small_layer();
   const Recipe recipe = Recipe::bf16();
