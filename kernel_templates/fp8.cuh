@@ -34,14 +34,4 @@ __device__ __forceinline__ unsigned short pack_e4m3x2(float lo, float hi) {
   return r;
 }
 
-// Two E4M3 bytes (lo = bits 0..7) as floats, exactly.
-__device__ __forceinline__ void unpack_e4m3x2(unsigned short v, float& lo, float& hi) {
-  unsigned int h2;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(v));
-  unsigned short l16 = static_cast<unsigned short>(h2 & 0xFFFFu),
-                 h16 = static_cast<unsigned short>(h2 >> 16);
-  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(l16));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(h16));
-}
-
 }  // namespace gmjit::kt
