@@ -109,18 +109,36 @@ std::vector<KernelSource> emit_fp8_forward(const Fp8ForwardDesc& d) {
   return {quantize_x, fc1, fc2};
 }
 
-std::vector<KernelSource> emit_fp8_weight_quantizers(const Fp8ForwardDesc& d) {
+std::vector<KernelSource> emit_fp8_weight_quantizers(const Fp8ForwardDesc& d, bool transposed) {
   check_fp8_supported(d.layer, d.arch);
-  const std::int64_t E = d.layer.experts;
+  const std::int64_t E = d.layer.experts, H = d.layer.hidden, F = d.layer.ffn;
+  const std::int64_t F1 = d.layer.fc1_out();
+  std::vector<KernelSource> kernels;
   if (d.per_tensor) {
     const std::string suffix = fmt::format("_e{}{}", E, recipe_suffix(d));
-    return {tensor_pass(KernelRole::tensor_amax_w1, d, "gmjit_amax_w1" + suffix, E),
-            tensor_pass(KernelRole::tensor_quantize_w1, d, "gmjit_quantize_w1" + suffix, E),
-            tensor_pass(KernelRole::tensor_amax_w2, d, "gmjit_amax_w2" + suffix, E),
-            tensor_pass(KernelRole::tensor_quantize_w2, d, "gmjit_quantize_w2" + suffix, E)};
+    kernels = {tensor_pass(KernelRole::tensor_amax_w1, d, "gmjit_amax_w1" + suffix, E),
+               tensor_pass(KernelRole::tensor_quantize_w1, d, "gmjit_quantize_w1" + suffix, E),
+               tensor_pass(KernelRole::tensor_amax_w2, d, "gmjit_amax_w2" + suffix, E),
+               tensor_pass(KernelRole::tensor_quantize_w2, d, "gmjit_quantize_w2" + suffix, E)};
+  } else {
+    kernels = {weight_quantizer(KernelRole::quantize_w1, d, "w1", F1, H),
+               weight_quantizer(KernelRole::quantize_w2, d, "w2", H, F)};
   }
-  return {weight_quantizer(KernelRole::quantize_w1, d, "w1", d.layer.fc1_out(), d.layer.hidden),
-          weight_quantizer(KernelRole::quantize_w2, d, "w2", d.layer.hidden, d.layer.ffn)};
+  if (transposed) {
+    // The copies move the quantized bytes, so they run after the quantizers.
+    auto transpose = [&](KernelRole role, const char* name, std::int64_t rows, std::int64_t cols) {
+      return emit(role, d,
+                  fmt::format("gmjit_transpose_{}_e{}_{}x{}{}", name, E, rows, cols,
+                              d.per_tensor ? "_fp8t" : "_fp8b"),
+                  fmt::format("  static constexpr int experts = {}, rows = {}, cols = {};\n", E,
+                              rows, cols) +
+                      scaling_field(d),
+                  rows, cols);
+    };
+    kernels.push_back(transpose(KernelRole::transpose_w1, "w1", F1, H));
+    kernels.push_back(transpose(KernelRole::transpose_w2, "w2", H, F));
+  }
+  return kernels;
 }
 
 }  // namespace gmjit::codegen

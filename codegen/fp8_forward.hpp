@@ -27,7 +27,9 @@ void check_fp8_supported(const LayerSpec& layer, const std::string& arch);
 std::vector<KernelSource> emit_fp8_forward(const Fp8ForwardDesc& desc);
 
 // fp8_block: [quantize_w1, quantize_w2]; fp8_tensor: [tensor_amax_w1, tensor_quantize_w1,
-// tensor_amax_w2, tensor_quantize_w2].
-std::vector<KernelSource> emit_fp8_weight_quantizers(const Fp8ForwardDesc& desc);
+// tensor_amax_w2, tensor_quantize_w2]; `transposed` appends [transpose_w1, transpose_w2], the
+// copies the FP8 data gradients read.
+std::vector<KernelSource> emit_fp8_weight_quantizers(const Fp8ForwardDesc& desc,
+                                                     bool transposed = false);
 
 }  // namespace gmjit::codegen

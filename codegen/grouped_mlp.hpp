@@ -52,15 +52,26 @@ TileConfig choose_tile(const LayerSpec& layer, KernelRole role, std::string_view
 // sm90_gemm family's tile (codegen/families/sm90_gemm.cpp).
 std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole role);
 
+// The scaling of an FP8 recipe's data gradients (dy and dh quantized like x: per 1 x 128 block,
+// or per tensor).
+struct Fp8Scaling {
+  bool pow2_scales = false;
+  bool per_tensor = false;
+};
+
 struct GroupedMlpBackwardDesc {
   LayerSpec layer;
   GradientSet outputs;
   std::string arch = "sm_80";  // "sm_90a": the Hopper dgrad and wgrad kernels where dims allow
   bool portable_only = false;
+  // Set: the data gradients run in FP8 (codegen/fp8_backward.hpp; sm_90a), from the weights'
+  // transposed E4M3 copies; the weight gradients stay BF16.
+  std::optional<Fp8Scaling> fp8_dgrad;
 };
 
 // Kernels in launch order: fc2_dgrad first (it produces dh and a ⊙ p), then wgrad_w2, bgrad_b2,
-// wgrad_w1, bgrad_b1, fc1_dgrad as asked for.
+// wgrad_w1, bgrad_b1, fc1_dgrad as asked for. With fp8_dgrad, FC2 dgrad is preceded by the
+// quantization of dy and FC1 dgrad by that of dh.
 std::vector<KernelSource> emit_grouped_mlp_backward(const GroupedMlpBackwardDesc& desc);
 
 // Throws Error(Status::invalid_argument) for dims the kernels cannot serve: hidden and ffn must be

@@ -5,6 +5,8 @@
 
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
+#include "codegen/fp8_backward.hpp"
+#include "codegen/fp8_forward.hpp"
 #include "codegen/grouped_mlp.hpp"
 
 namespace gmjit::codegen {
@@ -88,15 +90,26 @@ std::vector<KernelSource> emit_grouped_mlp_backward(const GroupedMlpBackwardDesc
   const LayerSpec& layer = desc.layer;
   const GradientSet& out = desc.outputs;
   check_supported(layer);
+  if (desc.fp8_dgrad) check_fp8_supported(layer, desc.arch);
   std::vector<KernelSource> kernels;
-  kernels.push_back(fc2_dgrad(desc));
+  if (desc.fp8_dgrad) {
+    kernels = emit_fp8_fc2_dgrad(layer, *desc.fp8_dgrad, desc.arch);
+  } else {
+    kernels.push_back(fc2_dgrad(desc));
+  }
   if (out.dw2) kernels.push_back(wgrad(KernelRole::wgrad_w2, desc, layer.hidden, layer.ffn));
   if (out.db2) {
     kernels.push_back(column_sum(KernelRole::bgrad_b2, desc, layer.hidden, layer.router_probs));
   }
   if (out.dw1) kernels.push_back(wgrad(KernelRole::wgrad_w1, desc, layer.fc1_out(), layer.hidden));
   if (out.db1) kernels.push_back(column_sum(KernelRole::bgrad_b1, desc, layer.fc1_out(), false));
-  if (out.dx) kernels.push_back(fc1_dgrad(desc));
+  if (out.dx && desc.fp8_dgrad) {
+    for (KernelSource& k : emit_fp8_fc1_dgrad(layer, *desc.fp8_dgrad, desc.arch)) {
+      kernels.push_back(std::move(k));
+    }
+  } else if (out.dx) {
+    kernels.push_back(fc1_dgrad(desc));
+  }
   return kernels;
 }
 

@@ -62,6 +62,18 @@ enum class KernelRole : std::uint8_t {
   tensor_quantize_w1 = 20,
   tensor_amax_w2 = 21,
   tensor_quantize_w2 = 22,
+  // FP8 data gradients (fp8_backward.hpp): the transposed weight copies FP8 dgrad reads, dy and
+  // dh quantized per 1 x 128 (fp8_block) or per tensor (fp8_tensor), and the two GEMMs.
+  transpose_w1 = 23,  // Ŵ1 [E, F1, H] -> Ŵ1ᵀ [E, H, F1]
+  transpose_w2 = 24,  // Ŵ2 [E, H, F] -> Ŵ2ᵀ [E, F, H]
+  quantize_dy = 25,
+  quantize_dh = 26,
+  tensor_amax_dy = 27,
+  tensor_quantize_dy = 28,
+  tensor_amax_dh = 29,
+  tensor_quantize_dh = 30,
+  fc2_dgrad_fp8 = 31,  // as fc2_dgrad, from E4M3 dy and Ŵ2ᵀ
+  fc1_dgrad_fp8 = 32,  // as fc1_dgrad, from E4M3 dh and Ŵ1ᵀ
 };
 
 struct KernelSource {

@@ -3,6 +3,8 @@
 //   QuantizeRows    activations [rows, K], one scale per 1 x 128 block, stored [K / 128, rows]
 //                   (the layout the FP8 GEMMs read: a tile's rows are consecutive floats)
 //   QuantizeBlocks  weights [E, N, K], one scale per 128 x 128 block, stored [E, N / 128, K / 128]
+//   TransposeE4m3   quantized weights [E, N, K] -> [E, K, N] with their scales (what the FP8 data
+//                   gradients read: FP8 wgmma takes K-major operands only)
 // and for the fp8_tensor recipe (current scaling: one scale per tensor, or per expert matrix):
 //   GroupAmax       amax of each group of elements into its slot (atomic max; slots zeroed first)
 //   QuantizeGroups  each group with the scale of its amax
@@ -10,6 +12,7 @@
 // Config (static constexpr, written by codegen):
 //   QuantizeRows:   cols (K, multiple of 128), pow2_scales
 //   QuantizeBlocks: experts, rows (N), cols (K) (multiples of 128), pow2_scales
+//   TransposeE4m3:  experts, rows (N), cols (K) (multiples of 128), per_tensor_scales
 //   GroupAmax, QuantizeGroups: pow2_scales (QuantizeGroups); gridDim.y = groups
 // Launch: 256 threads, any grid (grid-stride loops); rows == 0 writes nothing.
 
@@ -131,6 +134,59 @@ struct QuantizeBlocks {
                            1.0f / s);
       if (tid == 0) p.scales[blk] = s;
       __syncthreads();  // warp_max is reused by the next block
+    }
+  }
+};
+
+// A CTA per 128 x 128 block of bytes, through shared memory: 32-bit loads along K, 32-bit stores
+// along N. The transposed data is the quantized data moved, so Ŵᵀ is exactly (Ŵ)ᵀ; a block's
+// scale moves with it (fp8_block) or the per-expert scales are copied (fp8_tensor).
+template <class Cfg>
+struct TransposeE4m3 {
+  static constexpr int threads = 256, min_blocks = 1;
+  static constexpr int kRowBlocks = Cfg::rows / 128, kColBlocks = Cfg::cols / 128;
+  static constexpr int kPitch = 132;  // bytes per shared row: 4-byte aligned, fewer conflicts
+  static_assert(Cfg::rows % 128 == 0 && Cfg::cols % 128 == 0,
+                "rows and cols must be multiples of 128");
+
+  __device__ static void run(const TransposeE4m3Params& p) {
+    __shared__ unsigned char tile[128 * kPitch];
+    const int tid = static_cast<int>(threadIdx.x);
+    const unsigned char* in = static_cast<const unsigned char*>(p.in);
+    unsigned char* out = static_cast<unsigned char*>(p.out);
+    const long long total = static_cast<long long>(Cfg::experts) * kRowBlocks * kColBlocks;
+    for (long long blk = blockIdx.x; blk < total; blk += gridDim.x) {
+      const long long e = blk / (kRowBlocks * kColBlocks);
+      const int rb = static_cast<int>(blk / kColBlocks % kRowBlocks);
+      const int cb = static_cast<int>(blk % kColBlocks);
+      const unsigned char* src = in + (e * Cfg::rows + rb * 128) * Cfg::cols + cb * 128;
+      // Word w of row r: bytes (r, 4w .. 4w + 3).
+      for (int i = tid; i < 128 * 32; i += threads) {
+        const int r = i >> 5, w = i & 31;
+        *reinterpret_cast<unsigned int*>(tile + r * kPitch + 4 * w) =
+            *reinterpret_cast<const unsigned int*>(src + static_cast<long long>(r) * Cfg::cols +
+                                                   4 * w);
+      }
+      __syncthreads();
+      unsigned char* dst = out + (e * Cfg::cols + cb * 128) * Cfg::rows + rb * 128;
+      // Output row c (a column of the block), word w: bytes of block rows 4w .. 4w + 3.
+      for (int i = tid; i < 128 * 32; i += threads) {
+        const int c = i >> 5, w = i & 31;
+        const unsigned int v = tile[(4 * w) * kPitch + c] |
+                               (static_cast<unsigned int>(tile[(4 * w + 1) * kPitch + c]) << 8) |
+                               (static_cast<unsigned int>(tile[(4 * w + 2) * kPitch + c]) << 16) |
+                               (static_cast<unsigned int>(tile[(4 * w + 3) * kPitch + c]) << 24);
+        *reinterpret_cast<unsigned int*>(dst + static_cast<long long>(c) * Cfg::rows + 4 * w) = v;
+      }
+      if (tid == 0) {
+        if constexpr (Cfg::per_tensor_scales) {
+          if (rb == 0 && cb == 0) p.out_scales[e] = p.in_scales[e];
+        } else {
+          p.out_scales[(e * kColBlocks + cb) * kRowBlocks + rb] =
+              p.in_scales[(e * kRowBlocks + rb) * kColBlocks + cb];
+        }
+      }
+      __syncthreads();  // the tile is reused by the next block
     }
   }
 };

@@ -56,6 +56,11 @@ struct Fc2DgradParams {
   void* act_scaled;         // out: [tokens, F] bf16, a ⊙ p (a when !has_probs): FC2's input
   float* dprobs;            // out: [tokens] fp32 (has_probs only), ZEROED BY THE HOST beforehand
   long long tokens;         // rows of dy / preact / outputs
+  // FP8 data gradients only (Fc2DgradFp8Sm90), else null: the scales of the GEMM's E4M3
+  // operands, dy ([H / 128, tokens]) and Ŵ2ᵀ ([E, F / 128, H / 128]; fp8_tensor: one and E),
+  // which its TMA maps read in place of dy and w2 (dy is still read for ⟨dy, b2⟩).
+  const float* a_scales;
+  const float* b_scales;
 };
 
 // Grouped weight gradient (GroupedWgrad): out_g[M, N] (+)= A_gᵀ B_g over expert g's rows.
@@ -88,7 +93,8 @@ namespace gmjit::kt {
 // zero-filled. Passed by value as `const __grid_constant__`. Fc1DgradSm90 uses Sm90GemmParams
 // (plain.a = dpreact, plain.b = w1, plain.out = dx).
 
-// Fc2DgradSm90: the portable block Fc2DgradParams (`plain`, at byte 256), plus
+// Fc2DgradSm90 and Fc2DgradFp8Sm90: the portable block Fc2DgradParams (`plain`, at byte 256),
+// plus (FP8: uint8 maps over the E4M3 dy and Ŵ2ᵀ [E * F, H], 128-byte boxes along K)
 //   tmap_a  over dy [tokens, H]: box {64, 64} (K-major A, as the forward)
 //   tmap_b  over w2 as [E * H, F]: box {64, 64} (MN-major B, block_n / 64 boxes per stage)
 struct Sm90Fc2DgradParams {
@@ -164,6 +170,15 @@ struct QuantizeBlocksParams {
   const void* in;
   void* out;
   float* scales;
+};
+
+// TransposeE4m3: in [E, N, K] e4m3 with its scales -> out [E, K, N] e4m3, out_scales
+// [E, K / 128, N / 128] (fp8_block) or [E] (fp8_tensor, a copy).
+struct TransposeE4m3Params {
+  const void* in;
+  const float* in_scales;
+  void* out;
+  float* out_scales;
 };
 
 }  // namespace gmjit::kt

@@ -63,30 +63,20 @@ __device__ __forceinline__ float warp_sum(float v) {
 }  // namespace sm90
 
 // ---- FC2 dgrad + activation backward ---------------------------------------------------------
-template <class Cfg>
-struct Fc2DgradSm90 {
-  using S = sm90::TileShape<Cfg>;
-  using SplitT = typename SplitType<Cfg::split_int64>::type;
+// The epilogue of FC2 dgrad on a tile of g = dy · W2_g (kMt m64 tiles per consumer warpgroup,
+// kRegs accumulators each, wgmma's fragment layout), shared by the BF16 kernel below and the FP8
+// one (sm90_fp8_mlp_bwd.cuh). P: any block whose `plain` has Fc2DgradParams' fields.
+template <class Cfg, int kMt>
+struct Fc2DgradEpilogue {
   static constexpr bool kGlu = is_glu(Cfg::act);
   static constexpr GluLayout kLayout = Cfg::glu_layout;
   static constexpr int kH = Cfg::hidden, kF = Cfg::ffn, kF1 = kGlu ? 2 * kF : kF;
-  static constexpr int kK = kH;  // [T, H] · [H, F]
-  static constexpr int num_n = kF / Cfg::block_n;
-  static constexpr bool kBMnMajor = true;
-  static constexpr int threads = S::threads;
-  static constexpr int smem_bytes = S::smem_bytes;
-  static_assert(kF % Cfg::block_n == 0, "ffn must be a multiple of block_n");
-
-  __device__ static __forceinline__ void load_b(const Sm90Fc2DgradParams& p, unsigned int dst,
-                                                unsigned int bar, int expert, int tile_n, int k) {
-    sm90::load_b_mn<Cfg::block_n>(p.tmap_b, dst, bar, tile_n * Cfg::block_n, expert * kK + k);
-  }
-
   // Thread rows: (m, h) -> row0 + m*64 + (warp%4)*16 + lane/4 + 8h; n8 chunk j holds columns
   // 8j + 2*(lane%4) + {0, 1}. act_scaled leaves through the warp's staging buffer (64 columns at
   // a time); dpreact is stored from the fragments (gate / lin columns of the chunk).
-  __device__ static __forceinline__ void store(const Sm90Fc2DgradParams& p,
-                                               float (&acc)[S::mt][S::regs], const RowTile& rt,
+  template <class P, int kRegs>
+  __device__ static __forceinline__ void store(const P& p,
+                                               float (&acc)[kMt][kRegs], const RowTile& rt,
                                                int tile_n, long long row0,
                                                const sm90::WarpStage& ws) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -96,7 +86,7 @@ struct Fc2DgradSm90 {
     unsigned short* dpre = static_cast<unsigned short*>(p.plain.dpreact);
     unsigned short* as = static_cast<unsigned short*>(p.plain.act_scaled);
 #pragma unroll
-    for (int m = 0; m < S::mt; ++m) {
+    for (int m = 0; m < kMt; ++m) {
       float prob[2], dp[2] = {0.0f, 0.0f};
       long long rows[2];
       bool valid[2];
@@ -108,7 +98,7 @@ struct Fc2DgradSm90 {
         if (!valid[h]) rows[h] = rt.row_begin;  // in-bounds dummy row for the loads below
       }
 #pragma unroll
-      for (int cc = 0; cc < S::regs / 32; ++cc) {
+      for (int cc = 0; cc < kRegs / 32; ++cc) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           // All loads of h for the 8 chunks first (the dh stores could alias them).
@@ -173,13 +163,14 @@ struct Fc2DgradSm90 {
   }
 
   // dp_t += <dy_t, b2_g> for this warpgroup's rows [row0, row0 + 64 * mt): a warp per row.
-  __device__ static void add_dy_dot_b2(const Sm90Fc2DgradParams& p, const RowTile& rt,
+  template <class P>
+  __device__ static void add_dy_dot_b2(const P& p, const RowTile& rt,
                                        long long row0) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3;
     const unsigned short* b2 =
         static_cast<const unsigned short*>(p.plain.b2) + static_cast<long long>(rt.expert) * kH;
-    const long long r1 = row0 + 64 * S::mt < rt.row_end ? row0 + 64 * S::mt : rt.row_end;
+    const long long r1 = row0 + 64 * kMt < rt.row_end ? row0 + 64 * kMt : rt.row_end;
     for (long long row = row0 + wq; row < r1; row += 4) {
       const unsigned short* dy = static_cast<const unsigned short*>(p.plain.dy) + row * kH;
       float s = 0.0f;
@@ -195,13 +186,47 @@ struct Fc2DgradSm90 {
   }
 
   // Tail rows: zero this column tile of act_scaled and the matching dpreact columns.
-  __device__ static void zero_rows(const Sm90Fc2DgradParams& p, int tile_n, long long r0,
+  template <class P>
+  __device__ static void zero_rows(const P& p, int tile_n, long long r0,
                                    long long r1, int tid, int nthreads) {
     const int c0 = tile_n * Cfg::block_n;
     zero_groups(p.plain.act_scaled, kF, r0, r1, Cfg::block_n / 8, tid, nthreads,
                 [=](int g) { return c0 + g * 8; });
     zero_preact_groups<kGlu, kLayout, kF>(p.plain.dpreact, kF1, r0, r1, c0, Cfg::block_n / 8, tid,
                                           nthreads);
+  }
+
+};
+
+template <class Cfg>
+struct Fc2DgradSm90 {
+  using S = sm90::TileShape<Cfg>;
+  using SplitT = typename SplitType<Cfg::split_int64>::type;
+  static constexpr int kH = Cfg::hidden, kF = Cfg::ffn;
+  static constexpr int kK = kH;  // [T, H] · [H, F]
+  static constexpr int num_n = kF / Cfg::block_n;
+  static constexpr bool kBMnMajor = true;
+  static constexpr int threads = S::threads;
+  static constexpr int smem_bytes = S::smem_bytes;
+  static_assert(kF % Cfg::block_n == 0, "ffn must be a multiple of block_n");
+
+  __device__ static __forceinline__ void load_b(const Sm90Fc2DgradParams& p, unsigned int dst,
+                                                unsigned int bar, int expert, int tile_n, int k) {
+    sm90::load_b_mn<Cfg::block_n>(p.tmap_b, dst, bar, tile_n * Cfg::block_n, expert * kK + k);
+  }
+
+  using Epilogue = Fc2DgradEpilogue<Cfg, S::mt>;
+
+  __device__ static __forceinline__ void store(const Sm90Fc2DgradParams& p,
+                                               float (&acc)[S::mt][S::regs], const RowTile& rt,
+                                               int tile_n, long long row0,
+                                               const sm90::WarpStage& ws) {
+    Epilogue::store(p, acc, rt, tile_n, row0, ws);
+  }
+
+  __device__ static void zero_rows(const Sm90Fc2DgradParams& p, int tile_n, long long r0,
+                                   long long r1, int tid, int nthreads) {
+    Epilogue::zero_rows(p, tile_n, r0, r1, tid, nthreads);
   }
 
   __device__ static void run(const Sm90Fc2DgradParams& p) {

@@ -1,6 +1,7 @@
-// Family sm90_fp8_gemm: the Hopper FP8 (E4M3, block-scaled) grouped GEMMs of the fp8_block
-// forward, Fc1Fp8Sm90 / Fc2Fp8Sm90 (sm90_fp8_mlp_fwd.cuh, Sm90Fp8GemmParams), persistent with
-// one block per SM. Applies on sm_90a only (codegen/fp8_forward.cpp checks the widths first).
+// Family sm90_fp8_gemm: the Hopper FP8 (E4M3, scaled) grouped GEMMs of the FP8 recipes:
+// Fc1Fp8Sm90 / Fc2Fp8Sm90 (sm90_fp8_mlp_fwd.cuh, Sm90Fp8GemmParams) forward, Fc2DgradFp8Sm90
+// (Sm90Fc2DgradParams) / Fc1DgradFp8Sm90 (sm90_fp8_mlp_bwd.cuh) backward; persistent with one
+// block per SM. Applies on sm_90a only (codegen/fp8_forward.cpp checks the widths first).
 // Bound by engine/families/sm90_fp8_gemm.cpp.
 #include <fmt/format.h>
 
@@ -18,11 +19,42 @@ struct Fp8Tile {
   int smem_bytes() const { return stages * (block_m + block_n) * 128 + 20480; }
 };
 
+// The output columns of a kernel's tile: FC1's are fixed by its epilogue; the others take 256
+// where their width allows.
+int block_n_for(const KernelRequest& r) {
+  switch (r.role) {
+    case KernelRole::fc1_forward_fp8:
+      return is_glu(r.layer.activation.kind) ? 256 : 128;
+    case KernelRole::fc2_dgrad_fp8:
+      return r.layer.ffn % 256 == 0 ? 256 : 128;
+    default:  // FC2 forward, FC1 dgrad: H output columns
+      return r.layer.hidden % 256 == 0 ? 256 : 128;
+  }
+}
+
+// The template and parameter block of each role.
+struct Fp8Kernel {
+  const char* header;
+  const char* name;
+  const char* params;
+};
+
+Fp8Kernel kernel_for(KernelRole role) {
+  switch (role) {
+    case KernelRole::fc1_forward_fp8:
+      return {"sm90_fp8_mlp_fwd.cuh", "Fc1Fp8Sm90", "Sm90Fp8GemmParams"};
+    case KernelRole::fc2_forward_fp8:
+      return {"sm90_fp8_mlp_fwd.cuh", "Fc2Fp8Sm90", "Sm90Fp8GemmParams"};
+    case KernelRole::fc2_dgrad_fp8:
+      return {"sm90_fp8_mlp_bwd.cuh", "Fc2DgradFp8Sm90", "Sm90Fc2DgradParams"};
+    default:
+      return {"sm90_fp8_mlp_bwd.cuh", "Fc1DgradFp8Sm90", "Sm90Fp8GemmParams"};
+  }
+}
+
 Fp8Tile tile_for(const KernelRequest& r) {
   Fp8Tile t;
-  const bool fc1 = r.role == KernelRole::fc1_forward_fp8;
-  t.block_n =
-      fc1 ? (is_glu(r.layer.activation.kind) ? 256 : 128) : (r.layer.hidden % 256 == 0 ? 256 : 128);
+  t.block_n = block_n_for(r);
   constexpr int kSmemLimit = 232448;  // sm_90a's per-block dynamic shared memory
   while (t.stages < 8 && (t.stages + 1) * (t.block_m + t.block_n) * 128 + 20480 <= kSmemLimit)
     ++t.stages;
@@ -32,12 +64,12 @@ Fp8Tile tile_for(const KernelRequest& r) {
 std::optional<KernelSource> emit(const KernelRequest& r) {
   if (r.arch != "sm_90a") return std::nullopt;
   const Fp8Tile t = tile_for(r);
-  const bool fc1 = r.role == KernelRole::fc1_forward_fp8;
+  const Fp8Kernel kernel = kernel_for(r.role);
   KernelSource k;
   k.role = r.role;
   k.entry = r.entry;
   k.source = detail::translation_unit(
-      {"sm90_fp8_mlp_fwd.cuh", fc1 ? "Fc1Fp8Sm90" : "Fc2Fp8Sm90", "Sm90Fp8GemmParams",
+      {kernel.header, kernel.name, kernel.params,
        r.fields + fmt::format("  static constexpr int block_m = {}, block_n = {}, block_k = 128, "
                               "stages = {}, group_m = 8;\n"
                               "  static constexpr int smem_bytes = {};\n",
@@ -53,7 +85,8 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   return k;
 }
 
-constexpr KernelRole kRoles[] = {KernelRole::fc1_forward_fp8, KernelRole::fc2_forward_fp8};
+constexpr KernelRole kRoles[] = {KernelRole::fc1_forward_fp8, KernelRole::fc2_forward_fp8,
+                                 KernelRole::fc2_dgrad_fp8, KernelRole::fc1_dgrad_fp8};
 
 }  // namespace
 

@@ -1,6 +1,6 @@
 // Engine::backward: validate against the forward's context, find the backward plan, launch its
 // kernels in order (FC2 dgrad with the activation backward first; then the weight and bias
-// gradients and FC1 dgrad that were asked for). Each kernel's family (engine/families/) binds
+// gradients and FC1 dgrad that were asked for; FP8 data gradients quantize dy and dh first). Each kernel's family (engine/families/) binds
 // the call's tensors to its parameter block: plain pointers (portable kernels) or with TMA
 // descriptors (Hopper kernels).
 #include "engine/api/engine_impl.hpp"
@@ -32,19 +32,32 @@ void zero_gradients(const BackwardArgs& args, CUstream stream) {
 struct BackwardWorkspace {
   engine::WorkspaceLayout layout;
   std::size_t dpreact, act_scaled, dprobs = 0;
+  // FP8 recipes: dy and dh in E4M3, their scales (per 1 x 128 block, or one float per tensor)
+  // and fp8_tensor's two amax slots.
+  std::size_t dy_fp8 = 0, dy_scales = 0, dh_fp8 = 0, dh_scales = 0, amax = 0;
 
-  BackwardWorkspace(const LayerSpec& layer, std::int64_t tokens) {
+  BackwardWorkspace(const LayerSpec& layer, std::int64_t tokens, RecipeKind recipe) {
     const auto T = static_cast<std::size_t>(tokens);
-    dpreact = layout.add(T * static_cast<std::size_t>(layer.fc1_out()) * 2);
+    const auto H = static_cast<std::size_t>(layer.hidden);
+    const auto F1 = static_cast<std::size_t>(layer.fc1_out());
+    dpreact = layout.add(T * F1 * 2);
     act_scaled = layout.add(T * static_cast<std::size_t>(layer.ffn) * 2);
     if (layer.router_probs) dprobs = layout.add(T * 4);
+    if (recipe == RecipeKind::bf16) return;
+    const bool per_tensor = recipe == RecipeKind::fp8_tensor;
+    dy_fp8 = layout.add(T * H);
+    dy_scales = layout.add(per_tensor ? 4 : T * (H / 128) * 4);
+    dh_fp8 = layout.add(T * F1);
+    dh_scales = layout.add(per_tensor ? 4 : T * (F1 / 128) * 4);
+    if (per_tensor) amax = layout.add(2 * 4);
   }
 };
 
 }  // namespace
 
-std::size_t Engine::backward_workspace_bytes(const LayerSpec& spec, std::int64_t tokens) const {
-  return BackwardWorkspace(spec, tokens).layout.total();
+std::size_t Engine::backward_workspace_bytes(const LayerSpec& spec, std::int64_t tokens,
+                                             const Recipe& recipe) const {
+  return BackwardWorkspace(spec, tokens, recipe.kind()).layout.total();
 }
 
 void Engine::backward(const ForwardContext& context, const Recipe& recipe, const BackwardArgs& args,
@@ -60,8 +73,10 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
     zero_gradients(args, cu_stream);
     return;
   }
+  // The transposed FP8 weights select the FP8 data gradients (validated: all four or none).
+  const bool fp8_dgrad = recipe.is_fp8() && args.w1t_fp8.present();
   const engine::PlanKey key =
-      engine::PlanKey::make_backward(layer, recipe, gradients, context.device.ordinal);
+      engine::PlanKey::make_backward(layer, recipe, gradients, context.device.ordinal, fp8_dgrad);
   engine::DevicePlan& plan = impl_->device_plan(key, layer, stream);
 
   engine::NvtxRange range("gmjit backward");
@@ -70,7 +85,7 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
                 tokens, plan.device->ordinal(), stream);
   }
   engine::ScopedContext scope(plan.device->context());
-  const BackwardWorkspace parts(layer, tokens);
+  const BackwardWorkspace parts(layer, tokens, recipe.kind());
   const engine::WorkspaceLease workspace(impl_->workspaces, *plan.device, cu_stream,
                                          parts.layout.total(), args.workspace);
   engine::CallTensors call;
@@ -93,6 +108,23 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
   call.dw2 = static_cast<float*>(args.dw2.data);
   call.db2 = static_cast<float*>(args.db2.data);
   call.accumulate = args.accumulate ? 1 : 0;
+  if (fp8_dgrad) {
+    call.w1t_fp8 = args.w1t_fp8.data;
+    call.w1t_scales = static_cast<float*>(args.w1t_scales.data);
+    call.w2t_fp8 = args.w2t_fp8.data;
+    call.w2t_scales = static_cast<float*>(args.w2t_scales.data);
+    call.dy_fp8 = workspace.at(parts.dy_fp8);
+    call.dy_scales = static_cast<float*>(workspace.at(parts.dy_scales));
+    call.dh_fp8 = workspace.at(parts.dh_fp8);
+    call.dh_scales = static_cast<float*>(workspace.at(parts.dh_scales));
+    if (recipe.kind() == RecipeKind::fp8_tensor) {
+      // Current scaling: the amax of dy and of dh are taken in this call, into zeroed slots.
+      call.amax = static_cast<unsigned int*>(workspace.at(parts.amax));
+      engine::check_driver(engine::driver().cuMemsetD32Async(
+                               reinterpret_cast<CUdeviceptr>(call.amax), 0, 2, cu_stream),
+                           "cuMemsetD32Async(amax)");
+    }
+  }
   if (layer.router_probs) {
     // FC2 dgrad adds its partial dot products atomically; a caller that wants no dprobs still
     // gets them computed, into scratch.

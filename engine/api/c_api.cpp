@@ -342,6 +342,13 @@ gmjit_status gmjit_forward_train_ex(gmjit_engine* engine, const gmjit_layer* lay
 gmjit_status gmjit_quantize_weights(gmjit_engine* engine, const gmjit_layer* layer,
                                     gmjit_recipe recipe, const DLTensor* w1, const DLTensor* w2,
                                     const gmjit_fp8_weights* out, void* stream) {
+  return gmjit_quantize_weights_ex(engine, layer, recipe, w1, w2, out, nullptr, stream);
+}
+
+gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmjit_layer* layer,
+                                       gmjit_recipe recipe, const DLTensor* w1,
+                                       const DLTensor* w2, const gmjit_fp8_weights* out,
+                                       const gmjit_fp8_weights* out_transposed, void* stream) {
   return guarded([&] {
     if (engine == nullptr || layer == nullptr || out == nullptr) {
       throw gmjit::Error(gmjit::Status::invalid_argument,
@@ -356,6 +363,12 @@ gmjit_status gmjit_quantize_weights(gmjit_engine* engine, const gmjit_layer* lay
     q.w1_scales = to_ref(out->w1_scales, "w1_scales");
     q.w2_fp8 = to_ref(out->w2_fp8, "w2_fp8");
     q.w2_scales = to_ref(out->w2_scales, "w2_scales");
+    if (out_transposed != nullptr) {
+      q.w1t_fp8 = to_ref(out_transposed->w1_fp8, "out_transposed->w1_fp8");
+      q.w1t_scales = to_ref(out_transposed->w1_scales, "out_transposed->w1_scales");
+      q.w2t_fp8 = to_ref(out_transposed->w2_fp8, "out_transposed->w2_fp8");
+      q.w2t_scales = to_ref(out_transposed->w2_scales, "out_transposed->w2_scales");
+    }
     engine->engine.quantize_weights(spec, r, q, stream);
   });
 }
@@ -366,6 +379,12 @@ void gmjit_forward_context_destroy(gmjit_forward_context* context) {
 
 gmjit_status gmjit_backward(gmjit_engine* engine, const gmjit_forward_context* context,
                             const gmjit_backward_args* args, void* stream) {
+  return gmjit_backward_ex(engine, context, args, nullptr, stream);
+}
+
+gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context* context,
+                               const gmjit_backward_args* args,
+                               const gmjit_fp8_weights* fp8_transposed, void* stream) {
   return guarded([&] {
     if (engine == nullptr || context == nullptr || args == nullptr) {
       throw gmjit::Error(gmjit::Status::invalid_argument,
@@ -387,6 +406,12 @@ gmjit_status gmjit_backward(gmjit_engine* engine, const gmjit_forward_context* c
     b.db2 = to_ref(args->db2, "db2");
     b.dprobs = to_ref(args->dprobs, "dprobs");
     b.accumulate = args->accumulate != 0;
+    if (fp8_transposed != nullptr) {
+      b.w1t_fp8 = to_ref(fp8_transposed->w1_fp8, "fp8_transposed->w1_fp8");
+      b.w1t_scales = to_ref(fp8_transposed->w1_scales, "fp8_transposed->w1_scales");
+      b.w2t_fp8 = to_ref(fp8_transposed->w2_fp8, "fp8_transposed->w2_fp8");
+      b.w2t_scales = to_ref(fp8_transposed->w2_scales, "fp8_transposed->w2_scales");
+    }
     engine->engine.backward(context->context, context->recipe, b, stream);
   });
 }

@@ -44,16 +44,18 @@ PlanKey PlanKey::make(const LayerSpec& layer, const Recipe& recipe, GradMode gra
 }
 
 PlanKey PlanKey::make_backward(const LayerSpec& layer, const Recipe& recipe,
-                               const GradientSet& gradients, int device) {
+                               const GradientSet& gradients, int device, bool fp8_dgrad) {
   PlanKey key = make(layer, recipe, GradMode::grad, device);
   key.backward = 1;
   key.gradients = gradients.bits();
+  key.fp8_dgrad = fp8_dgrad && recipe.is_fp8();
   return key;
 }
 
-PlanKey PlanKey::make_weight_quantizer(const LayerSpec& layer, const Recipe& recipe, int device) {
+PlanKey PlanKey::make_weight_quantizer(const LayerSpec& layer, const Recipe& recipe, int device,
+                                       bool transposed) {
   PlanKey key = make(layer, recipe, GradMode::no_grad, device);
-  key.weights = 1;
+  key.weights = transposed ? 2 : 1;
   return key;
 }
 
@@ -116,11 +118,13 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engin
   constexpr auto fp8_tensor = static_cast<std::uint8_t>(RecipeKind::fp8_tensor);
   if (key.weights) {
     sources = codegen::emit_fp8_weight_quantizers(
-        {layer, grad, key.pow2_scales != 0, key.recipe == fp8_tensor, arch});
+        {layer, grad, key.pow2_scales != 0, key.recipe == fp8_tensor, arch}, key.weights == 2);
   } else if (key.backward) {
     // The backward needs only the saved pre-activation, which both forward paths write.
-    sources = codegen::emit_grouped_mlp_backward(
-        {layer, GradientSet::from_bits(key.gradients), arch, options.portable_kernels_only});
+    std::optional<codegen::Fp8Scaling> fp8_dgrad;
+    if (key.fp8_dgrad) fp8_dgrad = codegen::Fp8Scaling{key.pow2_scales != 0, key.recipe == fp8_tensor};
+    sources = codegen::emit_grouped_mlp_backward({layer, GradientSet::from_bits(key.gradients),
+                                                  arch, options.portable_kernels_only, fp8_dgrad});
   } else if (fp8) {
     // FP8 plans are one fused shape (no op-by-op variant): quantize x, FC1, FC2.
     sources = codegen::emit_fp8_forward(
@@ -208,7 +212,7 @@ PreparedPlanInfo Engine::prepare_backward(const LayerSpec& spec, const Recipe& r
                                           const GradientSet& gradients, const std::string& arch) {
   codegen::check_supported(spec);
   return engine::describe(*impl_->prepared_plan(
-      engine::PlanKey::make_backward(spec, recipe, gradients, -1), spec, arch));
+      engine::PlanKey::make_backward(spec, recipe, gradients, -1, recipe.is_fp8()), spec, arch));
 }
 
 EngineCounters Engine::counters() const {

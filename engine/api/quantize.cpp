@@ -12,7 +12,9 @@ namespace gmjit {
 void Engine::quantize_weights(const LayerSpec& spec, const Recipe& recipe,
                               const QuantizeWeightsArgs& args, StreamHandle stream) {
   const Device device = engine::validate_quantize_weights(spec, recipe, args);
-  const engine::PlanKey key = engine::PlanKey::make_weight_quantizer(spec, recipe, device.ordinal);
+  const bool transposed = args.w1t_fp8.present();  // validated: all four or none
+  const engine::PlanKey key =
+      engine::PlanKey::make_weight_quantizer(spec, recipe, device.ordinal, transposed);
   engine::DevicePlan& plan = impl_->device_plan(key, spec, stream);
   engine::NvtxRange range("gmjit quantize weights");
   engine::ScopedContext scope(plan.device->context());
@@ -24,6 +26,10 @@ void Engine::quantize_weights(const LayerSpec& spec, const Recipe& recipe,
   call.w1_scales = static_cast<float*>(args.w1_scales.data);
   call.w2_fp8 = args.w2_fp8.data;
   call.w2_scales = static_cast<float*>(args.w2_scales.data);
+  call.w1t_fp8 = args.w1t_fp8.data;
+  call.w1t_scales = static_cast<float*>(args.w1t_scales.data);
+  call.w2t_fp8 = args.w2t_fp8.data;
+  call.w2t_scales = static_cast<float*>(args.w2t_scales.data);
   const auto cu_stream = static_cast<CUstream>(stream);
   // fp8_tensor: one amax slot per expert matrix of W1, then of W2, zeroed here.
   const bool per_tensor = recipe.kind() == RecipeKind::fp8_tensor;

@@ -63,21 +63,42 @@ void check_optional(const char* name, const TensorRef& t, DType dtype,
   if (t.present()) check_tensor(name, t, dtype, shape, device);
 }
 
-// The FP8 weights of `recipe`: E4M3 data and fp32 scales, one per 128 x 128 block (fp8_block)
-// or per expert matrix (fp8_tensor).
+// One FP8 weight of `recipe`, [E, rows, cols] E4M3, with its fp32 scales: one per 128 x 128
+// block (fp8_block) or per expert matrix (fp8_tensor).
+void check_fp8_weight(const char* data_name, const TensorRef& data, const char* scales_name,
+                      const TensorRef& scales, const Recipe& recipe, std::int64_t E,
+                      std::int64_t rows, std::int64_t cols, const Device& device) {
+  check_tensor(data_name, data, DType::f8e4m3, {E, rows, cols}, device);
+  if (recipe.kind() == RecipeKind::fp8_tensor) {
+    check_tensor(scales_name, scales, DType::f32, {E}, device);
+  } else {
+    check_tensor(scales_name, scales, DType::f32, {E, rows / 128, cols / 128}, device);
+  }
+}
+
 void check_fp8_weights(const LayerSpec& layer, const Recipe& recipe, const TensorRef& w1_fp8,
                        const TensorRef& w1_scales, const TensorRef& w2_fp8,
                        const TensorRef& w2_scales, const Device& device) {
   const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
-  check_tensor("w1_fp8", w1_fp8, DType::f8e4m3, {E, F1, H}, device);
-  check_tensor("w2_fp8", w2_fp8, DType::f8e4m3, {E, H, F}, device);
-  if (recipe.kind() == RecipeKind::fp8_tensor) {
-    check_tensor("w1_scales", w1_scales, DType::f32, {E}, device);
-    check_tensor("w2_scales", w2_scales, DType::f32, {E}, device);
-  } else {
-    check_tensor("w1_scales", w1_scales, DType::f32, {E, F1 / 128, H / 128}, device);
-    check_tensor("w2_scales", w2_scales, DType::f32, {E, H / 128, F / 128}, device);
-  }
+  check_fp8_weight("w1_fp8", w1_fp8, "w1_scales", w1_scales, recipe, E, F1, H, device);
+  check_fp8_weight("w2_fp8", w2_fp8, "w2_scales", w2_scales, recipe, E, H, F, device);
+}
+
+// The transposed copies (w1t_*, w2t_*), in QuantizeWeightsArgs or BackwardArgs: all or none.
+// Returns whether they are there.
+template <class Args>
+bool check_transposed_fp8_weights(const LayerSpec& layer, const Recipe& recipe, const Args& args,
+                                  const Device& device) {
+  const bool any = args.w1t_fp8.present() || args.w1t_scales.present() ||
+                   args.w2t_fp8.present() || args.w2t_scales.present();
+  if (!any) return false;
+  if (!recipe.is_fp8()) fail("w1t_fp8", "is given, but a BF16 recipe has no FP8 weights");
+  const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
+  check_fp8_weight("w1t_fp8", args.w1t_fp8, "w1t_scales", args.w1t_scales, recipe, E, H, F1,
+                   device);
+  check_fp8_weight("w2t_fp8", args.w2t_fp8, "w2t_scales", args.w2t_scales, recipe, E, F, H,
+                   device);
+  return true;
 }
 
 }  // namespace
@@ -93,6 +114,7 @@ Device validate_quantize_weights(const LayerSpec& layer, const Recipe& recipe,
   check_tensor("w2", args.w2, DType::bf16, {E, H, F}, device);
   check_fp8_weights(layer, recipe, args.w1_fp8, args.w1_scales, args.w2_fp8, args.w2_scales,
                     device);
+  check_transposed_fp8_weights(layer, recipe, args, device);
   return device;
 }
 
@@ -176,8 +198,15 @@ GradientSet validate_backward(const ForwardContext& context, const Recipe& recip
   check_tensor("dy", args.dy, DType::bf16, {T, H}, device);
   check_tensor("x", args.x, DType::bf16, {T, H}, device);
   check_tensor("split_sizes", args.split_sizes, layer.split_dtype, {E}, device);
-  check_tensor("w1", args.w1, DType::bf16, {E, F1, H}, device);
-  check_tensor("w2", args.w2, DType::bf16, {E, H, F}, device);
+  // FP8 data gradients read the transposed FP8 weights; otherwise FC2 and FC1 dgrad read w2, w1.
+  if (check_transposed_fp8_weights(layer, recipe, args, device)) {
+    codegen::check_fp8_supported(layer, "sm_90a");
+    check_optional("w1", args.w1, DType::bf16, {E, F1, H}, device);
+    check_optional("w2", args.w2, DType::bf16, {E, H, F}, device);
+  } else {
+    check_tensor("w1", args.w1, DType::bf16, {E, F1, H}, device);
+    check_tensor("w2", args.w2, DType::bf16, {E, H, F}, device);
+  }
   check_tensor("saved_preact", args.saved_preact, DType::bf16, {T, F1}, device);
   if (T > 0 && args.saved_preact.data != context.saved_preact) {
     fail("saved_preact", "is not the tensor the grad-enabled forward wrote");

@@ -11,13 +11,15 @@ namespace gmjit::engine {
 std::int64_t validate_forward(const LayerSpec& layer, const Recipe& recipe, GradMode grad,
                               const ForwardArgs& args);
 
-// Checks the BF16 weights and the FP8 outputs of Engine::quantize_weights; returns their device.
+// Checks the BF16 weights and the FP8 outputs (and the optional transposed ones) of
+// Engine::quantize_weights; returns their device.
 Device validate_quantize_weights(const LayerSpec& layer, const Recipe& recipe,
                                  const QuantizeWeightsArgs& args);
 
 // Checks that `context` comes from a grad-enabled forward with this recipe and that every
 // tensor matches the forward's layer, token count and device. Returns the gradients asked for
-// (the optional outputs that are present).
+// (the optional outputs that are present). With an FP8 recipe, the transposed FP8 weights are
+// checked when given (all four), and w1 / w2 are then optional.
 GradientSet validate_backward(const ForwardContext& context, const Recipe& recipe,
                               const BackwardArgs& args);
 

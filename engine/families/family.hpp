@@ -58,8 +58,19 @@ struct CallTensors {
   float* x_scales = nullptr;    // [H / 128, T] workspace
   void* act_fp8 = nullptr;      // [T, F] workspace: FC2's input
   float* act_scales = nullptr;  // [F / 128, T] workspace (fp8_tensor: one float)
+  // FP8 data gradients: the transposed weights and dy, dh in E4M3 with their scales (per
+  // 1 x 128 block, [K / 128, T]; fp8_tensor: one float each).
+  void* w1t_fp8 = nullptr;  // [E, H, F1]; written by transpose_w1
+  float* w1t_scales = nullptr;
+  void* w2t_fp8 = nullptr;  // [E, F, H]
+  float* w2t_scales = nullptr;
+  void* dy_fp8 = nullptr;  // [T, H]
+  float* dy_scales = nullptr;
+  void* dh_fp8 = nullptr;  // [T, F1]
+  float* dh_scales = nullptr;
   // fp8_tensor: a in bf16 (FC1's output, quantized by a pass once its amax is known) and the
-  // amax slots (float bits): x then a in a forward; E for W1 then E for W2 in quantize_weights.
+  // amax slots (float bits): x then a in a forward; dy then dh in a backward; E for W1 then E
+  // for W2 in quantize_weights.
   void* act_bf16 = nullptr;
   unsigned int* amax = nullptr;
   // Op by op, the plan is [linear (FC1), activation, linear (FC2)]: both GEMMs have the role

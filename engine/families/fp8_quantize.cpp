@@ -1,6 +1,7 @@
-// Family fp8_quantize: the E4M3 quantizers (fp8_quantize.cuh): x per 1 x 128 block
-// (QuantizeRowsParams, into the forward's workspace) and the weights per 128 x 128 block
-// (QuantizeBlocksParams, Engine::quantize_weights). Plain pointer blocks.
+// Family fp8_quantize: the E4M3 quantizers (fp8_quantize.cuh): x, dy and dh per 1 x 128 block
+// (QuantizeRowsParams, into the call's workspace), the weights per 128 x 128 block
+// (QuantizeBlocksParams, Engine::quantize_weights), the fp8_tensor passes and the transposed
+// weight copies. Plain pointer blocks.
 #include "engine/families/family.hpp"
 #include "engine/runtime/loaded_kernel.hpp"
 #include "kernel_templates/params.cuh"
@@ -31,13 +32,33 @@ void* bind_fp8_quantize(const CallTensors& call, const LoadedKernel& kernel,
     case KernelRole::tensor_quantize_w2:
       return &(storage.emplace<kt::QuantizeGroupsParams>() = {call.w2, call.w2_fp8, call.amax + E,
                                                               call.w2_scales, H * F});
+    // The backward's gradients: slot 0 for dy, 1 for dh.
+    case KernelRole::tensor_amax_dy:
+      return &(storage.emplace<kt::GroupAmaxParams>() = {call.dy, call.amax, T * H});
+    case KernelRole::tensor_quantize_dy:
+      return &(storage.emplace<kt::QuantizeGroupsParams>() = {call.dy, call.dy_fp8, call.amax,
+                                                              call.dy_scales, T * H});
+    case KernelRole::tensor_amax_dh:
+      return &(storage.emplace<kt::GroupAmaxParams>() = {call.dpreact, call.amax + 1, T * F1});
+    case KernelRole::tensor_quantize_dh:
+      return &(storage.emplace<kt::QuantizeGroupsParams>() = {
+                   call.dpreact, call.dh_fp8, call.amax + 1, call.dh_scales, T * F1});
+    case KernelRole::quantize_x:
+      return &(storage.emplace<kt::QuantizeRowsParams>() = {call.x, call.x_fp8, call.x_scales, T});
+    case KernelRole::quantize_dy:
+      return &(storage.emplace<kt::QuantizeRowsParams>() = {call.dy, call.dy_fp8, call.dy_scales,
+                                                            T});
+    case KernelRole::quantize_dh:
+      return &(storage.emplace<kt::QuantizeRowsParams>() = {call.dpreact, call.dh_fp8,
+                                                            call.dh_scales, T});
+    case KernelRole::transpose_w1:
+      return &(storage.emplace<kt::TransposeE4m3Params>() = {call.w1_fp8, call.w1_scales,
+                                                             call.w1t_fp8, call.w1t_scales});
+    case KernelRole::transpose_w2:
+      return &(storage.emplace<kt::TransposeE4m3Params>() = {call.w2_fp8, call.w2_scales,
+                                                             call.w2t_fp8, call.w2t_scales});
     default:
       break;
-  }
-  if (kernel.role() == KernelRole::quantize_x) {
-    auto& p = storage.emplace<kt::QuantizeRowsParams>();
-    p = {call.x, call.x_fp8, call.x_scales, call.tokens};
-    return &p;
   }
   auto& p = storage.emplace<kt::QuantizeBlocksParams>();
   if (kernel.role() == KernelRole::quantize_w1) {

@@ -1,10 +1,12 @@
-// Family sm90_fp8_gemm: the Hopper FP8 GEMMs of the fp8_block forward, Sm90Fp8GemmParams
-// (sm90_fp8_mlp_fwd.cuh): two uint8 TMA maps with 128-byte boxes along K, then the FP8 block
-// (codegen/families/sm90_fp8_gemm.cpp emits them).
+// Family sm90_fp8_gemm: the Hopper FP8 GEMMs of the FP8 recipes (forward FC1 and FC2, the data
+// gradients FC2 dgrad and FC1 dgrad): two uint8 TMA maps with 128-byte boxes along K, then the
+// FP8 block, Sm90Fp8GemmParams or Sm90Fc2DgradParams (codegen/families/sm90_fp8_gemm.cpp
+// emits them).
 #include <cstddef>
 #include <cstring>
 
 #include "engine/families/family.hpp"
+#include "engine/families/operands.hpp"
 #include "engine/runtime/driver.hpp"
 #include "engine/runtime/loaded_kernel.hpp"
 #include "gmjit/error.hpp"
@@ -48,10 +50,29 @@ void* bind_sm90_fp8_gemm(const CallTensors& call, const LoadedKernel& kernel,
                          ParamStorage& storage) {
   const LayerSpec& l = *call.layer;
   const auto& shape = kernel.launch_shape();
-  auto& p = storage.emplace<Sm90Fp8GemmParams>();
-  const bool fc1 = kernel.role() == codegen::KernelRole::fc1_forward_fp8;
   const long long E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
-  if (fc1) {
+  const int block_n = static_cast<int>(shape.block_n);
+  if (kernel.role() == codegen::KernelRole::fc2_dgrad_fp8) {
+    // A = dy in E4M3 [T, H], B = Ŵ2ᵀ [E * F, H]; the epilogue's tensors as BF16 FC2 dgrad's.
+    auto& d = storage.emplace<kt::Sm90Fc2DgradParams>();
+    d.plain = fc2_dgrad_params(call);
+    d.plain.a_scales = call.dy_scales;
+    d.plain.b_scales = call.w2t_scales;
+    encode_rows(d.tmap_a, call.dy_fp8, call.tokens, H, 64);
+    encode_rows(d.tmap_b, call.w2t_fp8, E * F, H, block_n);
+    return &d;
+  }
+  auto& p = storage.emplace<Sm90Fp8GemmParams>();
+  if (kernel.role() == codegen::KernelRole::fc1_dgrad_fp8) {
+    // dx = dh · W1: A = dh in E4M3 [T, F1], B = Ŵ1ᵀ [E * H, F1]; no bias, no probs.
+    p.plain = {call.dh_fp8,     call.dh_scales, call.w1t_fp8, call.w1t_scales,
+               nullptr,         nullptr,        call.split_sizes, call.dx,
+               nullptr,         nullptr,        call.tokens};
+    encode_rows(p.tmap_a, call.dh_fp8, call.tokens, F1, 64);
+    encode_rows(p.tmap_b, call.w1t_fp8, E * H, F1, block_n);
+    return &p;
+  }
+  if (kernel.role() == codegen::KernelRole::fc1_forward_fp8) {
     // fp8_tensor (act_bf16 given): FC1 writes a in bf16 and its amax into the slot after x's.
     const bool per_tensor = call.act_bf16 != nullptr;
     p.plain = {call.x_fp8,
@@ -83,7 +104,7 @@ void* bind_sm90_fp8_gemm(const CallTensors& call, const LoadedKernel& kernel,
                call.split_sizes, call.y,          nullptr,
                nullptr,          call.tokens};
     encode_rows(p.tmap_a, call.act_fp8, call.tokens, F, 64);
-    encode_rows(p.tmap_b, call.w2_fp8, E * H, F, static_cast<int>(shape.block_n));
+    encode_rows(p.tmap_b, call.w2_fp8, E * H, F, block_n);
   }
   return &p;
 }

@@ -29,12 +29,17 @@ struct PlanKey {
   std::uint8_t backward = 0;   // 1: the backward plan of a grad-enabled forward
   std::uint8_t recipe = 0;     // RecipeKind (options_key has it too; codegen reads this)
   std::uint8_t pow2_scales = 0;
-  std::uint8_t weights = 0;  // 1: the plan that quantizes the weights for the recipe
+  // 1: the plan that quantizes the weights for the recipe; 2: that also writes their transposed
+  // copies (what the FP8 data gradients read).
+  std::uint8_t weights = 0;
+  std::uint8_t fp8_dgrad = 0;  // backward of an FP8 recipe: 1 runs dgrad in FP8
+  std::uint8_t reserved_[7] = {};
 
   static PlanKey make(const LayerSpec& layer, const Recipe& recipe, GradMode grad, int device);
   static PlanKey make_backward(const LayerSpec& layer, const Recipe& recipe,
-                               const GradientSet& gradients, int device);
-  static PlanKey make_weight_quantizer(const LayerSpec& layer, const Recipe& recipe, int device);
+                               const GradientSet& gradients, int device, bool fp8_dgrad = false);
+  static PlanKey make_weight_quantizer(const LayerSpec& layer, const Recipe& recipe, int device,
+                                       bool transposed = false);
   friend bool operator==(const PlanKey& a, const PlanKey& b) {
     return std::memcmp(&a, &b, sizeof(PlanKey)) == 0;
   }

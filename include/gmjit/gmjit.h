@@ -133,7 +133,7 @@ gmjit_status gmjit_forward_ex(gmjit_engine* engine, const gmjit_layer* layer, gm
                               int grad, void* stream);
 
 /* gmjit_forward_train with a recipe. The context remembers the recipe: gmjit_backward of it
- * runs the (BF16) backward of that recipe, with the same gmjit_backward_args (bf16 x, w1, w2). */
+ * runs that recipe's backward (BF16 data gradients; FP8 ones through gmjit_backward_ex). */
 gmjit_status gmjit_forward_train_ex(gmjit_engine* engine, const gmjit_layer* layer,
                                     gmjit_recipe recipe, const gmjit_forward_args* args,
                                     const gmjit_fp8_weights* fp8, void* stream,
@@ -145,6 +145,23 @@ gmjit_status gmjit_forward_train_ex(gmjit_engine* engine, const gmjit_layer* lay
 gmjit_status gmjit_quantize_weights(gmjit_engine* engine, const gmjit_layer* layer,
                                     gmjit_recipe recipe, const DLTensor* w1, const DLTensor* w2,
                                     const gmjit_fp8_weights* out, void* stream);
+
+/* gmjit_quantize_weights that also writes the transposed copies the FP8 data gradients read,
+ * into *out_transposed (NULL: none): w1_fp8 = W1^T [E, H, F1] with w1_scales [E, H/128, F1/128],
+ * w2_fp8 = W2^T [E, F, H] with w2_scales [E, F/128, H/128] (fp8_tensor recipe: [E] scales).
+ * They are the quantized weights transposed, bit for bit. */
+gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmjit_layer* layer,
+                                       gmjit_recipe recipe, const DLTensor* w1,
+                                       const DLTensor* w2, const gmjit_fp8_weights* out,
+                                       const gmjit_fp8_weights* out_transposed, void* stream);
+
+/* gmjit_backward with the transposed FP8 weights of an FP8 recipe (gmjit_quantize_weights_ex's
+ * out_transposed): the data gradients (dx, and dh for the weight gradients) then run on the FP8
+ * tensor cores, with dy and dh quantized like x, and args->w1 / w2 may be NULL. NULL: as
+ * gmjit_backward (BF16 data gradients). Weight gradients are BF16 GEMMs either way. */
+gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context* context,
+                               const gmjit_backward_args* args,
+                               const gmjit_fp8_weights* fp8_transposed, void* stream);
 
 /* The message of the last failed call on this thread ("" if none). Valid until the next call. */
 const char* gmjit_last_error(void);

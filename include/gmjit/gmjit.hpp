@@ -48,6 +48,10 @@ struct QuantizeWeightsArgs {
   TensorRef w1, w2;             // bf16, as in ForwardArgs
   TensorRef w1_fp8, w1_scales;  // outputs, shapes as in ForwardArgs
   TensorRef w2_fp8, w2_scales;  // outputs
+  // Optional outputs (all four or none): the transposed copies the FP8 backward's data
+  // gradients read, shapes as in BackwardArgs. Ŵᵀ is the quantized Ŵ transposed, bit for bit.
+  TensorRef w1t_fp8, w1t_scales;
+  TensorRef w2t_fp8, w2t_scales;
 };
 
 // What a forward leaves for its backward: a plain value the caller keeps with its tensors.
@@ -75,6 +79,14 @@ struct BackwardArgs {
   bool accumulate = false;  // add into dw1/db1/dw2/db2 (fp32 main-grad buffers)
   // Optional scratch of at least Engine::backward_workspace_bytes; absent: from the pool.
   TensorRef workspace;
+  // FP8 recipes: the transposed quantized weights (QuantizeWeightsArgs' optional outputs).
+  // Given, the data gradients (FC2 dgrad, FC1 dgrad) run on FP8 tensor cores with dy and dh
+  // quantized like x, and w1 / w2 are not read; absent, they run in BF16 from w1 / w2. The
+  // weight gradients are BF16 GEMMs either way.
+  TensorRef w1t_fp8;     // [E, H, F1] float8_e4m3fn
+  TensorRef w1t_scales;  // fp8_block: [E, H / 128, F1 / 128]; fp8_tensor: [E]
+  TensorRef w2t_fp8;     // [E, F, H] float8_e4m3fn
+  TensorRef w2t_scales;  // fp8_block: [E, F / 128, H / 128]; fp8_tensor: [E]
 };
 
 struct EngineOptions {
@@ -143,7 +155,9 @@ class Engine {
   // Scratch bytes a call with `tokens` tokens needs when the caller provides the workspace.
   std::size_t forward_workspace_bytes(const LayerSpec& spec, GradMode grad, std::int64_t tokens,
                                       const Recipe& recipe = Recipe::bf16()) const;
-  std::size_t backward_workspace_bytes(const LayerSpec& spec, std::int64_t tokens) const;
+  // FP8 recipes: enough for the FP8 data gradients (dy and dh in E4M3 with their scales).
+  std::size_t backward_workspace_bytes(const LayerSpec& spec, std::int64_t tokens,
+                                       const Recipe& recipe = Recipe::bf16()) const;
 
   // Generates and compiles (or loads from the caches) every kernel of the plan for `arch`,
   // without a GPU. Used to warm a cache ahead of time.

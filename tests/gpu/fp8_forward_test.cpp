@@ -18,71 +18,11 @@
 #include <vector>
 
 #include "engine/runtime/driver.hpp"
+#include "tests/gpu/fp8_reference.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
 
 namespace gmjit::testing {
 namespace {
-
-// E4M3 (fn) byte -> float, exactly.
-float decode_e4m3(std::uint8_t b) {
-  const int sign = b >> 7, exp = (b >> 3) & 15, mant = b & 7;
-  float v;
-  if (exp == 15 && mant == 7) return NAN;
-  if (exp == 0) {
-    v = std::ldexp(static_cast<float>(mant) / 8.0f, -6);
-  } else {
-    v = std::ldexp(1.0f + static_cast<float>(mant) / 8.0f, exp - 7);
-  }
-  return sign ? -v : v;
-}
-
-// Round to the nearest E4M3 value, ties to even, saturating at ±448 (cvt.rn.satfinite).
-float round_e4m3(float v) {
-  const float a = std::fabs(v);
-  if (!(a < 448.0f)) return std::copysign(448.0f, v);
-  float step;
-  if (a < std::ldexp(1.0f, -6)) {
-    step = std::ldexp(1.0f, -9);
-  } else {
-    int e;
-    std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1): 3 mantissa bits after the leading one
-    step = std::ldexp(1.0f, e - 4);
-  }
-  return std::copysign(std::nearbyint(a / step) * step, v);
-}
-
-float block_scale(float amax, bool pow2) {
-  if (!(amax > 0.0f)) return 1.0f;
-  float s = amax * (1.0f / 448.0f);
-  if (pow2) {
-    int e;
-    const float m = std::frexp(s, &e);  // s = m 2^e, m in [0.5, 1)
-    s = m == 0.5f ? s : std::ldexp(1.0f, e);
-  }
-  return s;
-}
-
-// Quantizes then dequantizes `v` (n values) per block of 128, as the kernels do.
-void fake_quantize_rows(std::vector<double>& v, bool pow2) {
-  for (std::size_t b = 0; b < v.size(); b += 128) {
-    float amax = 0.0f;
-    for (std::size_t i = b; i < b + 128; ++i) {
-      amax = std::max(amax, std::fabs(static_cast<float>(v[i])));
-    }
-    const float s = block_scale(amax, pow2), inv = 1.0f / s;
-    for (std::size_t i = b; i < b + 128; ++i) {
-      v[i] = static_cast<double>(round_e4m3(static_cast<float>(v[i]) * inv)) * s;
-    }
-  }
-}
-
-// Quantizes then dequantizes every value of `v` with the one scale of its amax (fp8_tensor).
-void fake_quantize_tensor(std::vector<double>& v, bool pow2) {
-  float amax = 0.0f;
-  for (double x : v) amax = std::max(amax, std::fabs(static_cast<float>(x)));
-  const float s = block_scale(amax, pow2), inv = 1.0f / s;
-  for (double& x : v) x = static_cast<double>(round_e4m3(static_cast<float>(x) * inv)) * s;
-}
 
 struct Fp8Case {
   std::string name;
@@ -94,54 +34,41 @@ struct Fp8Case {
   RecipeKind kind = RecipeKind::fp8_block;
 };
 
-LayerSpec spec(std::int64_t E, std::int64_t H, std::int64_t F, Activation act, bool bias,
-               bool probs, DType split) {
-  LayerSpec l;
-  l.experts = E;
-  l.hidden = H;
-  l.ffn = F;
-  l.activation.kind = act;
-  l.fc1_bias = l.fc2_bias = bias;
-  l.router_probs = probs;
-  l.split_dtype = split;
-  return l;
-}
-
 std::vector<Fp8Case> cases() {
   return {
       {"swiglu_bias_probs_tail",
-       spec(4, 256, 384, Activation::swiglu, true, true, DType::i64),
+       fp8_layer_spec(4, 256, 384, Activation::swiglu, true, true, DType::i64),
        {100, 0, 157, 43},
        320,
        GradMode::grad,
        false},
       {"gelu_probs_i32_pow2",
-       spec(3, 384, 256, Activation::gelu, false, true, DType::i32),
+       fp8_layer_spec(3, 384, 256, Activation::gelu, false, true, DType::i32),
        {64, 200, 1},
        265,
        GradMode::no_grad,
        true},
       {"clamped_swiglu_bias",
-       spec(2, 512, 256, Activation::clamped_swiglu, true, false, DType::i64),
+       fp8_layer_spec(2, 512, 256, Activation::clamped_swiglu, true, false, DType::i64),
        {130, 126},
        256,
        GradMode::grad,
        false},
       {"swiglu_long_k",
-       spec(2, 2048, 512, Activation::swiglu, false, true, DType::i64),
+       fp8_layer_spec(2, 2048, 512, Activation::swiglu, false, true, DType::i64),
        {150, 150},
        300,
        GradMode::no_grad,
        false},
       {"tensor_swiglu_bias_probs_tail",
-       spec(4, 256, 384, Activation::swiglu, true, true, DType::i64),
+       fp8_layer_spec(4, 256, 384, Activation::swiglu, true, true, DType::i64),
        {100, 0, 157, 43},
        320,
        GradMode::grad,
        false,
        RecipeKind::fp8_tensor},
       {"tensor_gelu_long_k_pow2",
-       spec(2, 2048, 256, Activation::gelu, false, true, DType::i32),
+       fp8_layer_spec(2, 2048, 256, Activation::gelu, false, true, DType::i32),
        {150, 150},
        300,
        GradMode::no_grad,
@@ -315,7 +242,7 @@ TEST(Fp8Forward, CapturedInAGraphReplaysEagerBitsAndZeroTokensLaunchNothing) {
   if (Engine::devices()[0].arch != "sm_90a") GTEST_SKIP() << "FP8 kernels need sm_90a";
   const engine::DriverApi& api = engine::driver();
   auto check = [](CUresult rc, const char* call) { engine::check_driver(rc, call); };
-  const LayerSpec l = spec(4, 256, 384, Activation::swiglu, true, true, DType::i64);
+  const LayerSpec l = fp8_layer_spec(4, 256, 384, Activation::swiglu, true, true, DType::i64);
   const HostLayer host = make_host_layer(l, {100, 0, 157, 43}, 320, 77);
   DeviceLayer layer(host, GradMode::no_grad);
   engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);

@@ -258,4 +258,9 @@ double reference_activation(const ActivationSpec& act, double gate, double lin) 
   return activate(act, gate, lin);
 }
 
+std::pair<double, double> reference_activation_grad(const ActivationSpec& act, double gate,
+                                                    double lin) {
+  return activate_grad(act, gate, lin);
+}
+
 }  // namespace gmjit::testing

@@ -2,6 +2,7 @@
 // A float64 CPU reference of the grouped-MLP forward (docs/DESIGN.md §1) and host-side test data.
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gmjit/gmjit.hpp"
@@ -31,6 +32,9 @@ Reference reference_forward(const HostLayer& host);
 
 // act(gate, lin) of the layer's activation in float64 (non-GLU activations ignore lin).
 double reference_activation(const ActivationSpec& act, double gate, double lin);
+// (d act / d gate, d act / d lin) at (gate, lin); non-GLU activations give (d act / d h, 0).
+std::pair<double, double> reference_activation_grad(const ActivationSpec& act, double gate,
+                                                    double lin);
 
 struct ReferenceGrads {
   std::vector<double> dx, dw1, db1, dw2, db2, dprobs;

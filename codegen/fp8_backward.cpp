@@ -1,0 +1,88 @@
+// The kernels of the FP8 data gradients (which ones, their names and the Cfg fields the
+// operation fixes); the families sm90_fp8_gemm and fp8_quantize (codegen/families/) emit them.
+#include "codegen/fp8_backward.hpp"
+
+#include <fmt/format.h>
+
+#include "codegen/emit_common.hpp"
+#include "codegen/families/family.hpp"
+
+namespace gmjit::codegen {
+namespace {
+
+std::string recipe_suffix(const Fp8Scaling& s) {
+  return fmt::format("_fp8{}{}", s.per_tensor ? "t" : "b", s.pow2_scales ? "_p2" : "");
+}
+
+KernelSource emit(KernelRole role, const LayerSpec& layer, const std::string& arch,
+                  std::string entry, std::string fields, std::int64_t rows = 0) {
+  return families::emit_kernel({.role = role,
+                                .layer = layer,
+                                .arch = arch,
+                                .entry = std::move(entry),
+                                .fields = std::move(fields),
+                                .rows = rows});
+}
+
+// The quantizer of a [T, cols] activation gradient: 1 x 128 blocks (QuantizeRows), or its amax
+// and one scale (GroupAmax, QuantizeGroups over the tensor as one group).
+std::vector<KernelSource> quantize_gradient(const LayerSpec& layer, const Fp8Scaling& s,
+                                            const std::string& arch, const char* name,
+                                            std::int64_t cols, KernelRole rows_role,
+                                            KernelRole amax_role, KernelRole quantize_role) {
+  const std::string pow2 = fmt::format("  static constexpr bool pow2_scales = {};\n", s.pow2_scales);
+  const std::string suffix = recipe_suffix(s);
+  if (s.per_tensor) {
+    const std::string groups = "  static constexpr int groups = 1;\n";
+    return {emit(amax_role, layer, arch, fmt::format("gmjit_amax_{}{}", name, suffix),
+                 groups + pow2, 1),
+            emit(quantize_role, layer, arch, fmt::format("gmjit_quantize_{}{}", name, suffix),
+                 groups + pow2, 1)};
+  }
+  return {emit(rows_role, layer, arch, fmt::format("gmjit_quantize_{}_{}{}", name, cols, suffix),
+               fmt::format("  static constexpr int cols = {};\n", cols) + pow2)};
+}
+
+std::string tensor_scaling_field(const Fp8Scaling& s) {
+  return fmt::format("  static constexpr bool per_tensor_scales = {};\n", s.per_tensor);
+}
+
+}  // namespace
+
+std::vector<KernelSource> emit_fp8_fc2_dgrad(const LayerSpec& l, const Fp8Scaling& s,
+                                             const std::string& arch) {
+  using namespace detail;
+  std::vector<KernelSource> kernels =
+      quantize_gradient(l, s, arch, "dy", l.hidden, KernelRole::quantize_dy,
+                        KernelRole::tensor_amax_dy, KernelRole::tensor_quantize_dy);
+  kernels.push_back(
+      emit(KernelRole::fc2_dgrad_fp8, l, arch,
+           fmt::format("gmjit_fc2_dgrad_e{}_h{}_f{}_{}{}{}{}", l.experts, l.hidden, l.ffn,
+                       activation_name(l.activation.kind), l.fc2_bias ? "_b2" : "",
+                       l.router_probs ? "_p" : "", recipe_suffix(s)),
+           layer_fields(l) + activation_fields(l.activation) +
+               fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n", l.fc2_bias,
+                           l.router_probs) +
+               tensor_scaling_field(s)));
+  return kernels;
+}
+
+std::vector<KernelSource> emit_fp8_fc1_dgrad(const LayerSpec& l, const Fp8Scaling& s,
+                                             const std::string& arch) {
+  const std::int64_t F1 = l.fc1_out();
+  std::vector<KernelSource> kernels =
+      quantize_gradient(l, s, arch, "dh", F1, KernelRole::quantize_dh,
+                        KernelRole::tensor_amax_dh, KernelRole::tensor_quantize_dh);
+  // The FP8 FC2 forward GEMM with N = H, K = F1 (Fc1DgradFp8Sm90): its Cfg's hidden and ffn.
+  LayerSpec gemm = l;
+  gemm.ffn = F1;
+  kernels.push_back(emit(
+      KernelRole::fc1_dgrad_fp8, l, arch,
+      fmt::format("gmjit_fc1_dgrad_e{}_h{}_f{}{}", l.experts, l.hidden, F1, recipe_suffix(s)),
+      detail::layer_fields(gemm) +
+          "  static constexpr bool has_bias = false, has_probs = false;\n" +
+          tensor_scaling_field(s)));
+  return kernels;
+}
+
+}  // namespace gmjit::codegen

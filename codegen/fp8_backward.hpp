@@ -1,0 +1,25 @@
+#pragma once
+// Codegen for the FP8 recipes' data gradients on Hopper (sm_90a): dy and dh quantized to E4M3
+// (per 1 x 128 block along K, or per tensor), then FC2 dgrad (with the activation backward) and
+// FC1 dgrad on the FP8 tensor cores, reading the weights' transposed E4M3 copies. Called by
+// emit_grouped_mlp_backward (grouped_mlp.hpp); templates: kernel_templates/fp8_quantize.cuh,
+// sm90_fp8_mlp_bwd.cuh.
+#include <string>
+#include <vector>
+
+#include "codegen/grouped_mlp.hpp"
+#include "codegen/kernel_source.hpp"
+
+namespace gmjit::codegen {
+
+// fp8_block: [quantize_dy, fc2_dgrad_fp8]; fp8_tensor: [tensor_amax_dy, tensor_quantize_dy,
+// fc2_dgrad_fp8].
+std::vector<KernelSource> emit_fp8_fc2_dgrad(const LayerSpec& layer, const Fp8Scaling& scaling,
+                                             const std::string& arch);
+
+// fp8_block: [quantize_dh, fc1_dgrad_fp8]; fp8_tensor: [tensor_amax_dh, tensor_quantize_dh,
+// fc1_dgrad_fp8].
+std::vector<KernelSource> emit_fp8_fc1_dgrad(const LayerSpec& layer, const Fp8Scaling& scaling,
+                                             const std::string& arch);
+
+}  // namespace gmjit::codegen
