@@ -29,6 +29,13 @@ void LayerTensors::add_fp8_weights(engine::DeviceContext& device, const LayerSpe
   q.w2_fp8 = tensor(device, DType::f8e4m3, {E, H, F});
   q.w2_scales = per_tensor ? tensor(device, DType::f32, {E})
                            : tensor(device, DType::f32, {E, H / 128, F / 128});
+  // The transposed copies: the backward's data gradients then run in FP8 too.
+  q.w1t_fp8 = tensor(device, DType::f8e4m3, {E, H, F1});
+  q.w1t_scales = per_tensor ? tensor(device, DType::f32, {E})
+                            : tensor(device, DType::f32, {E, H / 128, F1 / 128});
+  q.w2t_fp8 = tensor(device, DType::f8e4m3, {E, F, H});
+  q.w2t_scales = per_tensor ? tensor(device, DType::f32, {E})
+                            : tensor(device, DType::f32, {E, F / 128, H / 128});
   engine.quantize_weights(l, recipe, q);
   for (ForwardArgs* args : {&forward, &no_grad}) {
     args->w1_fp8 = q.w1_fp8;
@@ -36,6 +43,10 @@ void LayerTensors::add_fp8_weights(engine::DeviceContext& device, const LayerSpe
     args->w2_fp8 = q.w2_fp8;
     args->w2_scales = q.w2_scales;
   }
+  backward.w1t_fp8 = q.w1t_fp8;
+  backward.w1t_scales = q.w1t_scales;
+  backward.w2t_fp8 = q.w2t_fp8;
+  backward.w2t_scales = q.w2t_scales;
 }
 
 LayerTensors::LayerTensors(engine::DeviceContext& device, const LayerSpec& l, std::int64_t T,
