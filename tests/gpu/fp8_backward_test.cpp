@@ -303,7 +303,8 @@ TEST(Fp8Backward, CapturedInAGraphReplaysEagerBitsAndZeroTokensGiveZeroGradients
   auto check = [](CUresult rc, const char* call) { engine::check_driver(rc, call); };
   for (RecipeKind kind : {RecipeKind::fp8_block, RecipeKind::fp8_tensor}) {
     SCOPED_TRACE(kind == RecipeKind::fp8_block ? "fp8_block" : "fp8_tensor");
-    const LayerSpec l = fp8_layer_spec(4, 256, 384, Activation::swiglu, true, true, DType::i64);
+    // FC2 dgrad adds dprobs atomically (order-dependent), so this bitwise test has no probs.
+    const LayerSpec l = fp8_layer_spec(4, 256, 384, Activation::swiglu, true, false, DType::i64);
     TrainingLayer t(make_host_layer(l, {100, 0, 157, 43}, 320, 77));
     Fp8Weights w(l, kind == RecipeKind::fp8_tensor, t.device.args);
     Engine engine;
