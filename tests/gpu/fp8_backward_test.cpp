@@ -10,7 +10,9 @@
 // a rounding boundary one E4M3 step (2^-4 relative) the other way: a normwise error of a few
 // 1e-3 in dx. We allow 1e-2 for dprobs, the weight and bias gradients and 2e-2 for dx. Against
 // the unquantized math (x, W, dy and dh in bf16) the error is the quantization noise of two
-// quantized GEMMs in series plus the forward's: printed, and bounded at 0.15.
+// quantized GEMMs in series plus the forward's: printed, and bounded at 0.1 for block scaling
+// (measured 0.056-0.063) and 0.2 for per-tensor scaling, whose one scale per tensor leaves the
+// small elements of a wide-ranged dh (ReLU's) few or no mantissa bits (measured up to 0.155).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -276,7 +278,7 @@ TEST_P(Fp8Backward, MatchesFloat64ReferenceOfQuantizedOperands) {
   EXPECT_LT(dx_err, 2e-2);
   EXPECT_LT(dw1_err, 1e-2);
   EXPECT_LT(dw2_err, 1e-2);
-  EXPECT_LT(dx_vs_plain, 0.15);
+  EXPECT_LT(dx_vs_plain, per_tensor ? 0.2 : 0.1);
   if (l.router_probs) {
     const double err = relative_error(download_as<float>(t.dprobs, T), dprobs);
     std::printf("[ numerics ] fp8 bwd %-30s dprobs %.3e\n", c.name.c_str(), err);
