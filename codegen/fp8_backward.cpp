@@ -30,7 +30,8 @@ std::vector<KernelSource> quantize_gradient(const LayerSpec& layer, const Fp8Sca
                                             const std::string& arch, const char* name,
                                             std::int64_t cols, KernelRole rows_role,
                                             KernelRole amax_role, KernelRole quantize_role) {
-  const std::string pow2 = fmt::format("  static constexpr bool pow2_scales = {};\n", s.pow2_scales);
+  const std::string pow2 =
+      fmt::format("  static constexpr bool pow2_scales = {};\n", s.pow2_scales);
   const std::string suffix = recipe_suffix(s);
   if (s.per_tensor) {
     const std::string groups = "  static constexpr int groups = 1;\n";
@@ -71,17 +72,48 @@ std::vector<KernelSource> emit_fp8_fc1_dgrad(const LayerSpec& l, const Fp8Scalin
                                              const std::string& arch) {
   const std::int64_t F1 = l.fc1_out();
   std::vector<KernelSource> kernels =
-      quantize_gradient(l, s, arch, "dh", F1, KernelRole::quantize_dh,
-                        KernelRole::tensor_amax_dh, KernelRole::tensor_quantize_dh);
+      quantize_gradient(l, s, arch, "dh", F1, KernelRole::quantize_dh, KernelRole::tensor_amax_dh,
+                        KernelRole::tensor_quantize_dh);
   // The FP8 FC2 forward GEMM with N = H, K = F1 (Fc1DgradFp8Sm90): its Cfg's hidden and ffn.
   LayerSpec gemm = l;
   gemm.ffn = F1;
-  kernels.push_back(emit(
-      KernelRole::fc1_dgrad_fp8, l, arch,
-      fmt::format("gmjit_fc1_dgrad_e{}_h{}_f{}{}", l.experts, l.hidden, F1, recipe_suffix(s)),
-      detail::layer_fields(gemm) +
-          "  static constexpr bool has_bias = false, has_probs = false;\n" +
-          tensor_scaling_field(s)));
+  kernels.push_back(
+      emit(KernelRole::fc1_dgrad_fp8, l, arch,
+           fmt::format("gmjit_fc1_dgrad_e{}_h{}_f{}{}", l.experts, l.hidden, F1, recipe_suffix(s)),
+           detail::layer_fields(gemm) +
+               "  static constexpr bool has_bias = false, has_probs = false;\n" +
+               tensor_scaling_field(s)));
+  return kernels;
+}
+
+std::vector<KernelSource> emit_fp8_weight_gradient(const LayerSpec& l, const Fp8Scaling& s,
+                                                   const std::string& arch, bool w2,
+                                                   bool bf16_out) {
+  const std::int64_t H = l.hidden, F = l.ffn, F1 = l.fc1_out();
+  const std::string pow2 =
+      fmt::format("  static constexpr bool pow2_scales = {};\n", s.pow2_scales);
+  auto tokens = [&](KernelRole role, const char* name, std::int64_t cols) {
+    return emit(role, l, arch,
+                fmt::format("gmjit_quantize_tokens_{}_e{}_{}{}{}", name, l.experts, cols,
+                            l.split_dtype == DType::i64 ? "" : "_i32", recipe_suffix(s)),
+                fmt::format("  static constexpr int experts = {}, cols = {};\n"
+                            "  static constexpr bool split_int64 = {};\n",
+                            l.experts, cols, l.split_dtype == DType::i64) +
+                    pow2);
+  };
+  // out[E, rows, cols] = Σ_t aᵀ b: dW2 = dyᵀ (a ⊙ p), dW1 = dhᵀ x.
+  const std::int64_t rows = w2 ? H : F1, cols = w2 ? F : H;
+  std::vector<KernelSource> kernels = {w2 ? tokens(KernelRole::quantize_tokens_dy, "dy", H)
+                                          : tokens(KernelRole::quantize_tokens_dh, "dh", F1),
+                                       w2 ? tokens(KernelRole::quantize_tokens_act, "act", F)
+                                          : tokens(KernelRole::quantize_tokens_x, "x", H)};
+  kernels.push_back(emit(w2 ? KernelRole::wgrad_w2_fp8 : KernelRole::wgrad_w1_fp8, l, arch,
+                         fmt::format("gmjit_wgrad_{}_e{}_{}x{}{}{}", w2 ? "w2" : "w1", l.experts,
+                                     rows, cols, bf16_out ? "_bf16" : "", recipe_suffix(s)),
+                         fmt::format("  static constexpr int experts = {}, rows = {}, cols = {};\n"
+                                     "  static constexpr bool split_int64 = {};\n",
+                                     l.experts, rows, cols, l.split_dtype == DType::i64) +
+                             (bf16_out ? "  static constexpr bool out_bf16 = true;\n" : "")));
   return kernels;
 }
 

@@ -22,4 +22,11 @@ std::vector<KernelSource> emit_fp8_fc2_dgrad(const LayerSpec& layer, const Fp8Sc
 std::vector<KernelSource> emit_fp8_fc1_dgrad(const LayerSpec& layer, const Fp8Scaling& scaling,
                                              const std::string& arch);
 
+// The fp8_block recipe's weight gradient dW2 (`w2`) or dW1: its two operands quantized along
+// tokens ([quantize_tokens_dy, quantize_tokens_act] or [quantize_tokens_dh, quantize_tokens_x])
+// then wgrad_w2_fp8 / wgrad_w1_fp8; bf16_out writes the gradient in bf16.
+std::vector<KernelSource> emit_fp8_weight_gradient(const LayerSpec& layer,
+                                                   const Fp8Scaling& scaling,
+                                                   const std::string& arch, bool w2, bool bf16_out);
+
 }  // namespace gmjit::codegen

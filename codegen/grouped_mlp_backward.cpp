@@ -97,11 +97,28 @@ std::vector<KernelSource> emit_grouped_mlp_backward(const GroupedMlpBackwardDesc
   } else {
     kernels.push_back(fc2_dgrad(desc));
   }
-  if (out.dw2) kernels.push_back(wgrad(KernelRole::wgrad_w2, desc, layer.hidden, layer.ffn));
+  // fp8_block with FP8 data gradients: the weight gradients run on the FP8 tensor cores too
+  // (fp8_tensor keeps them in BF16: its operands along tokens would need two more amax passes).
+  const bool fp8_wgrad = desc.fp8_dgrad && !desc.fp8_dgrad->per_tensor;
+  auto fp8_weight_gradient = [&](bool w2) {
+    for (KernelSource& k :
+         emit_fp8_weight_gradient(layer, *desc.fp8_dgrad, desc.arch, w2, out.bf16_weight_grads)) {
+      kernels.push_back(std::move(k));
+    }
+  };
+  if (out.dw2 && fp8_wgrad) {
+    fp8_weight_gradient(true);
+  } else if (out.dw2) {
+    kernels.push_back(wgrad(KernelRole::wgrad_w2, desc, layer.hidden, layer.ffn));
+  }
   if (out.db2) {
     kernels.push_back(column_sum(KernelRole::bgrad_b2, desc, layer.hidden, layer.router_probs));
   }
-  if (out.dw1) kernels.push_back(wgrad(KernelRole::wgrad_w1, desc, layer.fc1_out(), layer.hidden));
+  if (out.dw1 && fp8_wgrad) {
+    fp8_weight_gradient(false);
+  } else if (out.dw1) {
+    kernels.push_back(wgrad(KernelRole::wgrad_w1, desc, layer.fc1_out(), layer.hidden));
+  }
   if (out.db1) kernels.push_back(column_sum(KernelRole::bgrad_b1, desc, layer.fc1_out(), false));
   if (out.dx && desc.fp8_dgrad) {
     for (KernelSource& k : emit_fp8_fc1_dgrad(layer, *desc.fp8_dgrad, desc.arch)) {

@@ -74,6 +74,14 @@ enum class KernelRole : std::uint8_t {
   tensor_quantize_dh = 30,
   fc2_dgrad_fp8 = 31,  // as fc2_dgrad, from E4M3 dy and Ŵ2ᵀ
   fc1_dgrad_fp8 = 32,  // as fc1_dgrad, from E4M3 dh and Ŵ1ᵀ
+  // FP8 weight gradients (fp8_block): the operands quantized along tokens and transposed into
+  // the token-padded layout (a: dy or dh, b: a ⊙ p or x), then the K-grouped GEMMs.
+  quantize_tokens_dy = 33,
+  quantize_tokens_act = 34,
+  quantize_tokens_dh = 35,
+  quantize_tokens_x = 36,
+  wgrad_w2_fp8 = 37,  // as wgrad_w2
+  wgrad_w1_fp8 = 38,  // as wgrad_w1
 };
 
 struct KernelSource {

@@ -122,6 +122,54 @@ __device__ __forceinline__ void expert_rows(const SplitT* __restrict__ split, lo
   end = saturate(s + clamped_split(split, g, tokens), tokens);
 }
 
+// Token-padded layout (the FP8 weight gradients' transposed operands): every expert's rows
+// [beg, end) start at a multiple of 128, at padded_beg = Σ_{e < g} round_up(end_e - beg_e, 128).
+struct PaddedRows {
+  long long beg, end;  // the expert's rows (the contract above)
+  long long padded_beg;
+  int expert;  // -1: `padded_row` lies past every expert's padded range
+};
+
+// The expert whose padded range holds `padded_row`. Warp-collective; every lane gets the result.
+template <class SplitT, int kExperts>
+__device__ __forceinline__ PaddedRows find_padded_row(const SplitT* __restrict__ split,
+                                                      long long tokens, long long padded_row) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  long long row_base = 0, padded_base = 0;
+  for (int e0 = 0; e0 < kExperts; e0 += 32) {
+    long long beg, end;
+    row_base = chunk_rows<SplitT, kExperts>(split, tokens, e0, row_base, beg, end);
+    const long long padded = (end - beg + 127) / 128 * 128;
+    const long long p_end = padded_base + detail::warp_inclusive_scan(padded, lane);
+    const long long p_beg = p_end - padded;
+    const unsigned int hit = __ballot_sync(0xffffffffu, padded_row >= p_beg && padded_row < p_end);
+    if (hit != 0u) {
+      const int src = __ffs(hit) - 1;
+      return {detail::shfl_idx(beg, src), detail::shfl_idx(end, src), detail::shfl_idx(p_beg, src),
+              e0 + src};
+    }
+    padded_base = detail::shfl_idx(p_end, 31);
+  }
+  return {0, 0, 0, -1};
+}
+
+// padded_beg of expert g (as in PaddedRows). Warp-collective.
+template <class SplitT, int kExperts>
+__device__ __forceinline__ long long padded_expert_begin(const SplitT* __restrict__ split,
+                                                         long long tokens, int g) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  long long row_base = 0, padded = 0;
+  for (int e0 = 0; e0 < g; e0 += 32) {
+    long long beg, end;
+    row_base = chunk_rows<SplitT, kExperts>(split, tokens, e0, row_base, beg, end);
+    long long mine = e0 + lane < g ? (end - beg + 127) / 128 * 128 : 0;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) mine += detail::shfl_idx(mine, lane ^ d);
+    padded += mine;
+  }
+  return padded;
+}
+
 // Finds row tile `tile` (0-based, expert tiles then tail tiles). Must be called by all 32 lanes
 // of a warp (uses full-mask shuffles); every lane gets the same result.
 // SplitT: int (int32 splits) or long long (int64 splits).

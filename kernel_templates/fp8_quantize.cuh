@@ -5,6 +5,8 @@
 //   QuantizeBlocks  weights [E, N, K], one scale per 128 x 128 block, stored [E, N / 128, K / 128]
 //   TransposeE4m3   quantized weights [E, N, K] -> [E, K, N] with their scales (what the FP8 data
 //                   gradients read: FP8 wgmma takes K-major operands only)
+//   QuantizeTokenBlocks  an activation [T, C] to the weight gradients' operand: transposed to
+//                   [C, ld] in the token-padded layout, one scale per 128-token block of a column
 // and for the fp8_tensor recipe (current scaling: one scale per tensor, or per expert matrix):
 //   GroupAmax       amax of each group of elements into its slot (atomic max; slots zeroed first)
 //   QuantizeGroups  each group with the scale of its amax
@@ -13,10 +15,12 @@
 //   QuantizeRows:   cols (K, multiple of 128), pow2_scales
 //   QuantizeBlocks: experts, rows (N), cols (K) (multiples of 128), pow2_scales
 //   TransposeE4m3:  experts, rows (N), cols (K) (multiples of 128), per_tensor_scales
+//   QuantizeTokenBlocks: experts, cols (C, multiple of 128), split_int64, pow2_scales
 //   GroupAmax, QuantizeGroups: pow2_scales (QuantizeGroups); gridDim.y = groups
 // Launch: 256 threads, any grid (grid-stride loops); rows == 0 writes nothing.
 
 #include "gmjit/bf16.cuh"
+#include "gmjit/expert_schedule.cuh"
 #include "gmjit/fp8.cuh"
 #include "gmjit/params.cuh"
 
@@ -187,6 +191,94 @@ struct TransposeE4m3 {
         }
       }
       __syncthreads();  // the tile is reused by the next block
+    }
+  }
+};
+
+// A CTA per (128-token block of the padded layout, 128 columns): warp 0 finds the block's expert,
+// each thread loads 8 rows x 8 columns (rows past the expert's end as zeros), the column maxima
+// meet in shared memory, and the quantized bytes leave transposed, 128 per output row. Blocks
+// past every expert's padded range are not written (no GEMM reads them).
+template <class Cfg>
+struct QuantizeTokenBlocks {
+  static constexpr int threads = 256, min_blocks = 1;
+  static constexpr int kColTiles = Cfg::cols / 128;
+  static constexpr int kPitch = 144;  // bytes per transposed row in shared memory
+  using SplitT = typename SplitType<Cfg::split_int64>::type;
+  static_assert(Cfg::cols % 128 == 0, "cols must be a multiple of 128");
+
+  __device__ static void run(const QuantizeTokensParams& p) {
+    __shared__ float col_max[16][128];
+    __shared__ float col_scale[128];
+    __shared__ alignas(16) unsigned char tile[128 * kPitch];
+    __shared__ long long block_rows[2];  // first token, valid rows (-1: no expert)
+    const int tid = static_cast<int>(threadIdx.x), cg = tid & 15, r0 = tid >> 4;
+    const SplitT* split = static_cast<const SplitT*>(p.split_sizes);
+    const long long items = p.ld / 128 * kColTiles;
+    for (long long item = blockIdx.x; item < items; item += gridDim.x) {
+      const long long pb = item / kColTiles;
+      const int c0 = static_cast<int>(item % kColTiles) * 128;
+      if (tid < 32) {
+        const PaddedRows r = find_padded_row<SplitT, Cfg::experts>(split, p.tokens, pb * 128);
+        if (tid == 0) {
+          const long long first = r.beg + (pb * 128 - r.padded_beg);
+          block_rows[0] = first;
+          block_rows[1] = r.expert < 0 ? -1 : (r.end - first < 128 ? r.end - first : 128);
+        }
+      }
+      __syncthreads();
+      const long long first = block_rows[0], valid = block_rows[1];
+      if (valid < 0) {
+        __syncthreads();
+        continue;
+      }
+      float v[8][8], m[8] = {};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int r = r0 + 16 * i;
+        if (r < valid) {
+          fp8_detail::load8(
+              static_cast<const unsigned short*>(p.in) + (first + r) * Cfg::cols + c0 + cg * 8,
+              v[i]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) v[i][k] = 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) m[k] = fmaxf(m[k], fabsf(v[i][k]));
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) col_max[r0][cg * 8 + k] = m[k];
+      __syncthreads();
+      if (tid < 128) {
+        float a = col_max[0][tid];
+#pragma unroll
+        for (int i = 1; i < 16; ++i) a = fmaxf(a, col_max[i][tid]);
+        const float sc = e4m3_scale<Cfg::pow2_scales>(a);
+        col_scale[tid] = sc;
+        p.scales[pb * Cfg::cols + c0 + tid] = sc;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float inv = 1.0f / col_scale[cg * 8 + k];
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) {
+          // Tokens r0 + 16 i and r0 + 16 (i + 1): two bytes of the column's transposed row.
+          const unsigned short q = pack_e4m3x2(v[i][k] * inv, v[i + 1][k] * inv);
+          unsigned char* row = tile + (cg * 8 + k) * kPitch;
+          row[r0 + 16 * i] = static_cast<unsigned char>(q & 0xFFu);
+          row[r0 + 16 * (i + 1)] = static_cast<unsigned char>(q >> 8);
+        }
+      }
+      __syncthreads();
+      unsigned char* out = static_cast<unsigned char*>(p.out) + pb * 128;
+      for (int i = tid; i < 128 * 8; i += threads) {
+        const int row = i >> 3, chunk = i & 7;
+        *reinterpret_cast<uint4*>(out + static_cast<long long>(c0 + row) * p.ld + chunk * 16) =
+            *reinterpret_cast<const uint4*>(tile + row * kPitch + chunk * 16);
+      }
+      __syncthreads();  // block_rows, col_max and the tile are reused by the next item
     }
   }
 };

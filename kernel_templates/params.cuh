@@ -181,6 +181,39 @@ struct TransposeE4m3Params {
   float* out_scales;
 };
 
+// ---- FP8 weight gradients (fp8_block): operands quantized along tokens ----
+// A [T, C] bf16 activation (dy, a ⊙ p, dh or x) transposed to [C, ld] E4M3 in the token-padded
+// layout of expert_schedule.cuh (each expert's rows start at a multiple of 128; the rows of its
+// last block past its end are zeros), one scale per 128-token block of a column, stored
+// [ld / 128, C]. ld (a multiple of 128) >= round_up(T, 128) + 128 * E holds every layout.
+struct QuantizeTokensParams {
+  const void* in;           // [tokens, C] bf16
+  const void* split_sizes;  // [E] int32 or int64, on the device
+  void* out;                // [C, ld] e4m3
+  float* scales;            // [ld / 128, C]
+  long long tokens;
+  long long ld;
+};
+
+// GroupedWgradFp8Sm90: out_g[M, N] (+)= Σ_t dequant(a)_tᵀ dequant(b)_t over expert g's rows, from
+// the token-padded E4M3 operands aᵀ [M, ld] and bᵀ [N, ld] (QuantizeTokenBlocks).
+struct Fp8WgradParams {
+  const float* a_scales;    // [ld / 128, M]
+  const float* b_scales;    // [ld / 128, N]
+  const void* split_sizes;  // [E] int32 or int64, on the device
+  float* out;               // [E, M, N] fp32 (or bf16 with Cfg::out_bf16)
+  long long tokens;
+  long long ld;
+  int accumulate;  // 1: out += result (experts without rows untouched); 0: out = result
+};
+
+// Two uint8 maps over aᵀ [M, ld] and bᵀ [N, ld], box {128 tokens, 128 rows}, 128-byte swizzle.
+struct Sm90Fp8WgradParams {
+  alignas(64) unsigned char tmap_a[128];
+  alignas(64) unsigned char tmap_b[128];
+  Fp8WgradParams plain;
+};
+
 }  // namespace gmjit::kt
 
 namespace gmjit::kt {

@@ -47,6 +47,85 @@ struct WgradTileInfo {
 
 }  // namespace sm90
 
+// The weight gradient's stores from wgmma fragments (kMt m64 tiles of kRegs accumulators per
+// thread and consumer warpgroup), shared by the BF16 kernel below and the FP8 one
+// (sm90_fp8_wgrad.cuh). P: a block whose `plain` has `out` and `accumulate`.
+template <class Cfg, int kMt, int kRegs>
+struct WgradEpilogue {
+  static constexpr int kM = Cfg::rows, kN = Cfg::cols;
+
+  // Expert without rows (accumulate = 0): this warpgroup's rows of the tile become zeros.
+  template <class P>
+  __device__ static void store_zeros(const P& p, const sm90::WgradTileInfo& ti, int wg) {
+    // 16-byte chunks per row: 4 fp32 or 8 bf16 elements.
+    constexpr int kPerChunk = OutBf16<Cfg>::value ? 8 : 4;
+    constexpr int kRows = Cfg::block_m / 2, kChunks = Cfg::block_n / kPerChunk;
+    const long long r0 = static_cast<long long>(ti.tile_m) * Cfg::block_m + wg * kRows;
+    const int rows = kM - r0 < kRows ? static_cast<int>(kM - r0) : kRows;  // partial last M tile
+    for (int i = static_cast<int>(threadIdx.x) & 127; i < rows * kChunks; i += 128) {
+      const long long e = (static_cast<long long>(ti.expert) * kM + r0 + i / kChunks) * kN +
+                          ti.tile_n * Cfg::block_n + (i % kChunks) * kPerChunk;
+      if constexpr (OutBf16<Cfg>::value) {
+        store_zero16(reinterpret_cast<unsigned short*>(p.plain.out) + e);
+      } else {
+        asm volatile("st.global.v4.f32 [%0], {%1, %1, %1, %1};" ::"l"(p.plain.out + e), "f"(0.0f)
+                     : "memory");
+      }
+    }
+  }
+
+  // This warpgroup's rows of the tile: (m, h) -> M row tile_m*block_m + (wg*mt + m)*64 +
+  // (warp%4)*16 + lane/4 + 8h; n8 chunk j -> columns 8j + 2*(lane%4) + {0, 1}. An m64 tile past M
+  // (partial last M tile) holds no rows of out and is skipped.
+  template <class P>
+  __device__ static __forceinline__ void store(const P& p, float (&acc)[kMt][kRegs],
+                                               const sm90::WgradTileInfo& ti, int wg) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3;
+    float* out = p.plain.out + static_cast<long long>(ti.expert) * kM * kN;
+    const int col0 = ti.tile_n * Cfg::block_n + (lane & 3) * 2;
+#pragma unroll
+    for (int m = 0; m < kMt; ++m) {
+      if (ti.tile_m * Cfg::block_m + (wg * kMt + m) * 64 >= kM) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const long long r = static_cast<long long>(ti.tile_m) * Cfg::block_m + (wg * kMt + m) * 64 +
+                            wq * 16 + (lane >> 2) + 8 * h;
+        float* o = out + r * kN + col0;
+        if constexpr (OutBf16<Cfg>::value) {  // the same element offsets, 2-byte elements
+          unsigned short* ob = reinterpret_cast<unsigned short*>(p.plain.out) +
+                               (static_cast<long long>(ti.expert) * kM + r) * kN + col0;
+#pragma unroll
+          for (int j = 0; j < kRegs / 4; ++j)
+            store_bf16x2(ob + 8 * j, acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
+        } else if (p.plain.accumulate) {
+#pragma unroll
+          for (int j0 = 0; j0 < kRegs / 4; j0 += 8) {
+            float prev[16];  // 8 loads in flight, then the adds and stores
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              asm volatile("ld.global.v2.f32 {%0, %1}, [%2];"
+                           : "=f"(prev[2 * j]), "=f"(prev[2 * j + 1])
+                           : "l"(o + 8 * (j0 + j)));
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(o + 8 * (j0 + j)),
+                           "f"(acc[m][4 * (j0 + j) + 2 * h] + prev[2 * j]),
+                           "f"(acc[m][4 * (j0 + j) + 2 * h + 1] + prev[2 * j + 1])
+                           : "memory");
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kRegs / 4; ++j)
+            asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(o + 8 * j),
+                         "f"(acc[m][4 * j + 2 * h]), "f"(acc[m][4 * j + 2 * h + 1])
+                         : "memory");
+        }
+      }
+    }
+  }
+};
+
 template <class Cfg>
 struct GroupedWgradSm90 {
   using S = sm90::TileShape<Cfg>;
@@ -57,6 +136,7 @@ struct GroupedWgradSm90 {
   static constexpr int smem_bytes = S::smem_bytes;
   static_assert(kM % 64 == 0 && kN % Cfg::block_n == 0,
                 "rows must be a multiple of 64 and cols a multiple of block_n");
+  using Epilogue = WgradEpilogue<Cfg, S::mt, S::regs>;
 
   // A boxes (64 M rows of out each) of M tile `tile_m` that lie inside M: all of them except in a
   // partial last tile.
@@ -210,75 +290,15 @@ struct GroupedWgradSm90 {
     }
   }
 
-  // Expert without rows (accumulate = 0): this warpgroup's rows of the tile become zeros.
   __device__ static void store_zeros(const Sm90WgradParams& p, const sm90::WgradTileInfo& ti,
                                      int wg) {
-    // 16-byte chunks per row: 4 fp32 or 8 bf16 elements.
-    constexpr int kPerChunk = OutBf16<Cfg>::value ? 8 : 4;
-    constexpr int kRows = Cfg::block_m / 2, kChunks = Cfg::block_n / kPerChunk;
-    const long long r0 = static_cast<long long>(ti.tile_m) * Cfg::block_m + wg * kRows;
-    const int rows = kM - r0 < kRows ? static_cast<int>(kM - r0) : kRows;  // partial last M tile
-    for (int i = static_cast<int>(threadIdx.x) & 127; i < rows * kChunks; i += 128) {
-      const long long e = (static_cast<long long>(ti.expert) * kM + r0 + i / kChunks) * kN +
-                          ti.tile_n * Cfg::block_n + (i % kChunks) * kPerChunk;
-      if constexpr (OutBf16<Cfg>::value) {
-        store_zero16(reinterpret_cast<unsigned short*>(p.plain.out) + e);
-      } else {
-        asm volatile("st.global.v4.f32 [%0], {%1, %1, %1, %1};" ::"l"(p.plain.out + e), "f"(0.0f)
-                     : "memory");
-      }
-    }
+    Epilogue::store_zeros(p, ti, wg);
   }
 
-  // This warpgroup's rows of the tile: (m, h) -> M row tile_m*block_m + (wg*mt + m)*64 +
-  // (warp%4)*16 + lane/4 + 8h; n8 chunk j -> columns 8j + 2*(lane%4) + {0, 1}. An m64 tile past M
-  // (partial last M tile) holds no rows of out and is skipped.
   __device__ static __forceinline__ void store(const Sm90WgradParams& p,
                                                float (&acc)[S::mt][S::regs],
                                                const sm90::WgradTileInfo& ti, int wg) {
-    const int lane = static_cast<int>(threadIdx.x) & 31;
-    const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3;
-    float* out = p.plain.out + static_cast<long long>(ti.expert) * kM * kN;
-    const int col0 = ti.tile_n * Cfg::block_n + (lane & 3) * 2;
-#pragma unroll
-    for (int m = 0; m < S::mt; ++m) {
-      if (ti.tile_m * Cfg::block_m + (wg * S::mt + m) * 64 >= kM) continue;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const long long r = static_cast<long long>(ti.tile_m) * Cfg::block_m +
-                            (wg * S::mt + m) * 64 + wq * 16 + (lane >> 2) + 8 * h;
-        float* o = out + r * kN + col0;
-        if constexpr (OutBf16<Cfg>::value) {  // the same element offsets, 2-byte elements
-          unsigned short* ob = reinterpret_cast<unsigned short*>(p.plain.out) +
-                               (static_cast<long long>(ti.expert) * kM + r) * kN + col0;
-#pragma unroll
-          for (int j = 0; j < S::regs / 4; ++j)
-            store_bf16x2(ob + 8 * j, acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
-        } else if (p.plain.accumulate) {
-#pragma unroll
-          for (int j0 = 0; j0 < S::regs / 4; j0 += 8) {
-            float prev[16];  // 8 loads in flight, then the adds and stores
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-              asm volatile("ld.global.v2.f32 {%0, %1}, [%2];"
-                           : "=f"(prev[2 * j]), "=f"(prev[2 * j + 1])
-                           : "l"(o + 8 * (j0 + j)));
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-              asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(o + 8 * (j0 + j)),
-                           "f"(acc[m][4 * (j0 + j) + 2 * h] + prev[2 * j]),
-                           "f"(acc[m][4 * (j0 + j) + 2 * h + 1] + prev[2 * j + 1])
-                           : "memory");
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < S::regs / 4; ++j)
-            asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(o + 8 * j),
-                         "f"(acc[m][4 * j + 2 * h]), "f"(acc[m][4 * j + 2 * h + 1])
-                         : "memory");
-        }
-      }
-    }
+    Epilogue::store(p, acc, ti, wg);
   }
 };
 

@@ -75,9 +75,8 @@ struct Fc2DgradEpilogue {
   // 8j + 2*(lane%4) + {0, 1}. act_scaled leaves through the warp's staging buffer (64 columns at
   // a time); dpreact is stored from the fragments (gate / lin columns of the chunk).
   template <class P, int kRegs>
-  __device__ static __forceinline__ void store(const P& p,
-                                               float (&acc)[kMt][kRegs], const RowTile& rt,
-                                               int tile_n, long long row0,
+  __device__ static __forceinline__ void store(const P& p, float (&acc)[kMt][kRegs],
+                                               const RowTile& rt, int tile_n, long long row0,
                                                const sm90::WarpStage& ws) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3, wrow = wq * 16 + (lane >> 2);
@@ -164,8 +163,7 @@ struct Fc2DgradEpilogue {
 
   // dp_t += <dy_t, b2_g> for this warpgroup's rows [row0, row0 + 64 * mt): a warp per row.
   template <class P>
-  __device__ static void add_dy_dot_b2(const P& p, const RowTile& rt,
-                                       long long row0) {
+  __device__ static void add_dy_dot_b2(const P& p, const RowTile& rt, long long row0) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3;
     const unsigned short* b2 =
@@ -187,15 +185,14 @@ struct Fc2DgradEpilogue {
 
   // Tail rows: zero this column tile of act_scaled and the matching dpreact columns.
   template <class P>
-  __device__ static void zero_rows(const P& p, int tile_n, long long r0,
-                                   long long r1, int tid, int nthreads) {
+  __device__ static void zero_rows(const P& p, int tile_n, long long r0, long long r1, int tid,
+                                   int nthreads) {
     const int c0 = tile_n * Cfg::block_n;
     zero_groups(p.plain.act_scaled, kF, r0, r1, Cfg::block_n / 8, tid, nthreads,
                 [=](int g) { return c0 + g * 8; });
     zero_preact_groups<kGlu, kLayout, kF>(p.plain.dpreact, kF1, r0, r1, c0, Cfg::block_n / 8, tid,
                                           nthreads);
   }
-
 };
 
 template <class Cfg>

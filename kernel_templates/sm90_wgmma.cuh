@@ -76,6 +76,17 @@ __device__ __forceinline__ void tma_load_4d(unsigned int dst, const void* tmap, 
       : "memory");
 }
 
+// Copies `bytes` (a multiple of 16; src and dst 16-byte aligned) from global memory into shared
+// memory at `dst`, completing on the mbarrier `bar` like a TMA box (no tensor map).
+__device__ __forceinline__ void bulk_load(unsigned int dst, const void* src, unsigned int bytes,
+                                          unsigned int bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
 // ---- registers --------------------------------------------------------------------------------
 
 // Warpgroup-wide register re-allocation; needs a register cap at entry (__launch_bounds__(t, 1)).

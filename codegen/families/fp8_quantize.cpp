@@ -1,9 +1,9 @@
 // Family fp8_quantize: BF16 -> E4M3 (fp8_quantize.cuh): QuantizeRows for x, dy and dh (1 x 128
 // blocks, QuantizeRowsParams) and QuantizeBlocks for the weights (128 x 128 blocks,
 // QuantizeBlocksParams) of fp8_block; GroupAmax and QuantizeGroups (one scale per tensor or expert
-// matrix) of fp8_tensor; TransposeE4m3 for the weight copies FP8 dgrad reads; grid-stride loops
-// of 256 threads. Any arch with E4M3 conversions (the
-// FP8 plans are sm_90a today). Bound by engine/families/fp8_quantize.cpp.
+// matrix) of fp8_tensor; TransposeE4m3 for the weight copies FP8 dgrad reads; QuantizeTokenBlocks
+// for the FP8 weight gradients' operands; grid-stride loops of 256 threads. Any arch with E4M3
+// conversions (the FP8 plans are sm_90a today). Bound by engine/families/fp8_quantize.cpp.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -24,6 +24,11 @@ bool is_tensor_quantize(KernelRole role) {
   return role == KernelRole::tensor_quantize_x || role == KernelRole::tensor_quantize_act ||
          role == KernelRole::tensor_quantize_w1 || role == KernelRole::tensor_quantize_w2 ||
          role == KernelRole::tensor_quantize_dy || role == KernelRole::tensor_quantize_dh;
+}
+
+bool is_tokens(KernelRole role) {
+  return role == KernelRole::quantize_tokens_dy || role == KernelRole::quantize_tokens_act ||
+         role == KernelRole::quantize_tokens_dh || role == KernelRole::quantize_tokens_x;
 }
 
 bool is_rows(KernelRole role) {
@@ -50,6 +55,13 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
     k.launch.grid_y = static_cast<std::uint32_t>(r.rows);
     return k;
   }
+  if (is_tokens(r.role)) {
+    // Items are (128-token block, 128 columns) of a layout whose length depends on T.
+    k.source = detail::translation_unit(
+        {"fp8_quantize.cuh", "QuantizeTokenBlocks", "QuantizeTokensParams", r.fields, k.entry});
+    k.launch.grid_x = static_cast<std::uint32_t>(kBlocks);
+    return k;
+  }
   if (r.role == KernelRole::transpose_w1 || r.role == KernelRole::transpose_w2) {
     k.source = detail::translation_unit(
         {"fp8_quantize.cuh", "TransposeE4m3", "TransposeE4m3Params", r.fields, k.entry});
@@ -61,21 +73,24 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   k.source = detail::translation_unit({"fp8_quantize.cuh", rows ? "QuantizeRows" : "QuantizeBlocks",
                                        rows ? "QuantizeRowsParams" : "QuantizeBlocksParams",
                                        r.fields, k.entry});
-  // Activations: the blocks of work depend on T, unknown here; weights: one CTA per 128 x 128 block.
+  // Activations: the blocks of work depend on T, unknown here; weights: one CTA per 128 x 128
+  // block.
   const std::int64_t work = rows ? kBlocks : r.layer.experts * (r.rows / 128) * (r.cols / 128);
   k.launch.grid_x = static_cast<std::uint32_t>(std::clamp<std::int64_t>(work, 1, kBlocks));
   return k;
 }
 
-constexpr KernelRole kRoles[] = {KernelRole::quantize_x,        KernelRole::quantize_w1,
-                                 KernelRole::quantize_w2,       KernelRole::tensor_amax_x,
-                                 KernelRole::tensor_quantize_x, KernelRole::tensor_quantize_act,
-                                 KernelRole::tensor_amax_w1,    KernelRole::tensor_quantize_w1,
-                                 KernelRole::tensor_amax_w2,    KernelRole::tensor_quantize_w2,
-                                 KernelRole::transpose_w1,      KernelRole::transpose_w2,
-                                 KernelRole::quantize_dy,       KernelRole::quantize_dh,
-                                 KernelRole::tensor_amax_dy,    KernelRole::tensor_quantize_dy,
-                                 KernelRole::tensor_amax_dh,    KernelRole::tensor_quantize_dh};
+constexpr KernelRole kRoles[] = {KernelRole::quantize_x,         KernelRole::quantize_w1,
+                                 KernelRole::quantize_w2,        KernelRole::tensor_amax_x,
+                                 KernelRole::tensor_quantize_x,  KernelRole::tensor_quantize_act,
+                                 KernelRole::tensor_amax_w1,     KernelRole::tensor_quantize_w1,
+                                 KernelRole::tensor_amax_w2,     KernelRole::tensor_quantize_w2,
+                                 KernelRole::transpose_w1,       KernelRole::transpose_w2,
+                                 KernelRole::quantize_dy,        KernelRole::quantize_dh,
+                                 KernelRole::tensor_amax_dy,     KernelRole::tensor_quantize_dy,
+                                 KernelRole::tensor_amax_dh,     KernelRole::tensor_quantize_dh,
+                                 KernelRole::quantize_tokens_dy, KernelRole::quantize_tokens_act,
+                                 KernelRole::quantize_tokens_dh, KernelRole::quantize_tokens_x};
 
 }  // namespace
 

@@ -1,8 +1,10 @@
 // Engine::backward: validate against the forward's context, find the backward plan, launch its
 // kernels in order (FC2 dgrad with the activation backward first; then the weight and bias
-// gradients and FC1 dgrad that were asked for; FP8 data gradients quantize dy and dh first). Each kernel's family (engine/families/) binds
-// the call's tensors to its parameter block: plain pointers (portable kernels) or with TMA
-// descriptors (Hopper kernels).
+// gradients and FC1 dgrad that were asked for; FP8 data gradients quantize dy and dh first). Each
+// kernel's family (engine/families/) binds the call's tensors to its parameter block: plain
+// pointers (portable kernels) or with TMA descriptors (Hopper kernels).
+#include <algorithm>
+
 #include "engine/api/engine_impl.hpp"
 #include "engine/api/validate.hpp"
 #include "engine/families/family.hpp"
@@ -35,6 +37,14 @@ struct BackwardWorkspace {
   // FP8 recipes: dy and dh in E4M3, their scales (per 1 x 128 block, or one float per tensor)
   // and fp8_tensor's two amax slots.
   std::size_t dy_fp8 = 0, dy_scales = 0, dh_fp8 = 0, dh_scales = 0, amax = 0;
+  // fp8_block's weight gradients: their operands along tokens (a: dy then dh, b: a ⊙ p then x).
+  std::int64_t tokens_ld = 0;
+  std::size_t tokens_a = 0, tokens_a_scales = 0, tokens_b = 0, tokens_b_scales = 0;
+
+  // A token-padded layout (params.cuh) holds every expert's rows rounded up to 128.
+  static std::int64_t padded_tokens(std::int64_t tokens, std::int64_t experts) {
+    return (tokens + 127) / 128 * 128 + 128 * experts;
+  }
 
   BackwardWorkspace(const LayerSpec& layer, std::int64_t tokens, RecipeKind recipe) {
     const auto T = static_cast<std::size_t>(tokens);
@@ -49,7 +59,18 @@ struct BackwardWorkspace {
     dy_scales = layout.add(per_tensor ? 4 : T * (H / 128) * 4);
     dh_fp8 = layout.add(T * F1);
     dh_scales = layout.add(per_tensor ? 4 : T * (F1 / 128) * 4);
-    if (per_tensor) amax = layout.add(2 * 4);
+    if (per_tensor) {
+      amax = layout.add(2 * 4);
+      return;
+    }
+    tokens_ld = padded_tokens(tokens, layer.experts);
+    const auto ld = static_cast<std::size_t>(tokens_ld);
+    const std::size_t a_rows = std::max(H, F1);
+    const std::size_t b_rows = std::max(static_cast<std::size_t>(layer.ffn), H);
+    tokens_a = layout.add(a_rows * ld);
+    tokens_a_scales = layout.add(ld / 128 * a_rows * 4);
+    tokens_b = layout.add(b_rows * ld);
+    tokens_b_scales = layout.add(ld / 128 * b_rows * 4);
   }
 };
 
@@ -117,6 +138,13 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
     call.dy_scales = static_cast<float*>(workspace.at(parts.dy_scales));
     call.dh_fp8 = workspace.at(parts.dh_fp8);
     call.dh_scales = static_cast<float*>(workspace.at(parts.dh_scales));
+    if (parts.tokens_ld > 0) {
+      call.tokens_ld = parts.tokens_ld;
+      call.tokens_a = workspace.at(parts.tokens_a);
+      call.tokens_a_scales = static_cast<float*>(workspace.at(parts.tokens_a_scales));
+      call.tokens_b = workspace.at(parts.tokens_b);
+      call.tokens_b_scales = static_cast<float*>(workspace.at(parts.tokens_b_scales));
+    }
     if (recipe.kind() == RecipeKind::fp8_tensor) {
       // Current scaling: the amax of dy and of dh are taken in this call, into zeroed slots.
       call.amax = static_cast<unsigned int*>(workspace.at(parts.amax));

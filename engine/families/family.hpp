@@ -68,6 +68,14 @@ struct CallTensors {
   float* dy_scales = nullptr;
   void* dh_fp8 = nullptr;  // [T, F1]
   float* dh_scales = nullptr;
+  // FP8 weight gradients: the GEMM's two operands quantized along tokens, transposed into the
+  // token-padded layout ([C, tokens_ld] E4M3, scales [tokens_ld / 128, C]; params.cuh): a = dy
+  // or dh, b = a ⊙ p or x (dW2's pair, then dW1's in the same buffers).
+  void* tokens_a = nullptr;
+  float* tokens_a_scales = nullptr;
+  void* tokens_b = nullptr;
+  float* tokens_b_scales = nullptr;
+  std::int64_t tokens_ld = 0;
   // fp8_tensor: a in bf16 (FC1's output, quantized by a pass once its amax is known) and the
   // amax slots (float bits): x then a in a forward; dy then dh in a backward; E for W1 then E
   // for W2 in quantize_weights.

@@ -46,11 +46,28 @@ void* bind_fp8_quantize(const CallTensors& call, const LoadedKernel& kernel,
     case KernelRole::quantize_x:
       return &(storage.emplace<kt::QuantizeRowsParams>() = {call.x, call.x_fp8, call.x_scales, T});
     case KernelRole::quantize_dy:
-      return &(storage.emplace<kt::QuantizeRowsParams>() = {call.dy, call.dy_fp8, call.dy_scales,
-                                                            T});
+      return &(
+          storage.emplace<kt::QuantizeRowsParams>() = {call.dy, call.dy_fp8, call.dy_scales, T});
     case KernelRole::quantize_dh:
       return &(storage.emplace<kt::QuantizeRowsParams>() = {call.dpreact, call.dh_fp8,
                                                             call.dh_scales, T});
+    // The weight gradients' operands along tokens: a = dy / dh, b = a ⊙ p / x.
+    case KernelRole::quantize_tokens_dy:
+      return &(storage.emplace<kt::QuantizeTokensParams>() = {call.dy, call.split_sizes,
+                                                              call.tokens_a, call.tokens_a_scales,
+                                                              T, call.tokens_ld});
+    case KernelRole::quantize_tokens_act:
+      return &(storage.emplace<kt::QuantizeTokensParams>() = {call.act_scaled, call.split_sizes,
+                                                              call.tokens_b, call.tokens_b_scales,
+                                                              T, call.tokens_ld});
+    case KernelRole::quantize_tokens_dh:
+      return &(storage.emplace<kt::QuantizeTokensParams>() = {call.dpreact, call.split_sizes,
+                                                              call.tokens_a, call.tokens_a_scales,
+                                                              T, call.tokens_ld});
+    case KernelRole::quantize_tokens_x:
+      return &(storage.emplace<kt::QuantizeTokensParams>() = {call.x, call.split_sizes,
+                                                              call.tokens_b, call.tokens_b_scales,
+                                                              T, call.tokens_ld});
     case KernelRole::transpose_w1:
       return &(storage.emplace<kt::TransposeE4m3Params>() = {call.w1_fp8, call.w1_scales,
                                                              call.w1t_fp8, call.w1t_scales});

@@ -14,7 +14,8 @@ namespace gmjit::engine {
 
 // Defined by the modules of this folder, one per file of the family's name.
 BindFn bind_sm80_gemm, bind_sm90_gemm, bind_sm80_dgrad, bind_sm90_dgrad, bind_sm80_wgrad,
-    bind_sm90_wgrad, bind_column_sum, bind_activation, bind_sm90_fp8_gemm, bind_fp8_quantize;
+    bind_sm90_wgrad, bind_column_sum, bind_activation, bind_sm90_fp8_gemm, bind_sm90_fp8_wgrad,
+    bind_fp8_quantize;
 
 namespace {
 
@@ -23,7 +24,8 @@ constexpr std::array kFamilies{
     Family{"sm80_dgrad", &bind_sm80_dgrad},       Family{"sm90_dgrad", &bind_sm90_dgrad},
     Family{"sm80_wgrad", &bind_sm80_wgrad},       Family{"sm90_wgrad", &bind_sm90_wgrad},
     Family{"column_sum", &bind_column_sum},       Family{"activation", &bind_activation},
-    Family{"sm90_fp8_gemm", &bind_sm90_fp8_gemm}, Family{"fp8_quantize", &bind_fp8_quantize},
+    Family{"sm90_fp8_gemm", &bind_sm90_fp8_gemm}, Family{"sm90_fp8_wgrad", &bind_sm90_fp8_wgrad},
+    Family{"fp8_quantize", &bind_fp8_quantize},
 };
 
 }  // namespace

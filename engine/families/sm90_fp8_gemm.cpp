@@ -65,9 +65,8 @@ void* bind_sm90_fp8_gemm(const CallTensors& call, const LoadedKernel& kernel,
   auto& p = storage.emplace<Sm90Fp8GemmParams>();
   if (kernel.role() == codegen::KernelRole::fc1_dgrad_fp8) {
     // dx = dh · W1: A = dh in E4M3 [T, F1], B = Ŵ1ᵀ [E * H, F1]; no bias, no probs.
-    p.plain = {call.dh_fp8,     call.dh_scales, call.w1t_fp8, call.w1t_scales,
-               nullptr,         nullptr,        call.split_sizes, call.dx,
-               nullptr,         nullptr,        call.tokens};
+    p.plain = {call.dh_fp8,      call.dh_scales, call.w1t_fp8, call.w1t_scales, nullptr,    nullptr,
+               call.split_sizes, call.dx,        nullptr,      nullptr,         call.tokens};
     encode_rows(p.tmap_a, call.dh_fp8, call.tokens, F1, 64);
     encode_rows(p.tmap_b, call.w1t_fp8, E * H, F1, block_n);
     return &p;

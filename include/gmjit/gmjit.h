@@ -151,8 +151,8 @@ gmjit_status gmjit_quantize_weights(gmjit_engine* engine, const gmjit_layer* lay
  * w2_fp8 = W2^T [E, F, H] with w2_scales [E, F/128, H/128] (fp8_tensor recipe: [E] scales).
  * They are the quantized weights transposed, bit for bit. */
 gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmjit_layer* layer,
-                                       gmjit_recipe recipe, const DLTensor* w1,
-                                       const DLTensor* w2, const gmjit_fp8_weights* out,
+                                       gmjit_recipe recipe, const DLTensor* w1, const DLTensor* w2,
+                                       const gmjit_fp8_weights* out,
                                        const gmjit_fp8_weights* out_transposed, void* stream);
 
 /* gmjit_backward with the transposed FP8 weights of an FP8 recipe (gmjit_quantize_weights_ex's

@@ -1,0 +1,50 @@
+// Family sm90_fp8_wgrad (codegen/families/sm90_fp8_wgrad.cpp): the fp8_block weight gradients,
+// Sm90Fp8WgradParams: uint8 TMA maps over the token-padded operands aᵀ [M, ld] and bᵀ [N, ld]
+// (box {128 tokens, 128 rows}), then the FP8 wgrad block.
+#include <cstddef>
+#include <cstring>
+
+#include "engine/families/family.hpp"
+#include "engine/runtime/driver.hpp"
+#include "engine/runtime/loaded_kernel.hpp"
+#include "kernel_templates/params.cuh"
+
+namespace gmjit::engine {
+namespace {
+
+static_assert(offsetof(kt::Sm90Fp8WgradParams, tmap_b) == 128 &&
+              offsetof(kt::Sm90Fp8WgradParams, plain) == 256);
+
+// [rows, ld] bytes as {ld, rows}, box {128, 128}, 128-byte swizzle.
+void encode_tokens_major(unsigned char (&out)[128], const void* base, long long rows,
+                         long long ld) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(ld), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld)};
+  const cuuint32_t box[2] = {128, 128};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  CUtensorMap map;
+  check_driver(driver().cuTensorMapEncodeTiled(
+                   &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides,
+                   box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+               "cuTensorMapEncodeTiled");
+  std::memcpy(out, &map, sizeof(map));
+}
+
+}  // namespace
+
+void* bind_sm90_fp8_wgrad(const CallTensors& call, const LoadedKernel& kernel,
+                          ParamStorage& storage) {
+  const LayerSpec& l = *call.layer;
+  const bool w2 = kernel.role() == codegen::KernelRole::wgrad_w2_fp8;
+  // dW2 [E, H, F] = dyᵀ (a ⊙ p); dW1 [E, F1, H] = dhᵀ x.
+  const long long rows = w2 ? l.hidden : l.fc1_out(), cols = w2 ? l.ffn : l.hidden;
+  auto& p = storage.emplace<kt::Sm90Fp8WgradParams>();
+  p.plain = {call.tokens_a_scales, call.tokens_b_scales, call.split_sizes, w2 ? call.dw2 : call.dw1,
+             call.tokens,          call.tokens_ld,       call.accumulate};
+  encode_tokens_major(p.tmap_a, call.tokens_a, rows, call.tokens_ld);
+  encode_tokens_major(p.tmap_b, call.tokens_b, cols, call.tokens_ld);
+  return &p;
+}
+
+}  // namespace gmjit::engine
