@@ -15,13 +15,15 @@ std::string recipe_suffix(const Fp8Scaling& s) {
 }
 
 KernelSource emit(KernelRole role, const LayerSpec& layer, const std::string& arch,
-                  std::string entry, std::string fields, std::int64_t rows = 0) {
+                  std::string entry, std::string fields, std::int64_t rows = 0,
+                  std::int64_t cols = 0) {
   return families::emit_kernel({.role = role,
                                 .layer = layer,
                                 .arch = arch,
                                 .entry = std::move(entry),
                                 .fields = std::move(fields),
-                                .rows = rows});
+                                .rows = rows,
+                                .cols = cols});
 }
 
 // The quantizer of a [T, cols] activation gradient: 1 x 128 blocks (QuantizeRows), or its amax
@@ -113,7 +115,8 @@ std::vector<KernelSource> emit_fp8_weight_gradient(const LayerSpec& l, const Fp8
                          fmt::format("  static constexpr int experts = {}, rows = {}, cols = {};\n"
                                      "  static constexpr bool split_int64 = {};\n",
                                      l.experts, rows, cols, l.split_dtype == DType::i64) +
-                             (bf16_out ? "  static constexpr bool out_bf16 = true;\n" : "")));
+                             (bf16_out ? "  static constexpr bool out_bf16 = true;\n" : ""),
+                         rows, cols));
   return kernels;
 }
 

@@ -196,23 +196,29 @@ struct TransposeE4m3 {
 };
 
 // A CTA per (128-token block of the padded layout, 128 columns): warp 0 finds the block's expert,
-// each thread loads 8 rows x 8 columns (rows past the expert's end as zeros), the column maxima
-// meet in shared memory, and the quantized bytes leave transposed, 128 per output row. Blocks
-// past every expert's padded range are not written (no GEMM reads them).
+// each thread loads 8 consecutive rows x 8 columns (rows past the expert's end as zeros), the
+// column maxima meet in shared memory, and each thread writes its 8 tokens of a column as one
+// 8-byte store into the transposed tile; 16-byte chunks then leave, 128 bytes per output row.
+// The tile's 8-byte slots are XOR-swizzled by column group so that a warp's stores hit every
+// bank. Blocks past every expert's padded range are not written (no GEMM reads them).
 template <class Cfg>
 struct QuantizeTokenBlocks {
   static constexpr int threads = 256, min_blocks = 1;
   static constexpr int kColTiles = Cfg::cols / 128;
-  static constexpr int kPitch = 144;  // bytes per transposed row in shared memory
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static_assert(Cfg::cols % 128 == 0, "cols must be a multiple of 128");
+
+  // Byte offset of tokens [8 slot, 8 slot + 8) of column `col` in the tile.
+  __device__ static __forceinline__ int slot_offset(int col, int slot) {
+    return col * 128 + ((slot ^ (2 * ((col >> 3) & 7))) * 8);
+  }
 
   __device__ static void run(const QuantizeTokensParams& p) {
     __shared__ float col_max[16][128];
     __shared__ float col_scale[128];
-    __shared__ alignas(16) unsigned char tile[128 * kPitch];
+    __shared__ alignas(16) unsigned char tile[128 * 128];
     __shared__ long long block_rows[2];  // first token, valid rows (-1: no expert)
-    const int tid = static_cast<int>(threadIdx.x), cg = tid & 15, r0 = tid >> 4;
+    const int tid = static_cast<int>(threadIdx.x), cg = tid & 15, rg = tid >> 4;
     const SplitT* split = static_cast<const SplitT*>(p.split_sizes);
     const long long items = p.ld / 128 * kColTiles;
     for (long long item = blockIdx.x; item < items; item += gridDim.x) {
@@ -232,10 +238,11 @@ struct QuantizeTokenBlocks {
         __syncthreads();
         continue;
       }
+      // Rows rg * 8 + i, columns c0 + cg * 8 + k.
       float v[8][8], m[8] = {};
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const int r = r0 + 16 * i;
+        const int r = rg * 8 + i;
         if (r < valid) {
           fp8_detail::load8(
               static_cast<const unsigned short*>(p.in) + (first + r) * Cfg::cols + c0 + cg * 8,
@@ -248,7 +255,7 @@ struct QuantizeTokenBlocks {
         for (int k = 0; k < 8; ++k) m[k] = fmaxf(m[k], fabsf(v[i][k]));
       }
 #pragma unroll
-      for (int k = 0; k < 8; ++k) col_max[r0][cg * 8 + k] = m[k];
+      for (int k = 0; k < 8; ++k) col_max[rg][cg * 8 + k] = m[k];
       __syncthreads();
       if (tid < 128) {
         float a = col_max[0][tid];
@@ -261,22 +268,23 @@ struct QuantizeTokenBlocks {
       __syncthreads();
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        const float inv = 1.0f / col_scale[cg * 8 + k];
+        const int col = cg * 8 + k;
+        const float inv = 1.0f / col_scale[col];
+        unsigned int w[2];
 #pragma unroll
-        for (int i = 0; i < 8; i += 2) {
-          // Tokens r0 + 16 i and r0 + 16 (i + 1): two bytes of the column's transposed row.
-          const unsigned short q = pack_e4m3x2(v[i][k] * inv, v[i + 1][k] * inv);
-          unsigned char* row = tile + (cg * 8 + k) * kPitch;
-          row[r0 + 16 * i] = static_cast<unsigned char>(q & 0xFFu);
-          row[r0 + 16 * (i + 1)] = static_cast<unsigned char>(q >> 8);
+        for (int h = 0; h < 2; ++h) {
+          const unsigned int lo = pack_e4m3x2(v[4 * h][k] * inv, v[4 * h + 1][k] * inv);
+          const unsigned int hi = pack_e4m3x2(v[4 * h + 2][k] * inv, v[4 * h + 3][k] * inv);
+          w[h] = lo | (hi << 16);
         }
+        *reinterpret_cast<uint2*>(tile + slot_offset(col, rg)) = make_uint2(w[0], w[1]);
       }
       __syncthreads();
       unsigned char* out = static_cast<unsigned char*>(p.out) + pb * 128;
       for (int i = tid; i < 128 * 8; i += threads) {
-        const int row = i >> 3, chunk = i & 7;
-        *reinterpret_cast<uint4*>(out + static_cast<long long>(c0 + row) * p.ld + chunk * 16) =
-            *reinterpret_cast<const uint4*>(tile + row * kPitch + chunk * 16);
+        const int col = i >> 3, chunk = i & 7;
+        *reinterpret_cast<uint4*>(out + static_cast<long long>(c0 + col) * p.ld + chunk * 16) =
+            *reinterpret_cast<const uint4*>(tile + slot_offset(col, 2 * chunk));
       }
       __syncthreads();  // block_rows, col_max and the tile are reused by the next item
     }

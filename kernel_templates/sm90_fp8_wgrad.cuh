@@ -15,10 +15,12 @@
 // blocks), then the stores of the BF16 kernel (WgradEpilogue). Experts without rows: zeros
 // (accumulate = 0) or untouched.
 //
-// Cfg (static constexpr): experts, rows (M), cols (N) (multiples of 128), split_int64,
-// block_m = 128, block_n = 128, stages, group_m, smem_bytes = stages * (256 * 128 + 1024) + 2048,
-// optional out_bf16. Params: Sm90Fp8WgradParams (params.cuh). Launch: 384 threads, persistent
-// grid, smem_bytes, __launch_bounds__(384, 1); T == 0 with accumulate = 0 still launches.
+// Cfg (static constexpr): experts, rows (M, multiple of 128), cols (N, multiple of block_n),
+// split_int64, block_m = 128, block_n = 128 or 256 (the wider tile halves the L2 traffic per
+// MMA), stages, group_m, smem_bytes = stages * ((128 + block_n) * 128 + scale_bytes) + 2048 with
+// scale_bytes = (128 + block_n) * 4 rounded up to 1024, optional out_bf16. Params:
+// Sm90Fp8WgradParams (params.cuh). Launch: 384 threads, persistent grid, smem_bytes,
+// __launch_bounds__(384, 1); T == 0 with accumulate = 0 still launches.
 
 #include "gmjit/bf16.cuh"
 #include "gmjit/expert_schedule.cuh"
@@ -34,16 +36,21 @@ struct GroupedWgradFp8Sm90 {
   static constexpr int kM = Cfg::rows, kN = Cfg::cols;
   static constexpr int num_m = kM / Cfg::block_m, num_n = kN / Cfg::block_n;
   static constexpr int threads = 384, consumer_warps = 8;
+  static constexpr int nt = Cfg::block_n / 128;  // n128 wgmma groups per tile
+  static constexpr int regs = Cfg::block_n / 2;  // fp32 accumulators per thread
   static constexpr int a_bytes = Cfg::block_m * 128, b_bytes = Cfg::block_n * 128;
-  static constexpr int scale_bytes = 1024;  // sa then sb; keeps every stage 1024-byte aligned
+  // sa then sb, rounded up to keep every stage 1024-byte aligned (the 128-byte swizzle's unit).
+  static constexpr int scale_bytes = ((Cfg::block_m + Cfg::block_n) * 4 + 1023) / 1024 * 1024;
   static constexpr int stage_bytes = a_bytes + b_bytes + scale_bytes;
   static constexpr int smem_bytes = Cfg::stages * stage_bytes + 2048;
-  using Epilogue = WgradEpilogue<Cfg, 1, 64>;
-  static_assert(Cfg::block_m == 128 && Cfg::block_n == 128, "the FP8 wgrad tile is 128 x 128");
-  static_assert(kM % 128 == 0 && kN % 128 == 0, "rows and cols must be multiples of 128");
+  using Epilogue = WgradEpilogue<Cfg, 1, regs>;
+  static_assert(Cfg::block_m == 128 && (Cfg::block_n == 128 || Cfg::block_n == 256),
+                "the FP8 wgrad tile is 128 x 128 or 128 x 256");
+  static_assert(kM % 128 == 0 && kN % Cfg::block_n == 0,
+                "rows must be a multiple of 128 and cols of block_n");
   static_assert(Cfg::stages >= 2 && Cfg::stages <= 16, "stages must be in [2, 16]");
   static_assert(Cfg::smem_bytes == smem_bytes,
-                "Cfg::smem_bytes != stages * (256 * 128 + 1024) + 2048");
+                "Cfg::smem_bytes != stages * ((128 + block_n) * 128 + scale_bytes) + 2048");
   static_assert(smem_bytes <= 232448, "exceeds the 227 KiB of shared memory of a CTA");
 
   __device__ static void run(const Sm90Fp8WgradParams& p) {
@@ -135,7 +142,7 @@ struct GroupedWgradFp8Sm90 {
     const int wg = warp / 4 - 1, wrow = wg * 64 + (warp & 3) * 16 + (lane >> 2);
     int stage = 0;
     unsigned int phase = 0;
-    float acc[1][64];
+    float acc[1][regs];
     float tmp[64];
     for (;;) {
       mbar_wait(full + 8 * stage, phase);
@@ -150,36 +157,39 @@ struct GroupedWgradFp8Sm90 {
         continue;
       }
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[0][i] = 0.0f;
+      for (int i = 0; i < regs; ++i) acc[0][i] = 0.0f;
 #pragma unroll 1
       for (int kt = 0; kt < k_tiles; ++kt) {
         if (kt > 0) mbar_wait(full + 8 * stage, phase);
         const unsigned int s = base + stage * stage_bytes;
         const unsigned int a_s = s + wg * 64 * 128, b_s = s + a_bytes;
         const unsigned int sa_s = s + a_bytes + b_bytes, sb_s = sa_s + Cfg::block_m * 4;
-        fence_regs(tmp);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          wgmma_m64n128k32_e4m3(tmp, make_desc_sw128(a_s + 32 * k), make_desc_sw128(b_s + 32 * k),
-                                k > 0 ? 1 : 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(tmp);
         float sa[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h)
           asm volatile("ld.shared.f32 %0, [%1];" : "=f"(sa[h]) : "r"(sa_s + (wrow + 8 * h) * 4));
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          float sb0, sb1;
-          asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
-                       : "=f"(sb0), "=f"(sb1)
-                       : "r"(sb_s + (8 * j + 2 * (lane & 3)) * 4));
+        for (int g = 0; g < nt; ++g) {
+          fence_regs(tmp);
+          wgmma_fence();
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            acc[0][4 * j + 2 * h] += tmp[4 * j + 2 * h] * (sa[h] * sb0);
-            acc[0][4 * j + 2 * h + 1] += tmp[4 * j + 2 * h + 1] * (sa[h] * sb1);
+          for (int k = 0; k < 4; ++k)
+            wgmma_m64n128k32_e4m3(tmp, make_desc_sw128(a_s + 32 * k),
+                                  make_desc_sw128(b_s + g * 128 * 128 + 32 * k), k > 0 ? 1 : 0);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(tmp);
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            float sb0, sb1;
+            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                         : "=f"(sb0), "=f"(sb1)
+                         : "r"(sb_s + (g * 128 + 8 * j + 2 * (lane & 3)) * 4));
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              acc[0][g * 64 + 4 * j + 2 * h] += tmp[4 * j + 2 * h] * (sa[h] * sb0);
+              acc[0][g * 64 + 4 * j + 2 * h + 1] += tmp[4 * j + 2 * h + 1] * (sa[h] * sb1);
+            }
           }
         }
         // Every wgmma and scale read of this stage has retired.

@@ -1,6 +1,6 @@
 // Family sm90_fp8_wgrad (codegen/families/sm90_fp8_wgrad.cpp): the fp8_block weight gradients,
 // Sm90Fp8WgradParams: uint8 TMA maps over the token-padded operands aᵀ [M, ld] and bᵀ [N, ld]
-// (box {128 tokens, 128 rows}), then the FP8 wgrad block.
+// (box {128 tokens, the tile's rows}), then the FP8 wgrad block.
 #include <cstddef>
 #include <cstring>
 
@@ -15,12 +15,12 @@ namespace {
 static_assert(offsetof(kt::Sm90Fp8WgradParams, tmap_b) == 128 &&
               offsetof(kt::Sm90Fp8WgradParams, plain) == 256);
 
-// [rows, ld] bytes as {ld, rows}, box {128, 128}, 128-byte swizzle.
-void encode_tokens_major(unsigned char (&out)[128], const void* base, long long rows,
-                         long long ld) {
+// [rows, ld] bytes as {ld, rows}, box {128 tokens, box_rows}, 128-byte swizzle.
+void encode_tokens_major(unsigned char (&out)[128], const void* base, long long rows, long long ld,
+                         std::uint32_t box_rows) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(ld), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld)};
-  const cuuint32_t box[2] = {128, 128};
+  const cuuint32_t box[2] = {128, box_rows};
   const cuuint32_t elem_strides[2] = {1, 1};
   CUtensorMap map;
   check_driver(driver().cuTensorMapEncodeTiled(
@@ -42,8 +42,9 @@ void* bind_sm90_fp8_wgrad(const CallTensors& call, const LoadedKernel& kernel,
   auto& p = storage.emplace<kt::Sm90Fp8WgradParams>();
   p.plain = {call.tokens_a_scales, call.tokens_b_scales, call.split_sizes, w2 ? call.dw2 : call.dw1,
              call.tokens,          call.tokens_ld,       call.accumulate};
-  encode_tokens_major(p.tmap_a, call.tokens_a, rows, call.tokens_ld);
-  encode_tokens_major(p.tmap_b, call.tokens_b, cols, call.tokens_ld);
+  const auto& shape = kernel.launch_shape();
+  encode_tokens_major(p.tmap_a, call.tokens_a, rows, call.tokens_ld, shape.block_m);
+  encode_tokens_major(p.tmap_b, call.tokens_b, cols, call.tokens_ld, shape.block_n);
   return &p;
 }
 
