@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string_view>
+#include <vector>
 
 #include "codegen/grouped_mlp.hpp"
 #include "codegen/nvrtc_compiler.hpp"
@@ -143,6 +144,43 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"sm90a_relu_w192x192", "sm_90a", Activation::relu, GluLayout::halves, false, true, 192,
              192}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// The FP8 backward plans: dy and dh quantized, FP8 FC2 and FC1 dgrad and (fp8_block) FP8 weight
+// gradients, in launch order; every kernel compiles for sm_90a.
+TEST(NvrtcCompile, Fp8BackwardPlansInLaunchOrder) {
+  LayerSpec l;
+  l.experts = 4;
+  l.hidden = 384;  // dW1's columns: 128 x 128 wgrad tiles; dW2's (F = 256): 128 x 256
+  l.ffn = 256;
+  l.router_probs = l.fc1_bias = l.fc2_bias = true;
+  using R = KernelRole;
+  GradientSet all;
+  all.db1 = all.db2 = true;
+  for (bool per_tensor : {false, true}) {
+    SCOPED_TRACE(per_tensor ? "fp8_tensor" : "fp8_block");
+    GroupedMlpBackwardDesc desc{l, all, "sm_90a", false, Fp8Scaling{false, per_tensor}};
+    const auto kernels = emit_grouped_mlp_backward(desc);
+    std::vector<R> roles;
+    for (const KernelSource& k : kernels) roles.push_back(k.role);
+    const std::vector<R> expected =
+        per_tensor
+            ? std::vector<R>{R::tensor_amax_dy, R::tensor_quantize_dy, R::fc2_dgrad_fp8,
+                             R::wgrad_w2,       R::bgrad_b2,           R::wgrad_w1,
+                             R::bgrad_b1,       R::tensor_amax_dh,     R::tensor_quantize_dh,
+                             R::fc1_dgrad_fp8}
+            : std::vector<R>{
+                  R::quantize_dy,  R::fc2_dgrad_fp8, R::quantize_tokens_dy, R::quantize_tokens_act,
+                  R::wgrad_w2_fp8, R::bgrad_b2,      R::quantize_tokens_dh, R::quantize_tokens_x,
+                  R::wgrad_w1_fp8, R::bgrad_b1,      R::quantize_dh,        R::fc1_dgrad_fp8};
+    EXPECT_EQ(roles, expected);
+    for (const KernelSource& kernel : kernels) {
+      EXPECT_GT(compile_to_cubin(kernel, "sm_90a", "test").cubin.size(), 1000u) << kernel.entry;
+    }
+  }
+  // The FP8 kernels need whole 128-wide scale blocks.
+  l.hidden = 320;
+  EXPECT_THROW(emit_grouped_mlp_backward({l, all, "sm_90a", false, Fp8Scaling{}}), Error);
+}
 
 // bf16 weight gradients (what autograd hands back for bf16 weights): the wgrad kernels of both
 // families compile with Cfg::out_bf16 and name it; the fp32 ones keep their source.

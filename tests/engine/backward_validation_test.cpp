@@ -1,6 +1,8 @@
 // The backward checks its context and tensors before anything is launched.
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "engine/api/validate.hpp"
 #include "testing/layers.hpp"
 
@@ -106,6 +108,65 @@ TEST(BackwardValidation, ADifferentRecipeIsRejected) {
   Fixture f;
   f.context.options_key ^= 1;
   expect_rejected(f, "recipe");
+}
+
+// The FP8 data gradients' transposed weights: all four or none, E4M3 [E, H, F1] / [E, F, H] with
+// block scales; given, w1 and w2 may be absent; a BF16 recipe takes none.
+struct Fp8Fixture : Fixture {
+  Recipe recipe = Recipe::fp8_block();
+
+  Fp8Fixture() {
+    const Device dev{Device::Kind::cuda, 0};
+    auto fake = [](std::uintptr_t n) { return reinterpret_cast<void*>(n << 16); };
+    const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
+    context.options_key = recipe.options_key();
+    args.w1 = {};
+    args.w2 = {};
+    args.w1t_fp8 = make_tensor(fake(20), DType::f8e4m3, {E, H, F1}, dev);
+    args.w1t_scales = make_tensor(fake(21), DType::f32, {E, H / 128, F1 / 128}, dev);
+    args.w2t_fp8 = make_tensor(fake(22), DType::f8e4m3, {E, F, H}, dev);
+    args.w2t_scales = make_tensor(fake(23), DType::f32, {E, F / 128, H / 128}, dev);
+  }
+
+  void expect_rejected(const std::string& needle) const {
+    try {
+      validate_backward(context, recipe, args);
+      FAIL() << "expected a rejection mentioning " << needle;
+    } catch (const Error& error) {
+      EXPECT_EQ(error.status(), Status::invalid_argument);
+      EXPECT_NE(std::string(error.what()).find(needle), std::string::npos) << error.what();
+    }
+  }
+};
+
+TEST(BackwardValidation, TransposedFp8WeightsReplaceTheBf16Ones) {
+  Fp8Fixture f;
+  EXPECT_TRUE(validate_backward(f.context, f.recipe, f.args).dw1);
+}
+
+TEST(BackwardValidation, TransposedFp8WeightsAreAllOrNone) {
+  Fp8Fixture f;
+  f.args.w2t_scales = {};
+  f.expect_rejected("'w2t_scales'");
+}
+
+TEST(BackwardValidation, TransposedFp8WeightsOfTheWrongShapeAreRejected) {
+  Fp8Fixture f;
+  std::swap(f.args.w2t_fp8.shape[1], f.args.w2t_fp8.shape[2]);  // W2's own layout, not W2ᵀ
+  f.expect_rejected("'w2t_fp8'");
+}
+
+TEST(BackwardValidation, Bf16WeightsAreRequiredWithoutTransposedFp8Weights) {
+  Fp8Fixture f;
+  f.args.w1t_fp8 = f.args.w1t_scales = f.args.w2t_fp8 = f.args.w2t_scales = {};
+  f.expect_rejected("'w1'");
+}
+
+TEST(BackwardValidation, ABf16RecipeTakesNoTransposedFp8Weights) {
+  Fp8Fixture f;
+  f.recipe = Recipe::bf16();
+  f.context.options_key = f.recipe.options_key();
+  f.expect_rejected("BF16");
 }
 
 }  // namespace
