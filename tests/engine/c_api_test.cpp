@@ -283,6 +283,26 @@ TEST_F(CApi, QuantizeWeightsChecksRecipeAndTensors) {
   EXPECT_TRUE(last_error_names("activation")) << gmjit_last_error();
 }
 
+// The transposed copies: W1ᵀ [E, H, F1], W2ᵀ [E, F, H] with their scales, checked before anything
+// runs; the messages name the transposed output.
+TEST_F(CApi, QuantizeWeightsExChecksTheTransposedOutputs) {
+  Tensors t;
+  Fp8Tensors q;
+  const gmjit_layer layer = small_layer();
+  const gmjit_fp8_weights out = q.weights();
+  Fp8Tensors transposed;  // W2's layout [4, 256, 128] where W2ᵀ is [4, 128, 256]
+  const gmjit_fp8_weights out_t = transposed.weights();
+  EXPECT_EQ(gmjit_quantize_weights_ex(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK, &t.w1, &t.w2, &out,
+                                      &out_t, nullptr),
+            GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("'w2t_fp8'")) << gmjit_last_error();
+}
+
+TEST_F(CApi, BackwardExChecksItsArguments) {
+  EXPECT_EQ(gmjit_backward_ex(engine_, nullptr, nullptr, nullptr, nullptr), GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("'context'")) << gmjit_last_error();
+}
+
 TEST(CApiStatus, HasReadableNames) {
   EXPECT_STREQ(gmjit_status_string(GMJIT_NO_DEVICE), "no_device");
 }
