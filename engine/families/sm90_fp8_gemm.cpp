@@ -3,10 +3,10 @@
 // FP8 block, Sm90Fp8GemmParams or Sm90Fc2DgradParams (codegen/families/sm90_fp8_gemm.cpp
 // emits them).
 #include <cstddef>
-#include <cstring>
 
 #include "engine/families/family.hpp"
 #include "engine/families/operands.hpp"
+#include "engine/families/tensor_maps.hpp"
 #include "engine/runtime/driver.hpp"
 #include "engine/runtime/loaded_kernel.hpp"
 #include "gmjit/error.hpp"
@@ -20,28 +20,11 @@ static_assert(offsetof(Sm90Fp8GemmParams, tmap_a) == 0 &&
               offsetof(Sm90Fp8GemmParams, tmap_b) == 128 &&
               offsetof(Sm90Fp8GemmParams, plain) == 256);
 
-// One uint8 map, 128-byte swizzle, box inner extent 128 bytes (one K block), OOB zero-filled.
-void encode_e4m3(unsigned char (&out)[128], const void* base, cuuint32_t rank,
-                 const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box) {
-  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
-  CUtensorMap map;
-  check_driver(
-      driver().cuTensorMapEncodeTiled(
-          &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, const_cast<void*>(base), dims, strides, box,
-          elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-      "cuTensorMapEncodeTiled");
-  std::memcpy(out, &map, sizeof(map));
-}
-
-// A [rows, k] as {k, rows} with box {128, box_rows}; a map needs one row even when none is read.
+// The K-major [rows, k] E4M3 operand at `base`, box {128, box_rows}.
 void encode_rows(unsigned char (&out)[128], const void* base, long long rows, long long k,
                  int box_rows) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k),
-                              static_cast<cuuint64_t>(rows > 0 ? rows : 1)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};
-  const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(box_rows)};
-  encode_e4m3(out, base, 2, dims, strides, box);
+  check_driver(encode_e4m3_rows(driver().cuTensorMapEncodeTiled, out, base, rows, k, box_rows),
+               "cuTensorMapEncodeTiled");
 }
 
 }  // namespace
@@ -93,7 +76,9 @@ void* bind_sm90_fp8_gemm(const CallTensors& call, const LoadedKernel& kernel,
       const cuuint64_t strides[3] = {static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(F * H),
                                      static_cast<cuuint64_t>(2 * F * H)};
       const cuuint32_t box[4] = {128, 128, 1, 1};
-      encode_e4m3(p.tmap_b, call.w1_fp8, 4, dims, strides, box);
+      check_driver(encode_e4m3_map(driver().cuTensorMapEncodeTiled, p.tmap_b, call.w1_fp8, 4, dims,
+                                   strides, box),
+                   "cuTensorMapEncodeTiled");
     } else {
       encode_rows(p.tmap_b, call.w1_fp8, E * F1, H, 128);
     }

@@ -2,9 +2,9 @@
 // Sm90Fp8WgradParams: uint8 TMA maps over the token-padded operands aᵀ [M, ld] and bᵀ [N, ld]
 // (box {128 tokens, the tile's rows}), then the FP8 wgrad block.
 #include <cstddef>
-#include <cstring>
 
 #include "engine/families/family.hpp"
+#include "engine/families/tensor_maps.hpp"
 #include "engine/runtime/driver.hpp"
 #include "engine/runtime/loaded_kernel.hpp"
 #include "kernel_templates/params.cuh"
@@ -15,20 +15,12 @@ namespace {
 static_assert(offsetof(kt::Sm90Fp8WgradParams, tmap_b) == 128 &&
               offsetof(kt::Sm90Fp8WgradParams, plain) == 256);
 
-// [rows, ld] bytes as {ld, rows}, box {128 tokens, box_rows}, 128-byte swizzle.
+// [rows, ld] token-padded bytes (K = tokens contiguous), box {128 tokens, box_rows}.
 void encode_tokens_major(unsigned char (&out)[128], const void* base, long long rows, long long ld,
                          std::uint32_t box_rows) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(ld), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld)};
-  const cuuint32_t box[2] = {128, box_rows};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  CUtensorMap map;
-  check_driver(driver().cuTensorMapEncodeTiled(
-                   &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides,
-                   box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+  check_driver(encode_e4m3_rows(driver().cuTensorMapEncodeTiled, out, base, rows, ld,
+                                static_cast<int>(box_rows)),
                "cuTensorMapEncodeTiled");
-  std::memcpy(out, &map, sizeof(map));
 }
 
 }  // namespace

@@ -154,4 +154,26 @@ CUresult encode_sm90_wgrad_maps(TensorMapEncodeTiledFn encode, const Sm90WgradOp
   return encode_2d(encode, params.tmap_b, o.b, o.tokens, o.n, 64);
 }
 
+CUresult encode_e4m3_map(TensorMapEncodeTiledFn encode, unsigned char (&out)[128], const void* base,
+                         unsigned int rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                         const cuuint32_t* box) {
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult rc =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, const_cast<void*>(base), dims, strides, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (rc == CUDA_SUCCESS) std::memcpy(out, &map, sizeof(map));
+  return rc;
+}
+
+CUresult encode_e4m3_rows(TensorMapEncodeTiledFn encode, unsigned char (&out)[128],
+                          const void* base, long long rows, long long row_bytes, int box_rows) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes),
+                              static_cast<cuuint64_t>(rows > 0 ? rows : 1)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
+  const cuuint32_t box[2] = {128, static_cast<cuuint32_t>(box_rows)};
+  return encode_e4m3_map(encode, out, base, 2, dims, strides, box);
+}
+
 }  // namespace gmjit::engine

@@ -85,4 +85,16 @@ struct Sm90WgradOperands {
 CUresult encode_sm90_wgrad_maps(TensorMapEncodeTiledFn encode, const Sm90WgradOperands& ops,
                                 gmjit::kt::Sm90WgradParams& params);
 
+// ---- FP8 (E4M3 bytes: sm90_fp8_gemm.cuh, sm90_fp8_wgrad.cuh) ----
+// uint8 maps, 128-byte swizzle, box inner extent 128 bytes (one K block), OOB zero-filled.
+// Any rank (dims innermost first, strides in bytes for dims 1..rank-1).
+CUresult encode_e4m3_map(TensorMapEncodeTiledFn encode, unsigned char (&out)[128], const void* base,
+                         unsigned int rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                         const cuuint32_t* box);
+// A row-major [rows, row_bytes] byte matrix as {row_bytes, rows}, box {128, box_rows} (K-major
+// operands: x, dy, dh, the weights and their copies, the wgrad operands along tokens). rows == 0
+// is encoded as one row (a map needs an extent; the kernels read none).
+CUresult encode_e4m3_rows(TensorMapEncodeTiledFn encode, unsigned char (&out)[128],
+                          const void* base, long long rows, long long row_bytes, int box_rows);
+
 }  // namespace gmjit::engine
