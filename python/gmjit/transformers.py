@@ -4,10 +4,12 @@
     model = AutoModelForCausalLM.from_config(config, experts_implementation="gmjit")
 
 FP8: `experts_implementation="gmjit_fp8_block"` (or "gmjit_fp8_block_pow2") runs the experts'
-forward GEMMs with that recipe (gmjit.torch.grouped_mlp's `recipe`; the backward is BF16's). The
-quantized weights are kept on the module and made again only when a weight's version counter or
-address changes (optimizer steps); modules whose widths are not multiples of 128 run gmjit's
-BF16 recipe instead, with one warning.
+forward GEMMs with that recipe (gmjit.torch.grouped_mlp's `recipe`), and in training the
+backward's data gradients too (the weight gradients are BF16 GEMMs). The quantized weights (with
+their transposed copies in training: a grad-enabled call, or the module in training mode with
+weights requiring grad) are kept on the module and made again only when a weight's version
+counter or address changes (optimizer steps); modules whose widths are not multiples of 128 run
+gmjit's BF16 recipe instead, with one warning.
 
 Experts modules decorated with `use_experts_implementation` declare their weight layout
 (concatenated or interleaved gate/up, transposed, biases, gated or not); the activation comes from
@@ -260,19 +262,21 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
     return out
 
 
-def _fp8_weights(experts: nn.Module, plan: ExpertsPlan, recipe: str, w1: Tensor, w2: Tensor):
-    """The quantized (w1, w2) of `recipe`, kept on the module while its weights' versions and
-    addresses stay the same (they change at optimizer steps). None while compiling: the op then
-    quantizes inside the graph."""
+def _fp8_weights(experts: nn.Module, plan: ExpertsPlan, recipe: str, w1: Tensor, w2: Tensor,
+                 transposed: bool = False):  # fmt: skip
+    """The quantized (w1, w2) of `recipe` (with `transposed`, the 8-tuple with the transposed
+    copies the backward's FP8 data gradients read), kept on the module while its weights'
+    versions and addresses stay the same (they change at optimizer steps). None while compiling:
+    the op then quantizes inside the graph."""
     if torch.compiler.is_compiling():
         return None
     params = [t for t in _weights(experts, plan.has_gate) if t is not None]
     key = (recipe,) + tuple((id(p), p.data_ptr(), p._version) for p in params)
     cached = experts.__dict__.get("_gmjit_fp8_weights")
-    if cached is not None and cached[0] == key:
+    if cached is not None and cached[0] == key and (len(cached[1]) == 8 or not transposed):
         return cached[1]
     experts.__dict__.pop("_gmjit_fp8_weights", None)
-    weights = quantize_weights(w1, w2, recipe)
+    weights = quantize_weights(w1, w2, recipe, transposed=transposed)
     experts.__dict__["_gmjit_fp8_weights"] = (key, weights)
     return weights
 
@@ -346,9 +350,17 @@ def experts_forward(
         y_sorted = mlp(x_sorted, split_sizes, w1, w2, b1, b2, probs, activation=plan.activation,
                        limit=plan.limit, alpha=plan.alpha)  # fmt: skip
     else:
+        # With a backward to come, the transposed copies too: FP8 data gradients. Training mode
+        # with trainable weights counts (reentrant checkpointing's first pass has no grad).
+        trainable = any(p is not None and p.requires_grad for p in _weights(experts, plan.has_gate))
+        training = (experts.training and trainable) or (
+            torch.is_grad_enabled()
+            and any(t is not None and t.requires_grad for t in (x_sorted, w1, w2, b1, b2, probs))
+        )
         y_sorted = mlp(x_sorted, split_sizes, w1, w2, b1, b2, probs, activation=plan.activation,
                        limit=plan.limit, alpha=plan.alpha, recipe=recipe,
-                       fp8_weights=_fp8_weights(experts, plan, recipe, w1, w2))  # fmt: skip
+                       fp8_weights=_fp8_weights(experts, plan, recipe, w1, w2,
+                                                training))  # fmt: skip
     # Back to (token, slot) order, then the sum over the top-k slots; index_copy's backward is a
     # gather, so it stays deterministic.
     y = y_sorted.new_zeros((tokens * top_k, hidden)).index_copy(0, perm, y_sorted)

@@ -104,6 +104,21 @@ gmjit::ForwardArgs forward_args(const gmjit::LayerSpec& s, std::int64_t T, gmjit
   return args;
 }
 
+// One FP8 weight of a recipe, [E, rows, cols] E4M3, and its fp32 scales: per 128 x 128 block
+// (fp8_block), per expert matrix (fp8_tensor).
+std::pair<gmjit::TensorRef, gmjit::TensorRef> fp8_weight(const gmjit::Recipe& recipe,
+                                                         gmjit::Device dev, std::int64_t E,
+                                                         std::int64_t rows, std::int64_t cols,
+                                                         std::uintptr_t data,
+                                                         std::uintptr_t scales) {
+  using gmjit::DType;
+  if (recipe.kind() == gmjit::RecipeKind::fp8_tensor) {
+    return {ref(data, DType::f8e4m3, {E, rows, cols}, dev), ref(scales, DType::f32, {E}, dev)};
+  }
+  return {ref(data, DType::f8e4m3, {E, rows, cols}, dev),
+          ref(scales, DType::f32, {E, rows / 128, cols / 128}, dev)};
+}
+
 // The weights of an FP8 recipe: E4M3 data and fp32 scales per 128 x 128 block (fp8_tensor: one
 // per expert matrix).
 struct Fp8Refs {
@@ -113,16 +128,21 @@ struct Fp8Refs {
 Fp8Refs fp8_refs(const gmjit::LayerSpec& s, const gmjit::Recipe& recipe, gmjit::Device dev,
                  std::uintptr_t w1_fp8, std::uintptr_t w1_scales, std::uintptr_t w2_fp8,
                  std::uintptr_t w2_scales) {
-  using gmjit::DType;
   const std::int64_t E = s.experts, H = s.hidden, F = s.ffn, F1 = s.fc1_out();
-  if (recipe.kind() == gmjit::RecipeKind::fp8_tensor) {
-    return {ref(w1_fp8, DType::f8e4m3, {E, F1, H}, dev), ref(w1_scales, DType::f32, {E}, dev),
-            ref(w2_fp8, DType::f8e4m3, {E, H, F}, dev), ref(w2_scales, DType::f32, {E}, dev)};
-  }
-  return {ref(w1_fp8, DType::f8e4m3, {E, F1, H}, dev),
-          ref(w1_scales, DType::f32, {E, F1 / 128, H / 128}, dev),
-          ref(w2_fp8, DType::f8e4m3, {E, H, F}, dev),
-          ref(w2_scales, DType::f32, {E, H / 128, F / 128}, dev)};
+  const auto [w1, w1s] = fp8_weight(recipe, dev, E, F1, H, w1_fp8, w1_scales);
+  const auto [w2, w2s] = fp8_weight(recipe, dev, E, H, F, w2_fp8, w2_scales);
+  return {w1, w1s, w2, w2s};
+}
+
+// The transposed copies the FP8 data gradients read: w1t [E, H, F1], w2t [E, F, H] (0: absent;
+// the engine wants all four or none).
+Fp8Refs fp8_transposed_refs(const gmjit::LayerSpec& s, const gmjit::Recipe& recipe,
+                            gmjit::Device dev, std::uintptr_t w1t_fp8, std::uintptr_t w1t_scales,
+                            std::uintptr_t w2t_fp8, std::uintptr_t w2t_scales) {
+  const std::int64_t E = s.experts, H = s.hidden, F = s.ffn, F1 = s.fc1_out();
+  const auto [w1, w1s] = fp8_weight(recipe, dev, E, H, F1, w1t_fp8, w1t_scales);
+  const auto [w2, w2s] = fp8_weight(recipe, dev, E, F, H, w2t_fp8, w2t_scales);
+  return {w1, w1s, w2, w2s};
 }
 
 void run_forward(const gmjit::LayerSpec& s, const gmjit::Recipe& recipe,
@@ -170,7 +190,9 @@ void forward_fp8(const Layer& layer, int recipe, std::int64_t tokens, int device
 
 void quantize_weights(const Layer& layer, int recipe, int device, std::uintptr_t w1,
                       std::uintptr_t w2, std::uintptr_t w1_fp8, std::uintptr_t w1_scales,
-                      std::uintptr_t w2_fp8, std::uintptr_t w2_scales, std::uintptr_t stream) {
+                      std::uintptr_t w2_fp8, std::uintptr_t w2_scales, std::uintptr_t stream,
+                      std::uintptr_t w1t_fp8, std::uintptr_t w1t_scales, std::uintptr_t w2t_fp8,
+                      std::uintptr_t w2t_scales) {
   using gmjit::DType;
   const gmjit::Recipe& r = recipe_of(recipe);
   const gmjit::LayerSpec& s = layer.spec;
@@ -184,6 +206,11 @@ void quantize_weights(const Layer& layer, int recipe, int device, std::uintptr_t
   args.w1_scales = q.w1_scales;
   args.w2_fp8 = q.w2;
   args.w2_scales = q.w2_scales;
+  const Fp8Refs t = fp8_transposed_refs(s, r, dev, w1t_fp8, w1t_scales, w2t_fp8, w2t_scales);
+  args.w1t_fp8 = t.w1;
+  args.w1t_scales = t.w1_scales;
+  args.w2t_fp8 = t.w2;
+  args.w2t_scales = t.w2_scales;
   nb::gil_scoped_release release;
   engine().quantize_weights(s, r, args, reinterpret_cast<void*>(stream));
 }
@@ -193,9 +220,11 @@ void backward(const Layer& layer, std::int64_t tokens, int device, std::uintptr_
               std::uintptr_t b2, std::uintptr_t probs, std::uintptr_t saved_preact,
               std::uintptr_t dx, std::uintptr_t dw1, std::uintptr_t db1, std::uintptr_t dw2,
               std::uintptr_t db2, std::uintptr_t dprobs, bool accumulate, std::uintptr_t stream,
-              int recipe, bool bf16_weight_grads) {
+              int recipe, bool bf16_weight_grads, std::uintptr_t w1t_fp8, std::uintptr_t w1t_scales,
+              std::uintptr_t w2t_fp8, std::uintptr_t w2t_scales) {
   using gmjit::DType;
-  // The forward's recipe (its context's options_key); every recipe's backward is BF16's.
+  // The forward's recipe (its context's options_key). With the transposed FP8 weights given, an
+  // FP8 recipe runs the data gradients in FP8; the weight gradients are BF16 GEMMs.
   const gmjit::Recipe& r = recipe_of(recipe);
   const gmjit::LayerSpec& s = layer.spec;
   const gmjit::Device dev{gmjit::Device::Kind::cuda, device};
@@ -226,6 +255,11 @@ void backward(const Layer& layer, std::int64_t tokens, int device, std::uintptr_
   args.db2 = ref(db2, DType::f32, {E, H}, dev);
   args.dprobs = ref(dprobs, DType::f32, {T}, dev);
   args.accumulate = accumulate;
+  const Fp8Refs t = fp8_transposed_refs(s, r, dev, w1t_fp8, w1t_scales, w2t_fp8, w2t_scales);
+  args.w1t_fp8 = t.w1;
+  args.w1t_scales = t.w1_scales;
+  args.w2t_fp8 = t.w2;
+  args.w2t_scales = t.w2_scales;
   nb::gil_scoped_release release;
   engine().backward(context, r, args, reinterpret_cast<void*>(stream));
 }
@@ -342,9 +376,13 @@ NB_MODULE(_C, m) {
         nb::arg("b2"), nb::arg("probs"), nb::arg("saved_preact"), nb::arg("dx"), nb::arg("dw1"),
         nb::arg("db1"), nb::arg("dw2"), nb::arg("db2"), nb::arg("dprobs"), nb::arg("accumulate"),
         nb::arg("stream"), nb::arg("recipe") = 0, nb::arg("bf16_weight_grads") = false,
+        nb::arg("w1t_fp8") = 0, nb::arg("w1t_scales") = 0, nb::arg("w2t_fp8") = 0,
+        nb::arg("w2t_scales") = 0,
         "Backward of a grad-enabled forward; gradients given as 0 are not computed. `recipe` "
         "is the forward's recipe code (0 bf16, 1 fp8_block, 2 fp8_block_pow2, 3 fp8_tensor); "
-        "bf16_weight_grads: dw1 and dw2 are bf16 (no accumulation), else fp32.");
+        "bf16_weight_grads: dw1 and dw2 are bf16 (no accumulation), else fp32. w1t_fp8 ... "
+        "w2t_scales: the transposed FP8 weights quantize_weights wrote (all four or none): "
+        "given, an FP8 recipe runs the data gradients in FP8 and w1, w2 are not read.");
   m.def("forward_fp8", &forward_fp8, nb::arg("layer"), nb::arg("recipe"), nb::arg("tokens"),
         nb::arg("device"), nb::arg("x"), nb::arg("split_sizes"), nb::arg("w1_fp8"),
         nb::arg("w1_scales"), nb::arg("w2_fp8"), nb::arg("w2_scales"), nb::arg("b1"), nb::arg("b2"),
@@ -353,8 +391,11 @@ NB_MODULE(_C, m) {
         "pointers (0: absent). A non-zero saved_preact makes it a grad-enabled forward.");
   m.def("quantize_weights", &quantize_weights, nb::arg("layer"), nb::arg("recipe"),
         nb::arg("device"), nb::arg("w1"), nb::arg("w2"), nb::arg("w1_fp8"), nb::arg("w1_scales"),
-        nb::arg("w2_fp8"), nb::arg("w2_scales"), nb::arg("stream"),
-        "Writes the E4M3 weights and fp32 block scales of an FP8 recipe from bf16 w1, w2.");
+        nb::arg("w2_fp8"), nb::arg("w2_scales"), nb::arg("stream"), nb::arg("w1t_fp8") = 0,
+        nb::arg("w1t_scales") = 0, nb::arg("w2t_fp8") = 0, nb::arg("w2t_scales") = 0,
+        "Writes the E4M3 weights and fp32 scales of an FP8 recipe from bf16 w1, w2; with "
+        "w1t_fp8 ... w2t_scales (all four or none: 0) also their transposed copies "
+        "([E, H, F1], [E, F, H]) for the backward's FP8 data gradients.");
   m.def("prepare", &prepare, nb::arg("layer"), nb::arg("grad"), nb::arg("arch"),
         nb::arg("recipe") = 0,
         "Compiles (or loads from the caches) the forward plan's kernels for `arch`; no GPU "

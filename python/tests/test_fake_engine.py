@@ -70,7 +70,10 @@ class StandIn:
                 start += n
 
     def backward(self, L, T, device, dy, x, split, w1, w2, b2, probs, saved, dx, dw1, db1, dw2,
-                 db2, dprobs, accumulate, stream, recipe=0, bf16_weight_grads=False):  # fmt: skip
+                 db2, dprobs, accumulate, stream, recipe=0, bf16_weight_grads=False, w1t_fp8=0,
+                 w1t_scales=0, w2t_fp8=0, w2t_scales=0):  # fmt: skip
+        # The transposed FP8 weights (FP8 data gradients) come only with an FP8 recipe.
+        assert not (w1t_fp8 or w1t_scales or w2t_fp8 or w2t_scales) or recipe
         self.calls.append(("backward", tuple(bool(p) for p in (dx, dw1, db1, dw2, db2, dprobs)),
                            accumulate))  # fmt: skip
         self.bf16_weight_grads = bf16_weight_grads

@@ -1,6 +1,7 @@
 """The FP8 recipes in the torch layer, on the CPU: argument checks, fake kernels and tracing, and
-the plumbing (quantization, the FP8 forward, the BF16 backward, GroupedMLP's cache of quantized
-weights) against a stand-in engine that quantizes with torch."""
+the plumbing (quantization with and without the transposed copies, the FP8 forward, the backward
+with FP8 or BF16 data gradients, GroupedMLP's cache of quantized weights) against a stand-in
+engine that quantizes with torch."""
 
 from __future__ import annotations
 
@@ -30,12 +31,25 @@ def args(glu=True, **over):
     return a
 
 
-def fp8_weights(glu=True, **over):
+def fp8_weights(glu=True, transposed=False, per_tensor=False, **over):
+    """Well-formed quantized weights (the 8-tuple with `transposed`), with `over` replacing some."""
     f1 = 2 * F if glu else F
-    q = dict(w1_fp8=torch.zeros(E, f1, H, dtype=FP8), w1_scales=torch.ones(E, f1 // 128, H // 128),
-             w2_fp8=torch.zeros(E, H, F, dtype=FP8), w2_scales=torch.ones(E, H // 128, F // 128))  # fmt: skip
+
+    def scales(rows, cols):
+        return torch.ones(E) if per_tensor else torch.ones(E, rows // 128, cols // 128)
+
+    q = dict(w1_fp8=torch.zeros(E, f1, H, dtype=FP8), w1_scales=scales(f1, H),
+             w2_fp8=torch.zeros(E, H, F, dtype=FP8), w2_scales=scales(H, F))  # fmt: skip
+    if transposed:
+        q.update(w1t_fp8=torch.zeros(E, H, f1, dtype=FP8), w1t_scales=scales(H, f1),
+                 w2t_fp8=torch.zeros(E, F, H, dtype=FP8), w2t_scales=scales(F, H))  # fmt: skip
+    assert set(over) <= set(q)
     q.update(over)
     return tuple(q.values())
+
+
+def fp8_weights_t(**over):
+    return fp8_weights(transposed=True, **over)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,6 +81,34 @@ BAD_FP8_CALLS = [
      r"'w2_fp8' must be on cpu"),  # fmt: skip
     # The BF16 checks still run first.
     (dict(recipe="fp8_block", w2=torch.randn(E, H, F)), r"'w2' must have dtype torch.bfloat16"),
+    # The 8-tuple of quantize_weights(..., transposed=True): the transposed copies are checked too.
+    (dict(recipe="fp8_block", fp8_weights=fp8_weights_t()[:5]),
+     r"'fp8_weights' must be the tuple .* or its 8-tuple .* got a tuple of 5"),  # fmt: skip
+    (dict(recipe="fp8_block", fp8_weights=list(fp8_weights_t()) + [None]),
+     r"'fp8_weights' must be .* got a list of 9"),  # fmt: skip
+    (dict(recipe="fp8_block", fp8_weights=fp8_weights_t(w1t_fp8=torch.zeros(E, 2 * F, H, dtype=FP8))),
+     r"'w1t_fp8' must have shape \[3, 128, 512\], got \[3, 512, 128\]"),  # fmt: skip
+    (dict(recipe="fp8_block", fp8_weights=fp8_weights_t(w1t_fp8=torch.zeros(E, H, 2 * F, dtype=BF))),
+     r"'w1t_fp8' must have dtype torch.float8_e4m3fn"),  # fmt: skip
+    (dict(recipe="fp8_block", fp8_weights=fp8_weights_t(w1t_scales=torch.ones(E, 4, 1))),
+     r"'w1t_scales' must have shape \[3, 1, 4\]"),  # fmt: skip
+    (dict(recipe="fp8_block_pow2", fp8_weights=fp8_weights_t(w2t_fp8=torch.zeros(E, H, F, dtype=FP8))),
+     r"'w2t_fp8' must have shape \[3, 256, 128\]"),  # fmt: skip
+    (dict(recipe="fp8_block", fp8_weights=fp8_weights_t(w2t_scales=torch.ones(E, 2, 1, dtype=torch.float64))),
+     r"'w2t_scales' must have dtype torch.float32"),  # fmt: skip
+    (dict(recipe="fp8_block", fp8_weights=fp8_weights_t(w2t_scales=None)),
+     r"'w2t_scales' must be a torch.Tensor, got NoneType"),  # fmt: skip
+    # A transposed view of w1_fp8 is not the contiguous copy the kernels read.
+    (dict(recipe="fp8_block", fp8_weights=fp8_weights_t(w1t_fp8=torch.zeros(E, 2 * F, H, dtype=FP8).transpose(1, 2))),
+     r"'w1t_fp8' must be contiguous"),  # fmt: skip
+    (dict(recipe="fp8_block", fp8_weights=fp8_weights_t(w2t_fp8=torch.zeros(E, F, H, dtype=FP8, device="meta"))),
+     r"'w2t_fp8' must be on cpu"),  # fmt: skip
+    # fp8_tensor: one scale per expert matrix, transposed copies included.
+    (dict(recipe="fp8_tensor", fp8_weights=fp8_weights_t()), r"'w1_scales' must have shape \[3\]"),
+    (dict(recipe="fp8_tensor", fp8_weights=fp8_weights(transposed=True, per_tensor=True,
+                                                       w1t_scales=torch.ones(E, 1, 4))),
+     r"'w1t_scales' must have shape \[3\], got \[3, 1, 4\]"),  # fmt: skip
+    (dict(fp8_weights=fp8_weights_t()), r"'fp8_weights' is for the FP8 recipes"),
 ]
 
 
@@ -88,6 +130,11 @@ def test_valid_fp8_cpu_call_fails_only_on_the_device():
         grouped_mlp(**args(), recipe="fp8_block")
     with pytest.raises(ValueError, match=r"'x' must be on a CUDA device to run, got cpu"):
         grouped_mlp(**args(), recipe="fp8_block_pow2", fp8_weights=fp8_weights())
+    with pytest.raises(ValueError, match=r"'x' must be on a CUDA device to run, got cpu"):
+        grouped_mlp(**args(), recipe="fp8_block", fp8_weights=fp8_weights_t())
+    a = args(x=torch.randn(T, H, dtype=BF, requires_grad=True))
+    with pytest.raises(ValueError, match=r"'w1' must be on a CUDA device to run, got cpu"):
+        grouped_mlp(**a, recipe="fp8_block")  # a grad call quantizes first, with the transposes
     y = grouped_mlp(**args(x=torch.empty(0, H, dtype=BF)), recipe="fp8_block")  # no tokens
     assert y.shape == (0, H)
 
@@ -141,6 +188,29 @@ def test_fake_fp8_forward_gives_the_bf16_shapes(recipe, given, save):
     assert saved.shape == ((T, 2 * F) if save else (0,)) and saved.dtype == BF
 
 
+@pytest.mark.parametrize("recipe", ["fp8_block", "fp8_tensor"])
+@pytest.mark.parametrize("glu", [True, False])
+def test_fake_quantize_weights_transposed_gives_the_transposed_copies_too(glu, recipe):
+    f1 = 2 * F if glu else F
+    per_tensor = recipe == "fp8_tensor"
+
+    def scales(rows, cols):
+        return (E,) if per_tensor else (E, rows // 128, cols // 128)
+
+    expected = [((E, f1, H), FP8), (scales(f1, H), F32), ((E, H, F), FP8), (scales(H, F), F32),
+                ((E, H, f1), FP8), (scales(H, f1), F32), ((E, F, H), FP8), (scales(F, H), F32)]  # fmt: skip
+    with FakeTensorMode():
+        w1 = torch.empty(E, f1, H, dtype=BF)
+        w2 = torch.empty(E, H, F, dtype=BF)
+        results = (torch.ops.gmjit.quantize_weights(w1, w2, recipe, True),
+                   quantize_weights(w1, w2, recipe, transposed=True))  # fmt: skip
+        plain = quantize_weights(w1, w2, recipe)
+    for q in results:
+        assert [(tuple(t.shape), t.dtype) for t in q] == expected
+    assert isinstance(results[1], tuple)
+    assert [(tuple(t.shape), t.dtype) for t in plain] == expected[:4]
+
+
 @pytest.mark.parametrize("glu", [True, False])
 def test_fake_quantize_weights_gives_data_and_block_scales(glu):
     f1 = 2 * F if glu else F
@@ -154,6 +224,51 @@ def test_fake_quantize_weights_gives_data_and_block_scales(glu):
             assert (w1s.shape, w1s.dtype) == ((E, f1 // 128, H // 128), F32)
             assert (w2q.shape, w2q.dtype) == ((E, H, F), FP8)
             assert (w2s.shape, w2s.dtype) == ((E, H // 128, F // 128), F32)
+
+
+@pytest.mark.parametrize("save", [False, True])
+def test_fake_fp8_forward_takes_the_transposed_weights(save):
+    with FakeTensorMode():
+        a = args()
+        y, saved = torch.ops.gmjit.grouped_mlp(a["x"], a["split_sizes"], a["w1"], a["w2"], None,
+                                               None, None, "swiglu", "halves", 7.0, 1.702, save,
+                                               "fp8_block", *fp8_weights_t())  # fmt: skip
+        # Without the first four: the op quantizes for the forward, the backward reads these.
+        y2, _ = torch.ops.gmjit.grouped_mlp(a["x"], a["split_sizes"], a["w1"], a["w2"], None,
+                                            None, None, "swiglu", "halves", 7.0, 1.702, save,
+                                            "fp8_block", None, None, None, None,
+                                            *fp8_weights_t()[4:])  # fmt: skip
+    assert y.shape == y2.shape == (T, H) and y.dtype == BF
+    assert saved.shape == ((T, 2 * F) if save else (0,))
+
+
+def test_partly_given_transposed_weights_are_rejected_by_the_ops():
+    with FakeTensorMode():
+        a = args()
+        q = fp8_weights_t()
+        with pytest.raises(ValueError, match=r"all four or none; w2t_fp8, w2t_scales missing"):
+            torch.ops.gmjit.grouped_mlp(a["x"], a["split_sizes"], a["w1"], a["w2"], None, None,
+                                        None, "swiglu", "halves", 7.0, 1.702, True, "fp8_block",
+                                        *q[:6])  # fmt: skip
+        saved = torch.empty(T, 2 * F, dtype=BF)
+        with pytest.raises(ValueError, match=r"all four or none; w1t_scales missing"):
+            torch.ops.gmjit.grouped_mlp_backward(
+                a["x"], a["x"], a["split_sizes"], a["w1"], a["w2"], None, None, saved, "swiglu",
+                "halves", 7.0, 1.702, False, [True] * 6, "fp8_block", q[4], None, q[6], q[7])  # fmt: skip
+
+
+def test_fake_backward_with_the_transposed_weights_gives_the_bf16_gradients():
+    with FakeTensorMode():
+        a = args()
+        saved = torch.empty(T, 2 * F, dtype=BF)
+        grads = torch.ops.gmjit.grouped_mlp_backward(
+            a["x"], a["x"], a["split_sizes"], a["w1"], a["w2"], None, None, saved, "swiglu",
+            "halves", 7.0, 1.702, False, [True, True, False, True, False, False], "fp8_tensor",
+            *fp8_weights(transposed=True, per_tensor=True)[4:])  # fmt: skip
+    dx, dw1, db1, dw2, _, _ = grads
+    assert dx.shape == (T, H) and dx.dtype == BF
+    assert dw1.shape == (E, 2 * F, H) and dw1.dtype == BF and dw2.shape == (E, H, F)
+    assert db1.numel() == 0
 
 
 def test_fake_backward_takes_the_recipe_and_gives_the_bf16_gradients():
@@ -174,7 +289,7 @@ def test_fp8_module_works_on_the_meta_device():
     assert y.shape == (10, H) and y.device.type == "meta" and m.fp8_quantizations == 0
 
 
-def test_aot_autograd_traces_the_fp8_forward_and_its_bf16_backward():
+def test_aot_autograd_traces_the_fp8_forward_and_quantizes_with_the_transposes():
     from functorch.compile import make_boxed_func
     from torch._functorch.aot_autograd import aot_function
 
@@ -198,6 +313,30 @@ def test_aot_autograd_traces_the_fp8_forward_and_its_bf16_backward():
     assert any("gmjit.grouped_mlp.default" in t for t in fw)
     node = next(n for n in graphs["fw"].graph.nodes if "gmjit.grouped_mlp.default" in str(n.target))
     assert "fp8_block" in node.args  # the recipe reaches the op
+    # The weights are quantized in the graph, with their transposed copies for the backward.
+    quantize = next(n for n in graphs["fw"].graph.nodes
+                    if "gmjit.quantize_weights.default" in str(n.target))  # fmt: skip
+    assert quantize.args[2:] == ("fp8_block", True)
+
+
+def test_aot_autograd_without_grad_lets_the_op_quantize_without_transposes():
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_function
+
+    graphs = {}
+
+    def compiler(gm, example_inputs):
+        graphs["fw"] = gm
+        return make_boxed_func(lambda *a: (_ for _ in ()).throw(RuntimeError("traced")))
+
+    a = args()
+    compiled = aot_function(lambda x, s, w1, w2: grouped_mlp(x, s, w1, w2, recipe="fp8_block"),
+                            fw_compiler=compiler)  # fmt: skip
+    with pytest.raises(RuntimeError, match="traced"):
+        compiled(a["x"], a["split_sizes"], a["w1"], a["w2"])
+    targets = [str(n.target) for n in graphs["fw"].graph.nodes if n.op == "call_function"]
+    assert any("gmjit.grouped_mlp.default" in t for t in targets)
+    assert not any("quantize_weights" in t for t in targets)
 
 
 def test_dynamo_fullgraph_traces_the_fp8_module_without_graph_breaks():
@@ -222,14 +361,21 @@ def test_dynamo_fullgraph_traces_the_fp8_module_without_graph_breaks():
 # ---------------------------------------------------------------------------------------------
 # The plumbing against a stand-in engine
 
+PER_TENSOR = _op.FP8_TENSOR
 
-def fake_quantize(w: torch.Tensor, pow2: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """E4M3 data and fp32 scales per 128 x 128 block, as the engine's weight quantizer."""
+
+def fake_quantize(w: torch.Tensor, code: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """E4M3 data and fp32 scales as the engine's weight quantizer: per 128 x 128 block (code 2:
+    powers of two), per expert matrix (fp8_tensor)."""
     E_, R, C = w.shape
+    if code == PER_TENSOR:
+        amax = w.float().abs().amax(dim=(1, 2))
+        scale = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
+        return (w.float() / scale[:, None, None]).to(FP8), scale
     blocks = w.float().view(E_, R // 128, 128, C // 128, 128)
     amax = blocks.abs().amax(dim=(2, 4))
     scale = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
-    if pow2:
+    if code == 2:
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
     q = (blocks / scale[:, :, None, :, None]).to(FP8).view(E_, R, C)
     return q, scale
@@ -237,37 +383,69 @@ def fake_quantize(w: torch.Tensor, pow2: bool) -> tuple[torch.Tensor, torch.Tens
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     E_, R, C = q.shape
+    if scale.dim() == 1:
+        return q.float() * scale[:, None, None]
     d = q.float().view(E_, R // 128, 128, C // 128, 128) * scale[:, :, None, :, None]
     return d.view(E_, R, C)
 
 
-class Fp8StandIn(StandIn):
-    """StandIn plus the FP8 entry points: forward_fp8 runs the reference on the dequantized
-    weights (x itself is not quantized here), backward takes the recipe code."""
+def scale_shape(E_: int, rows: int, cols: int, code: int) -> tuple[int, ...]:
+    return (E_,) if code == PER_TENSOR else (E_, rows // 128, cols // 128)
 
-    def quantize_weights(self, L, recipe, device, w1, w2, w1q, w1s, w2q, w2s, stream):
-        self.calls.append(("quantize", recipe))
-        for src, q, s, rows, cols in ((w1, w1q, w1s, L.F1, L.H), (w2, w2q, w2s, L.H, L.F)):
-            data, scale = fake_quantize(view(src, BF, (L.E, rows, cols)), recipe == 2)
+
+class Fp8StandIn(StandIn):
+    """StandIn plus the FP8 entry points: quantize_weights quantizes with torch (and writes the
+    transposed copies when given them), forward_fp8 runs the reference on the dequantized
+    weights (x itself is not quantized here), backward takes the recipe code and, given the
+    transposed FP8 weights, runs its reference on them dequantized instead of w1 and w2 (as the
+    engine's FP8 data gradients read them; dy and dh are not quantized here)."""
+
+    def quantize_weights(self, L, recipe, device, w1, w2, w1q, w1s, w2q, w2s, stream, w1t=0,
+                         w1ts=0, w2t=0, w2ts=0):  # fmt: skip
+        transposed = bool(w1t)
+        assert transposed == bool(w1ts) == bool(w2t) == bool(w2ts)
+        self.calls.append(("quantize", recipe, transposed))
+        for src, q, s, qt, st, rows, cols in ((w1, w1q, w1s, w1t, w1ts, L.F1, L.H),
+                                              (w2, w2q, w2s, w2t, w2ts, L.H, L.F)):  # fmt: skip
+            data, scale = fake_quantize(view(src, BF, (L.E, rows, cols)), recipe)
             view(q, torch.uint8, (L.E, rows, cols)).copy_(data.view(torch.uint8))
-            view(s, F32, (L.E, rows // 128, cols // 128)).copy_(scale)
+            view(s, F32, scale_shape(L.E, rows, cols, recipe)).copy_(scale)
+            if transposed:  # the same values, transposed bit for bit
+                data_t = data.view(torch.uint8).transpose(1, 2)
+                view(qt, torch.uint8, (L.E, cols, rows)).copy_(data_t)
+                view(st, F32, scale_shape(L.E, cols, rows, recipe)).copy_(
+                    scale if recipe == PER_TENSOR else scale.transpose(1, 2))
+
+    def weight(self, L, recipe, q, s, rows, cols):
+        """A quantized [E, rows, cols] weight given by address, dequantized to bf16."""
+        data = view(q, torch.uint8, (L.E, rows, cols)).view(FP8)
+        return dequantize(data, view(s, F32, scale_shape(L.E, rows, cols, recipe))).to(BF)
 
     def forward_fp8(self, L, recipe, T_, device, x, split, w1q, w1s, w2q, w2s, b1, b2, probs, y,
                     saved, stream):  # fmt: skip
-        def weight(q, s, rows, cols):
-            data = view(q, torch.uint8, (L.E, rows, cols)).view(FP8)
-            return dequantize(data, view(s, F32, (L.E, rows // 128, cols // 128))).to(BF)
-
-        w1 = weight(w1q, w1s, L.F1, L.H)
-        w2 = weight(w2q, w2s, L.H, L.F)
+        w1 = self.weight(L, recipe, w1q, w1s, L.F1, L.H)
+        w2 = self.weight(L, recipe, w2q, w2s, L.H, L.F)
         self.forward(L, T_, device, x, split, w1.data_ptr(), b1, w2.data_ptr(), b2, probs, y,
                      saved, stream)  # fmt: skip
         self.calls[-1] = ("forward_fp8", recipe, bool(saved))
 
-    def backward(self, *a):
-        recipe = a[19] if len(a) >= 20 else 0
-        super().backward(*a[:19], 0, a[20] if len(a) == 21 else False)
-        self.calls[-1] = self.calls[-1] + (recipe,)
+    def backward(self, L, T_, device, dy, x, split, w1, w2, b2, probs, saved, dx, dw1, db1, dw2,
+                 db2, dprobs, accumulate, stream, recipe=0, bf16_weight_grads=False, w1t_fp8=0,
+                 w1t_scales=0, w2t_fp8=0, w2t_scales=0):  # fmt: skip
+        transposed = (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
+        fp8_dgrad = all(transposed)
+        assert fp8_dgrad or not any(transposed)  # all four or none
+        self.transposed = transposed
+        if fp8_dgrad:
+            assert recipe, "the transposed FP8 weights come with an FP8 recipe"
+            w1t = self.weight(L, recipe, w1t_fp8, w1t_scales, L.H, L.F1)  # [E, H, F1]
+            w2t = self.weight(L, recipe, w2t_fp8, w2t_scales, L.F, L.H)  # [E, F, H]
+            w1_read = w1t.transpose(1, 2).contiguous()
+            w2_read = w2t.transpose(1, 2).contiguous()
+            w1, w2 = w1_read.data_ptr(), w2_read.data_ptr()
+        super().backward(L, T_, device, dy, x, split, w1, w2, b2, probs, saved, dx, dw1, db1, dw2,
+                         db2, dprobs, accumulate, stream, 0, bf16_weight_grads)  # fmt: skip
+        self.calls[-1] = self.calls[-1] + (recipe, fp8_dgrad)
 
 
 @pytest.fixture
@@ -311,57 +489,152 @@ def rel_err(a, b):
 
 
 def reference_run(t, dy, w1=None, w2=None):
+    """float64 reference; w1, w2: other weights than t's (their gradients land in w1.grad and
+    w2.grad, as those of the others in the returned leaves)."""
     leaves = {k: (v.detach().double().requires_grad_() if v.is_floating_point() else v)
               for k, v in t.items()}  # fmt: skip
-    y = reference.grouped_mlp(leaves["x"], leaves["split_sizes"],
-                              leaves["w1"] if w1 is None else w1.double(),
-                              leaves["w2"] if w2 is None else w2.double(), leaves["b1"],
-                              leaves["b2"], leaves["probs"])  # fmt: skip
+    if w1 is not None:
+        leaves["w1"] = w1
+    if w2 is not None:
+        leaves["w2"] = w2
+    y = reference.grouped_mlp(leaves["x"], leaves["split_sizes"], leaves["w1"], leaves["w2"],
+                              leaves["b1"], leaves["b2"], leaves["probs"])  # fmt: skip
     y.backward(dy.double())
     return y, leaves
 
 
-@pytest.mark.parametrize("recipe", ["fp8_block", "fp8_block_pow2"])
-def test_fp8_forward_reads_the_quantized_weights_and_backward_is_bf16(fp8_engine, path, recipe):
+def dequantized(t, code):
+    """t's w1 and w2 through the stand-in's quantizer, as float64 leaves."""
+    return tuple(dequantize(*fake_quantize(t[k].detach(), code)).to(BF).double().requires_grad_()
+                 for k in ("w1", "w2"))  # fmt: skip
+
+
+ALL_RECIPES = ["fp8_block", "fp8_block_pow2", "fp8_tensor"]
+
+
+@pytest.mark.parametrize("recipe", ALL_RECIPES)
+def test_grad_call_quantizes_with_transposes_for_fp8_data_gradients(fp8_engine, path, recipe):
     t = inputs()
     y = grouped_mlp(**t, recipe=recipe)
     code = _op.RECIPES[recipe]
-    assert fp8_engine.calls == [("quantize", code), ("forward_fp8", code, True)]
+    assert fp8_engine.calls == [("quantize", code, True), ("forward_fp8", code, True)]
     dy = torch.randn_like(y)
     y.backward(dy)
-    assert fp8_engine.calls[-1] == ("backward", (True,) * 6, False, code)
-    q1, s1 = fake_quantize(t["w1"].detach(), code == 2)
-    q2, s2 = fake_quantize(t["w2"].detach(), code == 2)
-    ref_q, _ = reference_run(t, dy, dequantize(q1, s1).to(BF), dequantize(q2, s2).to(BF))
-    assert rel_err(y, ref_q) < 1e-2  # exactly the dequantized weights' layer
+    assert fp8_engine.calls[-1] == ("backward", (True,) * 6, False, code, True)
+    # Forward and backward ran on the quantized weights: the forward on (w1_fp8, w2_fp8), the
+    # data gradients on the transposed copies, which the stand-in dequantizes on their own.
+    ref_q, leaves_q = reference_run(t, dy, *dequantized(t, code))
+    assert rel_err(y, ref_q) < 1e-2
+    for name, v in t.items():
+        if v.is_floating_point():
+            assert v.grad is not None and v.grad.dtype == v.dtype, name
+            assert rel_err(v.grad, leaves_q[name].grad) < 2e-2, name
     ref, leaves = reference_run(t, dy)
     assert rel_err(y, ref) < 0.1  # E4M3 noise against the bf16 weights
     for name, v in t.items():
         if v.is_floating_point():
-            assert v.grad is not None and v.grad.dtype == v.dtype, name
             assert torch.isfinite(v.grad).all(), name
             assert rel_err(v.grad, leaves[name].grad) < 0.15, name
 
 
-def test_given_fp8_weights_are_used_as_they_are(fp8_engine, path):
+@pytest.mark.parametrize("recipe", ["fp8_block", "fp8_tensor"])
+def test_given_4_tuple_gives_bf16_data_gradients_from_w1_and_w2(fp8_engine, path, recipe):
     t = inputs()
+    code = _op.RECIPES[recipe]
     with torch.no_grad():
-        q = quantize_weights(t["w1"], t["w2"], "fp8_block")
-    y = grouped_mlp(**t, recipe="fp8_block", fp8_weights=q)
-    assert fp8_engine.calls == [("quantize", 1), ("forward_fp8", 1, True)]
+        q = quantize_weights(t["w1"], t["w2"], recipe)
+    assert len(q) == 4
+    y = grouped_mlp(**t, recipe=recipe, fp8_weights=q)
+    assert fp8_engine.calls == [("quantize", code, False), ("forward_fp8", code, True)]
     with torch.no_grad():
-        y_self = grouped_mlp(**t, recipe="fp8_block")
+        y_self = grouped_mlp(**t, recipe=recipe)
     torch.testing.assert_close(y.detach(), y_self, rtol=0, atol=0)
     assert all(not v.requires_grad for v in q)
-    y.sum().backward()  # the quantized weights get no gradient; w1, w2 do
+    dy = torch.randn_like(y)
+    y.backward(dy)  # the quantized weights get no gradient; w1, w2 do
+    assert fp8_engine.calls[-1] == ("backward", (True,) * 6, False, code, False)
+    assert fp8_engine.transposed == (0, 0, 0, 0)
+    # BF16 data gradients: from the bf16 w1 and w2 (the saved pre-activation is the FP8 one).
+    _, leaves = reference_run(t, dy)
+    assert rel_err(t["x"].grad, leaves["x"].grad) < 0.1
     assert t["w1"].grad is not None and t["w2"].grad is not None
 
 
-def test_no_grad_fp8_forward_saves_nothing(fp8_engine, path):
+@pytest.mark.parametrize("recipe", ALL_RECIPES)
+def test_given_8_tuple_reaches_the_backward(fp8_engine, path, recipe):
+    t = inputs()
+    code = _op.RECIPES[recipe]
+    with torch.no_grad():
+        q = quantize_weights(t["w1"], t["w2"], recipe, transposed=True)
+    assert len(q) == 8 and all(not v.requires_grad for v in q)
+    assert fp8_engine.calls == [("quantize", code, True)]
+    # Bit for bit the quantized weights, transposed.
+    assert torch.equal(q[4].view(torch.uint8), q[0].view(torch.uint8).transpose(1, 2))
+    assert torch.equal(q[6].view(torch.uint8), q[2].view(torch.uint8).transpose(1, 2))
+    assert torch.equal(q[5], q[1] if code == PER_TENSOR else q[1].transpose(1, 2))
+    y = grouped_mlp(**t, recipe=recipe, fp8_weights=q)
+    assert fp8_engine.calls[1:] == [("forward_fp8", code, True)]  # no quantization of its own
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    assert fp8_engine.calls[-1] == ("backward", (True,) * 6, False, code, True)
+    assert fp8_engine.transposed == tuple(v.data_ptr() for v in q[4:])
+    _, leaves_q = reference_run(t, dy, *dequantized(t, code))
+    for name in ("x", "w1", "w2", "probs"):
+        assert rel_err(t[name].grad, leaves_q[name].grad) < 2e-2, name
+    # A list works as well as a tuple.
+    for v in t.values():
+        v.grad = None
+    grouped_mlp(**t, recipe=recipe, fp8_weights=list(q)).backward(dy)
+    assert fp8_engine.transposed == tuple(v.data_ptr() for v in q[4:])
+
+
+def test_8_tuple_in_a_no_grad_call_serves_the_forward(fp8_engine, path):
+    t = inputs()
+    with torch.no_grad():
+        q = quantize_weights(t["w1"], t["w2"], "fp8_block", transposed=True)
+        y8 = grouped_mlp(**t, recipe="fp8_block", fp8_weights=q)
+        y4 = grouped_mlp(**t, recipe="fp8_block", fp8_weights=q[:4])
+    torch.testing.assert_close(y8, y4, rtol=0, atol=0)
+    assert [c[0] for c in fp8_engine.calls] == ["quantize", "forward_fp8", "forward_fp8"]
+
+
+def test_frozen_weights_still_get_fp8_data_gradients(fp8_engine, path):
+    t = inputs()
+    for name in ("w1", "w2", "b1", "b2", "probs"):
+        t[name].requires_grad_(False)
+    y = grouped_mlp(**t, recipe="fp8_block")
+    assert fp8_engine.calls[0] == ("quantize", 1, True)  # x requires grad: a backward comes
+    y.sum().backward()
+    assert fp8_engine.calls[-1] == ("backward", (True,) + (False,) * 5, False, 1, True)
+
+
+def test_main_grad_accumulation_with_fp8_data_gradients(fp8_engine):
+    t = inputs()
+    for name in ("w1", "b1", "w2", "b2"):
+        t[name].main_grad = torch.zeros(t[name].shape)
+    _op._FAST_ON_CPU = True
+    try:
+        y = grouped_mlp(**t, recipe="fp8_block", accumulate_main_grad=True)
+    finally:
+        _op._FAST_ON_CPU = False
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    assert fp8_engine.calls[-1][2:] == (True, 1, True)  # accumulate, recipe, FP8 data gradients
+    _, leaves_q = reference_run(t, dy, *dequantized(t, 1))
+    assert rel_err(t["w1"].main_grad, leaves_q["w1"].grad) < 2e-2
+    assert rel_err(t["x"].grad, leaves_q["x"].grad) < 2e-2
+
+
+def test_no_grad_fp8_forward_saves_nothing_and_skips_the_transposes(fp8_engine, path):
     t = inputs()
     with torch.no_grad():
         grouped_mlp(**t, recipe="fp8_block")
-    assert fp8_engine.calls == [("quantize", 1), ("forward_fp8", 1, False)]
+    assert fp8_engine.calls == [("quantize", 1, False), ("forward_fp8", 1, False)]
+    for v in t.values():
+        if v.is_floating_point():
+            v.requires_grad_(False)
+    grouped_mlp(**t, recipe="fp8_block")  # grad mode, nothing requires grad
+    assert fp8_engine.calls[2:] == [("quantize", 1, False), ("forward_fp8", 1, False)]
 
 
 def test_zero_tokens_neither_quantize_nor_launch(fp8_engine, path):
@@ -379,7 +652,56 @@ def test_bf16_calls_do_not_pass_a_recipe(fp8_engine, path):
     t = inputs()
     grouped_mlp(**t).sum().backward()
     assert [c[0] for c in fp8_engine.calls] == ["forward", "backward"]
-    assert fp8_engine.calls[-1][-1] == 0
+    assert fp8_engine.calls[-1][-2:] == (0, False)
+
+
+def test_aot_autograd_backward_op_gets_the_transposed_weights(fp8_engine):
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_function
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = gm
+            return make_boxed_func(gm.forward)  # run it: the stand-in engine is behind the ops
+
+        return compiler
+
+    t = inputs()
+    compiled = aot_function(lambda x, s, w1, w2: grouped_mlp(x, s, w1, w2, recipe="fp8_block"),
+                            fw_compiler=keep("fw"), bw_compiler=keep("bw"))  # fmt: skip
+    y = compiled(t["x"], t["split_sizes"], t["w1"], t["w2"])
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    assert [c[0] for c in fp8_engine.calls] == ["quantize", "forward_fp8", "backward"]
+    assert fp8_engine.calls[0] == ("quantize", 1, True)
+    assert fp8_engine.calls[-1][-2:] == (1, True)
+    bw = next(n for n in graphs["bw"].graph.nodes
+              if "gmjit.grouped_mlp_backward.default" in str(n.target))  # fmt: skip
+    fp8_args = [a for a in bw.args if isinstance(a, torch.fx.Node)
+                and getattr(a.meta.get("val"), "dtype", None) == FP8]  # fmt: skip
+    assert [tuple(a.meta["val"].shape) for a in fp8_args] == [(E, H, 2 * F), (E, F, H)]
+    leaves = {k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in t.items()}
+    eager = grouped_mlp(leaves["x"], leaves["split_sizes"], leaves["w1"], leaves["w2"],
+                        recipe="fp8_block")  # fmt: skip
+    eager.backward(dy)
+    torch.testing.assert_close(y, eager, rtol=0, atol=0)
+    for name in ("x", "w1", "w2"):
+        torch.testing.assert_close(t[name].grad, leaves[name].grad, rtol=0, atol=0)
+
+
+def test_checkpointing_reruns_the_fp8_forward_and_keeps_fp8_data_gradients(fp8_engine, path):
+    from torch.utils.checkpoint import checkpoint
+
+    t = inputs()
+    y = checkpoint(lambda x: grouped_mlp(x, t["split_sizes"], t["w1"], t["w2"], recipe="fp8_block"),
+                   t["x"], use_reentrant=False)  # fmt: skip
+    y.sum().backward()
+    kinds = [c[0] for c in fp8_engine.calls]
+    assert kinds == ["quantize", "forward_fp8", "quantize", "forward_fp8", "backward"]
+    assert fp8_engine.calls[2] == ("quantize", 1, True)
+    assert fp8_engine.calls[-1][-2:] == (1, True)
 
 
 def test_module_quantizes_again_only_when_a_weight_changes(fp8_engine, monkeypatch):
@@ -394,9 +716,12 @@ def test_module_quantizes_again_only_when_a_weight_changes(fp8_engine, monkeypat
         return sum(1 for c in fp8_engine.calls if c[0] == "quantize")
 
     y0 = m(x, split)
+    assert fp8_engine.calls[0] == ("quantize", 1, True)  # training: with the transposes
     with torch.no_grad():
-        m(x, split)
+        m(x, split)  # served by the cached 8-tuple
     y0.float().square().mean().backward()
+    assert fp8_engine.calls[-1][-2:] == (1, True)
+    assert fp8_engine.transposed == tuple(v.data_ptr() for v in m._fp8_cache[1][4:])
     assert quantizations() == 1 and m.fp8_quantizations == 1
     opt.step()  # in-place update: the version counters move
     y1 = m(x, split)
@@ -420,8 +745,64 @@ def test_module_quantizes_again_only_when_a_weight_changes(fp8_engine, monkeypat
     assert quantizations() == 5 and m.fp8_quantizations == 5
 
 
+def test_module_caches_inference_weights_until_a_grad_call_wants_them(fp8_engine, monkeypatch):
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    torch.manual_seed(0)
+    m = GroupedMLP(E, H, F, recipe="fp8_tensor").eval()
+    x = torch.randn(T, H, dtype=BF)
+    split = torch.tensor(SPLITS)
+    with torch.no_grad():
+        m(x, split)
+        m(x, split)
+    assert fp8_engine.calls[0] == ("quantize", 3, False) and len(m._fp8_cache[1]) == 4
+    assert m.fp8_quantizations == 1
+    y = m(x, split)  # grad-enabled (an eval-mode module can be differentiated): the transposes
+    assert fp8_engine.calls[-2] == ("quantize", 3, True) and len(m._fp8_cache[1]) == 8
+    m(x, split)
+    with torch.no_grad():
+        m(x, split)
+    assert m.fp8_quantizations == 2
+    y.sum().backward()
+    assert fp8_engine.calls[-1][-2:] == (3, True)
+    assert m.fp8_weights(transposed=False) is m._fp8_cache[1]  # the 8-tuple serves it too
+    m.requires_grad_(False)
+    m(x, split)  # nothing requires grad: no transposes wanted, the cached ones still serve
+    assert m.fp8_quantizations == 2
+
+
+def test_module_in_training_mode_quantizes_with_transposes_without_grad(fp8_engine, monkeypatch):
+    # Reentrant checkpointing: a no-grad forward, then the grad-enabled recomputation and the
+    # backward. The first pass already quantizes with the transposed copies: one quantization.
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    torch.manual_seed(0)
+    m = GroupedMLP(E, H, F, recipe="fp8_block")  # nn.Module: training mode by default
+    x = torch.randn(T, H, dtype=BF, requires_grad=True)
+    split = torch.tensor(SPLITS)
+    y = torch.utils.checkpoint.checkpoint(m, x, split, use_reentrant=True)
+    y.float().sum().backward()
+    assert [c[0] for c in fp8_engine.calls] == ["quantize", "forward_fp8", "forward_fp8",
+                                                "backward"]  # fmt: skip
+    assert fp8_engine.calls[0] == ("quantize", 1, True)
+    assert fp8_engine.calls[1] == ("forward_fp8", 1, False)  # the no-grad first pass
+    assert fp8_engine.calls[-1][-2:] == (1, True)
+    assert m.fp8_quantizations == 1 and x.grad is not None and m.w1.grad is not None
+
+
 def test_module_without_the_fp8_recipe_never_quantizes(fp8_engine, monkeypatch):
     monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
     m = GroupedMLP(E, H, F)
     m(torch.randn(T, H, dtype=BF), torch.tensor(SPLITS))
     assert m.fp8_weights() is None and [c[0] for c in fp8_engine.calls] == ["forward"]
+
+
+def test_expert_parallel_fp8_layer_gets_fp8_data_gradients(fp8_engine, path):
+    from gmjit.torch import ExpertParallelMoE
+
+    torch.manual_seed(0)
+    moe = ExpertParallelMoE(H, F, E, 2, distributed=False, recipe="fp8_block", seed=0)
+    x = torch.randn(T, H, dtype=BF, requires_grad=True)
+    moe(x).float().sum().backward()
+    quantize = [c for c in fp8_engine.calls if c[0] == "quantize"]
+    assert quantize == [("quantize", 1, True)]
+    assert fp8_engine.calls[-1][0] == "backward" and fp8_engine.calls[-1][-2:] == (1, True)
+    assert x.grad is not None and moe.w1.grad is not None

@@ -79,6 +79,14 @@ def test_fp8_entry_points_check_the_recipe_then_need_a_device():
         gmjit._C.quantize_weights(layer, 2, 0, *fake[:6], 0)
     with pytest.raises(ValueError, match="'recipe': is BF16"):
         gmjit._C.quantize_weights(layer, 0, 0, *fake[:6], 0)
+    # The transposed copies (FP8 data gradients): four more addresses, by keyword or position.
+    transposed = [(i + 8) << 12 for i in range(4)]
+    with pytest.raises(gmjit.Error, match="no_device"):
+        gmjit._C.quantize_weights(layer, 1, 0, *fake[:6], 0, *transposed)
+    with pytest.raises(gmjit.Error, match="no_device"):
+        gmjit._C.quantize_weights(layer, 3, 0, *fake[:6], 0, w1t_fp8=transposed[0],
+                                  w1t_scales=transposed[1], w2t_fp8=transposed[2],
+                                  w2t_scales=transposed[3])  # fmt: skip
     with pytest.raises(ValueError, match="'recipe': 7 is not a recipe code"):
         gmjit._C.forward_fp8(layer, 7, 16, 0, *fake[:6], 0, 0, 0, fake[6], 0, 0)
 
@@ -91,3 +99,16 @@ def test_prepare_compiles_the_fp8_forward_plans_without_a_gpu():
     assert pow2 != names and all("p2" in n for n in pow2)
     with pytest.raises(gmjit.Error, match="sm_90a"):  # FP8 runs on Hopper only
         gmjit._C.prepare(layer, False, "sm_80", 1)
+
+
+def test_backward_binding_passes_the_transposed_fp8_weights_to_the_engine():
+    # Rejected by the engine's validation, before anything runs (so safe with a GPU too).
+    layer = gmjit._C.Layer(2, 128, 128, 0, 0, 7.0, 1.702, False, False, False, True)
+    a = [(i + 1) << 12 for i in range(11)]  # well-formed addresses never dereferenced
+    # layer, tokens, device, dy, x, split_sizes, w1, w2, b2, probs, saved_preact, dx, dw1, db1,
+    # dw2, db2, dprobs, accumulate, stream
+    base = (layer, 16, 0, a[0], a[1], a[2], a[3], a[4], 0, 0, a[5], a[6], 0, 0, 0, 0, 0, False, 0)
+    with pytest.raises(ValueError, match=r"w1t_fp8.*BF16 recipe"):
+        gmjit._C.backward(*base, 0, False, a[7], a[8], a[9], a[10])
+    with pytest.raises(ValueError, match=r"w2t_scales"):  # all four or none
+        gmjit._C.backward(*base, recipe=1, w1t_fp8=a[7], w1t_scales=a[8], w2t_fp8=a[9])

@@ -184,25 +184,38 @@ def test_fp8_recipe_passes_quantized_weights_cached_until_a_parameter_changes(mo
     assert gt._recipe_for(m, plan, "fp8_block") == "fp8_block"
     made, seen = [], []
 
-    def fake_quantize(w1, w2, recipe):
-        made.append(recipe)
-        return ("q", len(made))
+    def fake_quantize(w1, w2, recipe, transposed=False):
+        made.append((recipe, transposed))
+        # The 8-tuple with the transposed copies, or the 4-tuple.
+        return ("q", len(made)) + (None,) * (6 if transposed else 2)
 
     def mlp(x, split_sizes, w1, w2, b1, b2, probs, activation, limit, alpha, recipe, fp8_weights):
-        seen.append((recipe, fp8_weights))
+        seen.append((recipe, fp8_weights[:2], len(fp8_weights)))
         return _reference_mlp(x, split_sizes, w1, w2, b1, b2, probs, activation, limit, alpha)
 
     monkeypatch.setattr(gt, "quantize_weights", fake_quantize)
     x = torch.randn(12, 128, dtype=torch.bfloat16)
     idx = torch.stack([torch.randperm(8)[:2] for _ in range(12)])
     w = torch.rand(12, 2)
-    for _ in range(2):
+    m.eval()
+    with torch.no_grad():  # inference: no transposed copies
+        for _ in range(2):
+            gt.experts_forward(m, plan, x, idx, w, mlp=mlp, recipe="fp8_block")
+    assert made == [("fp8_block", False)] and seen == [("fp8_block", ("q", 1), 4)] * 2
+    # Training (grad mode, the module's weights require grad): quantized again, with the
+    # transposed copies for the backward's FP8 data gradients; that 8-tuple serves inference too.
+    gt.experts_forward(m, plan, x, idx, w, mlp=mlp, recipe="fp8_block")
+    with torch.no_grad():
         gt.experts_forward(m, plan, x, idx, w, mlp=mlp, recipe="fp8_block")
-    assert made == ["fp8_block"] and seen == [("fp8_block", ("q", 1))] * 2
+    assert made[1:] == [("fp8_block", True)] and seen[2:] == [("fp8_block", ("q", 2), 8)] * 2
+    m.train()
     with torch.no_grad():
         m.down_proj.mul_(0.5)  # an optimizer step's in-place update
+        # Training mode without grad (reentrant checkpointing's first pass): with the copies
+        # already, so the grad-enabled recomputation finds them.
+        gt.experts_forward(m, plan, x, idx, w, mlp=mlp, recipe="fp8_block")
     gt.experts_forward(m, plan, x, idx, w, mlp=mlp, recipe="fp8_block")
-    assert made == ["fp8_block"] * 2 and seen[-1] == ("fp8_block", ("q", 2))
+    assert made[2:] == [("fp8_block", True)] and seen[-2:] == [("fp8_block", ("q", 3), 8)] * 2
 
 
 def test_fp8_recipe_on_widths_that_are_not_whole_blocks_runs_bf16_with_a_warning(caplog,

@@ -12,9 +12,12 @@ Two entry points share one implementation (`_forward_impl`, `_backward_impl`):
 
 Recipes: "bf16", or "fp8_block" / "fp8_block_pow2" (E4M3 GEMM operands with fp32 block scales:
 x per 1 x 128, weights per 128 x 128), or "fp8_tensor" (one scale per activation tensor and per
-expert weight matrix, from this call's amax); the forward only, the backward is BF16's. The FP8
-weights come from `quantize_weights` (torch.ops.gmjit.quantize_weights); a call with an FP8
-recipe and none given quantizes w1 and w2 itself.
+expert weight matrix, from this call's amax). The FP8 weights come from `quantize_weights`
+(torch.ops.gmjit.quantize_weights); a call with an FP8 recipe and none given quantizes w1 and w2
+itself. The backward's data gradients (FC2 and FC1 dgrad) run in FP8 too when the call has the
+transposed FP8 weights (`quantize_weights(..., transposed=True)`, which a grad-enabled call
+quantizing for itself makes), in BF16 from w1 and w2 otherwise; the weight gradients are BF16
+GEMMs in every recipe.
 """
 
 from __future__ import annotations
@@ -159,27 +162,46 @@ def check_arguments(
 
 
 FP8_WEIGHT_NAMES = ("w1_fp8", "w1_scales", "w2_fp8", "w2_scales")
+# The transposed copies (quantize_weights(..., transposed=True)) the FP8 data gradients read.
+FP8_TRANSPOSED_NAMES = ("w1t_fp8", "w1t_scales", "w2t_fp8", "w2t_scales")
+_FP8_DTYPES = (_FP8, _F32) * 4
 
 
-def fp8_weight_shapes(E: int, F1: int, H: int, F: int,
-                      code: int = 1) -> tuple[tuple[int, ...], ...]:  # fmt: skip
-    """Shapes of (w1_fp8, w1_scales, w2_fp8, w2_scales) for the recipe `code`."""
+def fp8_weight_shapes(E: int, F1: int, H: int, F: int, code: int = 1,
+                      transposed: bool = False) -> tuple[tuple[int, ...], ...]:  # fmt: skip
+    """Shapes of (w1_fp8, w1_scales, w2_fp8, w2_scales) for the recipe `code`, followed with
+    `transposed` by those of (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)."""
     if code == FP8_TENSOR:
-        return (E, F1, H), (E,), (E, H, F), (E,)
+        shapes = (E, F1, H), (E,), (E, H, F), (E,)
+        return shapes + ((E, H, F1), (E,), (E, F, H), (E,)) if transposed else shapes
     b = FP8_BLOCK
-    return (E, F1, H), (E, F1 // b, H // b), (E, H, F), (E, H // b, F // b)
+    shapes = (E, F1, H), (E, F1 // b, H // b), (E, H, F), (E, H // b, F // b)
+    if transposed:
+        shapes += (E, H, F1), (E, H // b, F1 // b), (E, F, H), (E, F // b, H // b)
+    return shapes
 
 
 def check_fp8_weights(fp8_weights, w1: Tensor, w2: Tensor, x: Tensor, code: int = 1) -> None:
-    """The quantized weights a call was given: (w1_fp8, w1_scales, w2_fp8, w2_scales) as
-    `quantize_weights` returns them, for w1 and w2 (already checked)."""
-    if not isinstance(fp8_weights, (tuple, list)) or len(fp8_weights) != 4:
+    """The quantized weights a call was given, as `quantize_weights` returns them for w1 and w2
+    (already checked): (w1_fp8, w1_scales, w2_fp8, w2_scales), or with transposed=True those and
+    (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)."""
+    n = len(fp8_weights) if isinstance(fp8_weights, (tuple, list)) else 0
+    if n not in (4, 8):
         _fail("fp8_weights", "must be the tuple (w1_fp8, w1_scales, w2_fp8, w2_scales) that "
-              f"quantize_weights returns, got {type(fp8_weights).__name__}")  # fmt: skip
+              "quantize_weights returns, or its 8-tuple with (w1t_fp8, w1t_scales, w2t_fp8, "
+              "w2t_scales) from transposed=True, got "
+              f"{_describe_sequence(fp8_weights)}")  # fmt: skip
     E, F1, H = w1.shape
-    shapes = fp8_weight_shapes(E, F1, H, w2.shape[2], code)
-    for name, t, shape, dtype in zip(FP8_WEIGHT_NAMES, fp8_weights, shapes, (_FP8, _F32) * 2):
+    shapes = fp8_weight_shapes(E, F1, H, w2.shape[2], code, n == 8)
+    for name, t, shape, dtype in zip(FP8_WEIGHT_NAMES + FP8_TRANSPOSED_NAMES, fp8_weights, shapes,
+                                     _FP8_DTYPES):  # fmt: skip
         _check_tensor(name, t, dtype, shape, x)
+
+
+def _describe_sequence(t: object) -> str:
+    if isinstance(t, (tuple, list)):
+        return f"a {type(t).__name__} of {len(t)}"
+    return type(t).__name__
 
 
 def _describe(t: object) -> str:
@@ -265,21 +287,27 @@ def check_quantize_arguments(w1: Tensor, w2: Tensor, where: str = "quantize_weig
     _check_fp8_layer(H, F, 0, F1 != F, where)
 
 
-def _quantize_impl(w1: Tensor, w2: Tensor, code: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The engine's weight quantizers: (w1_fp8, w1_scales, w2_fp8, w2_scales)."""
+def _quantize_impl(w1: Tensor, w2: Tensor, code: int,
+                   transposed: bool = False) -> tuple[Tensor, ...]:  # fmt: skip
+    """The engine's weight quantizers: (w1_fp8, w1_scales, w2_fp8, w2_scales), and with
+    `transposed` (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales) after them."""
     E, F1, H = w1.shape
     F = w2.shape[2]
     dev = w1.device
-    shapes = fp8_weight_shapes(E, F1, H, F, code)
+    shapes = fp8_weight_shapes(E, F1, H, F, code, transposed)
     out = tuple(torch.empty(shape, dtype=dtype, device=dev)
-                for shape, dtype in zip(shapes, (_FP8, _F32) * 2))  # fmt: skip
+                for shape, dtype in zip(shapes, _FP8_DTYPES))  # fmt: skip
     if E == 0:
         return out
     d = _weights_device(w1)
-    w1q, w1s, w2q, w2s = out
-    _C.quantize_weights(_quant_layer(E, H, F, F1 != F), code, d, w1.data_ptr(), w2.data_ptr(),
-                        w1q.data_ptr(), w1s.data_ptr(), w2q.data_ptr(), w2s.data_ptr(),
-                        _current_stream(d))  # fmt: skip
+    layer = _quant_layer(E, H, F, F1 != F)
+    ptrs = [t.data_ptr() for t in out]
+    if transposed:
+        _C.quantize_weights(layer, code, d, w1.data_ptr(), w2.data_ptr(), *ptrs[:4],
+                            _current_stream(d), *ptrs[4:])  # fmt: skip
+    else:
+        _C.quantize_weights(layer, code, d, w1.data_ptr(), w2.data_ptr(), *ptrs,
+                            _current_stream(d))  # fmt: skip
     return out
 
 
@@ -308,7 +336,8 @@ def _forward_impl(
     fp8: Optional[Sequence[Tensor]] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """Runs the engine's forward; returns y and (grad mode) FC1's bf16 pre-activation. With an
-    FP8 recipe, `fp8` holds the quantized weights (None: quantized here)."""
+    FP8 recipe, `fp8` holds the quantized weights (None: quantized here; the transposed ones
+    after the first four, if any, are the backward's)."""
     T, H = x.shape
     y = torch.empty(T, H, dtype=_BF16, device=x.device)
     saved = torch.empty(T, w1.shape[1], dtype=_BF16, device=x.device) if save_preact else None
@@ -319,7 +348,7 @@ def _forward_impl(
     if recipe:
         if fp8 is None:
             fp8 = _quantize_impl(w1, w2, recipe)
-        w1q, w1s, w2q, w2s = fp8
+        w1q, w1s, w2q, w2s = fp8[:4]
         _C.forward_fp8(layer, recipe, T, device, x.data_ptr(), split_sizes.data_ptr(),
                        w1q.data_ptr(), w1s.data_ptr(), w2q.data_ptr(), w2s.data_ptr(), _ptr(b1),
                        _ptr(b2), _ptr(probs), y.data_ptr(), _ptr(saved),
@@ -351,14 +380,15 @@ def _backward_impl(
     has_b1: bool,
     wanted: Sequence[bool],
     recipe: int = 0,
+    transposed: Optional[Sequence[Tensor]] = None,
 ) -> list[Optional[Tensor]]:
     """The gradients in GRAD_NAMES order (weight gradients in the weights' dtype, bias gradients
-    fp32); None for those not wanted. `recipe`: the forward's (every recipe's backward is
-    BF16's)."""
+    fp32); None for those not wanted. `recipe`: the forward's; `transposed`: (w1t_fp8,
+    w1t_scales, w2t_fp8, w2t_scales) for FP8 data gradients, None for BF16 ones."""
     layer = _layer(x, split_sizes, w1, w2, True if has_b1 else None, b2, probs, act, layout,
                    limit, alpha)  # fmt: skip
     return list(_run_backward(layer, dy, x, split_sizes, w1, w2, b2, probs, saved_preact, wanted,
-                              _NO_MAINS, recipe, _bf16_weights(w1, w2)))  # fmt: skip
+                              _NO_MAINS, recipe, _bf16_weights(w1, w2), transposed))  # fmt: skip
 
 
 def _bf16_weights(w1: Tensor, w2: Tensor) -> bool:
@@ -384,13 +414,16 @@ def _run_backward(
     main_grads: Sequence[Optional[Tensor]],
     recipe: int = 0,
     bf16_weights: bool = False,
+    transposed: Optional[Sequence[Tensor]] = None,
 ) -> tuple[Optional[Tensor], ...]:
     """The engine's backward: the gradients in GRAD_NAMES order, None for those not wanted.
 
     Weight and bias gradients are fp32, dW1 and dW2 bf16 with `bf16_weights` when nothing is
     accumulated. Where `main_grads` (for dw1, db1, dw2, db2) holds a
     buffer, that gradient is added into it and None is returned in its place. `recipe` is the
-    forward's code (the engine checks it against the forward's; the backward is BF16's).
+    forward's code (the engine checks it against the forward's). `transposed`: an FP8 recipe's
+    (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales), with which the data gradients run in FP8; None:
+    in BF16 from w1 and w2. The weight gradients are BF16 GEMMs either way.
     """
     T = x.shape[0]
     accumulate = main_grads is not _NO_MAINS and any(g is not None for g in main_grads)
@@ -428,7 +461,11 @@ def _run_backward(
             0 if not wanted[4] else (mb2 if mb2 is not None else db2).data_ptr(),
             0 if dprobs is None else dprobs.data_ptr(), accumulate,
             _current_stream(d))  # fmt: skip
-    if recipe or bf16_weights:
+    if transposed is not None:
+        w1t, w1ts, w2t, w2ts = transposed
+        _C.backward(*args, recipe, bf16_weights, w1t.data_ptr(), w1ts.data_ptr(), w2t.data_ptr(),
+                    w2ts.data_ptr())  # fmt: skip
+    elif recipe or bf16_weights:
         _C.backward(*args, recipe, bf16_weights)
     else:
         _C.backward(*args)
@@ -458,11 +495,18 @@ def _grouped_mlp_op(
     w1_scales: Optional[Tensor] = None,
     w2_fp8: Optional[Tensor] = None,
     w2_scales: Optional[Tensor] = None,
+    w1t_fp8: Optional[Tensor] = None,
+    w1t_scales: Optional[Tensor] = None,
+    w2t_fp8: Optional[Tensor] = None,
+    w2t_scales: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """y and FC1's bf16 pre-activation (an empty tensor unless save_preact). FP8 recipes read
-    w1_fp8 ... w2_scales, or quantize w1 and w2 when they are None."""
+    w1_fp8 ... w2_scales, or quantize w1 and w2 when they are None. w1t_fp8 ... w2t_scales (all
+    or none) are not read here: they are saved for the backward, whose data gradients then run
+    in FP8."""
     act, layout, _ = _parse_options(activation, glu_layout)
     code = _parse_recipe(recipe)
+    _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
     fp8 = None if w1_fp8 is None else (w1_fp8, w1_scales, w2_fp8, w2_scales)
     y, saved = _forward_impl(x, split_sizes, w1, w2, b1, b2, probs, act, layout, limit, alpha,
                              save_preact, code, fp8)  # fmt: skip
@@ -472,7 +516,9 @@ def _grouped_mlp_op(
 @_grouped_mlp_op.register_fake
 def _grouped_mlp_fake(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit,
                       alpha, save_preact, recipe="bf16", w1_fp8=None, w1_scales=None,
-                      w2_fp8=None, w2_scales=None):  # fmt: skip
+                      w2_fp8=None, w2_scales=None, w1t_fp8=None, w1t_scales=None, w2t_fp8=None,
+                      w2t_scales=None):  # fmt: skip
+    _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
     T, H = x.shape
     y = x.new_empty((T, H), dtype=_BF16)
     saved = x.new_empty((T, w1.shape[1]) if save_preact else (0,), dtype=_BF16)
@@ -496,13 +542,20 @@ def _grouped_mlp_backward_op(
     has_b1: bool,
     wanted: list[bool],
     recipe: str = "bf16",
+    w1t_fp8: Optional[Tensor] = None,
+    w1t_scales: Optional[Tensor] = None,
+    w2t_fp8: Optional[Tensor] = None,
+    w2t_scales: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """dx, dw1, db1, dw2, db2, dprobs (fp32 weight grads); empty tensors for the ones not
-    wanted. (Accumulation into main_grad is eager-only and does not go through this op.)
-    `recipe` is the forward's; the backward of every recipe is BF16's."""
+    """dx, dw1, db1, dw2, db2, dprobs (weight grads in the weights' dtype for bf16 weights, else
+    fp32); empty tensors for the ones not wanted. (Accumulation into main_grad is eager-only and
+    does not go through this op.) `recipe` is the forward's; with an FP8 recipe and w1t_fp8 ...
+    w2t_scales (all or none) the data gradients run in FP8, else in BF16 from w1 and w2."""
     act, layout, _ = _parse_options(activation, glu_layout)
+    transposed = _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
     grads = _backward_impl(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, act, layout,
-                           limit, alpha, has_b1, wanted, _parse_recipe(recipe))  # fmt: skip
+                           limit, alpha, has_b1, wanted, _parse_recipe(recipe),
+                           transposed)  # fmt: skip
     # Not-wanted gradients: empty, with the dtype the fake implementation reports.
     dtypes = _backward_dtypes(w1, w2)
     return tuple(g if g is not None else x.new_empty((0,), dtype=dtypes[i])
@@ -511,14 +564,30 @@ def _grouped_mlp_backward_op(
 
 @_grouped_mlp_backward_op.register_fake
 def _grouped_mlp_backward_fake(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, activation,
-                               glu_layout, limit, alpha, has_b1, wanted,
-                               recipe="bf16"):  # fmt: skip
+                               glu_layout, limit, alpha, has_b1, wanted, recipe="bf16",
+                               w1t_fp8=None, w1t_scales=None, w2t_fp8=None,
+                               w2t_scales=None):  # fmt: skip
+    _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
     T, H = x.shape
     E, F1, _ = w1.shape
     F = w2.shape[2]
     shapes = ((T, H), (E, F1, H), (E, F1), (E, H, F), (E, H), (T,))
     dtypes = _backward_dtypes(w1, w2)
     return tuple(x.new_empty(shapes[i] if wanted[i] else (0,), dtype=dtypes[i]) for i in range(6))
+
+
+def _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales) -> Optional[tuple[Tensor, ...]]:
+    """The custom ops' transposed FP8 weights as one tuple, or None when absent; partly given is
+    an error (the engine checks their shapes)."""
+    given = (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
+    present = [t is not None for t in given]
+    if not any(present):
+        return None
+    if not all(present):
+        missing = ", ".join(n for n, p in zip(FP8_TRANSPOSED_NAMES, present) if not p)
+        raise ValueError(f"grouped_mlp: the transposed FP8 weights come all four or none; "
+                         f"{missing} missing")  # fmt: skip
+    return given
 
 
 def _backward_dtypes(w1: Tensor, w2: Tensor) -> tuple[torch.dtype, ...]:
@@ -580,19 +649,23 @@ def _setup_context(ctx, inputs, output) -> None:
     (x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha,
      save_preact) = inputs[:12]  # fmt: skip
     _, saved = output
-    ctx.save_for_backward(x, split_sizes, w1, w2, b2, probs, saved)
+    # The transposed FP8 weights (inputs 17-20, when given) for FP8 data gradients.
+    transposed = tuple(inputs[17:21])
+    if len(transposed) != 4 or transposed[0] is None:
+        transposed = ()
+    ctx.save_for_backward(x, split_sizes, w1, w2, b2, probs, saved, *transposed)
     # The recipe (input 12, "bf16" when the call left it out); the FP8 weights get no gradient.
     recipe = inputs[12] if len(inputs) > 12 else "bf16"
     ctx.options = (activation, glu_layout, limit, alpha, b1 is not None, recipe, len(inputs))
 
 
 def _op_backward(ctx, dy, _dsaved):
-    x, split_sizes, w1, w2, b2, probs, saved = ctx.saved_tensors
+    x, split_sizes, w1, w2, b2, probs, saved, *transposed = ctx.saved_tensors
     activation, glu_layout, limit, alpha, has_b1, recipe, n_inputs = ctx.options
     wanted = _wanted(ctx.needs_input_grad)
     grads = torch.ops.gmjit.grouped_mlp_backward(dy, x, split_sizes, w1, w2, b2, probs, saved,
                                                  activation, glu_layout, limit, alpha, has_b1,
-                                                 wanted, recipe)  # fmt: skip
+                                                 wanted, recipe, *transposed)  # fmt: skip
     dx, dw1, db1, dw2, db2, dprobs = (g if w else None for g, w in zip(grads, wanted))
     return (dx, None, _to(dw1, w1), _to(dw2, w2), _to(db1, w1), _to(db2, w2), dprobs,
             None, None, None, None, None) + (None,) * (n_inputs - 12)  # fmt: skip
@@ -606,18 +679,19 @@ _grouped_mlp_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
 @torch.library.custom_op("gmjit::quantize_weights", mutates_args=())
-def _quantize_weights_op(
-    w1: Tensor, w2: Tensor, recipe: str
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(w1_fp8, w1_scales, w2_fp8, w2_scales) of an FP8 recipe from bf16 w1, w2."""
-    return _quantize_impl(w1, w2, _parse_recipe(recipe, "quantize_weights"))
+def _quantize_weights_op(w1: Tensor, w2: Tensor, recipe: str,
+                         transposed: bool = False) -> list[Tensor]:  # fmt: skip
+    """[w1_fp8, w1_scales, w2_fp8, w2_scales] of an FP8 recipe from bf16 w1, w2, and with
+    `transposed` [w1t_fp8, w1t_scales, w2t_fp8, w2t_scales] after them."""
+    return list(_quantize_impl(w1, w2, _parse_recipe(recipe, "quantize_weights"), transposed))
 
 
 @_quantize_weights_op.register_fake
-def _quantize_weights_fake(w1, w2, recipe):
+def _quantize_weights_fake(w1, w2, recipe, transposed=False):
     E, F1, H = w1.shape
-    shapes = fp8_weight_shapes(E, F1, H, w2.shape[2], _parse_recipe(recipe, "quantize_weights"))
-    return tuple(w1.new_empty(shape, dtype=dtype) for shape, dtype in zip(shapes, (_FP8, _F32) * 2))
+    shapes = fp8_weight_shapes(E, F1, H, w2.shape[2], _parse_recipe(recipe, "quantize_weights"),
+                               transposed)  # fmt: skip
+    return [w1.new_empty(shape, dtype=dtype) for shape, dtype in zip(shapes, _FP8_DTYPES)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -690,25 +764,28 @@ class _GroupedMLPFunction(torch.autograd.Function):
                            0 if probs is None else probs.data_ptr(), y.data_ptr(),
                            saved.data_ptr(), _current_stream(d))  # fmt: skip
         ctx.save_for_backward(x, split_sizes, w1, w2, b2, probs, saved)
-        # Only parameters are kept by reference, for their main_grad attributes.
-        ctx.spec = (layer, (w1, b1, w2, b2) if accumulate_main_grad else None, recipe)
+        # Only parameters are kept by reference, for their main_grad attributes; with an FP8
+        # recipe, the transposed FP8 weights (fp8[4:], when there) for FP8 data gradients.
+        ctx.spec = (layer, (w1, b1, w2, b2) if accumulate_main_grad else None, recipe,
+                    fp8[4:] if fp8 is not None and len(fp8) == 8 else None)  # fmt: skip
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, split_sizes, w1, w2, b2, probs, saved = ctx.saved_tensors
-        layer, params, recipe = ctx.spec
+        layer, params, recipe, transposed = ctx.spec
         n = ctx.needs_input_grad
         wanted = (n[0], n[2], n[4], n[3], n[5], n[6])
         if params is None:
             dx, dw1, db1, dw2, db2, dprobs = _run_backward(
                 layer, dy, x, split_sizes, w1, w2, b2, probs, saved, wanted, _NO_MAINS, recipe,
-                _bf16_weights(w1, w2))
+                _bf16_weights(w1, w2), transposed)
             # Weight gradients in the weights' dtype (bf16), or fp32 that autograd casts.
             return dx, None, dw1, dw2, db1, db2, dprobs, None, None, None
         mains = _main_grad_buffers(True, params, wanted[1:5])
         dx, dw1, db1, dw2, db2, dprobs = _run_backward(
-            layer, dy, x, split_sizes, w1, w2, b2, probs, saved, wanted, mains, recipe)
+            layer, dy, x, split_sizes, w1, w2, b2, probs, saved, wanted, mains, recipe,
+            transposed=transposed)
         w1p, b1p, w2p, b2p = params
         return (
             dx,
@@ -766,13 +843,19 @@ def grouped_mlp(
         recipe: "bf16" (bf16 GEMM operands), "fp8_block" or "fp8_block_pow2" (the forward's
             GEMMs on E4M3 operands with fp32 scales per 1 x 128 block of x and of the activation
             and per 128 x 128 block of the weights; "_pow2" rounds the scales up to powers of
-            two), or "fp8_tensor" (one scale per tensor, per expert matrix for the weights). FP8 needs a Hopper GPU (sm_90a), hidden and ffn multiples of 128 and the
-            halves GLU layout. The backward is the BF16 backward in every recipe: the same
-            gradients, from the bf16 x, w1, w2 and the saved pre-activation.
+            two), or "fp8_tensor" (one scale per tensor, per expert matrix for the weights).
+            FP8 needs a Hopper GPU (sm_90a), hidden and ffn multiples of 128 and the halves GLU
+            layout. The backward's data gradients (dx, and dh through FC2) run in FP8 as well
+            when the call has the transposed FP8 weights (the default when it quantizes w1 and
+            w2 itself, see fp8_weights), dy and dh quantized like x; the weight gradients are
+            BF16 GEMMs from the bf16 x and the saved pre-activation in every recipe.
         fp8_weights: for an FP8 recipe, (w1_fp8, w1_scales, w2_fp8, w2_scales) as
-            `quantize_weights(w1, w2, recipe)` returns them (quantize once per optimizer step);
-            None: the call quantizes w1 and w2 itself. They get no gradient; w1 and w2 are
-            still required (the backward reads them).
+            `quantize_weights(w1, w2, recipe)` returns them (quantize once per optimizer step):
+            the backward's data gradients run in BF16 from w1 and w2; or the 8-tuple of
+            `quantize_weights(w1, w2, recipe, transposed=True)`: they run in FP8 from its
+            transposed copies. None: the call quantizes w1 and w2 itself, with the transposed
+            copies when it will have a backward (grad enabled and an input requires grad). They
+            get no gradient; w1 and w2 are still required arguments.
 
     Gradients: only those whose inputs require grad are computed (frozen w1: no dW1; x without
     requires_grad: no dx). Weight gradients are computed in fp32 and returned in the weights'
@@ -825,23 +908,24 @@ def grouped_mlp(
         if entry is None:
             entry = _admit(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit,
                            alpha, recipe, key)  # fmt: skip
-        fp8 = None
-        if entry[3]:  # an FP8 recipe: the quantized weights given (checked), or quantized now
-            if fp8_weights is not None:
-                check_fp8_weights(fp8_weights, w1, w2, x, entry[3])
-                fp8 = fp8_weights
-            elif T:
-                fp8 = _quantize_impl(w1.detach(), w2.detach(), entry[3])
-        elif fp8_weights is not None:
-            _fail("fp8_weights", "is for the FP8 recipes; recipe is 'bf16'")
-        if _grad_enabled() and (
+        needs_grad = _grad_enabled() and (
             x.requires_grad
             or w1.requires_grad
             or w2.requires_grad
             or (b1 is not None and b1.requires_grad)
             or (b2 is not None and b2.requires_grad)
             or (probs is not None and probs.requires_grad)
-        ):
+        )
+        fp8 = None
+        if entry[3]:  # an FP8 recipe: the quantized weights given (checked), or quantized now
+            if fp8_weights is not None:
+                check_fp8_weights(fp8_weights, w1, w2, x, entry[3])
+                fp8 = fp8_weights
+            elif T:  # with a backward to come, the transposed copies for FP8 data gradients
+                fp8 = _quantize_impl(w1.detach(), w2.detach(), entry[3], needs_grad)
+        elif fp8_weights is not None:
+            _fail("fp8_weights", "is for the FP8 recipes; recipe is 'bf16'")
+        if needs_grad:
             if _functorch_active():
                 return _GroupedMLPFunction.apply(x, split_sizes, w1, w2, b1, b2, probs, entry,
                                                  accumulate_main_grad, fp8)  # fmt: skip
@@ -891,7 +975,14 @@ def grouped_mlp(
                                            glu_layout, float(limit), float(alpha),
                                            needs_grad)  # fmt: skip
         return y
-    q = (None,) * 4 if fp8_weights is None else tuple(fp8_weights)
+    if fp8_weights is not None:
+        q = tuple(fp8_weights)
+    elif needs_grad and not (type(x.shape[0]) is int and x.shape[0] == 0):
+        # Quantized here rather than in the op: the transposed copies become inputs of the op,
+        # saved for its backward, whose data gradients then run in FP8.
+        q = tuple(torch.ops.gmjit.quantize_weights(w1.detach(), w2.detach(), recipe, True))
+    else:
+        q = (None,) * 4  # the op quantizes w1 and w2 itself
     y, _ = torch.ops.gmjit.grouped_mlp(x, split_sizes, w1, w2, b1, b2, probs, activation,
                                        glu_layout, float(limit), float(alpha), needs_grad, recipe,
                                        *q)  # fmt: skip
@@ -899,15 +990,22 @@ def grouped_mlp(
 
 
 def quantize_weights(
-    w1: Tensor, w2: Tensor, recipe: str = "fp8_block"
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    w1: Tensor, w2: Tensor, recipe: str = "fp8_block", transposed: bool = False
+) -> tuple[Tensor, ...]:
     """The FP8 weights of `recipe` for `grouped_mlp(..., recipe=recipe, fp8_weights=...)`.
 
     w1 [E, F1, H] and w2 [E, H, F] bf16 (F1 = F or 2F; H, F multiples of 128). Returns
     (w1_fp8 [E, F1, H], w1_scales [E, F1/128, H/128], w2_fp8 [E, H, F], w2_scales
     [E, H/128, F/128]): torch.float8_e4m3fn data and float32 scales, one per 128 x 128 block
-    (block value ≈ fp8 · scale). Not differentiable. Runs on the current stream without a
-    host sync.
+    (block value ≈ fp8 · scale; "fp8_tensor": scales [E], one per expert matrix).
+
+    transposed=True returns 8 tensors: those four, then (w1t_fp8 [E, H, F1], w1t_scales
+    [E, H/128, F1/128], w2t_fp8 [E, F, H], w2t_scales [E, F/128, H/128]) (fp8_tensor: scales
+    [E]), the same quantized values transposed bit for bit (w1t_fp8 == w1_fp8.transpose(1, 2),
+    w1t_scales == w1_scales.transpose(1, 2)). Given to a grad-enabled `grouped_mlp`, the
+    8-tuple makes its backward's data gradients (dx and the gradient through FC2) run in FP8.
+
+    Not differentiable. Runs on the current stream without a host sync.
     """
     code = _parse_recipe(recipe, "quantize_weights")
     if not code:
@@ -917,5 +1015,5 @@ def quantize_weights(
     w1, w2 = w1.detach(), w2.detach()
     if (not _is_compiling() and type(w1) is Tensor and type(w2) is Tensor
             and (w1.is_cuda or _FAST_ON_CPU) and not _dispatch_modes()):  # fmt: skip
-        return _quantize_impl(w1, w2, code)
-    return tuple(torch.ops.gmjit.quantize_weights(w1, w2, recipe))
+        return _quantize_impl(w1, w2, code, bool(transposed))
+    return tuple(torch.ops.gmjit.quantize_weights(w1, w2, recipe, bool(transposed)))

@@ -162,7 +162,9 @@ class ExpertParallelMoE(nn.Module):
             experts(x, split_sizes, w1, w2, b1, b2) -> y over the local experts.
         recipe: "bf16", or an FP8 recipe of `gmjit.torch.grouped_mlp` ("fp8_block",
             "fp8_block_pow2", "fp8_tensor"; experts="gmjit", hidden and ffn multiples of 128):
-            the local experts' forward in FP8, their weights quantized in each call.
+            the local experts' forward in FP8, their weights quantized in each call (in
+            training with the transposed copies, so that the backward's data gradients run in
+            FP8 too; the weight gradients are BF16 GEMMs).
         seed: expert e's weights are drawn from a generator seeded with (seed, e) and the
             router's from (seed, -1), so every rank (and a single-process layer with the same
             seed) agrees on the full layer while drawing only its own experts. None: a seed is
@@ -257,7 +259,8 @@ class ExpertParallelMoE(nn.Module):
             recipe = self.recipe
 
             # FP8 recipes quantize the local experts' weights in the call (the op's default when
-            # no quantized weights are given).
+            # no quantized weights are given; grad-enabled calls with the transposed copies for
+            # FP8 data gradients).
             def gmjit_experts(x, split_sizes, w1, w2, b1=None, b2=None):
                 return grouped_mlp(x, split_sizes, w1, w2, b1, b2, None, *opts, recipe=recipe)
 

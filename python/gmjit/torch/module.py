@@ -33,11 +33,15 @@ class GroupedMLP(nn.Module):
     and with bias=True b1 [E, F1], b2 [E, H]. `forward(x, split_sizes, probs=None)` takes
     x [T, H] grouped by expert and split_sizes [E] (int32/int64, on x's device).
 
-    recipe="fp8_block" (or "fp8_block_pow2") runs the forward's GEMMs in FP8 (see
-    `grouped_mlp`). The module keeps the quantized weights and quantizes again only when w1 or
-    w2 changed: a new tensor, or an in-place update (optimizer step, copy_, load_state_dict) that
-    moves the parameter's version counter. Writes that bypass the counter (through `.data`)
-    are not seen: call `invalidate_fp8_weights()` after them.
+    recipe="fp8_block" (or "fp8_block_pow2", "fp8_tensor") runs the forward's GEMMs in FP8 and,
+    in training, the backward's data gradients too (see `grouped_mlp`). The module keeps the
+    quantized weights, in training with the transposed copies the FP8 data gradients read (a
+    grad-enabled call where an input requires grad, or any call while the module is in training
+    mode with w1 or w2 requiring grad, e.g. the no-grad first pass of reentrant checkpointing),
+    and quantizes again only when w1 or w2 changed: a new tensor, or an in-place update
+    (optimizer step, copy_, load_state_dict) that moves the parameter's version counter, or when
+    training finds only the inference weights (no transposed copies) cached. Writes that bypass
+    the counter (through `.data`) are not seen: call `invalidate_fp8_weights()` after them.
     """
 
     def __init__(
@@ -68,7 +72,8 @@ class GroupedMLP(nn.Module):
         self.limit, self.alpha = float(limit), float(alpha)
         self.accumulate_main_grad = accumulate_main_grad
         self.recipe = recipe
-        # FP8: (key of the weights they came from, (w1_fp8, w1_scales, w2_fp8, w2_scales)).
+        # FP8: (key of the weights they came from, (w1_fp8, w1_scales, w2_fp8, w2_scales) and,
+        # in training, (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)).
         self._fp8_cache: Optional[tuple] = None
         self.fp8_quantizations = 0  # how many times the weights were quantized (for tests)
         f1 = 2 * ffn if activation in GLU_ACTIVATIONS else ffn
@@ -92,28 +97,42 @@ class GroupedMLP(nn.Module):
             return grouped_mlp(x, split_sizes, self.w1, self.w2, self.b1, self.b2, probs,
                                self.activation, self.glu_layout, self.limit, self.alpha,
                                self.accumulate_main_grad)  # fmt: skip
+        transposed = self._trains_weights() or (torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, self.b1, self.b2, probs)))  # fmt: skip
         return grouped_mlp(x, split_sizes, self.w1, self.w2, self.b1, self.b2, probs,
                            self.activation, self.glu_layout, self.limit, self.alpha,
                            self.accumulate_main_grad, self.recipe,
-                           self.fp8_weights())  # fmt: skip
+                           self.fp8_weights(transposed))  # fmt: skip
 
-    def fp8_weights(self) -> Optional[tuple[Tensor, Tensor, Tensor, Tensor]]:
-        """The FP8 recipe's (w1_fp8, w1_scales, w2_fp8, w2_scales) of the current weights:
-        cached, quantized again only when w1 or w2 changed. None for the BF16 recipe, while
-        compiling (the op then quantizes inside the graph) and for weights off the GPU."""
+    def _trains_weights(self) -> bool:
+        """Whether a backward through w1 or w2 is to come: grad mode with a weight requiring
+        grad, or (reentrant checkpointing runs the first forward without grad) training mode."""
+        trainable = self.w1.requires_grad or self.w2.requires_grad
+        return trainable and (self.training or torch.is_grad_enabled())
+
+    def fp8_weights(self, transposed: Optional[bool] = None) -> Optional[tuple[Tensor, ...]]:
+        """The FP8 recipe's (w1_fp8, w1_scales, w2_fp8, w2_scales) of the current weights, and
+        with `transposed` (default: whether the weights are being trained, see the class)
+        (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales) after them, for FP8 data gradients in the
+        backward: cached, quantized again only when w1 or w2 changed or the transposed copies
+        are wanted and not cached. (The cached 8-tuple also serves calls that do not want them.)
+        None for the BF16 recipe, while compiling (the op then quantizes inside the graph) and
+        for weights off the GPU."""
         if self.recipe == "bf16" or torch.compiler.is_compiling():
             return None
         w1, w2 = self.w1, self.w2
         if not (w1.is_cuda and w2.is_cuda) and not _quantize_off_gpu():
             return None
+        if transposed is None:
+            transposed = self._trains_weights()
         # In-place updates move _version; a new tensor (.to(), assignment, .data = ...) has
         # another address. The tensors' ids guard against a new one at a freed address.
         key = (id(w1), w1.data_ptr(), w1._version, id(w2), w2.data_ptr(), w2._version)
         cached = self._fp8_cache
-        if cached is not None and cached[0] == key:
+        if cached is not None and cached[0] == key and (len(cached[1]) == 8 or not transposed):
             return cached[1]
         self._fp8_cache = None  # free the old ones before making new ones
-        weights = quantize_weights(w1, w2, self.recipe)
+        weights = quantize_weights(w1, w2, self.recipe, transposed=bool(transposed))
         self._fp8_cache = (key, weights)
         self.fp8_quantizations += 1
         return weights
