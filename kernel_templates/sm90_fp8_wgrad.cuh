@@ -35,7 +35,7 @@ struct GroupedWgradFp8Sm90 {
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kM = Cfg::rows, kN = Cfg::cols;
   static constexpr int num_m = kM / Cfg::block_m, num_n = kN / Cfg::block_n;
-  static constexpr int threads = 384, consumer_warps = 8;
+  static constexpr int threads = 384, consumer_warps = 8, stages = Cfg::stages;
   static constexpr int nt = Cfg::block_n / 128;  // n128 wgmma groups per tile
   static constexpr int regs = Cfg::block_n / 2;  // fp32 accumulators per thread
   static constexpr int a_bytes = Cfg::block_m * 128, b_bytes = Cfg::block_n * 128;
@@ -55,30 +55,15 @@ struct GroupedWgradFp8Sm90 {
 
   __device__ static void run(const Sm90Fp8WgradParams& p) {
     using namespace sm90;
-    const unsigned int base = (smem_u32(dyn_smem()) + 1023u) & ~1023u;
-    const unsigned int full = base + Cfg::stages * stage_bytes;
-    const unsigned int empty = full + Cfg::stages * 8;
-    WgradTileInfo* info = reinterpret_cast<WgradTileInfo*>(
-        dyn_smem() + (empty + Cfg::stages * 8 - smem_u32(dyn_smem())));
-    const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-    if (tid == 0) {
-      for (int s = 0; s < Cfg::stages; ++s) {
-        mbar_init(full + 8 * s, 1);
-        mbar_init(empty + 8 * s, consumer_warps);
-      }
-      fence_barrier_init();
-    } else if (tid == 32) {
-      tma_prefetch_map(p.tmap_a);
-      tma_prefetch_map(p.tmap_b);
-    }
-    __syncthreads();
+    const RingOf<WgradTileInfo> ring = init_ring<GroupedWgradFp8Sm90, WgradTileInfo>(p);
+    const int warp = static_cast<int>(threadIdx.x) >> 5;
     if (warp < 4) {
       setmaxnreg_dec<40>();
-      if (warp == 0) produce(p, base, full, empty, info);
+      if (warp == 0) produce(p, ring.base, ring.full, ring.empty, ring.info);
       return;
     }
     setmaxnreg_inc<232>();
-    consume(p, base, full, empty, info);
+    consume(p, ring.base, ring.full, ring.empty, ring.info);
   }
 
   __device__ static void produce(const Sm90Fp8WgradParams& p, unsigned int base, unsigned int full,

@@ -137,23 +137,26 @@ struct BMnMajor<Epi, decltype(void(Epi::kBMnMajor))> {
   static constexpr bool value = Epi::kBMnMajor;
 };
 
-// The shared-memory ring of a Hopper mainloop (BF16 or FP8): `stages` slots of A and B rows of
-// 128 bytes, their full/empty mbarriers and tile-info slots.
-struct Ring {
+// The shared-memory ring of a Hopper mainloop (BF16 or FP8, grouped GEMM or weight gradient):
+// `stages` slots of stage_bytes (1024-byte aligned), their full/empty mbarriers and a tile-info
+// slot (Info) per stage.
+template <class Info>
+struct RingOf {
   unsigned int base, full, empty;
-  TileInfo* info;  // a generic pointer: ordinary loads/stores, ordered by the mbarriers
+  Info* info;  // a generic pointer: ordinary loads/stores, ordered by the mbarriers
 };
+using Ring = RingOf<TileInfo>;
 
 // Lays out the ring, initialises its barriers (thread 0) and prefetches the maps (thread 32);
-// the whole CTA calls it. S: TileShape or Fp8TileShape.
-template <class S, class P>
-__device__ __forceinline__ Ring init_ring(const P& p) {
-  Ring r;
+// the whole CTA calls it. S: anything with stages, stage_bytes and consumer_warps (TileShape,
+// Fp8TileShape, the FP8 wgrad kernel).
+template <class S, class Info = TileInfo, class P>
+__device__ __forceinline__ RingOf<Info> init_ring(const P& p) {
+  RingOf<Info> r;
   r.base = (smem_u32(dyn_smem()) + 1023u) & ~1023u;
   r.full = r.base + S::stages * S::stage_bytes;
   r.empty = r.full + S::stages * 8;
-  r.info =
-      reinterpret_cast<TileInfo*>(dyn_smem() + (r.empty + S::stages * 8 - smem_u32(dyn_smem())));
+  r.info = reinterpret_cast<Info*>(dyn_smem() + (r.empty + S::stages * 8 - smem_u32(dyn_smem())));
   const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) {
     for (int s = 0; s < S::stages; ++s) {

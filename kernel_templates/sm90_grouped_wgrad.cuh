@@ -158,23 +158,10 @@ struct GroupedWgradSm90 {
 
   __device__ static void run(const Sm90WgradParams& p) {
     using namespace sm90;
-    const unsigned int base = (smem_u32(dyn_smem()) + 1023u) & ~1023u;
-    const unsigned int full = base + S::stages * S::stage_bytes;
-    const unsigned int empty = full + S::stages * 8;
-    WgradTileInfo* info = reinterpret_cast<WgradTileInfo*>(
-        dyn_smem() + (empty + S::stages * 8 - smem_u32(dyn_smem())));
+    const RingOf<WgradTileInfo> ring = init_ring<S, WgradTileInfo>(p);
+    const unsigned int base = ring.base, full = ring.full, empty = ring.empty;
+    WgradTileInfo* info = ring.info;
     const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-    if (tid == 0) {
-      for (int s = 0; s < S::stages; ++s) {
-        mbar_init(full + 8 * s, 1);
-        mbar_init(empty + 8 * s, S::consumer_warps);
-      }
-      fence_barrier_init();
-    } else if (tid == 32) {
-      tma_prefetch_map(p.tmap_a);
-      tma_prefetch_map(p.tmap_b);
-    }
-    __syncthreads();
     int stage = 0;
     unsigned int phase = 0;
 

@@ -25,6 +25,7 @@
 #include "engine/runtime/driver.hpp"
 #include "tests/gpu/fp8_reference.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
+#include "tests/gpu/graph_capture.hpp"
 #include "tests/gpu/training_layer.hpp"
 
 namespace gmjit::testing {
@@ -355,8 +356,6 @@ INSTANTIATE_TEST_SUITE_P(Layers, Fp8Backward, ::testing::ValuesIn(cases()),
 TEST(Fp8Backward, CapturedInAGraphReplaysEagerBitsAndZeroTokensGiveZeroGradients) {
   GMJIT_REQUIRE_GPU();
   if (Engine::devices()[0].arch != "sm_90a") GTEST_SKIP() << "FP8 kernels need sm_90a";
-  const engine::DriverApi& api = engine::driver();
-  auto check = [](CUresult rc, const char* call) { engine::check_driver(rc, call); };
   for (RecipeKind kind : {RecipeKind::fp8_block, RecipeKind::fp8_tensor}) {
     SCOPED_TRACE(kind == RecipeKind::fp8_block ? "fp8_block" : "fp8_tensor");
     // FC2 dgrad adds dprobs atomically (order-dependent), so this bitwise test has no probs.
@@ -377,24 +376,14 @@ TEST(Fp8Backward, CapturedInAGraphReplaysEagerBitsAndZeroTokensGiveZeroGradients
     step(nullptr);  // eager, builds the plans
     const auto eager = t.outputs();
 
-    engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
-    engine::ScopedContext scope(device.context());
-    CUstream stream = nullptr;
-    check(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    CUgraph graph = nullptr;
-    CUgraphExec exec = nullptr;
-    check(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
-    step(stream);
-    check(api.cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
-    check(api.cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiate");
+    engine::ScopedContext scope(engine::DeviceRegistry::instance().get(0).context());
+    Stream stream;
+    CapturedGraph graph(stream.handle, [&] { step(stream.handle); });
     t.poison_outputs();
-    check(api.cuCtxSynchronize(), "cuCtxSynchronize");
-    for (int i = 0; i < 10; ++i) check(api.cuGraphLaunch(exec, stream), "cuGraphLaunch");
-    check(api.cuStreamSynchronize(stream), "cuStreamSynchronize");
+    check(api().cuCtxSynchronize(), "cuCtxSynchronize");
+    graph.replay(stream.handle, 10);
+    stream.synchronize();
     EXPECT_TRUE(t.outputs() == eager) << "replayed outputs differ from the eager ones";
-    api.cuGraphExecDestroy(exec);
-    api.cuGraphDestroy(graph);
-    api.cuStreamDestroy(stream);
 
     // No tokens: nothing to quantize or multiply; non-accumulating weight gradients are zeros.
     TrainingLayer empty(make_host_layer(l, {0, 0, 0, 0}, 0, 5));

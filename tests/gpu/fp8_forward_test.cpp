@@ -20,6 +20,7 @@
 #include "engine/runtime/driver.hpp"
 #include "tests/gpu/fp8_reference.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
+#include "tests/gpu/graph_capture.hpp"
 
 namespace gmjit::testing {
 namespace {
@@ -240,8 +241,6 @@ INSTANTIATE_TEST_SUITE_P(Layers, Fp8Forward, ::testing::ValuesIn(cases()),
 TEST(Fp8Forward, CapturedInAGraphReplaysEagerBitsAndZeroTokensLaunchNothing) {
   GMJIT_REQUIRE_GPU();
   if (Engine::devices()[0].arch != "sm_90a") GTEST_SKIP() << "FP8 kernels need sm_90a";
-  const engine::DriverApi& api = engine::driver();
-  auto check = [](CUresult rc, const char* call) { engine::check_driver(rc, call); };
   const LayerSpec l = fp8_layer_spec(4, 256, 384, Activation::swiglu, true, true, DType::i64);
   const HostLayer host = make_host_layer(l, {100, 0, 157, 43}, 320, 77);
   DeviceLayer layer(host, GradMode::no_grad);
@@ -269,22 +268,14 @@ TEST(Fp8Forward, CapturedInAGraphReplaysEagerBitsAndZeroTokensLaunchNothing) {
   const auto eager = DeviceLayer::download(layer.y, T * H);
 
   engine::ScopedContext scope(device.context());
-  CUstream stream = nullptr;
-  check(api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  CUgraph graph = nullptr;
-  CUgraphExec exec = nullptr;
-  check(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCapture");
-  engine.forward(l, recipe, args, GradMode::no_grad, stream);
-  check(api.cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
-  check(api.cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiate");
+  Stream stream;
+  CapturedGraph graph(stream.handle,
+                      [&] { engine.forward(l, recipe, args, GradMode::no_grad, stream.handle); });
   layer.y.fill_bytes(0xFF);
-  check(api.cuCtxSynchronize(), "cuCtxSynchronize");  // the poison lands before the replays
-  for (int i = 0; i < 10; ++i) check(api.cuGraphLaunch(exec, stream), "cuGraphLaunch");
-  check(api.cuStreamSynchronize(stream), "cuStreamSynchronize");
+  check(api().cuCtxSynchronize(), "cuCtxSynchronize");  // the poison lands before the replays
+  graph.replay(stream.handle, 10);
+  stream.synchronize();
   EXPECT_EQ(DeviceLayer::download(layer.y, T * H), eager);
-  api.cuGraphExecDestroy(exec);
-  api.cuGraphDestroy(graph);
-  api.cuStreamDestroy(stream);
 
   ForwardArgs empty = args;
   empty.x = make_tensor(nullptr, DType::bf16, {0, H}, dev);

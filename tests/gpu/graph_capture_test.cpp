@@ -6,47 +6,11 @@
 #include <functional>
 
 #include "engine/runtime/driver.hpp"
+#include "tests/gpu/graph_capture.hpp"
 #include "tests/gpu/training_layer.hpp"
 
 namespace gmjit::testing {
 namespace {
-
-const engine::DriverApi& api() {
-  return engine::driver();
-}
-
-void check(CUresult rc, const char* call) {
-  engine::check_driver(rc, call);
-}
-
-// An owned non-blocking stream (what torch.cuda.graph captures on) of device 0.
-struct Stream {
-  CUstream handle = nullptr;
-  Stream() { check(api().cuStreamCreate(&handle, CU_STREAM_NON_BLOCKING), "cuStreamCreate"); }
-  ~Stream() { api().cuStreamDestroy(handle); }
-  void synchronize() const { check(api().cuStreamSynchronize(handle), "cuStreamSynchronize"); }
-};
-
-// Captures `work` on `stream` in global mode (the strictest, and torch's default) and
-// instantiates it.
-struct CapturedGraph {
-  CUgraph graph = nullptr;
-  CUgraphExec exec = nullptr;
-  CapturedGraph(CUstream stream, const std::function<void()>& work) {
-    check(api().cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL),
-          "cuStreamBeginCapture");
-    work();
-    check(api().cuStreamEndCapture(stream, &graph), "cuStreamEndCapture");
-    check(api().cuGraphInstantiateWithFlags(&exec, graph, 0), "cuGraphInstantiate");
-  }
-  ~CapturedGraph() {
-    if (exec) api().cuGraphExecDestroy(exec);
-    if (graph) api().cuGraphDestroy(graph);
-  }
-  void replay(CUstream stream, int times) const {
-    for (int i = 0; i < times; ++i) check(api().cuGraphLaunch(exec, stream), "cuGraphLaunch");
-  }
-};
 
 HostLayer capture_layer(bool probs) {
   LayerSpec layer;
