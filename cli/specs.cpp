@@ -235,6 +235,13 @@ CompileReport compile_specs(const std::vector<CompileSpec>& specs, bool print) {
             ++report.plans;
           }
         }
+        if (spec.recipe.is_fp8()) {
+          // Training quantizes with the transposed copies the FP8 backward reads.
+          line(spec, arch, "weights",
+               engine.prepare_weight_quantizer(spec.layer, spec.recipe, spec.grad, arch)
+                   .kernel_names.size());
+          ++report.plans;
+        }
       }
     } catch (const Error& error) {
       throw Error(error.status(),

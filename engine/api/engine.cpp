@@ -122,7 +122,8 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engin
   } else if (key.backward) {
     // The backward needs only the saved pre-activation, which both forward paths write.
     std::optional<codegen::Fp8Scaling> fp8_dgrad;
-    if (key.fp8_dgrad) fp8_dgrad = codegen::Fp8Scaling{key.pow2_scales != 0, key.recipe == fp8_tensor};
+    if (key.fp8_dgrad)
+      fp8_dgrad = codegen::Fp8Scaling{key.pow2_scales != 0, key.recipe == fp8_tensor};
     sources = codegen::emit_grouped_mlp_backward({layer, GradientSet::from_bits(key.gradients),
                                                   arch, options.portable_kernels_only, fp8_dgrad});
   } else if (fp8) {
@@ -213,6 +214,17 @@ PreparedPlanInfo Engine::prepare_backward(const LayerSpec& spec, const Recipe& r
   codegen::check_supported(spec);
   return engine::describe(*impl_->prepared_plan(
       engine::PlanKey::make_backward(spec, recipe, gradients, -1, recipe.is_fp8()), spec, arch));
+}
+
+PreparedPlanInfo Engine::prepare_weight_quantizer(const LayerSpec& spec, const Recipe& recipe,
+                                                  bool transposed, const std::string& arch) {
+  codegen::check_supported(spec);
+  if (!recipe.is_fp8()) {
+    throw Error(Status::invalid_argument,
+                "argument 'recipe': is BF16, which has no weight quantizers");
+  }
+  return engine::describe(*impl_->prepared_plan(
+      engine::PlanKey::make_weight_quantizer(spec, recipe, -1, transposed), spec, arch));
 }
 
 EngineCounters Engine::counters() const {

@@ -165,6 +165,10 @@ class Engine {
                            const std::string& arch);
   PreparedPlanInfo prepare_backward(const LayerSpec& spec, const Recipe& recipe,
                                     const GradientSet& gradients, const std::string& arch);
+  // The weight quantizers of an FP8 recipe (with the transposed copies the FP8 backward reads
+  // when `transposed`); throws Status::invalid_argument for BF16.
+  PreparedPlanInfo prepare_weight_quantizer(const LayerSpec& spec, const Recipe& recipe,
+                                            bool transposed, const std::string& arch);
 
   EngineCounters counters() const;
   std::string cache_directory() const;

@@ -130,6 +130,21 @@ class SpecsCompile : public ::testing::Test {
   stdfs::path dir_;
 };
 
+// An FP8 training spec also warms its weight quantizers with the transposed copies: forward,
+// backward (FP8 data and weight gradients) and weights, three plans, every kernel compiled once.
+TEST_F(SpecsCompile, Fp8TrainingSpecPreparesForwardBackwardAndWeightQuantizers) {
+  const stdfs::path file = dir_ / "fp8.json";
+  std::ofstream(file) << R"([
+    {"name": "fp8", "experts": 2, "hidden": 256, "ffn": 256, "recipe": "fp8-block",
+     "grad": "grad", "backward": [["dx", "dw1", "dw2"]], "arches": ["sm_90a"]}
+  ])";
+  const CompileReport cold = compile_specs(load_specs(file.string(), kDefaultArches), false);
+  EXPECT_EQ(cold.plans, 3u);
+  // 3 forward + 10 backward (dy and dh quantizers, FP8 FC2 / FC1 dgrad, two FP8 wgrads with
+  // their four operand quantizers) + 4 weight kernels (two quantizers, two transposes).
+  EXPECT_EQ(cold.counters.kernels_compiled, 17u);
+}
+
 TEST_F(SpecsCompile, FillsTheCacheWithoutAGpuAndASecondRunCompilesNothing) {
   const stdfs::path file = dir_ / "model.json";
   std::ofstream(file) << R"([
