@@ -346,8 +346,8 @@ gmjit_status gmjit_quantize_weights(gmjit_engine* engine, const gmjit_layer* lay
 }
 
 gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmjit_layer* layer,
-                                       gmjit_recipe recipe, const DLTensor* w1,
-                                       const DLTensor* w2, const gmjit_fp8_weights* out,
+                                       gmjit_recipe recipe, const DLTensor* w1, const DLTensor* w2,
+                                       const gmjit_fp8_weights* out,
                                        const gmjit_fp8_weights* out_transposed, void* stream) {
   return guarded([&] {
     if (engine == nullptr || layer == nullptr || out == nullptr) {

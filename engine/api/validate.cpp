@@ -89,15 +89,14 @@ void check_fp8_weights(const LayerSpec& layer, const Recipe& recipe, const Tenso
 template <class Args>
 bool check_transposed_fp8_weights(const LayerSpec& layer, const Recipe& recipe, const Args& args,
                                   const Device& device) {
-  const bool any = args.w1t_fp8.present() || args.w1t_scales.present() ||
-                   args.w2t_fp8.present() || args.w2t_scales.present();
+  const bool any = args.w1t_fp8.present() || args.w1t_scales.present() || args.w2t_fp8.present() ||
+                   args.w2t_scales.present();
   if (!any) return false;
   if (!recipe.is_fp8()) fail("w1t_fp8", "is given, but a BF16 recipe has no FP8 weights");
   const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
   check_fp8_weight("w1t_fp8", args.w1t_fp8, "w1t_scales", args.w1t_scales, recipe, E, H, F1,
                    device);
-  check_fp8_weight("w2t_fp8", args.w2t_fp8, "w2t_scales", args.w2t_scales, recipe, E, F, H,
-                   device);
+  check_fp8_weight("w2t_fp8", args.w2t_fp8, "w2t_scales", args.w2t_scales, recipe, E, F, H, device);
   return true;
 }
 
