@@ -2,6 +2,8 @@
 // operation fixes); the families sm90_fp8_gemm and fp8_quantize (codegen/families/) emit them.
 #include "codegen/fp8_backward.hpp"
 
+#include <optional>
+
 #include <fmt/format.h>
 
 #include "codegen/emit_common.hpp"
@@ -26,34 +28,42 @@ KernelSource emit(KernelRole role, const LayerSpec& layer, const std::string& ar
                                 .cols = cols});
 }
 
-// The quantizer of a [T, cols] activation gradient: 1 x 128 blocks (QuantizeRows), or its amax
-// and one scale (GroupAmax, QuantizeGroups over the tensor as one group).
-std::vector<KernelSource> quantize_gradient(const LayerSpec& layer, const Fp8Scaling& s,
-                                            const std::string& arch, const char* name,
-                                            std::int64_t cols, KernelRole rows_role,
-                                            KernelRole amax_role, KernelRole quantize_role) {
-  const std::string pow2 =
-      fmt::format("  static constexpr bool pow2_scales = {};\n", s.pow2_scales);
-  const std::string suffix = recipe_suffix(s);
-  if (s.per_tensor) {
-    const std::string groups = "  static constexpr int groups = 1;\n";
-    return {emit(amax_role, layer, arch, fmt::format("gmjit_amax_{}{}", name, suffix),
-                 groups + pow2, 1),
-            emit(quantize_role, layer, arch, fmt::format("gmjit_quantize_{}{}", name, suffix),
-                 groups + pow2, 1)};
-  }
-  return {emit(rows_role, layer, arch, fmt::format("gmjit_quantize_{}_{}{}", name, cols, suffix),
-               fmt::format("  static constexpr int cols = {};\n", cols) + pow2)};
+std::string pow2_field(const Fp8Scaling& s) {
+  return fmt::format("  static constexpr bool pow2_scales = {};\n", s.pow2_scales);
 }
 
 std::string tensor_scaling_field(const Fp8Scaling& s) {
   return fmt::format("  static constexpr bool per_tensor_scales = {};\n", s.per_tensor);
 }
 
+// The quantizer of a [T, cols] activation gradient: 1 x 128 blocks (QuantizeRows), or its amax
+// (unless taken elsewhere: no amax_role) and one scale (GroupAmax, QuantizeGroups over the tensor
+// as one group).
+std::vector<KernelSource> quantize_gradient(const LayerSpec& layer, const Fp8Scaling& s,
+                                            const std::string& arch, const char* name,
+                                            std::int64_t cols, KernelRole rows_role,
+                                            std::optional<KernelRole> amax_role,
+                                            KernelRole quantize_role) {
+  const std::string suffix = recipe_suffix(s);
+  if (s.per_tensor) {
+    const std::string fields = "  static constexpr int groups = 1;\n" + pow2_field(s);
+    std::vector<KernelSource> kernels;
+    if (amax_role) {
+      kernels.push_back(
+          emit(*amax_role, layer, arch, fmt::format("gmjit_amax_{}{}", name, suffix), fields, 1));
+    }
+    kernels.push_back(emit(quantize_role, layer, arch,
+                           fmt::format("gmjit_quantize_{}{}", name, suffix), fields, 1));
+    return kernels;
+  }
+  return {emit(rows_role, layer, arch, fmt::format("gmjit_quantize_{}_{}{}", name, cols, suffix),
+               fmt::format("  static constexpr int cols = {};\n", cols) + pow2_field(s))};
+}
+
 }  // namespace
 
 std::vector<KernelSource> emit_fp8_fc2_dgrad(const LayerSpec& l, const Fp8Scaling& s,
-                                             const std::string& arch) {
+                                             const std::string& arch, bool dh_amax) {
   using namespace detail;
   std::vector<KernelSource> kernels =
       quantize_gradient(l, s, arch, "dy", l.hidden, KernelRole::quantize_dy,
@@ -67,15 +77,19 @@ std::vector<KernelSource> emit_fp8_fc2_dgrad(const LayerSpec& l, const Fp8Scalin
                fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n", l.fc2_bias,
                            l.router_probs) +
                tensor_scaling_field(s)));
+  if (s.per_tensor && dh_amax) {
+    // dh's amax, once, for FC1 dgrad's and dW1's quantization of it.
+    kernels.push_back(emit(KernelRole::tensor_amax_dh, l, arch, "gmjit_amax_dh" + recipe_suffix(s),
+                           "  static constexpr int groups = 1;\n" + pow2_field(s), 1));
+  }
   return kernels;
 }
 
 std::vector<KernelSource> emit_fp8_fc1_dgrad(const LayerSpec& l, const Fp8Scaling& s,
                                              const std::string& arch) {
   const std::int64_t F1 = l.fc1_out();
-  std::vector<KernelSource> kernels =
-      quantize_gradient(l, s, arch, "dh", F1, KernelRole::quantize_dh, KernelRole::tensor_amax_dh,
-                        KernelRole::tensor_quantize_dh);
+  std::vector<KernelSource> kernels = quantize_gradient(
+      l, s, arch, "dh", F1, KernelRole::quantize_dh, std::nullopt, KernelRole::tensor_quantize_dh);
   // The FP8 FC2 forward GEMM with N = H, K = F1 (Fc1DgradFp8Sm90): its Cfg's hidden and ffn.
   LayerSpec gemm = l;
   gemm.ffn = F1;
@@ -92,8 +106,6 @@ std::vector<KernelSource> emit_fp8_weight_gradient(const LayerSpec& l, const Fp8
                                                    const std::string& arch, bool w2,
                                                    bool bf16_out) {
   const std::int64_t H = l.hidden, F = l.ffn, F1 = l.fc1_out();
-  const std::string pow2 =
-      fmt::format("  static constexpr bool pow2_scales = {};\n", s.pow2_scales);
   auto tokens = [&](KernelRole role, const char* name, std::int64_t cols) {
     return emit(role, l, arch,
                 fmt::format("gmjit_quantize_tokens_{}_e{}_{}{}{}", name, l.experts, cols,
@@ -101,14 +113,23 @@ std::vector<KernelSource> emit_fp8_weight_gradient(const LayerSpec& l, const Fp8
                 fmt::format("  static constexpr int experts = {}, cols = {};\n"
                             "  static constexpr bool split_int64 = {};\n",
                             l.experts, cols, l.split_dtype == DType::i64) +
-                    pow2);
+                    pow2_field(s) + tensor_scaling_field(s));
   };
+  std::vector<KernelSource> kernels;
+  if (s.per_tensor) {
+    // The amax of dW2's b (a ⊙ p) or dW1's b (x); a's (dy, dh) came with the data gradients.
+    const std::string fields = "  static constexpr int groups = 1;\n" + pow2_field(s);
+    kernels.push_back(w2 ? emit(KernelRole::tensor_amax_act, l, arch,
+                                "gmjit_amax_act" + recipe_suffix(s), fields, 1)
+                         : emit(KernelRole::tensor_amax_x_wgrad, l, arch,
+                                "gmjit_amax_x_wgrad" + recipe_suffix(s), fields, 1));
+  }
   // out[E, rows, cols] = Σ_t aᵀ b: dW2 = dyᵀ (a ⊙ p), dW1 = dhᵀ x.
   const std::int64_t rows = w2 ? H : F1, cols = w2 ? F : H;
-  std::vector<KernelSource> kernels = {w2 ? tokens(KernelRole::quantize_tokens_dy, "dy", H)
-                                          : tokens(KernelRole::quantize_tokens_dh, "dh", F1),
-                                       w2 ? tokens(KernelRole::quantize_tokens_act, "act", F)
-                                          : tokens(KernelRole::quantize_tokens_x, "x", H)};
+  kernels.push_back(w2 ? tokens(KernelRole::quantize_tokens_dy, "dy", H)
+                       : tokens(KernelRole::quantize_tokens_dh, "dh", F1));
+  kernels.push_back(w2 ? tokens(KernelRole::quantize_tokens_act, "act", F)
+                       : tokens(KernelRole::quantize_tokens_x, "x", H));
   kernels.push_back(emit(w2 ? KernelRole::wgrad_w2_fp8 : KernelRole::wgrad_w1_fp8, l, arch,
                          fmt::format("gmjit_wgrad_{}_e{}_{}x{}{}{}", w2 ? "w2" : "w1", l.experts,
                                      rows, cols, bf16_out ? "_bf16" : "", recipe_suffix(s)),

@@ -65,7 +65,7 @@ struct GroupedMlpBackwardDesc {
   std::string arch = "sm_80";  // "sm_90a": the Hopper dgrad and wgrad kernels where dims allow
   bool portable_only = false;
   // Set: the data gradients run in FP8 (codegen/fp8_backward.hpp; sm_90a), from the weights'
-  // transposed E4M3 copies, and with block scaling (not per_tensor) the weight gradients too.
+  // transposed E4M3 copies, and so do the weight gradients.
   std::optional<Fp8Scaling> fp8_dgrad;
 };
 

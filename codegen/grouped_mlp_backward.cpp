@@ -93,13 +93,12 @@ std::vector<KernelSource> emit_grouped_mlp_backward(const GroupedMlpBackwardDesc
   if (desc.fp8_dgrad) check_fp8_supported(layer, desc.arch);
   std::vector<KernelSource> kernels;
   if (desc.fp8_dgrad) {
-    kernels = emit_fp8_fc2_dgrad(layer, *desc.fp8_dgrad, desc.arch);
+    kernels = emit_fp8_fc2_dgrad(layer, *desc.fp8_dgrad, desc.arch, out.dx || out.dw1);
   } else {
     kernels.push_back(fc2_dgrad(desc));
   }
-  // fp8_block with FP8 data gradients: the weight gradients run on the FP8 tensor cores too
-  // (fp8_tensor keeps them in BF16: its operands along tokens would need two more amax passes).
-  const bool fp8_wgrad = desc.fp8_dgrad && !desc.fp8_dgrad->per_tensor;
+  // With FP8 data gradients the weight gradients run on the FP8 tensor cores too.
+  const bool fp8_wgrad = desc.fp8_dgrad.has_value();
   auto fp8_weight_gradient = [&](bool w2) {
     for (KernelSource& k :
          emit_fp8_weight_gradient(layer, *desc.fp8_dgrad, desc.arch, w2, out.bf16_weight_grads)) {

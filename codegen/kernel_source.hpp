@@ -82,6 +82,9 @@ enum class KernelRole : std::uint8_t {
   quantize_tokens_x = 36,
   wgrad_w2_fp8 = 37,  // as wgrad_w2
   wgrad_w1_fp8 = 38,  // as wgrad_w1
+  // fp8_tensor's weight gradients: the amax of a ⊙ p and of x (dy's and dh's come with dgrad).
+  tensor_amax_act = 39,
+  tensor_amax_x_wgrad = 40,
 };
 
 struct KernelSource {

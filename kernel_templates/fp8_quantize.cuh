@@ -15,7 +15,8 @@
 //   QuantizeRows:   cols (K, multiple of 128), pow2_scales
 //   QuantizeBlocks: experts, rows (N), cols (K) (multiples of 128), pow2_scales
 //   TransposeE4m3:  experts, rows (N), cols (K) (multiples of 128), per_tensor_scales
-//   QuantizeTokenBlocks: experts, cols (C, multiple of 128), split_int64, pow2_scales
+//   QuantizeTokenBlocks: experts, cols (C, multiple of 128), split_int64, pow2_scales,
+//                   per_tensor_scales (one scale from the amax slot instead of per block)
 //   GroupAmax, QuantizeGroups: pow2_scales (QuantizeGroups); gridDim.y = groups
 // Launch: 256 threads, any grid (grid-stride loops); rows == 0 writes nothing.
 
@@ -261,6 +262,8 @@ struct QuantizeTokenBlocks {
         float a = col_max[0][tid];
 #pragma unroll
         for (int i = 1; i < 16; ++i) a = fmaxf(a, col_max[i][tid]);
+        // fp8_tensor: the tensor's scale everywhere, so the GEMM needs no second form.
+        if constexpr (Cfg::per_tensor_scales) a = bits_to_float(*p.amax);
         const float sc = e4m3_scale<Cfg::pow2_scales>(a);
         col_scale[tid] = sc;
         p.scales[pb * Cfg::cols + c0 + tid] = sc;

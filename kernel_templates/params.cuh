@@ -190,9 +190,10 @@ struct QuantizeTokensParams {
   const void* in;           // [tokens, C] bf16
   const void* split_sizes;  // [E] int32 or int64, on the device
   void* out;                // [C, ld] e4m3
-  float* scales;            // [ld / 128, C]
+  float* scales;            // [ld / 128, C] (fp8_tensor: every entry the tensor's one scale)
   long long tokens;
   long long ld;
+  const unsigned int* amax;  // fp8_tensor: the slot holding the tensor's amax; else null
 };
 
 // GroupedWgradFp8Sm90: out_g[M, N] (+)= Σ_t dequant(a)_tᵀ dequant(b)_t over expert g's rows, from

@@ -17,7 +17,8 @@ namespace {
 bool is_amax(KernelRole role) {
   return role == KernelRole::tensor_amax_x || role == KernelRole::tensor_amax_w1 ||
          role == KernelRole::tensor_amax_w2 || role == KernelRole::tensor_amax_dy ||
-         role == KernelRole::tensor_amax_dh;
+         role == KernelRole::tensor_amax_dh || role == KernelRole::tensor_amax_act ||
+         role == KernelRole::tensor_amax_x_wgrad;
 }
 
 bool is_tensor_quantize(KernelRole role) {
@@ -90,7 +91,8 @@ constexpr KernelRole kRoles[] = {KernelRole::quantize_x,         KernelRole::qua
                                  KernelRole::tensor_amax_dy,     KernelRole::tensor_quantize_dy,
                                  KernelRole::tensor_amax_dh,     KernelRole::tensor_quantize_dh,
                                  KernelRole::quantize_tokens_dy, KernelRole::quantize_tokens_act,
-                                 KernelRole::quantize_tokens_dh, KernelRole::quantize_tokens_x};
+                                 KernelRole::quantize_tokens_dh, KernelRole::quantize_tokens_x,
+                                 KernelRole::tensor_amax_act,    KernelRole::tensor_amax_x_wgrad};
 
 }  // namespace
 

@@ -35,9 +35,9 @@ struct BackwardWorkspace {
   engine::WorkspaceLayout layout;
   std::size_t dpreact, act_scaled, dprobs = 0;
   // FP8 recipes: dy and dh in E4M3, their scales (per 1 x 128 block, or one float per tensor)
-  // and fp8_tensor's two amax slots.
+  // and fp8_tensor's amax slots.
   std::size_t dy_fp8 = 0, dy_scales = 0, dh_fp8 = 0, dh_scales = 0, amax = 0;
-  // fp8_block's weight gradients: their operands along tokens (a: dy then dh, b: a ⊙ p then x).
+  // The FP8 weight gradients' operands along tokens (a: dy then dh, b: a ⊙ p then x).
   std::int64_t tokens_ld = 0;
   std::size_t tokens_a = 0, tokens_a_scales = 0, tokens_b = 0, tokens_b_scales = 0;
 
@@ -59,10 +59,8 @@ struct BackwardWorkspace {
     dy_scales = layout.add(per_tensor ? 4 : T * (H / 128) * 4);
     dh_fp8 = layout.add(T * F1);
     dh_scales = layout.add(per_tensor ? 4 : T * (F1 / 128) * 4);
-    if (per_tensor) {
-      amax = layout.add(2 * 4);
-      return;
-    }
+    // Amax slots (fp8_tensor): dy, dh, a ⊙ p, x.
+    if (per_tensor) amax = layout.add(4 * 4);
     tokens_ld = padded_tokens(tokens, layer.experts);
     const auto ld = static_cast<std::size_t>(tokens_ld);
     const std::size_t a_rows = std::max(H, F1);
@@ -146,10 +144,11 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
       call.tokens_b_scales = static_cast<float*>(workspace.at(parts.tokens_b_scales));
     }
     if (recipe.kind() == RecipeKind::fp8_tensor) {
-      // Current scaling: the amax of dy and of dh are taken in this call, into zeroed slots.
+      // Current scaling: the amax of dy, dh, a ⊙ p and x are taken in this call, into zeroed
+      // slots.
       call.amax = static_cast<unsigned int*>(workspace.at(parts.amax));
       engine::check_driver(engine::driver().cuMemsetD32Async(
-                               reinterpret_cast<CUdeviceptr>(call.amax), 0, 2, cu_stream),
+                               reinterpret_cast<CUdeviceptr>(call.amax), 0, 4, cu_stream),
                            "cuMemsetD32Async(amax)");
     }
   }

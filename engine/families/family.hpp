@@ -77,8 +77,8 @@ struct CallTensors {
   float* tokens_b_scales = nullptr;
   std::int64_t tokens_ld = 0;
   // fp8_tensor: a in bf16 (FC1's output, quantized by a pass once its amax is known) and the
-  // amax slots (float bits): x then a in a forward; dy then dh in a backward; E for W1 then E
-  // for W2 in quantize_weights.
+  // amax slots (float bits): x then a in a forward; dy, dh, a ⊙ p, x in a backward; E for W1
+  // then E for W2 in quantize_weights.
   void* act_bf16 = nullptr;
   unsigned int* amax = nullptr;
   // Op by op, the plan is [linear (FC1), activation, linear (FC2)]: both GEMMs have the role

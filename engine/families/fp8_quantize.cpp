@@ -13,6 +13,11 @@ void* bind_fp8_quantize(const CallTensors& call, const LoadedKernel& kernel,
   using codegen::KernelRole;
   const LayerSpec& l = *call.layer;
   const long long T = call.tokens, E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
+  auto tokens = [&](const void* in, void* out, float* scales, int amax_slot) -> void* {
+    return &(storage.emplace<kt::QuantizeTokensParams>() = {
+                 in, call.split_sizes, out, scales, T, call.tokens_ld,
+                 call.amax != nullptr ? call.amax + amax_slot : nullptr});
+  };
   switch (kernel.role()) {
     case KernelRole::tensor_amax_x:
       return &(storage.emplace<kt::GroupAmaxParams>() = {call.x, call.amax, T * H});
@@ -51,23 +56,20 @@ void* bind_fp8_quantize(const CallTensors& call, const LoadedKernel& kernel,
     case KernelRole::quantize_dh:
       return &(storage.emplace<kt::QuantizeRowsParams>() = {call.dpreact, call.dh_fp8,
                                                             call.dh_scales, T});
-    // The weight gradients' operands along tokens: a = dy / dh, b = a ⊙ p / x.
+    // The weight gradients' operands along tokens: a = dy / dh, b = a ⊙ p / x (fp8_tensor: with
+    // the scale of amax slot 0 / 1 / 2 / 3; fp8_block: per block, no slots).
+    case KernelRole::tensor_amax_act:
+      return &(storage.emplace<kt::GroupAmaxParams>() = {call.act_scaled, call.amax + 2, T * F});
+    case KernelRole::tensor_amax_x_wgrad:
+      return &(storage.emplace<kt::GroupAmaxParams>() = {call.x, call.amax + 3, T * H});
     case KernelRole::quantize_tokens_dy:
-      return &(storage.emplace<kt::QuantizeTokensParams>() = {call.dy, call.split_sizes,
-                                                              call.tokens_a, call.tokens_a_scales,
-                                                              T, call.tokens_ld});
+      return tokens(call.dy, call.tokens_a, call.tokens_a_scales, 0);
     case KernelRole::quantize_tokens_act:
-      return &(storage.emplace<kt::QuantizeTokensParams>() = {call.act_scaled, call.split_sizes,
-                                                              call.tokens_b, call.tokens_b_scales,
-                                                              T, call.tokens_ld});
+      return tokens(call.act_scaled, call.tokens_b, call.tokens_b_scales, 2);
     case KernelRole::quantize_tokens_dh:
-      return &(storage.emplace<kt::QuantizeTokensParams>() = {call.dpreact, call.split_sizes,
-                                                              call.tokens_a, call.tokens_a_scales,
-                                                              T, call.tokens_ld});
+      return tokens(call.dpreact, call.tokens_a, call.tokens_a_scales, 1);
     case KernelRole::quantize_tokens_x:
-      return &(storage.emplace<kt::QuantizeTokensParams>() = {call.x, call.split_sizes,
-                                                              call.tokens_b, call.tokens_b_scales,
-                                                              T, call.tokens_ld});
+      return tokens(call.x, call.tokens_b, call.tokens_b_scales, 3);
     case KernelRole::transpose_w1:
       return &(storage.emplace<kt::TransposeE4m3Params>() = {call.w1_fp8, call.w1_scales,
                                                              call.w1t_fp8, call.w1t_scales});

@@ -157,8 +157,8 @@ gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmjit_layer* 
 
 /* gmjit_backward with the transposed FP8 weights of an FP8 recipe (gmjit_quantize_weights_ex's
  * out_transposed): the data gradients (dx, and dh for the weight gradients) then run on the FP8
- * tensor cores, with dy and dh quantized like x, and args->w1 / w2 may be NULL. NULL: as
- * gmjit_backward (BF16 data gradients). Weight gradients are BF16 GEMMs either way. */
+ * tensor cores, with dy and dh quantized like x, and so do the weight gradients; args->w1 / w2
+ * may be NULL. NULL: as gmjit_backward (a BF16 backward). */
 gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context* context,
                                const gmjit_backward_args* args,
                                const gmjit_fp8_weights* fp8_transposed, void* stream);

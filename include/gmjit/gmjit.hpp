@@ -81,8 +81,8 @@ struct BackwardArgs {
   TensorRef workspace;
   // FP8 recipes: the transposed quantized weights (QuantizeWeightsArgs' optional outputs).
   // Given, the data gradients (FC2 dgrad, FC1 dgrad) run on FP8 tensor cores with dy and dh
-  // quantized like x, and w1 / w2 are not read; absent, they run in BF16 from w1 / w2. The
-  // weight gradients are BF16 GEMMs either way.
+  // quantized like x, and w1 / w2 are not read; so do the weight gradients, their operands
+  // quantized along tokens. Absent, the whole backward is BF16 (reading w1 / w2).
   TensorRef w1t_fp8;     // [E, H, F1] float8_e4m3fn
   TensorRef w1t_scales;  // fp8_block: [E, H / 128, F1 / 128]; fp8_tensor: [E]
   TensorRef w2t_fp8;     // [E, F, H] float8_e4m3fn

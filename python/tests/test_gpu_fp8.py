@@ -11,7 +11,7 @@ activation, so the output's normwise error against bf16 is a few of those added 
 ≈ 0.05-0.07. We allow 0.1 for y. With BF16 data gradients the gradients differ from the bf16
 op's only through the saved pre-activation (FC1's output, one GEMM's noise, ≈ 0.05) and dy's
 path through it: 0.15. FP8 data gradients add two quantized GEMMs in series (dy and W2 for dh,
-dh and W1 for dx; dW1 reads dh; with fp8_block the weight gradients are FP8 GEMMs too, one
+dh and W1 for dx; dW1 reads dh; the weight gradients are FP8 GEMMs too, one
 more operand pair quantized along tokens, a normwise ≈ 0.05): against the BF16 data
 gradients of the same forward (which cancels the forward's error) a normwise 0.03-0.06, bounded
 at 0.1; against the bf16 op 0.15 with block scales and 0.2 with per-tensor scales, whose one

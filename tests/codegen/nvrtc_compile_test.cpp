@@ -145,8 +145,9 @@ INSTANTIATE_TEST_SUITE_P(
              192}),
     [](const auto& info) { return std::string(info.param.name); });
 
-// The FP8 backward plans: dy and dh quantized, FP8 FC2 and FC1 dgrad and (fp8_block) FP8 weight
-// gradients, in launch order; every kernel compiles for sm_90a.
+// The FP8 backward plans: dy and dh quantized, FP8 FC2 and FC1 dgrad and FP8 weight gradients
+// (fp8_tensor: with the amax passes of its operands), in launch order; every kernel compiles for
+// sm_90a.
 TEST(NvrtcCompile, Fp8BackwardPlansInLaunchOrder) {
   LayerSpec l;
   l.experts = 4;
@@ -164,9 +165,11 @@ TEST(NvrtcCompile, Fp8BackwardPlansInLaunchOrder) {
     for (const KernelSource& k : kernels) roles.push_back(k.role);
     const std::vector<R> expected =
         per_tensor
-            ? std::vector<R>{R::tensor_amax_dy, R::tensor_quantize_dy, R::fc2_dgrad_fp8,
-                             R::wgrad_w2,       R::bgrad_b2,           R::wgrad_w1,
-                             R::bgrad_b1,       R::tensor_amax_dh,     R::tensor_quantize_dh,
+            ? std::vector<R>{R::tensor_amax_dy,      R::tensor_quantize_dy, R::fc2_dgrad_fp8,
+                             R::tensor_amax_dh,      R::tensor_amax_act,    R::quantize_tokens_dy,
+                             R::quantize_tokens_act, R::wgrad_w2_fp8,       R::bgrad_b2,
+                             R::tensor_amax_x_wgrad, R::quantize_tokens_dh, R::quantize_tokens_x,
+                             R::wgrad_w1_fp8,        R::bgrad_b1,           R::tensor_quantize_dh,
                              R::fc1_dgrad_fp8}
             : std::vector<R>{
                   R::quantize_dy,  R::fc2_dgrad_fp8, R::quantize_tokens_dy, R::quantize_tokens_act,

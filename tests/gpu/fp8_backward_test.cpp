@@ -1,6 +1,6 @@
-// The FP8 recipes' backward with FP8 data gradients (the transposed quantized weights given; with
-// fp8_block also FP8 weight gradients): against a float64 reference computed from the
-// dequantized operands, and the transposed weight copies against the quantized weights.
+// The FP8 recipes' backward with FP8 data and weight gradients (the transposed quantized weights
+// given): against a float64 reference computed from the dequantized operands, and the transposed
+// weight copies against the quantized weights.
 //
 // Tolerances. The reference starts from the pre-activation h the forward saved (bf16, read back)
 // and quantizes dy exactly as the kernels do (same amax, scale and round-to-nearest-even E4M3),
@@ -274,15 +274,18 @@ TEST_P(Fp8Backward, MatchesFloat64ReferenceOfQuantizedOperands) {
       }
     }
   }
-  // Weight gradients: fp8_block quantizes both operands along tokens, per 128-row block of each
-  // expert and column; fp8_tensor computes them in BF16.
+  // Weight gradients: both operands quantized along tokens, per 128-row block of each expert
+  // and column (fp8_block), or with the tensor's one scale (fp8_tensor; its amax over all T
+  // rows, tail rows included, as the amax passes take it).
   std::vector<double> dy_w(T * H), x_w(T * H), dh_w = dh_all, a_w = a_all;
   for (std::int64_t i = 0; i < T * H; ++i) {
     dy_w[i] = from_bf16(dy_bits[i]);
     x_w[i] = from_bf16(host.x[i]);
   }
-  if (!per_tensor) {
-    for (auto* m : {&dy_w, &x_w, &dh_w, &a_w}) {
+  for (auto* m : {&dy_w, &x_w, &dh_w, &a_w}) {
+    if (per_tensor) {
+      fake_quantize_tensor(*m, c.pow2);
+    } else {
       fake_quantize_token_blocks(*m, static_cast<std::int64_t>(m->size()) / T, expert_of, c.pow2);
     }
   }

@@ -16,8 +16,8 @@ expert weight matrix, from this call's amax). The FP8 weights come from `quantiz
 (torch.ops.gmjit.quantize_weights); a call with an FP8 recipe and none given quantizes w1 and w2
 itself. The backward's data gradients (FC2 and FC1 dgrad) run in FP8 too when the call has the
 transposed FP8 weights (`quantize_weights(..., transposed=True)`, which a grad-enabled call
-quantizing for itself makes), in BF16 from w1 and w2 otherwise; with those copies fp8_block runs
-the weight gradients in FP8 as well (fp8_tensor: BF16 GEMMs).
+quantizing for itself makes), in BF16 from w1 and w2 otherwise; with those copies the weight
+gradients run in FP8 as well.
 """
 
 from __future__ import annotations
@@ -423,7 +423,7 @@ def _run_backward(
     buffer, that gradient is added into it and None is returned in its place. `recipe` is the
     forward's code (the engine checks it against the forward's). `transposed`: an FP8 recipe's
     (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales), with which the data gradients run in FP8; None:
-    in BF16 from w1 and w2. The weight gradients then run in FP8 too for fp8_block; else BF16.
+    in BF16 from w1 and w2. The weight gradients then run in FP8 too; else BF16.
     """
     T = x.shape[0]
     accumulate = main_grads is not _NO_MAINS and any(g is not None for g in main_grads)
