@@ -220,4 +220,28 @@ KernelSource sm90_kernel(const families::KernelRequest& request, const TileConfi
   return k;
 }
 
+std::string fp8_suffix(const Fp8Scaling& s) {
+  return fmt::format("_fp8{}{}", s.per_tensor ? "t" : "b", s.pow2_scales ? "_p2" : "");
+}
+
+std::string pow2_scales_field(const Fp8Scaling& s) {
+  return fmt::format("  static constexpr bool pow2_scales = {};\n", s.pow2_scales);
+}
+
+std::string per_tensor_scales_field(const Fp8Scaling& s) {
+  return fmt::format("  static constexpr bool per_tensor_scales = {};\n", s.per_tensor);
+}
+
+KernelSource fp8_kernel(KernelRole role, const LayerSpec& layer, const std::string& arch,
+                        std::string entry, std::string fields, std::int64_t rows,
+                        std::int64_t cols) {
+  return families::emit_kernel({.role = role,
+                                .layer = layer,
+                                .arch = arch,
+                                .entry = std::move(entry),
+                                .fields = std::move(fields),
+                                .rows = rows,
+                                .cols = cols});
+}
+
 }  // namespace gmjit::codegen::detail

@@ -85,4 +85,14 @@ std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols)
 KernelSource sm90_kernel(const families::KernelRequest& request, const TileConfig& tile,
                          std::string_view header, std::string_view kernel, std::string_view params);
 
+// The FP8 recipes' kernels (codegen/fp8_forward.cpp, fp8_backward.cpp): the entry-name suffix
+// ("_fp8b" or "_fp8t", then "_p2" with power-of-two scales), the Cfg fields pow2_scales and
+// per_tensor_scales, and a kernel of the FP8 families (sm_90a only: no portable variant).
+std::string fp8_suffix(const Fp8Scaling& scaling);
+std::string pow2_scales_field(const Fp8Scaling& scaling);
+std::string per_tensor_scales_field(const Fp8Scaling& scaling);
+KernelSource fp8_kernel(KernelRole role, const LayerSpec& layer, const std::string& arch,
+                        std::string entry, std::string fields, std::int64_t rows = 0,
+                        std::int64_t cols = 0);
+
 }  // namespace gmjit::codegen::detail

@@ -11,27 +11,14 @@
 namespace gmjit::codegen {
 namespace {
 
-std::string recipe_suffix(const Fp8ForwardDesc& d) {
-  return fmt::format("_fp8{}{}", d.per_tensor ? "t" : "b", d.pow2_scales ? "_p2" : "");
-}
-
-std::string pow2_field(bool pow2) {
-  return fmt::format("  static constexpr bool pow2_scales = {};\n", pow2);
-}
-
-std::string scaling_field(const Fp8ForwardDesc& d) {
-  return fmt::format("  static constexpr bool per_tensor_scales = {};\n", d.per_tensor);
-}
+using detail::fp8_kernel;
+using detail::fp8_suffix;
+using detail::per_tensor_scales_field;
+using detail::pow2_scales_field;
 
 KernelSource emit(KernelRole role, const Fp8ForwardDesc& d, std::string entry, std::string fields,
                   std::int64_t rows = 0, std::int64_t cols = 0) {
-  return families::emit_kernel({.role = role,
-                                .layer = d.layer,
-                                .arch = d.arch,
-                                .entry = std::move(entry),
-                                .fields = std::move(fields),
-                                .rows = rows,
-                                .cols = cols});
+  return fp8_kernel(role, d.layer, d.arch, std::move(entry), std::move(fields), rows, cols);
 }
 
 // fp8_tensor passes over a whole tensor ([T, cols], one group) or over the experts' matrices
@@ -40,7 +27,7 @@ KernelSource tensor_pass(KernelRole role, const Fp8ForwardDesc& d, std::string e
                          std::int64_t groups) {
   return emit(
       role, d, std::move(entry),
-      fmt::format("  static constexpr int groups = {};\n", groups) + pow2_field(d.pow2_scales),
+      fmt::format("  static constexpr int groups = {};\n", groups) + pow2_scales_field(d.scaling()),
       groups);
 }
 
@@ -48,10 +35,10 @@ KernelSource weight_quantizer(KernelRole role, const Fp8ForwardDesc& d, const ch
                               std::int64_t rows, std::int64_t cols) {
   return emit(role, d,
               fmt::format("gmjit_quantize_{}_e{}_{}x{}{}", name, d.layer.experts, rows, cols,
-                          recipe_suffix(d)),
+                          fp8_suffix(d.scaling())),
               fmt::format("  static constexpr int experts = {}, rows = {}, cols = {};\n",
                           d.layer.experts, rows, cols) +
-                  pow2_field(d.pow2_scales),
+                  pow2_scales_field(d.scaling()),
               rows, cols);
 }
 
@@ -78,7 +65,7 @@ std::vector<KernelSource> emit_fp8_forward(const Fp8ForwardDesc& d) {
   using namespace detail;
   const LayerSpec& l = d.layer;
   check_fp8_supported(l, d.arch);
-  const std::string suffix = recipe_suffix(d);
+  const std::string suffix = fp8_suffix(d.scaling());
   KernelSource fc1 = emit(
       KernelRole::fc1_forward_fp8, d,
       fmt::format("gmjit_fc1_fwd_e{}_h{}_f{}_{}{}{}{}{}", l.experts, l.hidden, l.ffn,
@@ -87,7 +74,7 @@ std::vector<KernelSource> emit_fp8_forward(const Fp8ForwardDesc& d) {
       layer_fields(l) + activation_fields(l.activation) +
           fmt::format("  static constexpr bool has_bias = {}, has_probs = {}, save_preact = {};\n",
                       l.fc1_bias, l.router_probs, d.save_preact) +
-          pow2_field(d.pow2_scales) + scaling_field(d));
+          pow2_scales_field(d.scaling()) + per_tensor_scales_field(d.scaling()));
   KernelSource fc2 =
       emit(KernelRole::fc2_forward_fp8, d,
            fmt::format("gmjit_fc2_fwd_e{}_h{}_f{}{}{}{}", l.experts, l.hidden, l.ffn,
@@ -95,7 +82,7 @@ std::vector<KernelSource> emit_fp8_forward(const Fp8ForwardDesc& d) {
            layer_fields(l) +
                fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n", l.fc2_bias,
                            l.router_probs) +
-               scaling_field(d));
+               per_tensor_scales_field(d.scaling()));
   if (d.per_tensor) {
     // FC2's input needs the amax of all of a before any of it is quantized: FC1 writes a in
     // bf16 with its amax, a pass quantizes it.
@@ -103,9 +90,10 @@ std::vector<KernelSource> emit_fp8_forward(const Fp8ForwardDesc& d) {
             tensor_pass(KernelRole::tensor_quantize_x, d, "gmjit_quantize_x" + suffix, 1), fc1,
             tensor_pass(KernelRole::tensor_quantize_act, d, "gmjit_quantize_act" + suffix, 1), fc2};
   }
-  KernelSource quantize_x = emit(
-      KernelRole::quantize_x, d, fmt::format("gmjit_quantize_x_h{}{}", l.hidden, suffix),
-      fmt::format("  static constexpr int cols = {};\n", l.hidden) + pow2_field(d.pow2_scales));
+  KernelSource quantize_x =
+      emit(KernelRole::quantize_x, d, fmt::format("gmjit_quantize_x_h{}{}", l.hidden, suffix),
+           fmt::format("  static constexpr int cols = {};\n", l.hidden) +
+               pow2_scales_field(d.scaling()));
   return {quantize_x, fc1, fc2};
 }
 
@@ -115,7 +103,7 @@ std::vector<KernelSource> emit_fp8_weight_quantizers(const Fp8ForwardDesc& d, bo
   const std::int64_t F1 = d.layer.fc1_out();
   std::vector<KernelSource> kernels;
   if (d.per_tensor) {
-    const std::string suffix = fmt::format("_e{}{}", E, recipe_suffix(d));
+    const std::string suffix = fmt::format("_e{}{}", E, fp8_suffix(d.scaling()));
     kernels = {tensor_pass(KernelRole::tensor_amax_w1, d, "gmjit_amax_w1" + suffix, E),
                tensor_pass(KernelRole::tensor_quantize_w1, d, "gmjit_quantize_w1" + suffix, E),
                tensor_pass(KernelRole::tensor_amax_w2, d, "gmjit_amax_w2" + suffix, E),
@@ -132,7 +120,7 @@ std::vector<KernelSource> emit_fp8_weight_quantizers(const Fp8ForwardDesc& d, bo
                               d.per_tensor ? "_fp8t" : "_fp8b"),
                   fmt::format("  static constexpr int experts = {}, rows = {}, cols = {};\n", E,
                               rows, cols) +
-                      scaling_field(d),
+                      per_tensor_scales_field(d.scaling()),
                   rows, cols);
     };
     kernels.push_back(transpose(KernelRole::transpose_w1, "w1", F1, H));

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/grouped_mlp.hpp"
 #include "codegen/kernel_source.hpp"
 #include "gmjit/layer.hpp"
 
@@ -16,6 +17,7 @@ struct Fp8ForwardDesc {
   bool pow2_scales = false;
   bool per_tensor = false;  // fp8_tensor recipe (else fp8_block)
   std::string arch = "sm_90a";
+  Fp8Scaling scaling() const { return {pow2_scales, per_tensor}; }
 };
 
 // Throws Error(Status::unsupported) unless the layer and arch suit the FP8 kernels: sm_90a,

@@ -104,7 +104,8 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
                 tokens, plan.device->ordinal(), stream);
   }
   engine::ScopedContext scope(plan.device->context());
-  const BackwardWorkspace parts(layer, tokens, recipe.kind());
+  // A backward without the transposed weights is BF16 whatever the recipe: no FP8 scratch.
+  const BackwardWorkspace parts(layer, tokens, fp8_dgrad ? recipe.kind() : RecipeKind::bf16);
   const engine::WorkspaceLease workspace(impl_->workspaces, *plan.device, cu_stream,
                                          parts.layout.total(), args.workspace);
   engine::CallTensors call;
@@ -136,13 +137,11 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
     call.dy_scales = static_cast<float*>(workspace.at(parts.dy_scales));
     call.dh_fp8 = workspace.at(parts.dh_fp8);
     call.dh_scales = static_cast<float*>(workspace.at(parts.dh_scales));
-    if (parts.tokens_ld > 0) {
-      call.tokens_ld = parts.tokens_ld;
-      call.tokens_a = workspace.at(parts.tokens_a);
-      call.tokens_a_scales = static_cast<float*>(workspace.at(parts.tokens_a_scales));
-      call.tokens_b = workspace.at(parts.tokens_b);
-      call.tokens_b_scales = static_cast<float*>(workspace.at(parts.tokens_b_scales));
-    }
+    call.tokens_ld = parts.tokens_ld;
+    call.tokens_a = workspace.at(parts.tokens_a);
+    call.tokens_a_scales = static_cast<float*>(workspace.at(parts.tokens_a_scales));
+    call.tokens_b = workspace.at(parts.tokens_b);
+    call.tokens_b_scales = static_cast<float*>(workspace.at(parts.tokens_b_scales));
     if (recipe.kind() == RecipeKind::fp8_tensor) {
       // Current scaling: the amax of dy, dh, a ⊙ p and x are taken in this call, into zeroed
       // slots.

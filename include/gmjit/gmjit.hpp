@@ -155,7 +155,8 @@ class Engine {
   // Scratch bytes a call with `tokens` tokens needs when the caller provides the workspace.
   std::size_t forward_workspace_bytes(const LayerSpec& spec, GradMode grad, std::int64_t tokens,
                                       const Recipe& recipe = Recipe::bf16()) const;
-  // FP8 recipes: enough for the FP8 data gradients (dy and dh in E4M3 with their scales).
+  // FP8 recipes: enough for the FP8 backward (dy, dh and the weight gradients' operands in
+  // E4M3 with their scales); a backward without the transposed weights needs the BF16 size.
   std::size_t backward_workspace_bytes(const LayerSpec& spec, std::int64_t tokens,
                                        const Recipe& recipe = Recipe::bf16()) const;
 
