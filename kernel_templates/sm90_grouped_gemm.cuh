@@ -81,6 +81,44 @@ struct WarpStage {
     asm volatile("st.shared.b32 [%0], %1;" ::"r"(a), "r"(bf16x2) : "memory");
   }
 
+  // fp32 pair of row (lane/4 + 8*half), columns 8*j + 2*(lane%4) + {0, 1}, j in [0, 4): the
+  // staged block is then 16 rows x 32 fp32 columns.
+  __device__ __forceinline__ void put_f32x2(int j, int half, float v0, float v1) const {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const unsigned int a = buf + ((lane >> 2) + 8 * half) * 144 + j * 32 + (lane & 3) * 8;
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(v0), "f"(v1) : "memory");
+  }
+
+  // out[row0 + r][col0 .. col0 + 32) += the staged 16 x 32 fp32 block (all 16 rows).
+  __device__ __forceinline__ void flush_add_f32(float* out, long long ld, long long row0,
+                                                long long col0) const {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    __syncwarp();
+    float4 prev[4], v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // the loads first, all in flight
+      const int r = (lane >> 3) + 4 * i, c = lane & 7;
+      const float* g = out + (row0 + r) * ld + col0 + c * 4;
+      asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=f"(prev[i].x), "=f"(prev[i].y), "=f"(prev[i].z), "=f"(prev[i].w)
+                   : "l"(g));
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=f"(v[i].x), "=f"(v[i].y), "=f"(v[i].z), "=f"(v[i].w)
+                   : "r"(buf + r * 144 + c * 16)
+                   : "memory");
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = (lane >> 3) + 4 * i, c = lane & 7;
+      asm volatile(
+          "st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(out + (row0 + r) * ld + col0 + c * 4),
+          "f"(v[i].x + prev[i].x), "f"(v[i].y + prev[i].y), "f"(v[i].z + prev[i].z),
+          "f"(v[i].w + prev[i].w)
+          : "memory");
+    }
+    __syncwarp();
+  }
+
   // Writes the block to out[row0 + r][col0 .. col0 + 64) for rows row0 + r < row_end.
   __device__ __forceinline__ void flush(unsigned short* out, long long ld, long long row0,
                                         long long row_end, int col0) const {
