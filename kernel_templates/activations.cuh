@@ -37,6 +37,26 @@ __device__ __forceinline__ constexpr int lin_col(int c, int ffn) {
   return L == GluLayout::kHalves ? ffn + c : (c >> 5) * 64 + (c & 31) + 32;
 }
 
+// The pre-activation (or its gradient) columns of an output 64-column group [c0, c0 + 64) as
+// 64-column blocks, for stores through a warp's staging buffer: block b starts at column col(b, c0,
+// F); output chunk jj's (8 columns) gate values go to chunk gate_slot(jj) of block gate_block(jj),
+// its lin values to lin_slot(jj) of lin_block(jj). Halves: the gate block then the lin block F
+// columns on; interleaved32: the 128 contiguous columns (gate 0-31, lin 0-31, gate 32-63, lin
+// 32-63); no GLU: one block.
+template <bool kGlu, GluLayout kLayout>
+struct PreactBlocks {
+  static constexpr bool kHalves = kLayout == GluLayout::kHalves;
+  static constexpr int kBlocks = kGlu ? 2 : 1;
+  __device__ static __forceinline__ int col(int b, int c0, int ffn) {
+    if constexpr (!kGlu) return c0;
+    return kHalves ? c0 + b * ffn : (c0 >> 5) * 64 + 64 * b;
+  }
+  __device__ static constexpr int gate_block(int jj) { return kGlu && !kHalves ? jj / 4 : 0; }
+  __device__ static constexpr int gate_slot(int jj) { return kGlu && !kHalves ? jj % 4 : jj; }
+  __device__ static constexpr int lin_block(int jj) { return kHalves ? 1 : jj / 4; }
+  __device__ static constexpr int lin_slot(int jj) { return kHalves ? jj : jj % 4 + 4; }
+};
+
 // Parameters of the parametric activations (only ClampedSwiGLU uses them).
 struct ActParams {
   float limit;

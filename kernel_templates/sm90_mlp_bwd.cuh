@@ -72,8 +72,9 @@ struct Fc2DgradEpilogue {
   static constexpr GluLayout kLayout = Cfg::glu_layout;
   static constexpr int kH = Cfg::hidden, kF = Cfg::ffn, kF1 = kGlu ? 2 * kF : kF;
   // Thread rows: (m, h) -> row0 + m*64 + (warp%4)*16 + lane/4 + 8h; n8 chunk j holds columns
-  // 8j + 2*(lane%4) + {0, 1}. act_scaled leaves through the warp's staging buffer (64 columns at
-  // a time); dpreact is stored from the fragments (gate / lin columns of the chunk).
+  // 8j + 2*(lane%4) + {0, 1}. act_scaled and dpreact leave through the warp's staging buffer in
+  // 128-byte row segments (64 columns, 8 rows at a time); preact is read from the fragments'
+  // columns.
   template <class P, int kRegs>
   __device__ static __forceinline__ void store(const P& p, float (&acc)[kMt][kRegs],
                                                const RowTile& rt, int tile_n, long long row0,
@@ -96,17 +97,20 @@ struct Fc2DgradEpilogue {
         prob[h] = Cfg::has_probs && valid[h] ? p.plain.probs[rows[h]] : 1.0f;
         if (!valid[h]) rows[h] = rt.row_begin;  // in-bounds dummy row for the loads below
       }
+      // Per 64-column group and row half h (8 rows of the warp): a ⊙ p, then dpreact's one or
+      // two 64-column blocks (PreactBlocks), each staged in the buffer's rows 0-7 and written
+      // as 128-byte row segments; only one half's dpreact stays in registers.
 #pragma unroll
       for (int cc = 0; cc < kRegs / 32; ++cc) {
+        const int c0 = tile_n * Cfg::block_n + cc * 64;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           // All loads of h for the 8 chunks first (the dh stores could alias them).
           const unsigned short* hr = pre + rows[h] * kF1;
-          unsigned short* dh = dpre + rows[h] * kF1;
           unsigned int hg[8], hl[8];
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
-            const int c = tile_n * Cfg::block_n + (cc * 8 + jj) * 8 + (lane & 3) * 2;
+            const int c = c0 + jj * 8 + (lane & 3) * 2;
             if constexpr (kGlu) {
               hg[jj] = *reinterpret_cast<const unsigned int*>(hr + gate_col<kLayout>(c, kF));
               hl[jj] = *reinterpret_cast<const unsigned int*>(hr + lin_col<kLayout>(c, kF));
@@ -115,10 +119,10 @@ struct Fc2DgradEpilogue {
               hl[jj] = 0u;
             }
           }
+          unsigned int dg[8], dl[8];  // dpreact (gate, lin) of the 8 chunks, packed bf16x2
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
             const int j = cc * 8 + jj;
-            const int c = tile_n * Cfg::block_n + j * 8 + (lane & 3) * 2;
             const float g0 = acc[m][4 * j + 2 * h], g1 = acc[m][4 * j + 2 * h + 1];
             const float x0 = bf16x2_lo(hg[jj]), x1 = bf16x2_hi(hg[jj]);
             float a0, a1;
@@ -129,22 +133,31 @@ struct Fc2DgradEpilogue {
               float dg0, dg1, dl0, dl1;
               glu_bwd<Cfg::act>(x0, l0, g0 * prob[h], ap, dg0, dl0);
               glu_bwd<Cfg::act>(x1, l1, g1 * prob[h], ap, dg1, dl1);
-              if (valid[h]) {
-                store_bf16x2(dh + gate_col<kLayout>(c, kF), dg0, dg1);
-                store_bf16x2(dh + lin_col<kLayout>(c, kF), dl0, dl1);
-              }
+              dg[jj] = pack_bf16x2(dg0, dg1);
+              dl[jj] = pack_bf16x2(dl0, dl1);
             } else {
               a0 = act_fwd<Cfg::act>(x0, ap);
               a1 = act_fwd<Cfg::act>(x1, ap);
-              if (valid[h])
-                store_bf16x2(dh + c, act_bwd<Cfg::act>(x0, g0 * prob[h], ap),
-                             act_bwd<Cfg::act>(x1, g1 * prob[h], ap));
+              dg[jj] = pack_bf16x2(act_bwd<Cfg::act>(x0, g0 * prob[h], ap),
+                                   act_bwd<Cfg::act>(x1, g1 * prob[h], ap));
+              dl[jj] = 0u;
             }
-            ws.put(jj, h, pack_bf16x2(a0 * prob[h], a1 * prob[h]));
+            ws.put(jj, 0, pack_bf16x2(a0 * prob[h], a1 * prob[h]));
             dp[h] += g0 * a0 + g1 * a1;
           }
+          const long long hrow0 = row0 + m * 64 + wq * 16 + 8 * h;
+          ws.flush<8>(as, kF, hrow0, rt.row_end, c0);
+          using B = PreactBlocks<kGlu, kLayout>;
+#pragma unroll
+          for (int blk = 0; blk < B::kBlocks; ++blk) {
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {
+              if (B::gate_block(jj) == blk) ws.put(B::gate_slot(jj), 0, dg[jj]);
+              if (kGlu && B::lin_block(jj) == blk) ws.put(B::lin_slot(jj), 0, dl[jj]);
+            }
+            ws.flush<8>(dpre, kF1, hrow0, rt.row_end, B::col(blk, c0, kF));
+          }
         }
-        ws.flush(as, kF, row0 + m * 64 + wq * 16, rt.row_end, tile_n * Cfg::block_n + cc * 64);
       }
       if constexpr (Cfg::has_probs) {
 #pragma unroll

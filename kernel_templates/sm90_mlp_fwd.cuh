@@ -86,7 +86,7 @@ struct Fc1Sm90 {
 
   // Thread rows: (m, h) -> row0 + m*64 + (warp%4)*16 + lane/4 + 8h; output n8 chunk j holds
   // columns 8j + 2*(lane%4) + {0, 1}. Groups of 8 chunks (64 columns) go out through the warp's
-  // staging buffer; preact (training only) is stored straight from the fragments.
+  // staging buffer as 128-byte row segments, and so does preact (training only).
   __device__ static __forceinline__ void store(const Sm90GemmParams& p,
                                                float (&acc)[S::mt][S::regs], const RowTile& rt,
                                                int tile_n, long long row0,
@@ -112,42 +112,75 @@ struct Fc1Sm90 {
     for (int m = 0; m < S::mt; ++m) {
 #pragma unroll
       for (int cc = 0; cc < kChunks / 8; ++cc) {
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-          const int j = cc * 8 + jj;
-          const int oc = tile_n * block_n_out + j * 8 + (lane & 3) * 2;
-          const int gc = kGlu ? gate_col<kLayout>(oc, Cfg::ffn) : oc;
-          const int lc = kGlu ? lin_col<kLayout>(oc, Cfg::ffn) : oc;
-          float bg0 = 0.0f, bg1 = 0.0f, bl0 = 0.0f, bl1 = 0.0f;
+        const int c0 = tile_n * block_n_out + cc * 64;  // first output column of the group
+        // Pre-activation (gate, lin; bias added) and the activation times p of chunk jj, row
+        // half h, from the bias of the chunk's columns.
+        struct Bias {
+          float g0 = 0.0f, g1 = 0.0f, l0 = 0.0f, l1 = 0.0f;
+        };
+        auto bias_of = [&](int jj) {
+          Bias b;
+          const int oc = c0 + jj * 8 + (lane & 3) * 2;
           if constexpr (Cfg::has_bias) {
-            load_bf16x2(bias + gc, bg0, bg1);
-            if constexpr (kGlu) load_bf16x2(bias + lc, bl0, bl1);
+            load_bf16x2(bias + (kGlu ? gate_col<kLayout>(oc, Cfg::ffn) : oc), b.g0, b.g1);
+            if constexpr (kGlu) load_bf16x2(bias + lin_col<kLayout>(oc, Cfg::ffn), b.l0, b.l1);
           }
+          return b;
+        };
+        auto values = [&](int jj, int h, const Bias& b, unsigned int& pg, unsigned int& pl) {
+          const int j = cc * 8 + jj;
+          float a0, a1;
+          if constexpr (kGlu) {
+            const float g0 = acc[m][4 * j + 2 * h] + b.g0, g1 = acc[m][4 * j + 2 * h + 1] + b.g1;
+            const float* l = &acc[m][4 * (j + kChunks) + 2 * h];
+            const float l0 = l[0] + b.l0, l1 = l[1] + b.l1;
+            pg = pack_bf16x2(g0, g1);
+            pl = pack_bf16x2(l0, l1);
+            a0 = glu_fwd<Cfg::act>(g0, l0, ap);
+            a1 = glu_fwd<Cfg::act>(g1, l1, ap);
+          } else {
+            const float h0 = acc[m][4 * j + 2 * h] + b.g0, h1 = acc[m][4 * j + 2 * h + 1] + b.g1;
+            pg = pack_bf16x2(h0, h1);
+            pl = 0u;
+            a0 = act_fwd<Cfg::act>(h0, ap);
+            a1 = act_fwd<Cfg::act>(h1, ap);
+          }
+          return pack_bf16x2(a0 * prob[m][h], a1 * prob[m][h]);
+        };
+        const long long wrow0 = row0 + m * 64 + wq * 16;
+        if constexpr (!Cfg::save_preact) {
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+            const Bias b = bias_of(jj);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              unsigned int pg, pl;  // unused: no pre-activation saved
+              ws.put(jj, h, values(jj, h, b, pg, pl));
+            }
+          }
+          ws.flush(out, kNOut, wrow0, rt.row_end, c0);
+        } else {
+          // Training: per row half, the activation then the pre-activation's one or two
+          // 64-column blocks (PreactBlocks), each through the buffer's rows 0-7.
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const long long row = row0 + m * 64 + wrow + h * 8;
-            const bool valid = row < rt.row_end;
-            float a0, a1;
-            if constexpr (kGlu) {
-              const float g0 = acc[m][4 * j + 2 * h] + bg0, g1 = acc[m][4 * j + 2 * h + 1] + bg1;
-              const float* l = &acc[m][4 * (j + kChunks) + 2 * h];
-              const float l0 = l[0] + bl0, l1 = l[1] + bl1;
-              if (Cfg::save_preact && valid) {
-                store_bf16x2(pre + row * kN + gc, g0, g1);
-                store_bf16x2(pre + row * kN + lc, l0, l1);
+            unsigned int pg[8], pl[8];
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj)
+              ws.put(jj, 0, values(jj, h, bias_of(jj), pg[jj], pl[jj]));
+            ws.flush<8>(out, kNOut, wrow0 + 8 * h, rt.row_end, c0);
+            using B = PreactBlocks<kGlu, kLayout>;
+#pragma unroll
+            for (int blk = 0; blk < B::kBlocks; ++blk) {
+#pragma unroll
+              for (int jj = 0; jj < 8; ++jj) {
+                if (B::gate_block(jj) == blk) ws.put(B::gate_slot(jj), 0, pg[jj]);
+                if (kGlu && B::lin_block(jj) == blk) ws.put(B::lin_slot(jj), 0, pl[jj]);
               }
-              a0 = glu_fwd<Cfg::act>(g0, l0, ap);
-              a1 = glu_fwd<Cfg::act>(g1, l1, ap);
-            } else {
-              const float h0 = acc[m][4 * j + 2 * h] + bg0, h1 = acc[m][4 * j + 2 * h + 1] + bg1;
-              if (Cfg::save_preact && valid) store_bf16x2(pre + row * kN + gc, h0, h1);
-              a0 = act_fwd<Cfg::act>(h0, ap);
-              a1 = act_fwd<Cfg::act>(h1, ap);
+              ws.flush<8>(pre, kN, wrow0 + 8 * h, rt.row_end, B::col(blk, c0, Cfg::ffn));
             }
-            ws.put(jj, h, pack_bf16x2(a0 * prob[m][h], a1 * prob[m][h]));
           }
         }
-        ws.flush(out, kNOut, row0 + m * 64 + wq * 16, rt.row_end, tile_n * block_n_out + cc * 64);
       }
     }
   }
