@@ -22,6 +22,11 @@ At the end: the issue's targets as a markdown table (printed, in the JSON's "sum
 --md): forward and forward+backward ≥ 1.1× torch.compile on every shape, balanced and ragged,
 mixtral forward ≥ 720 TFLOP/s; decode ≥ 90 % of the HBM peak and ≥ 1.5× torch eager.
 
+Each case also records the GPU's mean SM clock and power while it ran, and how often the power
+cap throttled it (benchmarks/gpu_monitor.py, from nvidia-smi; left out where nvidia-smi is
+missing): printed per case, in the JSON row ("gpu_clock") and summarized under the table. On an
+H200 the BF16 GEMMs are power-capped, so a TFLOP/s figure is read with its clock.
+
 Made for one unattended run: --time-budget-s skips the cases that would start past it (time is
 kept for the decode rows while the large shapes run), an exception in a case or in one
 implementation (out of memory, a torch.compile failure) is recorded in its row instead of
@@ -49,6 +54,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from gpu_monitor import GpuMonitor  # benchmarks/, next to this script
 
 GLU = ("swiglu", "geglu", "clamped_swiglu")
 
@@ -491,6 +497,15 @@ def summarize(rows: list[dict], a, meta: dict) -> dict:
     tail += f" Failed: {', '.join(failed)}." if failed else ""
     lines.append(f"Targets met: {met} of {cells} measured cells (✓ meets, ✗ misses; n/a: not "
                  f"measured).{tail}")  # fmt: skip
+    clocks = [r["gpu_clock"] for r in rows if "gpu_clock" in r]
+    if clocks:  # the TFLOP/s above ran at these clocks (benchmarks/gpu_monitor.py)
+        lo = min(c["sm_clock_mhz"] for c in clocks)
+        hi = max(c["sm_clock_mhz"] for c in clocks)
+        watts = max(c["power_w"] for c in clocks)
+        capped = max(c["power_capped_pct"] for c in clocks)
+        lines.append(f"\nGPU under load (nvidia-smi, per case): mean SM clock {lo:.0f}–{hi:.0f} "
+                     f"MHz, mean power up to {watts:.0f} W, power-capped in up to {capped:.0f} % "
+                     f"of a case's loaded samples.")  # fmt: skip
     return {"targets": {"forward_vs_compile": FWD_VS_COMPILE,
                         "fwd_bwd_vs_compile": FWD_BWD_VS_COMPILE,
                         "forward_tflops": TFLOPS_TARGETS, "decode_hbm_share": DECODE_HBM_SHARE,
@@ -692,12 +707,16 @@ def main() -> None:
                 print(f"[{n}/{len(cases)} {elapsed:5.0f} s] {name}: skipped ({why})", flush=True)
                 continue
             print(f"[{n}/{len(cases)} {elapsed:5.0f} s] {name} ...", flush=True)
+            monitor = GpuMonitor(0 if a.dry_run_cpu else torch.cuda.current_device())
             try:
-                row = run(s, ragged, a, decode)
+                with monitor:
+                    row = run(s, ragged, a, decode)
             except Exception as e:  # noqa: BLE001 - setting the case up failed (out of memory)
                 row = skip(s, ragged, decode, "")
                 del row["skipped"]
                 row["error"] = short_error(e)
+            if monitor.summary() is not None:
+                row["gpu_clock"] = monitor.summary()
             free_memory()
             took = time.perf_counter() - started - elapsed
             row["case_s"] = round(took, 1)
@@ -715,6 +734,10 @@ def main() -> None:
                 elif "forward_tflops" in g:
                     bits.insert(0, f"gmjit {g['forward_tflops']:.1f} / "
                                    f"{fmt(g.get('fwd_bwd_tflops'))} TFLOP/s")  # fmt: skip
+                if "gpu_clock" in row:
+                    c = row["gpu_clock"]
+                    bits.append(f"SM {c['sm_clock_mhz']:.0f} MHz, {c['power_w']:.0f} W, "
+                                f"power-capped {c['power_capped_pct']:.0f} %")  # fmt: skip
                 errs = [i for i in ("gmjit", "torch", "compile")
                         if "error" in row.get(i, {}) or "fwd_bwd_error" in row.get(i, {})]
                 if errs:

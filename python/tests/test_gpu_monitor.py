@@ -1,0 +1,67 @@
+"""benchmarks/gpu_monitor.py: the clock and power record beside side_by_side.py's numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+MONITOR = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_monitor.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("gpu_monitor", MONITOR)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_monitor"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_query_line_parses_and_anything_else_is_skipped():
+    m = load()
+    s = m.parse_sample("1980, 612.35, 0x0000000000000004\n")
+    assert (s.sm_clock_mhz, s.power_w, s.reasons) == (1980.0, 612.35, 4)
+    for line in ("clocks.sm [MHz], power.draw [W], clocks_event_reasons.active", "[N/A], 80, 0x0",
+                 "No devices were found", "1980, 612"):  # fmt: skip
+        assert m.parse_sample(line) is None
+
+
+def test_the_summary_counts_loaded_samples_and_the_power_cap_bit():
+    m = load()
+    S = m.Sample
+    samples = [S(345, 80, 0x1), S(1500, 690, 0x4), S(1400, 700, 0x4), S(1980, 400, 0x0)]
+    got = m.summarize(samples)
+    # Loaded: power >= 350 W (half of 700): the last three.
+    assert got["samples"] == 4 and got["loaded_samples"] == 3
+    assert got["sm_clock_mhz"] == round((1500 + 1400 + 1980) / 3, 1)
+    assert got["power_w"] == round((690 + 700 + 400) / 3, 1)
+    assert got["peak_power_w"] == 700
+    assert got["power_capped_pct"] == round(200 / 3, 1)
+    assert got["thermal_pct"] == 0
+    assert m.summarize([]) is None
+
+
+def test_without_nvidia_smi_the_summary_is_none():
+    m = load()
+    with m.GpuMonitor(command="gmjit-no-such-nvidia-smi") as mon:
+        pass
+    assert mon.summary() is None
+
+
+def test_samples_stream_from_the_command_while_the_block_runs(tmp_path, monkeypatch):
+    m = load()
+    fake = tmp_path / "fake-smi"
+    fake.write_text("#!/bin/sh\nfor i in 1 2 3; do echo '1500, 650.5, 0x0000000000000004'; done\n"
+                    "echo 'garbage'\nsleep 30\n")  # fmt: skip
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    started = time.monotonic()
+    with m.GpuMonitor(command="fake-smi") as mon:
+        while len(mon.samples) < 3 and time.monotonic() - started < 5:
+            time.sleep(0.01)
+    got = mon.summary()
+    assert got["samples"] == 3 and got["sm_clock_mhz"] == 1500 and got["power_capped_pct"] == 100
+    assert time.monotonic() - started < 15  # the sampler was stopped, not waited for
