@@ -55,6 +55,24 @@ struct PreactBlocks {
   __device__ static constexpr int gate_slot(int jj) { return kGlu && !kHalves ? jj % 4 : jj; }
   __device__ static constexpr int lin_block(int jj) { return kHalves ? 1 : jj / 4; }
   __device__ static constexpr int lin_slot(int jj) { return kHalves ? jj : jj % 4 + 4; }
+
+  // One row half's values of the group (packed bf16x2 gate / lin per chunk, as the fragments
+  // hold them) to out [rows, ld] through `ws` (sm90::WarpStage: put, then flush of rows 0-7).
+  template <class Stage>
+  __device__ static __forceinline__ void store_half(const Stage& ws, unsigned short* out,
+                                                    long long ld, long long row0, long long row_end,
+                                                    int c0, int ffn, const unsigned int (&gate)[8],
+                                                    const unsigned int (&lin)[8]) {
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        if (gate_block(jj) == b) ws.put(gate_slot(jj), 0, gate[jj]);
+        if (kGlu && lin_block(jj) == b) ws.put(lin_slot(jj), 0, lin[jj]);
+      }
+      ws.template flush<8>(out, ld, row0, row_end, col(b, c0, ffn));
+    }
+  }
 };
 
 // Parameters of the parametric activations (only ClampedSwiGLU uses them).

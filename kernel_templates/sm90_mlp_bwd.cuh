@@ -147,16 +147,7 @@ struct Fc2DgradEpilogue {
           }
           const long long hrow0 = row0 + m * 64 + wq * 16 + 8 * h;
           ws.flush<8>(as, kF, hrow0, rt.row_end, c0);
-          using B = PreactBlocks<kGlu, kLayout>;
-#pragma unroll
-          for (int blk = 0; blk < B::kBlocks; ++blk) {
-#pragma unroll
-            for (int jj = 0; jj < 8; ++jj) {
-              if (B::gate_block(jj) == blk) ws.put(B::gate_slot(jj), 0, dg[jj]);
-              if (kGlu && B::lin_block(jj) == blk) ws.put(B::lin_slot(jj), 0, dl[jj]);
-            }
-            ws.flush<8>(dpre, kF1, hrow0, rt.row_end, B::col(blk, c0, kF));
-          }
+          PreactBlocks<kGlu, kLayout>::store_half(ws, dpre, kF1, hrow0, rt.row_end, c0, kF, dg, dl);
         }
       }
       if constexpr (Cfg::has_probs) {

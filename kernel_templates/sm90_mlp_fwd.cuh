@@ -169,16 +169,8 @@ struct Fc1Sm90 {
             for (int jj = 0; jj < 8; ++jj)
               ws.put(jj, 0, values(jj, h, bias_of(jj), pg[jj], pl[jj]));
             ws.flush<8>(out, kNOut, wrow0 + 8 * h, rt.row_end, c0);
-            using B = PreactBlocks<kGlu, kLayout>;
-#pragma unroll
-            for (int blk = 0; blk < B::kBlocks; ++blk) {
-#pragma unroll
-              for (int jj = 0; jj < 8; ++jj) {
-                if (B::gate_block(jj) == blk) ws.put(B::gate_slot(jj), 0, pg[jj]);
-                if (kGlu && B::lin_block(jj) == blk) ws.put(B::lin_slot(jj), 0, pl[jj]);
-              }
-              ws.flush<8>(pre, kN, wrow0 + 8 * h, rt.row_end, B::col(blk, c0, Cfg::ffn));
-            }
+            PreactBlocks<kGlu, kLayout>::store_half(ws, pre, kN, wrow0 + 8 * h, rt.row_end, c0,
+                                                    Cfg::ffn, pg, pl);
           }
         }
       }
