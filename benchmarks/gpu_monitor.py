@@ -15,6 +15,7 @@ summary is None and the benchmark goes on without it.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -66,26 +67,44 @@ def summarize(samples: list[Sample]) -> Optional[dict]:
     }
 
 
-class GpuMonitor:
-    """Context manager: samples GPU `index` every `period_ms` while the block runs."""
+@functools.lru_cache(maxsize=None)  # asked once per nvidia-smi, not once per case
+def reasons_field(smi: str) -> str:
+    """The throttle-reasons field this nvidia-smi knows: drivers before 535 call it
+    clocks_throttle_reasons."""
+    try:
+        help_text = subprocess.run([smi, "--help-query-gpu"], capture_output=True, text=True,
+                                   timeout=10).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "clocks_event_reasons.active"
+    if "clocks_event_reasons" in help_text or "clocks_throttle_reasons" not in help_text:
+        return "clocks_event_reasons.active"
+    return "clocks_throttle_reasons.active"
 
-    def __init__(self, index: int = 0, period_ms: int = 200, command: str = "nvidia-smi"):
-        self.index, self.period_ms, self.command = index, period_ms, command
+
+class GpuMonitor:
+    """Context manager: samples GPU `gpu` (an nvidia-smi -i id: an index in nvidia-smi's own
+    order, or better a "GPU-<uuid>", which names the device CUDA uses whatever
+    CUDA_VISIBLE_DEVICES says) every `period_ms` while the block runs."""
+
+    def __init__(self, gpu: str = "0", period_ms: int = 200, command: str = "nvidia-smi"):
+        self.gpu, self.period_ms, self.command = str(gpu), period_ms, command
         self.samples: list[Sample] = []
         self._proc: Optional[subprocess.Popen] = None
         self._reader: Optional[threading.Thread] = None
 
     def __enter__(self) -> "GpuMonitor":
-        exe = shutil.which(self.command)
-        if exe is None:
+        smi = shutil.which(self.command)
+        if smi is None:
             return self
-        query = "clocks.sm,power.draw,clocks_event_reasons.active"
+        query = f"clocks.sm,power.draw,{reasons_field(smi)}"
+        argv = [smi, f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", self.gpu,
+                "-lms", str(self.period_ms)]  # fmt: skip
+        stdbuf = shutil.which("stdbuf")  # line-buffered, so that short cases get their samples
+        if stdbuf:
+            argv = [stdbuf, "-oL"] + argv
         try:
-            self._proc = subprocess.Popen(
-                [exe, f"--query-gpu={query}", "--format=csv,noheader,nounits",
-                 "-i", str(self.index), "-lms", str(self.period_ms)],  # fmt: skip
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                start_new_session=True)  # its own process group: stopped as a whole  # fmt: skip
+            self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          text=True, start_new_session=True)  # fmt: skip
         except OSError:
             self._proc = None
             return self
@@ -101,15 +120,39 @@ class GpuMonitor:
                 self.samples.append(sample)
 
     def __exit__(self, *exc) -> None:
-        if self._proc is not None:
+        if self._proc is None:
+            return
+        # Its own process group (start_new_session): stopped as a whole, stdbuf included.
+        for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
-                os.killpg(self._proc.pid, signal.SIGTERM)
+                os.killpg(self._proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
                 self._proc.wait(timeout=5)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                self._proc.kill()
-                self._proc.wait()
+                break
+            except subprocess.TimeoutExpired:
+                continue
         if self._reader is not None:
             self._reader.join(timeout=5)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
     def summary(self) -> Optional[dict]:
         return summarize(list(self.samples))
+
+
+def cuda_device_id(index: int) -> str:
+    """nvidia-smi's id of CUDA device `index` (torch's numbering): "GPU-<uuid>" where torch
+    reports the UUID, else the index (right when CUDA_VISIBLE_DEVICES is unset and the orders
+    agree)."""
+    try:
+        import torch
+
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    except (ImportError, AssertionError, RuntimeError):  # no CUDA torch: the index will do
+        uuid = None
+    if uuid is None:
+        return str(index)
+    text = str(uuid)
+    return text if text.startswith("GPU-") else f"GPU-{text}"

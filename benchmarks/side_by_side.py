@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from gpu_monitor import GpuMonitor  # benchmarks/, next to this script
+from gpu_monitor import GpuMonitor, cuda_device_id  # benchmarks/, next to this script
 
 GLU = ("swiglu", "geglu", "clamped_swiglu")
 
@@ -707,7 +707,7 @@ def main() -> None:
                 print(f"[{n}/{len(cases)} {elapsed:5.0f} s] {name}: skipped ({why})", flush=True)
                 continue
             print(f"[{n}/{len(cases)} {elapsed:5.0f} s] {name} ...", flush=True)
-            monitor = GpuMonitor(0 if a.dry_run_cpu else torch.cuda.current_device())
+            monitor = GpuMonitor("0" if a.dry_run_cpu else cuda_device_id(torch.cuda.current_device()))
             try:
                 with monitor:
                     row = run(s, ragged, a, decode)
@@ -715,8 +715,9 @@ def main() -> None:
                 row = skip(s, ragged, decode, "")
                 del row["skipped"]
                 row["error"] = short_error(e)
-            if monitor.summary() is not None:
-                row["gpu_clock"] = monitor.summary()
+            clock = monitor.summary()
+            if clock is not None:
+                row["gpu_clock"] = clock
             free_memory()
             took = time.perf_counter() - started - elapsed
             row["case_s"] = round(took, 1)

@@ -82,7 +82,8 @@ struct WarpStage {
   }
 
   // fp32 pair of row (lane/4 + 8*half), columns 8*j + 2*(lane%4) + {0, 1}, j in [0, 4): the
-  // staged block is then 16 rows x 32 fp32 columns.
+  // staged block is then 16 rows x 32 fp32 columns. Unlike put, these 8-byte writes meet 2-way
+  // bank conflicts at the 144-byte pitch (rows r and r + 1 of a half-warp share 4 banks).
   __device__ __forceinline__ void put_f32x2(int j, int half, float v0, float v1) const {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const unsigned int a = buf + ((lane >> 2) + 8 * half) * 144 + j * 32 + (lane & 3) * 8;

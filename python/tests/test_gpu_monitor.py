@@ -54,7 +54,9 @@ def test_without_nvidia_smi_the_summary_is_none():
 def test_samples_stream_from_the_command_while_the_block_runs(tmp_path, monkeypatch):
     m = load()
     fake = tmp_path / "fake-smi"
-    fake.write_text("#!/bin/sh\nfor i in 1 2 3; do echo '1500, 650.5, 0x0000000000000004'; done\n"
+    fake.write_text("#!/bin/sh\n"
+                    "[ \"$1\" = --help-query-gpu ] && { echo clocks_event_reasons.active; exit 0; }\n"
+                    "for i in 1 2 3; do echo '1500, 650.5, 0x0000000000000004'; done\n"
                     "echo 'garbage'\nsleep 30\n")  # fmt: skip
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
@@ -65,3 +67,16 @@ def test_samples_stream_from_the_command_while_the_block_runs(tmp_path, monkeypa
     got = mon.summary()
     assert got["samples"] == 3 and got["sm_clock_mhz"] == 1500 and got["power_capped_pct"] == 100
     assert time.monotonic() - started < 15  # the sampler was stopped, not waited for
+
+
+def test_the_reasons_field_follows_the_driver(tmp_path):
+    m = load()
+    for i, (help_text, field) in enumerate((
+            ("clocks_event_reasons.active", "clocks_event_reasons.active"),
+            ("clocks_throttle_reasons.active", "clocks_throttle_reasons.active"),
+            ("", "clocks_event_reasons.active"))):  # fmt: skip
+        fake = tmp_path / f"smi{i}"  # one path each: the answer is cached per nvidia-smi
+        fake.write_text(f"#!/bin/sh\necho '{help_text}'\n")
+        fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+        assert m.reasons_field(str(fake)) == field
+    assert m.reasons_field(str(tmp_path / "missing")) == "clocks_event_reasons.active"
