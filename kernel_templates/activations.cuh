@@ -47,7 +47,7 @@ template <bool kGlu, GluLayout kLayout>
 struct PreactBlocks {
   static constexpr bool kHalves = kLayout == GluLayout::kHalves;
   static constexpr int kBlocks = kGlu ? 2 : 1;
-  __device__ static __forceinline__ int col(int b, int c0, int ffn) {
+  __device__ static constexpr int col(int b, int c0, int ffn) {
     if constexpr (!kGlu) return c0;
     return kHalves ? c0 + b * ffn : (c0 >> 5) * 64 + 64 * b;
   }
