@@ -64,7 +64,7 @@ struct Fp8TileShape {
   static constexpr int a_stage_bytes = block_m * 128;
   static constexpr int b_stage_bytes = block_n * 128;
   static constexpr int stage_bytes = a_stage_bytes + b_stage_bytes;
-  static constexpr int stage_row_bytes = 144;
+  static constexpr int stage_row_bytes = 144;  // WarpStage::kRowBytes
   static constexpr int out_stage_bytes = consumer_warps * 16 * stage_row_bytes;
   static constexpr int smem_bytes = stages * (block_m + block_n) * 128 + 2048 + out_stage_bytes;
 
@@ -100,7 +100,7 @@ __device__ __forceinline__ void fp8_grouped_gemm(const P& p) {
   setmaxnreg_inc<S::consumer_regs>();
   const int wg = warp / 4 - 1;
   const int wrow = (warp & 3) * 16 + (lane >> 2);
-  const WarpStage ws{full + 1024 + (warp - 4) * 16 * S::stage_row_bytes};
+  const WarpStage ws = ring.warp_stage(warp);
   const long long tokens = p.plain.tokens;
   float acc[S::mt][S::regs];
   float tmp[64];

@@ -45,7 +45,7 @@ struct TileShape {
   static constexpr int stage_bytes = a_stage_bytes + b_stage_bytes;
   // Epilogue staging: per consumer warp 16 rows x 64 columns bf16, rows padded to 144 B so that
   // both the fragment writes and the 16-byte row reads are conflict-free (18432 B in all).
-  static constexpr int stage_row_bytes = 144;
+  static constexpr int stage_row_bytes = 144;  // WarpStage::kRowBytes
   static constexpr int out_stage_bytes = consumer_warps * 16 * stage_row_bytes;
   // Ring + 1024 B to align it + 1024 B for 48 B per stage (2 mbarriers, a 32 B tile-info slot)
   // + epilogue staging.
@@ -72,12 +72,13 @@ __device__ __forceinline__ unsigned char* dyn_smem() {
 // One consumer warp's 16 x 64 bf16 output block, staged in shared memory so that global stores
 // are whole 128-byte row segments (16 B per lane) instead of 4-byte fragment scatters.
 struct WarpStage {
-  unsigned int buf;  // shared address of 16 rows x 144 B, this warp's own (only __syncwarp)
+  static constexpr int kRowBytes = 144;  // 128 bytes of data + 16 of padding (bank spread)
+  unsigned int buf;  // shared address of 16 rows x kRowBytes, this warp's own (only __syncwarp)
 
   // Fragment value of row (lane/4 + 8*half), columns 8*j + 2*(lane%4) + {0, 1}, j in [0, 8).
   __device__ __forceinline__ void put(int j, int half, unsigned int bf16x2) const {
     const int lane = static_cast<int>(threadIdx.x) & 31;
-    const unsigned int a = buf + ((lane >> 2) + 8 * half) * 144 + j * 16 + (lane & 3) * 4;
+    const unsigned int a = buf + ((lane >> 2) + 8 * half) * kRowBytes + j * 16 + (lane & 3) * 4;
     asm volatile("st.shared.b32 [%0], %1;" ::"r"(a), "r"(bf16x2) : "memory");
   }
 
@@ -86,7 +87,7 @@ struct WarpStage {
   // bank conflicts at the 144-byte pitch (rows r and r + 1 of a half-warp share 4 banks).
   __device__ __forceinline__ void put_f32x2(int j, int half, float v0, float v1) const {
     const int lane = static_cast<int>(threadIdx.x) & 31;
-    const unsigned int a = buf + ((lane >> 2) + 8 * half) * 144 + j * 32 + (lane & 3) * 8;
+    const unsigned int a = buf + ((lane >> 2) + 8 * half) * kRowBytes + j * 32 + (lane & 3) * 8;
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(v0), "f"(v1) : "memory");
   }
 
@@ -105,7 +106,7 @@ struct WarpStage {
                    : "l"(g));
       asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
                    : "=f"(v[i].x), "=f"(v[i].y), "=f"(v[i].z), "=f"(v[i].w)
-                   : "r"(buf + r * 144 + c * 16)
+                   : "r"(buf + r * kRowBytes + c * 16)
                    : "memory");
     }
 #pragma unroll
@@ -143,7 +144,7 @@ struct WarpStage {
       unsigned int v0, v1, v2, v3;
       asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
                    : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
-                   : "r"(buf + r * 144 + c * 16)
+                   : "r"(buf + r * kRowBytes + c * 16)
                    : "memory");
       if (row0 + r < row_end)
         asm volatile(
@@ -188,6 +189,12 @@ template <class Info>
 struct RingOf {
   unsigned int base, full, empty;
   Info* info;  // a generic pointer: ordinary loads/stores, ordered by the mbarriers
+
+  // Consumer warp `warp`'s (4..11) epilogue staging buffer: the buffers follow the barriers and
+  // tile-info slots, 1024 bytes past `full` (TileShape's out_stage_bytes).
+  __device__ __forceinline__ WarpStage warp_stage(int warp) const {
+    return WarpStage{full + 1024 + (warp - 4) * 16 * WarpStage::kRowBytes};
+  }
 };
 using Ring = RingOf<TileInfo>;
 
@@ -292,7 +299,7 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
   // Consumer warpgroups.
   setmaxnreg_inc<S::consumer_regs>();
   const int wg = warp / 4 - 1;
-  const WarpStage ws{full + 1024 + (warp - 4) * 16 * S::stage_row_bytes};
+  const WarpStage ws = ring.warp_stage(warp);
   float acc[S::mt][S::regs];
 #pragma unroll
   for (int m = 0; m < S::mt; ++m)

@@ -261,7 +261,7 @@ struct GroupedWgradSm90 {
 
     setmaxnreg_inc<S::consumer_regs>();
     const int wg = warp / 4 - 1, ctid = tid - 128;
-    const WarpStage ws{full + 1024 + (warp - 4) * 16 * S::stage_row_bytes};
+    const WarpStage ws = ring.warp_stage(warp);
     float acc[S::mt][S::regs];
 #pragma unroll
     for (int m = 0; m < S::mt; ++m)
