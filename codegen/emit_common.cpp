@@ -42,7 +42,8 @@ std::string layer_fields(const LayerSpec& layer) {
       layer.experts, layer.hidden, layer.ffn, layer.split_dtype == DType::i64);
 }
 
-std::string activation_fields(const ActivationSpec& act) {
+std::string activation_fields(const ActivationSpec& given) {
+  const ActivationSpec act = canonical(given);
   // The enumerators are emitted by name; the static_asserts make NVRTC check that the template's
   // numbering still matches gmjit::Activation / gmjit::GluLayout (and the C API's, which
   // engine/api/c_api.cpp ties to those), so the three spellings cannot drift apart.

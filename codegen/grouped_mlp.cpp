@@ -1,5 +1,7 @@
 #include "codegen/grouped_mlp.hpp"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "codegen/emit_common.hpp"
@@ -16,7 +18,7 @@ std::string fc1_entry(const GroupedMlpForwardDesc& desc) {
   const LayerSpec& l = desc.layer;
   return fmt::format("gmjit_fc1_fwd_e{}_h{}_f{}_{}{}{}{}{}", l.experts, l.hidden, l.ffn,
                      activation_name(l.activation.kind),
-                     l.activation.layout == GluLayout::interleaved32 ? "_i32" : "",
+                     canonical(l.activation).layout == GluLayout::interleaved32 ? "_i32" : "",
                      l.fc1_bias ? "_b1" : "", l.router_probs ? "_p" : "",
                      desc.save_preact ? "_save" : "");
 }
@@ -51,6 +53,18 @@ void check_glu_layout(const ActivationSpec& activation, std::int64_t ffn) {
   }
 }
 
+// ClampedSwiGLU's limit and alpha are pasted into the kernel source as float literals.
+void check_clamp(const ActivationSpec& activation) {
+  if (activation.kind != Activation::clamped_swiglu) return;  // unused: canonical() drops them
+  if (!std::isfinite(activation.limit) || activation.limit <= 0) {
+    fail(fmt::format("clamped_swiglu's limit must be a finite number above 0, got {}",
+                     activation.limit));
+  }
+  if (!std::isfinite(activation.alpha)) {
+    fail(fmt::format("clamped_swiglu's alpha must be a finite number, got {}", activation.alpha));
+  }
+}
+
 }  // namespace
 
 void check_supported(const LayerSpec& layer) {
@@ -60,6 +74,7 @@ void check_supported(const LayerSpec& layer) {
   check_width("hidden", layer.hidden);
   check_width("ffn", layer.ffn);
   check_glu_layout(layer.activation, layer.ffn);
+  check_clamp(layer.activation);
   if (layer.split_dtype != DType::i32 && layer.split_dtype != DType::i64) {
     fail(fmt::format("split_sizes dtype must be int32 or int64, got {}",
                      dtype_name(layer.split_dtype)));
@@ -130,7 +145,7 @@ KernelSource emit_activation(const ActivationDesc& d) {
   families::KernelRequest request{
       .role = KernelRole::activation,
       .entry = fmt::format("gmjit_activation_f{}_{}{}{}", d.ffn, activation_name(d.activation.kind),
-                           d.activation.layout == GluLayout::interleaved32 ? "_i32" : "",
+                           canonical(d.activation).layout == GluLayout::interleaved32 ? "_i32" : "",
                            d.scale_by_probs ? "_p" : ""),
       .fields = detail::activation_fields(d.activation)};
   request.layer.ffn = d.ffn;

@@ -33,10 +33,11 @@ KernelSource fc2_dgrad(const GroupedMlpBackwardDesc& desc) {
   const LayerSpec& layer = desc.layer;
   return families::emit_kernel(request(
       KernelRole::fc2_dgrad, desc,
-      entry_name("fc2_dgrad", layer,
-                 fmt::format("_{}{}{}{}", activation_name(layer.activation.kind),
-                             layer.activation.layout == GluLayout::interleaved32 ? "_i32" : "",
-                             layer.fc2_bias ? "_b2" : "", layer.router_probs ? "_p" : "")),
+      entry_name(
+          "fc2_dgrad", layer,
+          fmt::format("_{}{}{}{}", activation_name(layer.activation.kind),
+                      canonical(layer.activation).layout == GluLayout::interleaved32 ? "_i32" : "",
+                      layer.fc2_bias ? "_b2" : "", layer.router_probs ? "_p" : "")),
       layer_fields(layer) + activation_fields(layer.activation) +
           fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n", layer.fc2_bias,
                       layer.router_probs)));

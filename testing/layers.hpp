@@ -15,11 +15,17 @@ inline LayerSpec small_layer() {
   return layer;
 }
 
+// The n-th fake (never dereferenced) data pointer: aligned, and 1 TiB from the next so that
+// no two fake tensors overlap (validation rejects outputs that share memory with inputs).
+inline void* fake_pointer(std::uintptr_t n) {
+  return reinterpret_cast<void*>(n << 40);
+}
+
 // Arguments whose pointers are aligned but fake: validation must reject bad calls before any
 // pointer is used.
 inline ForwardArgs fake_args(const LayerSpec& l, std::int64_t tokens, int device = 0) {
   const Device dev{Device::Kind::cuda, device};
-  auto fake = [](std::uintptr_t n) { return reinterpret_cast<void*>(n << 12); };
+  auto fake = fake_pointer;
   ForwardArgs a;
   a.x = make_tensor(fake(1), DType::bf16, {tokens, l.hidden}, dev);
   a.split_sizes = make_tensor(fake(2), l.split_dtype, {l.experts}, dev);
@@ -30,6 +36,19 @@ inline ForwardArgs fake_args(const LayerSpec& l, std::int64_t tokens, int device
   if (l.fc1_bias) a.b1 = make_tensor(fake(7), DType::bf16, {l.experts, l.fc1_out()}, dev);
   if (l.fc2_bias) a.b2 = make_tensor(fake(8), DType::bf16, {l.experts, l.hidden}, dev);
   return a;
+}
+
+// A backward's copies of the forward's inputs (x, split_sizes, weights, b2, probs, saved_preact).
+inline BackwardArgs backward_inputs(const ForwardArgs& forward) {
+  BackwardArgs args;
+  args.x = forward.x;
+  args.split_sizes = forward.split_sizes;
+  args.w1 = forward.w1;
+  args.w2 = forward.w2;
+  args.b2 = forward.b2;
+  args.probs = forward.probs;
+  args.saved_preact = forward.saved_preact;
+  return args;
 }
 
 }  // namespace gmjit::testing

@@ -4,6 +4,7 @@
 // kernel's family (engine/families/) binds the call's tensors to its parameter block: plain
 // pointers (portable kernels) or with TMA descriptors (Hopper kernels).
 #include <algorithm>
+#include <vector>
 
 #include "engine/api/engine_impl.hpp"
 #include "engine/api/validate.hpp"
@@ -17,10 +18,19 @@
 namespace gmjit {
 namespace {
 
-// With no tokens the gradients are zero: clear the overwritten outputs, launch nothing.
-void zero_gradients(const BackwardArgs& args, CUstream stream) {
+// The weight and bias gradients a backward without tokens overwrites with zeros.
+std::vector<const TensorRef*> gradients_to_zero(const BackwardArgs& args) {
+  std::vector<const TensorRef*> zeroed;
+  if (args.accumulate) return zeroed;  // adding zero changes nothing
   for (const TensorRef* t : {&args.dw1, &args.db1, &args.dw2, &args.db2}) {
-    if (!t->present() || args.accumulate) continue;
+    if (t->present() && t->numel() > 0) zeroed.push_back(t);
+  }
+  return zeroed;
+}
+
+// With no tokens the gradients are zero: clear the overwritten outputs, launch nothing.
+void zero_gradients(const std::vector<const TensorRef*>& zeroed, CUstream stream) {
+  for (const TensorRef* t : zeroed) {
     const auto ptr = reinterpret_cast<CUdeviceptr>(t->data);
     const auto count = static_cast<std::size_t>(t->numel());
     engine::check_driver(t->dtype == DType::bf16
@@ -76,6 +86,7 @@ struct BackwardWorkspace {
 
 std::size_t Engine::backward_workspace_bytes(const LayerSpec& spec, std::int64_t tokens,
                                              const Recipe& recipe) const {
+  engine::validate_workspace_query(spec, tokens);
   return BackwardWorkspace(spec, tokens, recipe.kind()).layout.total();
 }
 
@@ -86,10 +97,13 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
   const std::int64_t tokens = context.tokens;
   auto cu_stream = static_cast<CUstream>(stream);
   if (tokens == 0) {
-    // No tokens: no plan to build; only the weight and bias gradients have a value (zero).
+    // No tokens: no plan to build; only the weight and bias gradients have a value (zero), and
+    // without any to overwrite the call touches no device (as a forward without tokens).
+    const std::vector<const TensorRef*> zeroed = gradients_to_zero(args);
+    if (zeroed.empty()) return;
     engine::DeviceContext& device = engine::DeviceRegistry::instance().get(context.device.ordinal);
     engine::ScopedContext scope(device.context());
-    zero_gradients(args, cu_stream);
+    zero_gradients(zeroed, cu_stream);
     return;
   }
   // The transposed FP8 weights select the FP8 data gradients (validated: all four or none).

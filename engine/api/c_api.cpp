@@ -173,10 +173,23 @@ gmjit::TensorRef to_ref(const DLTensor* t, const char* name) {
         gmjit::Status::invalid_argument,
         fmt::format("argument '{}': expected at most 4 dimensions, got {}", name, t->ndim));
   }
-  // Only dense row-major tensors: strides NULL or equal to the contiguous strides.
+  if (t->ndim > 0 && t->shape == nullptr) {
+    throw gmjit::Error(
+        gmjit::Status::invalid_argument,
+        fmt::format("argument '{}': has {} dimensions but a null shape", name, t->ndim));
+  }
+  if (t->ndim == 0 && t->data == nullptr) {  // 0-d: one element, so a pointer is needed
+    throw gmjit::Error(
+        gmjit::Status::invalid_argument,
+        fmt::format("argument '{}': a 0-d tensor (one element) with a null data pointer", name));
+  }
+  // Only dense row-major tensors: strides NULL or equal to the contiguous strides. A tensor
+  // without elements is contiguous whatever its strides (as in DLPack and PyTorch).
+  bool empty = false;
+  for (int i = 0; i < t->ndim; ++i) empty = empty || t->shape[i] == 0;
   std::int64_t expected_stride = 1;
-  for (int i = t->ndim - 1; i >= 0; --i) {
-    if (t->strides != nullptr && t->shape[i] != 1 && t->strides[i] != expected_stride) {
+  for (int i = t->ndim - 1; i >= 0 && !empty && t->strides != nullptr; --i) {
+    if (t->shape[i] != 1 && t->strides[i] != expected_stride) {
       throw gmjit::Error(gmjit::Status::invalid_argument,
                          fmt::format("argument '{}': must be contiguous (row-major)", name));
     }
@@ -187,6 +200,11 @@ gmjit::TensorRef to_ref(const DLTensor* t, const char* name) {
   ref.ndim = t->ndim;
   for (int i = 0; i < t->ndim; ++i) ref.shape[i] = t->shape[i];
   if (t->device.device_type == kDLCUDA) {
+    if (t->device.device_id < 0) {
+      throw gmjit::Error(gmjit::Status::invalid_argument,
+                         fmt::format("argument '{}': CUDA device id must be 0 or more, got {}",
+                                     name, t->device.device_id));
+    }
     ref.device = {gmjit::Device::Kind::cuda, t->device.device_id};
   } else if (t->device.device_type == kDLCPU) {
     ref.device = {gmjit::Device::Kind::cpu, 0};
@@ -275,6 +293,14 @@ ForwardCall convert_forward(gmjit_engine* engine, const gmjit_layer* layer,
     throw gmjit::Error(gmjit::Status::invalid_argument,
                        "argument 'split_sizes' is required but was null");
   }
+  if (forward.split_sizes.dtype != gmjit::DType::i32 &&
+      forward.split_sizes.dtype != gmjit::DType::i64) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       fmt::format("argument 'split_sizes': expected dtype int32 or int64, got {}",
+                                   args->split_sizes->dtype.code == kDLUInt
+                                       ? "uint8"
+                                       : gmjit::dtype_name(forward.split_sizes.dtype)));
+  }
   gmjit::LayerSpec& spec = call.spec;
   spec.fc1_bias = forward.b1.present();
   spec.fc2_bias = forward.b2.present();
@@ -292,6 +318,7 @@ gmjit_status gmjit_engine_create(gmjit_engine** out) {
     if (out == nullptr) {
       throw gmjit::Error(gmjit::Status::invalid_argument, "argument 'out' must not be null");
     }
+    *out = nullptr;  // a failed call leaves nothing a caller could destroy by mistake
     *out = std::make_unique<gmjit_engine>().release();
   });
 }
@@ -330,6 +357,7 @@ gmjit_status gmjit_forward_train_ex(gmjit_engine* engine, const gmjit_layer* lay
     if (context == nullptr) {
       throw gmjit::Error(gmjit::Status::invalid_argument, "argument 'context' must not be null");
     }
+    *context = nullptr;  // a failed call leaves nothing a caller could destroy by mistake
     const gmjit::Recipe r = recipe_from_c(recipe);
     const ForwardCall call = convert_forward(engine, layer, args, r, fp8);
     auto made = std::make_unique<gmjit_forward_context>();

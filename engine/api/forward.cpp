@@ -47,6 +47,7 @@ struct ForwardWorkspace {
 
 std::size_t Engine::forward_workspace_bytes(const LayerSpec& spec, GradMode grad,
                                             std::int64_t tokens, const Recipe& recipe) const {
+  engine::validate_workspace_query(spec, tokens);
   return ForwardWorkspace(spec, grad, tokens, !impl_->options.fuse_ops && !recipe.is_fp8(),
                           recipe.kind())
       .layout.total();

@@ -63,6 +63,46 @@ void check_optional(const char* name, const TensorRef& t, DType dtype,
   if (t.present()) check_tensor(name, t, dtype, shape, device);
 }
 
+// The bytes [begin, end) of a present tensor with a validated shape.
+struct ByteRange {
+  std::uintptr_t begin = 0, end = 0;
+};
+
+ByteRange bytes_of(const TensorRef& t) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(t.data);
+  const auto elements = static_cast<std::uintptr_t>(t.numel());  // > 0 here
+  const std::uintptr_t room = (UINTPTR_MAX - begin) / dtype_size(t.dtype);
+  // A caller's workspace is not shape-checked: saturate rather than wrap.
+  return {begin, elements > room ? UINTPTR_MAX : begin + elements * dtype_size(t.dtype)};
+}
+
+struct NamedTensor {
+  const char* name;
+  const TensorRef* tensor;
+};
+
+// Kernels read inputs while other kernels (or tiles) write outputs, so an output may share no
+// byte with an input or another output; tensors without elements occupy no memory.
+void check_no_overlap(std::initializer_list<NamedTensor> outputs,
+                      std::initializer_list<NamedTensor> inputs) {
+  auto occupies = [](const NamedTensor& t) { return t.tensor->present() && t.tensor->numel() > 0; };
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    if (!occupies(*out)) continue;
+    const ByteRange a = bytes_of(*out->tensor);
+    auto check = [&](const NamedTensor& other) {
+      if (!occupies(other)) return;
+      const ByteRange b = bytes_of(*other.tensor);
+      if (a.begin < b.end && b.begin < a.end) {
+        fail(out->name, fmt::format("shares memory with '{}'; outputs must not overlap the "
+                                    "call's other tensors",
+                                    other.name));
+      }
+    };
+    for (const NamedTensor& in : inputs) check(in);
+    for (auto later = out + 1; later != outputs.end(); ++later) check(*later);
+  }
+}
+
 // One FP8 weight of `recipe`, [E, rows, cols] E4M3, with its fp32 scales: one per 128 x 128
 // block (fp8_block) or per expert matrix (fp8_tensor).
 void check_fp8_weight(const char* data_name, const TensorRef& data, const char* scales_name,
@@ -102,6 +142,22 @@ bool check_transposed_fp8_weights(const LayerSpec& layer, const Recipe& recipe, 
 
 }  // namespace
 
+void validate_token_count(const char* name, std::int64_t tokens, std::int64_t experts) {
+  if (tokens < 0) fail(name, fmt::format("has a negative token count ({})", tokens));
+  // Compared without rounding tokens up, which could overflow near INT64_MAX; experts is at
+  // most 4096 (check_supported), so the limit itself cannot.
+  const std::int64_t limit = (kMaxRowTiles - experts - 1) * kRowsPerTile;
+  if (tokens > limit) {
+    fail(name, fmt::format("{} tokens exceed the {} that one launch serves with {} experts", tokens,
+                           limit, experts));
+  }
+}
+
+void validate_workspace_query(const LayerSpec& layer, std::int64_t tokens) {
+  codegen::check_supported(layer);
+  validate_token_count("tokens", tokens, layer.experts);
+}
+
 Device validate_quantize_weights(const LayerSpec& layer, const Recipe& recipe,
                                  const QuantizeWeightsArgs& args) {
   if (!recipe.is_fp8()) fail("recipe", "is BF16, which has no quantized weights");
@@ -114,6 +170,15 @@ Device validate_quantize_weights(const LayerSpec& layer, const Recipe& recipe,
   check_fp8_weights(layer, recipe, args.w1_fp8, args.w1_scales, args.w2_fp8, args.w2_scales,
                     device);
   check_transposed_fp8_weights(layer, recipe, args, device);
+  check_no_overlap({{"w1_fp8", &args.w1_fp8},
+                    {"w1_scales", &args.w1_scales},
+                    {"w2_fp8", &args.w2_fp8},
+                    {"w2_scales", &args.w2_scales},
+                    {"w1t_fp8", &args.w1t_fp8},
+                    {"w1t_scales", &args.w1t_scales},
+                    {"w2t_fp8", &args.w2t_fp8},
+                    {"w2t_scales", &args.w2t_scales}},
+                   {{"w1", &args.w1}, {"w2", &args.w2}});
   return device;
 }
 
@@ -146,11 +211,7 @@ std::int64_t validate_forward(const LayerSpec& layer, const Recipe& recipe, Grad
   const std::int64_t E = layer.experts, H = layer.hidden, F1 = layer.fc1_out();
   const Device device = x.device;
 
-  if (tokens < 0) fail("x", "has a negative token count");
-  if ((tokens + kRowsPerTile - 1) / kRowsPerTile + E + 1 > kMaxRowTiles) {
-    fail("x", fmt::format("{} tokens exceed the {} that one launch serves with {} experts", tokens,
-                          (kMaxRowTiles - E - 1) * kRowsPerTile, E));
-  }
+  validate_token_count("x", tokens, E);
   check_tensor("x", x, DType::bf16, {tokens, H}, device);
   check_tensor("split_sizes", args.split_sizes, layer.split_dtype, {E}, device);
   check_weights(layer, recipe, args, device);
@@ -175,6 +236,19 @@ std::int64_t validate_forward(const LayerSpec& layer, const Recipe& recipe, Grad
   } else {
     check_absent("saved_preact", args.saved_preact, "grad mode");
   }
+  check_no_overlap(
+      {{"y", &args.y}, {"saved_preact", &args.saved_preact}, {"workspace", &args.workspace}},
+      {{"x", &x},
+       {"split_sizes", &args.split_sizes},
+       {"w1", &args.w1},
+       {"w2", &args.w2},
+       {"b1", &args.b1},
+       {"b2", &args.b2},
+       {"probs", &args.probs},
+       {"w1_fp8", &args.w1_fp8},
+       {"w1_scales", &args.w1_scales},
+       {"w2_fp8", &args.w2_fp8},
+       {"w2_scales", &args.w2_scales}});
   return tokens;
 }
 
@@ -191,6 +265,7 @@ GradientSet validate_backward(const ForwardContext& context, const Recipe& recip
   }
   const LayerSpec& layer = context.layer;
   codegen::check_supported(layer);
+  validate_token_count("context", context.tokens, layer.experts);
   const std::int64_t T = context.tokens, E = layer.experts, H = layer.hidden, F = layer.ffn;
   const std::int64_t F1 = layer.fc1_out();
   const Device device = context.device;
@@ -216,8 +291,12 @@ GradientSet validate_backward(const ForwardContext& context, const Recipe& recip
     check_absent("probs", args.probs, "router_probs");
     check_absent("dprobs", args.dprobs, "router_probs");
   }
-  if (layer.fc2_bias && layer.router_probs) {
+  if (!layer.fc2_bias) {
+    check_absent("b2", args.b2, "fc2_bias");
+  } else if (layer.router_probs) {
     check_tensor("b2", args.b2, DType::bf16, {E, H}, device);  // dprobs needs ⟨dy, b2⟩
+  } else {
+    check_optional("b2", args.b2, DType::bf16, {E, H}, device);  // not read without probs
   }
   if (!layer.fc1_bias) check_absent("db1", args.db1, "fc1_bias");
   if (!layer.fc2_bias) check_absent("db2", args.db2, "fc2_bias");
@@ -235,6 +314,25 @@ GradientSet validate_backward(const ForwardContext& context, const Recipe& recip
   check_optional("dw2", args.dw2, weight_grad_dtype, {E, H, F}, device);
   check_optional("db2", args.db2, DType::f32, {E, H}, device);
   check_optional("dprobs", args.dprobs, DType::f32, {T}, device);
+  check_no_overlap({{"dx", &args.dx},
+                    {"dw1", &args.dw1},
+                    {"db1", &args.db1},
+                    {"dw2", &args.dw2},
+                    {"db2", &args.db2},
+                    {"dprobs", &args.dprobs},
+                    {"workspace", &args.workspace}},
+                   {{"dy", &args.dy},
+                    {"x", &args.x},
+                    {"split_sizes", &args.split_sizes},
+                    {"w1", &args.w1},
+                    {"w2", &args.w2},
+                    {"b2", &args.b2},
+                    {"probs", &args.probs},
+                    {"saved_preact", &args.saved_preact},
+                    {"w1t_fp8", &args.w1t_fp8},
+                    {"w1t_scales", &args.w1t_scales},
+                    {"w2t_fp8", &args.w2t_fp8},
+                    {"w2t_scales", &args.w2t_scales}});
   return GradientSet{args.dx.present(),  args.dw1.present(), args.db1.present(),
                      args.dw2.present(), args.db2.present(), bf16_weight_grads};
 }

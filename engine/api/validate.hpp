@@ -6,8 +6,16 @@
 
 namespace gmjit::engine {
 
+// Checks that `tokens` (the argument `name`) is a count one launch of a layer with `experts`
+// experts serves: 0 <= tokens, and its 128-row tiles plus the experts' boundary tiles fit a grid.
+void validate_token_count(const char* name, std::int64_t tokens, std::int64_t experts);
+
+// The workspace-size queries: a supported layer and a valid token count.
+void validate_workspace_query(const LayerSpec& layer, std::int64_t tokens);
+
 // Returns the token count T. Checks every tensor's presence, dtype, shape, device (all on
-// args.x's CUDA device) and 16-byte alignment.
+// args.x's CUDA device) and 16-byte alignment, and that no output (y, saved_preact) shares
+// memory with another tensor of the call.
 std::int64_t validate_forward(const LayerSpec& layer, const Recipe& recipe, GradMode grad,
                               const ForwardArgs& args);
 
@@ -19,7 +27,8 @@ Device validate_quantize_weights(const LayerSpec& layer, const Recipe& recipe,
 // Checks that `context` comes from a grad-enabled forward with this recipe and that every
 // tensor matches the forward's layer, token count and device. Returns the gradients asked for
 // (the optional outputs that are present). With an FP8 recipe, the transposed FP8 weights are
-// checked when given (all four), and w1 / w2 are then optional.
+// checked when given (all four), and w1 / w2 are then optional. No gradient output may share
+// memory with an input or with another output.
 GradientSet validate_backward(const ForwardContext& context, const Recipe& recipe,
                               const BackwardArgs& args);
 

@@ -20,6 +20,8 @@ enum class GradMode : std::uint8_t { no_grad, grad };
 // device data), so they may be captured on any stream.
 using StreamHandle = void*;
 
+// Outputs (y, saved_preact, the workspace; a backward's gradients) must not share memory with
+// any other tensor of the call: such a call is rejected by name.
 struct ForwardArgs {
   TensorRef x;             // [T, H] bf16
   TensorRef split_sizes;   // [E] int32/int64 on the same device

@@ -78,6 +78,18 @@ inline bool is_glu(Activation activation) noexcept {
          activation == Activation::clamped_swiglu;
 }
 
+// The spec as its kind reads it: the GLU layout only for GLU activations, limit and alpha only
+// for ClampedSwiGLU (others get the defaults). Equal activations then emit equal code and share
+// compiled kernels, whatever a caller left in the fields its activation does not use.
+inline ActivationSpec canonical(ActivationSpec spec) noexcept {
+  if (!is_glu(spec.kind)) spec.layout = GluLayout::halves;
+  if (spec.kind != Activation::clamped_swiglu) {
+    spec.limit = ActivationSpec{}.limit;
+    spec.alpha = ActivationSpec{}.alpha;
+  }
+  return spec;
+}
+
 // Grouped linear -> activation -> grouped linear over `experts` experts.
 struct LayerSpec {
   std::int64_t experts = 8;
@@ -131,9 +143,10 @@ struct TensorRef {
   std::array<std::int64_t, 4> shape{};
   Device device{};
 
-  // Given by the caller: a data pointer, or a shape with a zero extent (a tensor without
-  // elements may have a null pointer, as PyTorch hands empty tensors over DLPack).
-  bool present() const noexcept { return data != nullptr || (ndim > 0 && numel() == 0); }
+  // Given by the caller: a data pointer or a shape. A tensor without elements may have a null
+  // pointer (PyTorch hands empty tensors over DLPack so); one with elements and a null pointer
+  // is present, and rejected by name, never taken for an absent optional tensor.
+  bool present() const noexcept { return data != nullptr || ndim > 0; }
   std::int64_t numel() const noexcept;
 };
 

@@ -1,6 +1,7 @@
 // The backward checks its context and tensors before anything is launched.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <utility>
 
 #include "engine/api/validate.hpp"
@@ -10,6 +11,7 @@ namespace gmjit::engine {
 namespace {
 
 using gmjit::testing::fake_args;
+using gmjit::testing::fake_pointer;
 using gmjit::testing::small_layer;
 
 struct Fixture {
@@ -20,17 +22,12 @@ struct Fixture {
 
   Fixture() {
     const Device dev{Device::Kind::cuda, 0};
-    auto fake = [](std::uintptr_t n) { return reinterpret_cast<void*>(n << 16); };
+    auto fake = fake_pointer;
     forward.saved_preact = make_tensor(fake(9), DType::bf16, {100, layer.fc1_out()}, dev);
     context = {layer, GradMode::grad,           Recipe::bf16().options_key(), 100,
                dev,   forward.saved_preact.data};
+    args = testing::backward_inputs(forward);
     args.dy = make_tensor(fake(10), DType::bf16, {100, layer.hidden}, dev);
-    args.x = forward.x;
-    args.split_sizes = forward.split_sizes;
-    args.w1 = forward.w1;
-    args.w2 = forward.w2;
-    args.probs = forward.probs;
-    args.saved_preact = forward.saved_preact;
     args.dw1 = make_tensor(fake(11), DType::f32, {4, layer.fc1_out(), layer.hidden}, dev);
     args.dw2 = make_tensor(fake(12), DType::f32, {4, layer.hidden, layer.ffn}, dev);
   }
@@ -118,7 +115,7 @@ struct Fp8Fixture : Fixture {
 
   Fp8Fixture() {
     const Device dev{Device::Kind::cuda, 0};
-    auto fake = [](std::uintptr_t n) { return reinterpret_cast<void*>(n << 16); };
+    auto fake = fake_pointer;
     const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
     context.options_key = recipe.options_key();
     args.w1 = {};
@@ -158,6 +155,50 @@ TEST(BackwardValidation, ABf16RecipeTakesNoTransposedFp8Weights) {
   f.recipe = Recipe::bf16();
   f.context.options_key = f.recipe.options_key();
   expect_rejected(f, "BF16", f.recipe);
+}
+
+TEST(BackwardValidation, AHandMadeContextWithMoreTokensThanOneLaunchServesIsRejected) {
+  Fixture f;
+  for (std::int64_t tokens : {std::numeric_limits<std::int64_t>::max(), std::int64_t{1} << 40}) {
+    f.context.tokens = tokens;
+    expect_rejected(f, "'context'");
+  }
+}
+
+TEST(BackwardValidation, AB2TheLayerDoesNotHaveIsRejected) {
+  Fixture f;
+  f.args.b2 = make_tensor(fake_pointer(13), DType::f32, {4, f.layer.hidden}, f.context.device);
+  expect_rejected(f, "'b2'");
+}
+
+TEST(BackwardValidation, ANullPointerWithElementsIsRejectedNotTakenForAGradientNotAskedFor) {
+  Fixture f;
+  f.args.dx = make_tensor(nullptr, DType::bf16, {100, f.layer.hidden}, f.context.device);
+  expect_rejected(f, "'dx'");
+}
+
+TEST(BackwardValidation, GradientsMayShareMemoryWithNoInputAndNoOtherGradient) {
+  const Device dev{Device::Kind::cuda, 0};
+  {
+    Fixture f;  // zeroing dprobs first would destroy the probs FC2 dgrad reads
+    f.args.dprobs = f.args.probs;
+    expect_rejected(f, "'dprobs': shares memory with 'probs'");
+  }
+  {
+    Fixture f;
+    f.args.dx = f.args.dy;
+    expect_rejected(f, "'dx': shares memory with 'dy'");
+  }
+  {
+    Fixture f;  // dW2 starting inside dW1
+    f.args.dw2.data = static_cast<char*>(f.args.dw1.data) + 1024;
+    expect_rejected(f, "'dw1': shares memory with 'dw2'");
+  }
+  {
+    Fixture f;
+    f.args.workspace = make_tensor(f.args.saved_preact.data, DType::bf16, {64}, dev);
+    expect_rejected(f, "'workspace': shares memory with 'saved_preact'");
+  }
 }
 
 }  // namespace

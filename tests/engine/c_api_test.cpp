@@ -4,6 +4,7 @@
 #include <string>
 
 #include "gmjit/gmjit.h"
+#include "testing/layers.hpp"
 
 namespace {
 
@@ -17,7 +18,7 @@ struct Tensors {
   Tensors() {
     const DLDevice dev{kDLCUDA, 0};
     const DLDataType bf16{kDLBfloat, 16, 1}, i64{kDLInt, 64, 1};
-    auto fake = [](std::uintptr_t n) { return reinterpret_cast<void*>(n << 12); };
+    auto fake = gmjit::testing::fake_pointer;
     x = DLTensor{fake(1), dev, 2, bf16, x_shape, nullptr, 0};
     split = DLTensor{fake(2), dev, 1, i64, split_shape, nullptr, 0};
     w1 = DLTensor{fake(3), dev, 3, bf16, w1_shape, nullptr, 0};
@@ -133,7 +134,7 @@ struct Fp8Tensors {
   explicit Fp8Tensors(DLDataType e4m3 = DLDataType{kDLUInt, 8, 1}) {
     const DLDevice dev{kDLCUDA, 0};
     const DLDataType f32{kDLFloat, 32, 1};
-    auto fake = [](std::uintptr_t n) { return reinterpret_cast<void*>(n << 12); };
+    auto fake = gmjit::testing::fake_pointer;
     w1 = DLTensor{fake(11), dev, 3, e4m3, w1_shape, nullptr, 0};
     w1_scales = DLTensor{fake(12), dev, 3, f32, w1_scales_shape, nullptr, 0};
     w2 = DLTensor{fake(13), dev, 3, e4m3, w2_shape, nullptr, 0};
@@ -301,6 +302,73 @@ TEST_F(CApi, QuantizeWeightsExChecksTheTransposedOutputs) {
 TEST_F(CApi, BackwardExChecksItsArguments) {
   EXPECT_EQ(gmjit_backward_ex(engine_, nullptr, nullptr, nullptr, nullptr), GMJIT_INVALID_ARGUMENT);
   EXPECT_TRUE(last_error_names("'context'")) << gmjit_last_error();
+}
+
+TEST_F(CApi, AnOptionalTensorWithElementsButANullPointerIsRejectedNotIgnored) {
+  Tensors t;
+  std::int64_t probs_shape[1] = {16};
+  const DLTensor probs{
+      nullptr, DLDevice{kDLCUDA, 0}, 1, DLDataType{kDLFloat, 32, 1}, probs_shape, nullptr, 0};
+  gmjit_forward_args args = t.args();
+  args.probs = &probs;  // taken as "no probs", y would be computed without the router weights
+  const gmjit_layer layer = small_layer();
+  EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(gmjit_last_error()).find("'probs'"), std::string::npos)
+      << gmjit_last_error();
+}
+
+TEST_F(CApi, ATensorWithDimensionsButNoShapeIsRejectedNotRead) {
+  Tensors t;
+  t.x.shape = nullptr;
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(gmjit_last_error()).find("'x'"), std::string::npos) << gmjit_last_error();
+  EXPECT_NE(std::string(gmjit_last_error()).find("null shape"), std::string::npos);
+}
+
+TEST_F(CApi, ATensorWithoutElementsIsContiguousWhateverItsStrides) {
+  Tensors t;
+  t.x_shape[0] = 0;  // x and y: [0, 256], as DLPack may export an empty slice
+  std::int64_t strides[2] = {1, 1};
+  t.x.strides = strides;
+  t.y.strides = strides;
+  t.x.data = nullptr;
+  t.y.data = nullptr;
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_OK) << gmjit_last_error();
+}
+
+TEST_F(CApi, ANegativeCudaDeviceIdIsInvalidArgumentNamingTheTensor) {
+  Tensors t;
+  t.w1.device.device_id = -1;
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(gmjit_last_error()).find("'w1'"), std::string::npos) << gmjit_last_error();
+}
+
+TEST_F(CApi, SplitSizesOfAnotherIntegerTypeAreRejectedByName) {
+  Tensors t;
+  t.split.dtype = DLDataType{kDLUInt, 8, 1};
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_INVALID_ARGUMENT);
+  const std::string error = gmjit_last_error();
+  EXPECT_NE(error.find("argument 'split_sizes'"), std::string::npos) << error;
+  EXPECT_NE(error.find("uint8"), std::string::npos) << error;
+}
+
+TEST_F(CApi, AFailedCallLeavesNullWhereItWouldHaveWrittenAHandle) {
+  Tensors t;
+  t.w2_shape[2] = 64;
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  auto* context = reinterpret_cast<gmjit_forward_context*>(std::uintptr_t{0x1234});
+  EXPECT_EQ(gmjit_forward_train(engine_, &layer, &args, nullptr, &context), GMJIT_INVALID_ARGUMENT);
+  EXPECT_EQ(context, nullptr);  // destroying it is then harmless
+  gmjit_forward_context_destroy(context);
 }
 
 TEST(CApiStatus, HasReadableNames) {

@@ -1,7 +1,9 @@
 // Bad input is rejected before anything is launched, naming the argument.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
+#include <limits>
 
 #include "codegen/grouped_mlp.hpp"
 #include "engine/api/validate.hpp"
@@ -68,6 +70,55 @@ TEST(ForwardValidation, RejectsEachBadArgumentByName) {
   }
 }
 
+TEST(ForwardValidation, RejectsTokenCountsPastOneLaunchEvenNearInt64Max) {
+  const LayerSpec layer = small_layer();
+  for (std::int64_t tokens :
+       {std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::max() - 100,
+        std::int64_t{1} << 40, (65535 - layer.experts - 1) * 128 + 1}) {
+    SCOPED_TRACE(tokens);
+    expect_rejected(layer, fake_args(layer, tokens), "tokens exceed");
+  }
+  const std::int64_t most = (65535 - layer.experts - 1) * 128;
+  EXPECT_EQ(validate_forward(layer, Recipe::bf16(), GradMode::no_grad, fake_args(layer, most)),
+            most);
+}
+
+TEST(ForwardValidation, ANullPointerWithElementsIsRejectedNotTakenForAnAbsentTensor) {
+  LayerSpec layer = small_layer();
+  layer.router_probs = false;
+  ForwardArgs args = fake_args(layer, 100);
+  // Not silently ignored as "no probs": the call would compute something else than asked.
+  args.probs = make_tensor(nullptr, DType::f32, {100}, Device{Device::Kind::cuda, 0});
+  expect_rejected(layer, args, "'probs'");
+}
+
+TEST(ForwardValidation, RejectsOutputsThatShareMemoryWithOtherTensors) {
+  const LayerSpec layer = small_layer();
+  const std::vector<Mutation> mutations = {
+      {"y is x", [](ForwardArgs& a) { a.y.data = a.x.data; }, "'y': shares memory with 'x'"},
+      {"y inside w2", [](ForwardArgs& a) { a.y.data = static_cast<char*>(a.w2.data) + 4096; },
+       "'y': shares memory with 'w2'"},
+      {"probs inside y", [](ForwardArgs& a) { a.probs.data = static_cast<char*>(a.y.data) + 64; },
+       "'y': shares memory with 'probs'"},
+      {"workspace over y",
+       [](ForwardArgs& a) {
+         a.workspace =
+             make_tensor(static_cast<char*>(a.y.data) - 256, DType::f32, {1024}, a.y.device);
+       },
+       "'y': shares memory with"},
+  };
+  for (const auto& m : mutations) {
+    SCOPED_TRACE(m.name);
+    ForwardArgs args = fake_args(layer, 100);
+    m.mutate(args);
+    expect_rejected(layer, args, m.needle);
+  }
+  // Touching is not sharing: y may start where x ends.
+  ForwardArgs args = fake_args(layer, 100);
+  args.y.data = static_cast<char*>(args.x.data) + 100 * layer.hidden * 2;
+  EXPECT_EQ(validate_forward(layer, Recipe::bf16(), GradMode::no_grad, args), 100);
+}
+
 TEST(ForwardValidation, GradModeRequiresTheSavedPreactivation) {
   const LayerSpec layer = small_layer();
   expect_rejected(layer, fake_args(layer, 10), "'saved_preact'", GradMode::grad);
@@ -118,6 +169,68 @@ TEST(LayerValidation, RejectsInterleaved32GluWithFfnNotAMultipleOf32) {
   layer.activation.kind = Activation::relu;  // no GLU: the layout does not apply
   layer.ffn = 72;
   EXPECT_NO_THROW(codegen::check_supported(layer));
+}
+
+TEST(LayerValidation, ClampedSwigluNeedsAFiniteLimitAboveZeroAndAFiniteAlpha) {
+  LayerSpec layer = small_layer();
+  layer.activation.kind = Activation::clamped_swiglu;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float limit : {inf, -inf, std::nanf(""), 0.0f, -7.0f}) {
+    SCOPED_TRACE(limit);
+    layer.activation.limit = limit;
+    expect_layer_rejected(layer, {"clamped_swiglu", "limit"});
+  }
+  layer.activation.limit = 7.0f;
+  layer.activation.alpha = std::nanf("");
+  expect_layer_rejected(layer, {"clamped_swiglu", "alpha"});
+  layer.activation.alpha = -1.5f;
+  EXPECT_NO_THROW(codegen::check_supported(layer));
+}
+
+TEST(LayerValidation, FieldsAnActivationDoesNotReadChangeNeitherTheCheckNorTheGeneratedCode) {
+  for (Activation kind : {Activation::swiglu, Activation::relu}) {
+    SCOPED_TRACE(activation_name(kind));
+    LayerSpec plain = small_layer();
+    plain.activation.kind = kind;
+    LayerSpec odd = plain;
+    odd.activation.limit = std::nanf("");
+    odd.activation.alpha = std::numeric_limits<float>::infinity();
+    if (kind == Activation::relu) odd.activation.layout = GluLayout::interleaved32;
+    EXPECT_NO_THROW(codegen::check_supported(odd));
+    for (const char* arch : {"sm_80", "sm_90a"}) {
+      const auto a = codegen::emit_grouped_mlp_forward({.layer = plain, .arch = arch});
+      const auto b = codegen::emit_grouped_mlp_forward({.layer = odd, .arch = arch});
+      ASSERT_EQ(a.size(), b.size());
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        EXPECT_EQ(a[i].entry, b[i].entry);
+        EXPECT_EQ(a[i].source, b[i].source) << arch << " kernel " << i;
+      }
+    }
+  }
+}
+
+TEST(WorkspaceQueries, RejectNegativeOrHugeTokenCountsAndUnsupportedLayers) {
+  const LayerSpec layer = small_layer();
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  auto expect_invalid = [](auto&& query, const char* needle) {
+    try {
+      query();
+      FAIL() << "expected a rejection mentioning " << needle;
+    } catch (const Error& error) {
+      EXPECT_EQ(error.status(), Status::invalid_argument);
+      EXPECT_NE(std::string(error.what()).find(needle), std::string::npos) << error.what();
+    }
+  };
+  for (std::int64_t tokens : {std::int64_t{-1}, std::numeric_limits<std::int64_t>::max()}) {
+    SCOPED_TRACE(tokens);
+    expect_invalid([&] { engine.forward_workspace_bytes(layer, GradMode::grad, tokens); },
+                   "'tokens'");
+    expect_invalid([&] { engine.backward_workspace_bytes(layer, tokens); }, "'tokens'");
+  }
+  LayerSpec bad = layer;
+  bad.ffn = -8;
+  expect_invalid([&] { engine.forward_workspace_bytes(bad, GradMode::no_grad, 16); }, "ffn");
+  expect_invalid([&] { engine.backward_workspace_bytes(bad, 16); }, "ffn");
 }
 
 }  // namespace

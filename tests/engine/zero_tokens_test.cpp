@@ -67,7 +67,7 @@ TEST(ZeroTokens, CApiForwardAndForwardTrainAcceptNullEmptyTensors) {
                w2_shape[3] = {4, 256, 128}, probs_shape[1] = {0}, preact_shape[2] = {0, 256};
   const DLDevice dev{kDLCUDA, 0};
   const DLDataType bf16{kDLBfloat, 16, 1}, i64{kDLInt, 64, 1}, f32{kDLFloat, 32, 1};
-  auto fake = [](std::uintptr_t n) { return reinterpret_cast<void*>(n << 12); };
+  auto fake = gmjit::testing::fake_pointer;
   DLTensor x{nullptr, dev, 2, bf16, x_shape, nullptr, 0};
   DLTensor split{fake(2), dev, 1, i64, split_shape, nullptr, 0};
   DLTensor w1{fake(3), dev, 3, bf16, w1_shape, nullptr, 0};
@@ -95,10 +95,32 @@ TEST(ZeroTokens, CApiForwardAndForwardTrainAcceptNullEmptyTensors) {
 namespace gmjit::testing {
 namespace {
 
+TEST(ZeroTokens, ABackwardThatOverwritesNothingNeedsNoDevice) {
+  // Like a forward without tokens, which succeeds on a machine without a driver: with no
+  // weight gradient to zero (none asked, or accumulating), there is nothing to launch.
+  const LayerSpec layer = small_layer();
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  const ForwardArgs forward = empty_null_args(layer, GradMode::grad);
+  const ForwardContext context = engine.forward(layer, Recipe::bf16(), forward, GradMode::grad);
+  const Device dev{Device::Kind::cuda, 0};
+  BackwardArgs args = backward_inputs(forward);
+  args.dy = make_tensor(nullptr, DType::bf16, {0, layer.hidden}, dev);
+  args.dx = make_tensor(nullptr, DType::bf16, {0, layer.hidden}, dev);
+  args.dprobs = make_tensor(nullptr, DType::f32, {0}, dev);
+  EXPECT_NO_THROW(engine.backward(context, Recipe::bf16(), args));
+  args.dw1 = make_tensor(fake_pointer(11), DType::f32, {4, layer.fc1_out(), layer.hidden}, dev);
+  args.dw2 = make_tensor(fake_pointer(12), DType::f32, {4, layer.hidden, layer.ffn}, dev);
+  args.accumulate = true;
+  EXPECT_NO_THROW(engine.backward(context, Recipe::bf16(), args));
+  EXPECT_EQ(engine.counters().plans_built, 0u);
+}
+
 TEST(TensorShapes, NegativeExtentsAndHugeProductsNeverOverflowNumel) {
   const Device dev{Device::Kind::cuda, 0};
   EXPECT_EQ(make_tensor(nullptr, DType::bf16, {4, -1}, dev).numel(), -1);
-  EXPECT_FALSE(make_tensor(nullptr, DType::bf16, {-1}, dev).present());
+  // Described, so present: validation then rejects the extent by name.
+  EXPECT_TRUE(make_tensor(nullptr, DType::bf16, {-1}, dev).present());
+  EXPECT_FALSE(TensorRef{}.present());
   const std::int64_t big = std::int64_t{1} << 40;
   EXPECT_EQ(make_tensor(nullptr, DType::bf16, {big, big, big}, dev).numel(),
             std::numeric_limits<std::int64_t>::max());
