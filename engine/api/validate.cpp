@@ -254,11 +254,12 @@ std::int64_t validate_forward(const LayerSpec& layer, const Recipe& recipe, Grad
 
 GradientSet validate_backward(const ForwardContext& context, const Recipe& recipe,
                               const BackwardArgs& args) {
-  if (context.tokens < 0) fail("context", "was not produced by Engine::forward");
+  if (context.tokens < 0)
+    fail("context", "was not produced by a forward (Engine::forward, gmjit_forward_train)");
   if (context.grad != GradMode::grad) {
     fail("context",
          "comes from a no-grad forward, which saves nothing for a backward; run the "
-         "forward with GradMode::grad");
+         "forward in grad mode (GradMode::grad; gmjit_forward_train)");
   }
   if (context.options_key != recipe.options_key()) {
     fail("recipe", "differs from the recipe of the forward (its options_key)");
