@@ -101,8 +101,8 @@ void add_cache_options(CLI::App& command, CacheCommand& o) {
 
 int run_cache(const CacheCommand& o) {
   cache::DiskCacheConfig config = cache::DiskCacheConfig::from_environment();
-  config.warn = [](std::string_view line) {
-    std::fprintf(stderr, "gmjit: cache: %.*s\n", static_cast<int>(line.size()), line.data());
+  config.warn = [](std::string_view line) {  // lines start with "gmjit cache:" already
+    std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
   };
   if (config.disabled) {
     std::fprintf(stderr, "gmjit: the cache is disabled (GMJIT_CACHE_DISABLE or no HOME)\n");
