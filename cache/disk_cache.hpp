@@ -142,6 +142,7 @@ class DiskCache {
   bool store(const Key128& key, const EntryLabels& labels, std::span<const std::byte> payload);
 
   bool enabled() const { return !config_.disabled; }
+  bool read_only() const { return config_.read_only; }
   bool writable() const;
   const std::filesystem::path& directory() const { return directory_; }
 
@@ -156,8 +157,8 @@ class DiskCache {
   std::uint64_t clear();  // entries removed
   // Removes least-recently-used entries until the total is at most max_bytes, and entries not
   // used for older_than_seconds (when given; saturating, so a huge value removes nothing by age).
-  // Returns entries removed. Also removes temp files
-  // left by crashed writers. Disabled or read-only caches are not modified.
+  // Returns entries removed. Also removes temp files left by crashed writers. Disabled or
+  // read-only caches are not modified (read_only() tells the caller why nothing was removed).
   std::uint64_t prune(std::uint64_t max_bytes, std::optional<std::int64_t> older_than_seconds);
 
   DiskCacheCounters counters() const;

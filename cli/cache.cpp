@@ -114,6 +114,12 @@ int run_cache(const CacheCommand& o) {
     throw Error(Status::invalid_argument,
                 fmt::format("cache {}: expected a bundle FILE argument", o.action));
   }
+  if ((o.action == "clear" || o.action == "prune") && disk.read_only()) {
+    throw Error(Status::invalid_argument,
+                fmt::format("cache {}: the cache in {} is read-only (GMJIT_CACHE_READONLY is "
+                            "set); nothing was removed. Unset it to modify the cache",
+                            o.action, disk.directory().string()));
+  }
   if (o.action == "stats") {
     // The local layer's fields at the top level (as before layers existed), the shared layers
     // in lookup order under "shared_layers".
