@@ -104,11 +104,14 @@ int run_cache(const CacheCommand& o) {
   config.warn = [](std::string_view line) {  // lines start with "gmjit cache:" already
     std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
   };
-  if (config.disabled) {
-    std::fprintf(stderr, "gmjit: the cache is disabled (GMJIT_CACHE_DISABLE or no HOME)\n");
+  // Constructed first: it reports the environment's problems (a relative GMJIT_CACHE_DIR...).
+  cache::DiskCache disk(config);
+  if (!disk.enabled()) {
+    std::fprintf(stderr,
+                 "gmjit: the cache is disabled (GMJIT_CACHE_DISABLE, no HOME, or a warning "
+                 "above)\n");
     return 1;
   }
-  cache::DiskCache disk(config);
   nlohmann::json out;
   if ((o.action == "export" || o.action == "import") && o.file.empty()) {
     throw Error(Status::invalid_argument,

@@ -232,6 +232,37 @@ TEST(Environment, DirectoryPrecedenceIsCacheDirThenXdgThenHome) {
   EXPECT_TRUE(config.environment_warnings.empty());
 }
 
+TEST(Environment, CacheDirStartingWithATildeIsUnderHome) {
+  EXPECT_EQ(ConfigFrom({{"GMJIT_CACHE_DIR", "~/gm"}, {"HOME", "/h"}}).root, "/h/gm");
+  EXPECT_EQ(ConfigFrom({{"GMJIT_CACHE_DIR", "~"}, {"HOME", "/h"}}).root, "/h");
+  const DiskCacheConfig config = ConfigFrom({{"GMJIT_CACHE_DIR", "~/gm"}, {"HOME", "/h"}});
+  EXPECT_FALSE(config.disabled);
+  EXPECT_TRUE(config.environment_warnings.empty());
+}
+
+TEST(Environment, RelativeCacheDirDisablesTheDiskCacheWithAWarningNamingIt) {
+  const std::vector<std::map<std::string, std::string>> cases = {
+      {{"GMJIT_CACHE_DIR", "gm"}, {"HOME", "/h"}},
+      {{"GMJIT_CACHE_DIR", "./gm"}, {"HOME", "/h"}},
+      {{"GMJIT_CACHE_DIR", "~/gm"}},                     // no HOME to expand it with
+      {{"GMJIT_CACHE_DIR", "~/gm"}, {"HOME", "h"}},      // nor a relative one
+      {{"GMJIT_CACHE_DIR", "~bob/gm"}, {"HOME", "/h"}},  // another user's home: not expanded
+  };
+  for (const auto& env : cases) {
+    const std::string value = env.at("GMJIT_CACHE_DIR");
+    const DiskCacheConfig config = ConfigFrom(env);
+    EXPECT_TRUE(config.disabled) << value;
+    EXPECT_TRUE(config.root.empty()) << value << " gave " << config.root;
+    ASSERT_EQ(config.environment_warnings.size(), 1u) << value;
+    EXPECT_NE(config.environment_warnings[0].find("GMJIT_CACHE_DIR='" + value + "'"),
+              std::string::npos)
+        << config.environment_warnings[0];
+  }
+  EXPECT_TRUE(ConfigFrom({{"GMJIT_CACHE_DIR", "gm"}, {"GMJIT_CACHE_DISABLE", "1"}})
+                  .environment_warnings.empty())
+      << "no warning when the user disabled the cache";
+}
+
 TEST(Environment, MaxSizeAcceptsBytesAndBinarySuffixes) {
   EXPECT_EQ(ConfigFrom({{"HOME", "/c"}, {"GMJIT_CACHE_MAXSIZE", "512M"}}).max_bytes, 512ull << 20);
   EXPECT_EQ(ConfigFrom({{"HOME", "/c"}, {"GMJIT_CACHE_MAXSIZE", "4G"}}).max_bytes, 4ull << 30);

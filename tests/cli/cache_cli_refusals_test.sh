@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `gmjit cache` when it cannot do what it was asked, without compiling anything: a read-only cache
-# refuses clear and prune, and warnings carry the "gmjit cache:" prefix once.
+# refuses clear and prune, a relative GMJIT_CACHE_DIR creates nothing, and warnings carry the
+# "gmjit cache:" prefix once.
 set -euo pipefail
 gmjit="$1"
 work="$(mktemp -d)"
@@ -27,6 +28,16 @@ for action in clear prune; do
   grep -q "read-only (GMJIT_CACHE_READONLY" "$work/err" || fail "$action: $(cat "$work/err")"
 done
 [ -n "$(find "$work/ro" -name '*.gmk')" ] || fail "a read-only cache lost its entry"
+
+# A relative GMJIT_CACHE_DIR (a '~' the shell did not expand) is refused, not made here.
+(cd "$work" && GMJIT_CACHE_DIR='gm' "$gmjit" cache stats >"$work/out" 2>"$work/err") &&
+  fail "a relative GMJIT_CACHE_DIR was used"
+grep -q "GMJIT_CACHE_DIR='gm' is not an absolute path" "$work/err" || fail "$(cat "$work/err")"
+[ ! -e "$work/gm" ] || fail "a relative GMJIT_CACHE_DIR created $work/gm"
+(cd "$work" && HOME="$work/home" GMJIT_CACHE_DIR='~/gm' "$gmjit" cache stats >"$work/out") ||
+  fail "GMJIT_CACHE_DIR='~/gm': $(cat "$work/out")"
+grep -q "local layer: $work/home/gm/v1" "$work/out" || fail "'~/gm': $(cat "$work/out")"
+[ ! -e "$work/~" ] || fail "GMJIT_CACHE_DIR='~/gm' created a folder named '~'"
 
 # One prefix per warning line.
 GMJIT_CACHE_DIR="$work/c2" GMJIT_CACHE_MAXSIZE=lots "$gmjit" cache stats >/dev/null 2>"$work/err"
