@@ -30,6 +30,9 @@ constexpr std::uint64_t kRescanEveryStores = 64;
 // Evicting to below the limit leaves room for many stores before the next eviction.
 constexpr double kEvictTargetFraction = 0.9;
 constexpr std::uint64_t kMaxEntryBytes = 1ull << 30;  // sanity bound on what load() reads
+// try_store's results besides 0 and errno values (which are positive).
+constexpr int kUntrusted = -1;     // a directory is not trusted (warned once)
+constexpr int kTempVanished = -2;  // ENOENT while publishing: the temp file was removed
 
 }  // namespace
 
@@ -343,39 +346,46 @@ bool DiskCache::store(const Key128& key, const EntryLabels& labels,
     return false;
   }
   try {
-    // Each level is checked, through its open handle, before anything is created inside it.
-    int error = 0;
-    const auto dir = open_directory(/*create=*/true, &error);
-    if (!dir) {
-      if (error != 0) return fail_store(error);
+    int error = try_store(key, labels, payload);
+    // The temp file (or its folder) went away before the rename: another process removed it as
+    // stale, or the cache was rm -rf'ed. The directory is writable, so try once more, and if
+    // that races too, skip this store without turning writes off.
+    if (error == kTempVanished) error = try_store(key, labels, payload);
+    if (error == kTempVanished || error == kUntrusted) {
       ++state_->store_failures;  // untrusted: warned once; never write there
       return false;
     }
-    const fs::UniqueFd fanout =
-        open_fanout(dir->get(), layout::fanout_name(key), /*create=*/true, &error);
-    if (!fanout.valid()) {
-      if (error != 0) return fail_store(error);
-      ++state_->store_failures;
-      return false;
-    }
-    const std::vector<std::byte> bytes = encode(key, labels, payload);
-    if (const int publish_error =
-            publish(fanout.get(), layout::entry_file_name(key, labels), bytes);
-        publish_error != 0) {
-      return fail_store(publish_error);
-    }
+    if (error != 0) return fail_store(error);
     if (off_until != 0 && state_->writes_off_until_ns.exchange(0) != 0 &&
         !state_->warned_writable_again.exchange(true)) {
       warn("gmjit cache: writing to " + directory_.string() + " again");
     }
-    ++state_->stores;
-    account_store(dir->get(), bytes.size());
     return true;
   } catch (const std::exception& error) {
     ++state_->store_failures;  // out of memory: not a reason to give up on the directory
     warn_swallowed(Operation::store, error);
     return false;
   }
+}
+
+// One publish: 0, an errno, kUntrusted or kTempVanished.
+int DiskCache::try_store(const Key128& key, const EntryLabels& labels,
+                         std::span<const std::byte> payload) {
+  // Each level is checked, through its open handle, before anything is created inside it.
+  int error = 0;
+  const auto dir = open_directory(/*create=*/true, &error);
+  if (!dir) return error != 0 ? error : kUntrusted;
+  const fs::UniqueFd fanout =
+      open_fanout(dir->get(), layout::fanout_name(key), /*create=*/true, &error);
+  if (!fanout.valid()) return error != 0 ? error : kUntrusted;
+  const std::vector<std::byte> bytes = encode(key, labels, payload);
+  const std::string name = layout::entry_file_name(key, labels);
+  if (const int publish_error = publish(fanout.get(), name, bytes); publish_error != 0) {
+    return publish_error == ENOENT ? kTempVanished : publish_error;
+  }
+  ++state_->stores;
+  account_store(dir->get(), bytes.size());
+  return 0;
 }
 
 // Returns 0 or an errno. Never leaves a temp file behind unless the process dies.

@@ -186,6 +186,7 @@ class DiskCache {
                         int fd, std::string_view reason);
   bool fail_store(int error);
   int publish(int fanout_fd, const std::string& name, std::span<const std::byte> bytes);
+  int try_store(const Key128& key, const EntryLabels& labels, std::span<const std::byte> payload);
   void account_store(int dir_fd, std::uint64_t bytes);
   std::uint64_t maintain(int dir_fd, std::uint64_t trigger_bytes, std::uint64_t target_bytes,
                          std::optional<std::int64_t> older_than_ns, bool from_store);

@@ -162,6 +162,37 @@ TEST(UnwritableDirectory, WithinTheRetryDelayNoWriteIsAttempted) {
   EXPECT_EQ(warnings.size(), 1u) << warnings.all();
 }
 
+// Removes every temp file in `dir` before the first rename, as another process's maintenance
+// does with a temp file it judges stale (older than an hour: a writer stopped for that long).
+class RemoveTempBeforeFirstRename final : public PublishHooks {
+ public:
+  explicit RemoveTempBeforeFirstRename(stdfs::path dir) : dir_(std::move(dir)) {}
+  void before_rename() const override {
+    if (calls_++ == 0) {
+      for (const stdfs::path& temp : temp_files(dir_)) stdfs::remove(temp);
+    }
+  }
+
+ private:
+  stdfs::path dir_;
+  mutable int calls_ = 0;
+};
+
+TEST(VanishedTempFile, IsPublishedAgainAndDiskWritesStayOn) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCacheConfig config = config_for(tmp.path(), warnings);
+  config.publish_hooks = std::make_shared<const RemoveTempBeforeFirstRename>(tmp.path());
+  DiskCache cache(config);
+  EXPECT_TRUE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  EXPECT_EQ(cache.load(key_for(1)), payload_for(key_for(1)));
+  EXPECT_TRUE(cache.writable());
+  EXPECT_TRUE(cache.store(key_for(2), labels_for(2), payload_for(key_for(2))));
+  EXPECT_EQ(cache.counters().store_failures, 0u);
+  EXPECT_TRUE(temp_files(tmp.path()).empty());
+  EXPECT_EQ(warnings.size(), 0u) << warnings.all();
+}
+
 TEST(SwallowedErrors, AnExceptionInsideLoadIsAMissReportedOnceWithItsCause) {
   TempDir tmp;
   auto lines = std::make_shared<std::vector<std::string>>();
