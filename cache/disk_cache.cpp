@@ -50,6 +50,7 @@ struct DiskCache::State {
   std::atomic<bool> warned_writable_again{false};
   std::atomic<bool> warned_untrusted{false};
   std::atomic<bool> warned_unreadable_entry{false};
+  std::atomic<bool> warned_undeletable{false};  // eviction met an entry it cannot remove
   std::array<std::atomic<bool>, static_cast<std::size_t>(Operation::count)> warned_swallowed{};
   std::atomic<std::int64_t> size_estimate{-1};  // -1: unknown, scan on the next store
   std::atomic<std::uint64_t> stores_since_scan{0};
@@ -384,7 +385,7 @@ int DiskCache::try_store(const Key128& key, const EntryLabels& labels,
     return publish_error == ENOENT ? kTempVanished : publish_error;
   }
   ++state_->stores;
-  account_store(dir->get(), bytes.size());
+  account_store(dir->get(), bytes.size(), name);
   return 0;
 }
 
@@ -427,27 +428,40 @@ int DiskCache::publish(int fanout_fd, const std::string& name, std::span<const s
   return 0;
 }
 
-void DiskCache::account_store(int dir_fd, std::uint64_t bytes) {
+void DiskCache::account_store(int dir_fd, std::uint64_t bytes, const std::string& name) {
   const std::int64_t estimate = state_->size_estimate.load();
   const bool rescan = ++state_->stores_since_scan >= kRescanEveryStores;
   // The new file is already in place, so a walk now sees it.
   if (estimate < 0 || rescan || static_cast<std::uint64_t>(estimate) + bytes > config_.max_bytes) {
     const auto target =
         static_cast<std::uint64_t>(static_cast<double>(config_.max_bytes) * kEvictTargetFraction);
-    maintain(dir_fd, config_.max_bytes, target, std::nullopt, /*from_store=*/true);
+    const PruneResult result = maintain(dir_fd, config_.max_bytes, target, std::nullopt, name);
+    if (!result.ok() && !state_->warned_undeletable.exchange(true)) {
+      const RemovalFailure& first = result.failures.front();
+      const std::size_t more = result.failures.size() - 1;
+      warn("gmjit cache: cannot remove " + first.path.string() + " (" +
+           fs::errno_text(first.error) + ")" +
+           (more != 0 ? " and " + std::to_string(more) + " more entries" : std::string()) +
+           "; eviction had to remove it to keep the cache under " +
+           std::to_string(config_.max_bytes) +
+           " bytes (GMJIT_CACHE_MAXSIZE), so its bytes leave less room for other entries; the "
+           "entry just stored is kept (reported once)");
+    }
   } else {
     state_->size_estimate += static_cast<std::int64_t>(bytes);
   }
 }
 
 // Walks the directory (removing stale temp files), and when the total exceeds trigger_bytes
-// evicts least-recently-used entries down to target_bytes.
-std::uint64_t DiskCache::maintain(int dir_fd, std::uint64_t trigger_bytes,
-                                  std::uint64_t target_bytes,
-                                  std::optional<std::int64_t> older_than_ns, bool from_store) {
+// evicts least-recently-used entries down to target_bytes. stored_name, when not empty, is the
+// entry a store just published: it is kept, and the walk is skipped if another thread is on it.
+PruneResult DiskCache::maintain(int dir_fd, std::uint64_t trigger_bytes, std::uint64_t target_bytes,
+                                std::optional<std::int64_t> older_than_ns,
+                                std::string_view stored_name) {
+  const bool from_store = !stored_name.empty();
   std::unique_lock<std::mutex> lock(state_->maintain_mutex, std::defer_lock);
   if (from_store) {
-    if (!lock.try_lock()) return 0;  // another thread is already on it
+    if (!lock.try_lock()) return {};  // another thread is already on it
   } else {
     lock.lock();
   }
@@ -461,34 +475,34 @@ std::uint64_t DiskCache::maintain(int dir_fd, std::uint64_t trigger_bytes,
     cutoff =
         *older_than_ns >= now ? std::numeric_limits<std::int64_t>::min() : now - *older_than_ns;
   }
-  const maintenance::EvictResult result =
-      maintenance::evict(dir_fd, std::move(scan), target, cutoff);
+  maintenance::EvictResult result =
+      maintenance::evict(dir_fd, std::move(scan), target, cutoff, stored_name);
   state_->size_estimate = static_cast<std::int64_t>(result.remaining_bytes);
   state_->stores_since_scan = 0;
   if (from_store) state_->evictions += result.removed;
-  return result.removed;
+  return PruneResult{result.removed, std::move(result.failures)};
 }
 
-std::uint64_t DiskCache::prune(std::uint64_t max_bytes,
-                               std::optional<std::int64_t> older_than_seconds) {
-  if (config_.disabled || config_.read_only) return 0;
+PruneResult DiskCache::prune(std::uint64_t max_bytes,
+                             std::optional<std::int64_t> older_than_seconds) {
+  if (config_.disabled || config_.read_only) return {};
   try {
     const auto dir = open_directory(/*create=*/false, nullptr);
-    if (!dir) return 0;
+    if (!dir) return {};
     std::optional<std::int64_t> older_than_ns;
     if (older_than_seconds) {
       // Saturating: seconds beyond what int64 nanoseconds hold mean "older than anything".
       constexpr std::int64_t kMaxSeconds = std::numeric_limits<std::int64_t>::max() / kNsPerSecond;
       older_than_ns = std::clamp<std::int64_t>(*older_than_seconds, 0, kMaxSeconds) * kNsPerSecond;
     }
-    return maintain(dir->get(), max_bytes, max_bytes, older_than_ns, /*from_store=*/false);
+    return maintain(dir->get(), max_bytes, max_bytes, older_than_ns, {});
   } catch (const std::exception& error) {
     warn_swallowed(Operation::prune, error);
-    return 0;
+    return {};
   }
 }
 
-std::uint64_t DiskCache::clear() {
+PruneResult DiskCache::clear() {
   return prune(0, std::nullopt);
 }
 

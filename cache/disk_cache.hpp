@@ -109,6 +109,19 @@ struct RawEntry {
   std::vector<std::byte> bytes;
 };
 
+// An entry that prune, clear or eviction could not remove (unlink failed with `error`, an errno
+// other than ENOENT: a read-only folder, an immutable file, a read-only mount).
+struct RemovalFailure {
+  std::filesystem::path path;
+  int error = 0;
+};
+
+struct PruneResult {
+  std::uint64_t removed = 0;
+  std::vector<RemovalFailure> failures;  // entries still on disk; their bytes still count
+  bool ok() const { return failures.empty(); }
+};
+
 // What this DiskCache object did (not the whole directory): for logs and tests.
 struct DiskCacheCounters {
   std::uint64_t hits = 0;         // from any layer
@@ -154,12 +167,12 @@ class DiskCache {
   // Every entry of the local layer that passes the checks load() applies (owner, regular file,
   // decode for the key in its name), untouched; others are skipped and counted in *skipped.
   std::vector<RawEntry> read_valid_entries(std::uint64_t* skipped = nullptr) const;
-  std::uint64_t clear();  // entries removed
+  PruneResult clear();
   // Removes least-recently-used entries until the total is at most max_bytes, and entries not
   // used for older_than_seconds (when given; saturating, so a huge value removes nothing by age).
-  // Returns entries removed. Also removes temp files left by crashed writers. Disabled or
-  // read-only caches are not modified (read_only() tells the caller why nothing was removed).
-  std::uint64_t prune(std::uint64_t max_bytes, std::optional<std::int64_t> older_than_seconds);
+  // Also removes temp files left by crashed writers. Disabled or read-only caches are not
+  // modified (read_only() tells the caller why nothing was removed).
+  PruneResult prune(std::uint64_t max_bytes, std::optional<std::int64_t> older_than_seconds);
 
   DiskCacheCounters counters() const;
 
@@ -186,10 +199,10 @@ class DiskCache {
                         int fd, std::string_view reason);
   bool fail_store(int error);
   int publish(int fanout_fd, const std::string& name, std::span<const std::byte> bytes);
+  void account_store(int dir_fd, std::uint64_t bytes, const std::string& name);
   int try_store(const Key128& key, const EntryLabels& labels, std::span<const std::byte> payload);
-  void account_store(int dir_fd, std::uint64_t bytes);
-  std::uint64_t maintain(int dir_fd, std::uint64_t trigger_bytes, std::uint64_t target_bytes,
-                         std::optional<std::int64_t> older_than_ns, bool from_store);
+  PruneResult maintain(int dir_fd, std::uint64_t trigger_bytes, std::uint64_t target_bytes,
+                       std::optional<std::int64_t> older_than_ns, std::string_view stored_name);
 
   DiskCacheConfig config_;
   bool shared_layer_ = false;  // one of another DiskCache's read-only shared layers

@@ -42,7 +42,7 @@ Scan scan(int dir_fd, const std::filesystem::path& dir, bool remove_stale_temps,
 }
 
 EvictResult evict(int dir_fd, Scan scan, std::uint64_t target_bytes,
-                  std::optional<std::int64_t> older_than_cutoff_ns) {
+                  std::optional<std::int64_t> older_than_cutoff_ns, std::string_view keep_name) {
   std::sort(scan.entries.begin(), scan.entries.end(),
             [](const ScannedEntry& a, const ScannedEntry& b) {
               if (a.mtime_ns != b.mtime_ns) return a.mtime_ns < b.mtime_ns;
@@ -53,11 +53,19 @@ EvictResult evict(int dir_fd, Scan scan, std::uint64_t target_bytes,
   for (const ScannedEntry& entry : scan.entries) {
     const bool too_old = older_than_cutoff_ns && entry.mtime_ns < *older_than_cutoff_ns;
     if (!too_old && total <= target_bytes) break;  // sorted: later entries are newer
+    if (!keep_name.empty() && entry.name == keep_name) continue;
     const fs::UniqueFd fanout = fs::open_directory_at(dir_fd, entry.fanout.c_str());
-    // ENOENT: another process evicted it first; either way its bytes are gone.
-    const bool removed = fanout.valid() && unlinkat(fanout.get(), entry.name.c_str(), 0) == 0;
-    if (removed || errno == ENOENT) total -= entry.size;
-    if (removed) ++result.removed;
+    const int error = !fanout.valid()                                      ? errno
+                      : unlinkat(fanout.get(), entry.name.c_str(), 0) != 0 ? errno
+                                                                           : 0;
+    if (error == 0) ++result.removed;
+    // ENOENT: another process evicted it first; either way its bytes are gone. Any other error
+    // leaves them on disk and in the total.
+    if (error == 0 || error == ENOENT) {
+      total -= entry.size;
+    } else {
+      result.failures.push_back(RemovalFailure{entry.path, error});
+    }
   }
   result.remaining_bytes = total;
   return result;

@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "cache/disk_cache.hpp"  // RemovalFailure
 #include "cache/key.hpp"
 
 namespace gmjit::cache::maintenance {
@@ -37,12 +39,18 @@ Scan scan(int dir_fd, const std::filesystem::path& dir, bool remove_stale_temps,
 
 struct EvictResult {
   std::uint64_t removed = 0;
-  std::uint64_t remaining_bytes = 0;
+  std::uint64_t remaining_bytes = 0;     // undeletable entries included
+  std::vector<RemovalFailure> failures;  // entries that stay: unlink failed, not with ENOENT
 };
 
-// Removes entries used before older_than_cutoff_ns, then least-recently-used ones (oldest stamp
-// first, ties by path) until at most target_bytes remain.
+// Removes entries used before older_than_cutoff_ns, then least-recently-used ones (oldest
+// stamp first, ties by path) until at most target_bytes remain. An entry that cannot be
+// removed is reported in failures and its bytes stay in the total: they cannot be reclaimed, so
+// the deletable entries get what is left of target_bytes. The entry named keep_name (the one a
+// store just published) is never removed: a store that returned true must leave a hit behind,
+// even when undeletable entries fill the whole budget.
 EvictResult evict(int dir_fd, Scan scan, std::uint64_t target_bytes,
-                  std::optional<std::int64_t> older_than_cutoff_ns);
+                  std::optional<std::int64_t> older_than_cutoff_ns,
+                  std::string_view keep_name = {});
 
 }  // namespace gmjit::cache::maintenance

@@ -1,5 +1,6 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -7,6 +8,7 @@
 #include <ctime>
 #include <fstream>
 #include <iterator>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -87,6 +89,31 @@ void write_file_atomically(const std::string& path, const std::vector<std::byte>
   if (std::rename(temp.c_str(), path.c_str()) != 0) fail("cannot rename over it");
 }
 
+nlohmann::json failures_json(const cache::PruneResult& result) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const cache::RemovalFailure& f : result.failures) {
+    out.push_back({{"path", f.path.string()}, {"error", std::strerror(f.error)}});
+  }
+  return out;
+}
+
+// Every entry clear/prune was expected to remove and could not, with why (the first few).
+std::string removal_failures(const std::string& action, const cache::PruneResult& result) {
+  constexpr std::size_t kListed = 10;
+  std::string text = fmt::format("cache {}: could not remove {} entr{}:", action,
+                                 result.failures.size(), result.failures.size() == 1 ? "y" : "ies");
+  for (std::size_t i = 0; i < std::min(kListed, result.failures.size()); ++i) {
+    text += fmt::format(" {} ({});", result.failures[i].path.string(),
+                        std::strerror(result.failures[i].error));
+  }
+  if (result.failures.size() > kListed) {
+    text += fmt::format(" and {} more;", result.failures.size() - kListed);
+  }
+  return text +
+         " they are still on disk and count against GMJIT_CACHE_MAXSIZE (check the owner and "
+         "permissions of their folder, file attributes such as immutable, and mount options)";
+}
+
 }  // namespace
 
 void add_cache_options(CLI::App& command, CacheCommand& o) {
@@ -113,6 +140,7 @@ int run_cache(const CacheCommand& o) {
     return 1;
   }
   nlohmann::json out;
+  cache::PruneResult pruned;  // clear and prune
   if ((o.action == "export" || o.action == "import") && o.file.empty()) {
     throw Error(Status::invalid_argument,
                 fmt::format("cache {}: expected a bundle FILE argument", o.action));
@@ -156,9 +184,11 @@ int run_cache(const CacheCommand& o) {
       }
     }
   } else if (o.action == "clear") {
-    const auto removed = disk.clear();
-    out = {{"removed", removed}};
-    if (!o.json) std::printf("removed %llu entries\n", static_cast<unsigned long long>(removed));
+    pruned = disk.clear();
+    out = {{"removed", pruned.removed}, {"failed", failures_json(pruned)}};
+    if (!o.json) {
+      std::printf("removed %llu entries\n", static_cast<unsigned long long>(pruned.removed));
+    }
   } else if (o.action == "export") {
     // The local layer's valid entries; shared layers are exported from their own directory
     // (GMJIT_CACHE_DIR=<layer> gmjit cache export).
@@ -211,11 +241,16 @@ int run_cache(const CacheCommand& o) {
                                 o.older_than));
       }
     }
-    const auto removed = disk.prune(max_bytes, older_than);
-    out = {{"removed", removed}, {"stats", stats_json(disk.stats())}};
-    if (!o.json) std::printf("removed %llu entries\n", static_cast<unsigned long long>(removed));
+    pruned = disk.prune(max_bytes, older_than);
+    out = {{"removed", pruned.removed},
+           {"failed", failures_json(pruned)},
+           {"stats", stats_json(disk.stats())}};
+    if (!o.json) {
+      std::printf("removed %llu entries\n", static_cast<unsigned long long>(pruned.removed));
+    }
   }
   if (o.json) std::printf("%s\n", out.dump(2).c_str());
+  if (!pruned.ok()) throw Error(Status::internal, removal_failures(o.action, pruned));
   return 0;
 }
 

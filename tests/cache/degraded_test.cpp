@@ -26,8 +26,8 @@ TEST(DisabledCache, MissesRefusesStoresAndTouchesNoFiles) {
   EXPECT_FALSE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
   EXPECT_FALSE(cache.load(key_for(1)).has_value());
   EXPECT_TRUE(cache.list().empty());
-  EXPECT_EQ(cache.clear(), 0u);
-  EXPECT_EQ(cache.prune(0, 0), 0u);
+  EXPECT_EQ(cache.clear().removed, 0u);
+  EXPECT_EQ(cache.prune(0, 0).removed, 0u);
   EXPECT_EQ(cache.stats().entries, 0u);
   EXPECT_FALSE(stdfs::exists(tmp.path() / "root"));
   EXPECT_EQ(warnings.size(), 0u) << warnings.all();
@@ -51,8 +51,8 @@ TEST(ReadOnlyCache, LoadsExistingEntriesButNeverWrites) {
   EXPECT_EQ(mtime_seconds(path), stamp) << "a read-only cache must not refresh stamps";
   EXPECT_FALSE(cache.writable());
   EXPECT_FALSE(cache.store(key_for(2), labels_for(2), payload_for(key_for(2))));
-  EXPECT_EQ(cache.prune(0, std::nullopt), 0u);
-  EXPECT_EQ(cache.clear(), 0u);
+  EXPECT_EQ(cache.prune(0, std::nullopt).removed, 0u);
+  EXPECT_EQ(cache.clear().removed, 0u);
   EXPECT_EQ(entry_files(tmp.path()).size(), 1u);
   EXPECT_EQ(warnings.size(), 0u) << warnings.all();
 }

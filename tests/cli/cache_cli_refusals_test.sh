@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # `gmjit cache` when it cannot do what it was asked, without compiling anything: a read-only cache
-# refuses clear and prune, a relative GMJIT_CACHE_DIR creates nothing, and warnings carry the
-# "gmjit cache:" prefix once.
+# refuses clear and prune, clear fails naming an entry it could not remove, a relative
+# GMJIT_CACHE_DIR creates nothing, and warnings carry the "gmjit cache:" prefix once.
 set -euo pipefail
 gmjit="$1"
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+stuck=""
+cleanup() {
+  if [ -n "$stuck" ]; then
+    chattr -i "$stuck" 2>/dev/null || true
+    chmod 700 "$(dirname "$stuck")" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
 unset GMJIT_CACHE_SHARED_DIR GMJIT_CACHE_DISABLE GMJIT_CACHE_READONLY GMJIT_CACHE_MAXSIZE
 umask 077
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -28,6 +36,24 @@ for action in clear prune; do
   grep -q "read-only (GMJIT_CACHE_READONLY" "$work/err" || fail "$action: $(cat "$work/err")"
 done
 [ -n "$(find "$work/ro" -name '*.gmk')" ] || fail "a read-only cache lost its entry"
+
+# An entry clear cannot remove: clear removes the rest, then fails naming it.
+make_entry "$work/c" aa000000000000000000000000000000 >/dev/null
+stuck="$(make_entry "$work/c" bb000000000000000000000000000000)"
+if [ "$(id -u)" = 0 ]; then
+  chattr +i "$stuck" 2>/dev/null || stuck=""  # root ignores permission bits
+else
+  chmod 500 "$(dirname "$stuck")"
+fi
+if [ -n "$stuck" ]; then
+  if GMJIT_CACHE_DIR="$work/c" "$gmjit" cache clear >"$work/out" 2>"$work/err"; then
+    fail "clear exited 0 with an entry left: $(cat "$work/out")"
+  fi
+  grep -q "removed 1 entries" "$work/out" || fail "clear: $(cat "$work/out")"
+  grep -q "could not remove 1 entry: $stuck" "$work/err" || fail "clear: $(cat "$work/err")"
+else
+  echo "skipped: cannot make a file undeletable here"
+fi
 
 # A relative GMJIT_CACHE_DIR (a '~' the shell did not expand) is refused, not made here.
 (cd "$work" && GMJIT_CACHE_DIR='gm' "$gmjit" cache stats >"$work/out" 2>"$work/err") &&
