@@ -292,7 +292,9 @@ std::optional<std::vector<std::byte>> DiskCache::load_file(int fanout_fd, const 
     report_bad_entry(fanout_fd, name, path, fd.get(), to_string(decoded.error()));
     return std::nullopt;
   }
-  if (!config_.read_only && fs::now_ns() - fs::info_of(fd.get()).mtime_ns > kStampRefreshNs) {
+  // Both ways: a stamp in the future (clock skew, a copied cache) is as wrong as an old one.
+  if (const std::int64_t age = fs::now_ns() - fs::info_of(fd.get()).mtime_ns;
+      !config_.read_only && (age > kStampRefreshNs || age < -kStampRefreshNs)) {
     futimens(fd.get(), nullptr);  // best effort: a stale stamp only makes eviction less exact
   }
   const auto header_size = static_cast<std::ptrdiff_t>(decoded.value().header.header_size);

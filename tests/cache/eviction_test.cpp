@@ -78,6 +78,48 @@ TEST(LruEviction, HitRefreshesOnlyStampsOlderThanAMinute) {
   EXPECT_EQ(mtime_seconds(paths[1]), recent);  // no write for a hot entry
 }
 
+TEST(LruEviction, HitRefreshesAStampInTheFuture) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const std::vector<stdfs::path> paths = StoreEntries(cache, 1);
+  set_mtime_seconds_ago(paths[0], -86400);  // a day ahead: a skewed clock, an rsync'd cache
+  ASSERT_TRUE(cache.load(key_for(0)).has_value());
+  EXPECT_LE(mtime_seconds(paths[0]), std::time(nullptr) + 5);
+}
+
+TEST(LruEviction, StampFarInTheFutureIsEvictedFirstAndMatchesAnyOlderThan) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  std::vector<stdfs::path> paths = StoreEntries(cache, 3);
+  set_mtime_seconds_ago(paths[0], 1000);
+  set_mtime_seconds_ago(paths[1], -86400);
+  set_mtime_seconds_ago(paths[2], 500);
+  EXPECT_EQ(cache.prune(2 * stdfs::file_size(paths[0]), std::nullopt).removed, 1u);
+  EXPECT_TRUE(stdfs::exists(paths[0]));
+  EXPECT_FALSE(stdfs::exists(paths[1]));
+  EXPECT_TRUE(stdfs::exists(paths[2]));
+
+  set_mtime_seconds_ago(paths[2], -365 * 86400);
+  EXPECT_EQ(cache.prune(1ull << 40, 7 * 86400).removed, 1u);
+  EXPECT_TRUE(stdfs::exists(paths[0]));
+  EXPECT_FALSE(stdfs::exists(paths[2]));
+}
+
+TEST(LruEviction, StampSlightlyAheadCountsAsRecentNotAsOld) {
+  // Nodes sharing a cache disagree by seconds: their fresh entries must not go first.
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  std::vector<stdfs::path> paths = StoreEntries(cache, 2);
+  set_mtime_seconds_ago(paths[0], 1000);
+  set_mtime_seconds_ago(paths[1], -30);
+  EXPECT_EQ(cache.prune(stdfs::file_size(paths[1]), 900).removed, 1u);
+  EXPECT_FALSE(stdfs::exists(paths[0]));
+  EXPECT_TRUE(stdfs::exists(paths[1]));
+}
+
 TEST(LruEviction, EvictionIgnoresForeignFiles) {
   TempDir tmp;
   Warnings warnings;
