@@ -206,17 +206,18 @@ fs::UniqueFd DiskCache::open_fanout(int dir_fd, const std::string& name, bool cr
   return fd;
 }
 
-std::optional<std::vector<std::byte>> DiskCache::load(const Key128& key, LoadOrigin* origin) {
+std::optional<std::vector<std::byte>> DiskCache::load(const Key128& key, LoadOrigin* origin,
+                                                      const PayloadCheck& accept) {
   if (config_.disabled) return std::nullopt;
   for (DiskCache& layer : shared_) {
-    if (auto payload = layer.load_here(key)) {
+    if (auto payload = layer.load_here(key, accept)) {
       ++state_->hits;
       ++state_->shared_hits;
       if (origin != nullptr) *origin = LoadOrigin{true, layer.directory_};
       return payload;
     }
   }
-  if (auto payload = load_here(key)) {
+  if (auto payload = load_here(key, accept)) {
     ++state_->hits;
     if (origin != nullptr) *origin = LoadOrigin{false, directory_};
     return payload;
@@ -226,7 +227,8 @@ std::optional<std::vector<std::byte>> DiskCache::load(const Key128& key, LoadOri
 }
 
 // This layer alone, without the hit/miss counters.
-std::optional<std::vector<std::byte>> DiskCache::load_here(const Key128& key) {
+std::optional<std::vector<std::byte>> DiskCache::load_here(const Key128& key,
+                                                           const PayloadCheck& accept) {
   try {
     if (const auto dir = open_directory(/*create=*/false, nullptr)) {
       const std::string fanout_name = layout::fanout_name(key);
@@ -237,7 +239,8 @@ std::optional<std::vector<std::byte>> DiskCache::load_here(const Key128& key) {
         const std::string prefix = key.hex() + ".";
         for (const std::string& name : fs::list_directory(fanout.get())) {
           if (!name.starts_with(prefix) || !layout::parse_entry_file_name(name)) continue;
-          if (auto payload = load_file(fanout.get(), name, directory_ / fanout_name / name, key)) {
+          if (auto payload =
+                  load_file(fanout.get(), name, directory_ / fanout_name / name, key, accept)) {
             return payload;
           }
         }
@@ -251,7 +254,8 @@ std::optional<std::vector<std::byte>> DiskCache::load_here(const Key128& key) {
 
 std::optional<std::vector<std::byte>> DiskCache::load_file(int fanout_fd, const std::string& name,
                                                            const std::filesystem::path& path,
-                                                           const Key128& key) {
+                                                           const Key128& key,
+                                                           const PayloadCheck& accept) {
   // O_NOFOLLOW: a symlink planted in place of an entry is not followed. O_NONBLOCK: a FIFO does
   // not hang us (read_file rejects anything but regular files).
   const fs::UniqueFd fd(
@@ -290,6 +294,10 @@ std::optional<std::vector<std::byte>> DiskCache::load_file(int fanout_fd, const 
   const DecodeResult<DecodedEntry> decoded = decode(bytes, key);
   if (!decoded) {
     report_bad_entry(fanout_fd, name, path, fd.get(), to_string(decoded.error()));
+    return std::nullopt;
+  }
+  if (accept && !accept(decoded.value().payload)) {
+    report_bad_entry(fanout_fd, name, path, fd.get(), "its payload was rejected by the reader");
     return std::nullopt;
   }
   // Both ways: a stamp in the future (clock skew, a copied cache) is as wrong as an old one.

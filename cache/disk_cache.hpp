@@ -122,6 +122,9 @@ struct PruneResult {
   bool ok() const { return failures.empty(); }
 };
 
+// Whether the caller can use a payload (it decodes, and matches what was asked for).
+using PayloadCheck = std::function<bool(std::span<const std::byte>)>;
+
 // What this DiskCache object did (not the whole directory): for logs and tests.
 struct DiskCacheCounters {
   std::uint64_t hits = 0;         // from any layer
@@ -145,8 +148,11 @@ class DiskCache {
   // such an entry is removed with one warning). Shared layers are tried first, in order, then
   // the local one. A local hit refreshes the entry's last-used stamp; a shared layer is never
   // modified (a bad entry there is a miss with one warning and stays). origin, when given, says
-  // which layer served a hit.
-  std::optional<std::vector<std::byte>> load(const Key128& key, LoadOrigin* origin = nullptr);
+  // which layer served a hit. A payload that `accept` (when given) rejects is a bad entry in the
+  // layer that holds it: removed from the local layer with one warning, skipped with one warning
+  // in a shared layer, so that the next layer is tried.
+  std::optional<std::vector<std::byte>> load(const Key128& key, LoadOrigin* origin = nullptr,
+                                             const PayloadCheck& accept = {});
 
   // Publishes atomically. Returns false when the cache is disabled or read-only (silently: the
   // user asked for it) or unwritable (after one warning per DiskCache; stores are then skipped
@@ -181,7 +187,7 @@ class DiskCache {
   struct SharedLayerTag {};
   DiskCache(DiskCacheConfig config, SharedLayerTag);
 
-  std::optional<std::vector<std::byte>> load_here(const Key128& key);
+  std::optional<std::vector<std::byte>> load_here(const Key128& key, const PayloadCheck& accept);
   fs::DirTrust trust_of(int dir_fd) const;
 
   enum class Operation { load, store, prune, stats, list, count };
@@ -194,7 +200,7 @@ class DiskCache {
                            int* create_error) const;
   std::optional<std::vector<std::byte>> load_file(int fanout_fd, const std::string& name,
                                                   const std::filesystem::path& path,
-                                                  const Key128& key);
+                                                  const Key128& key, const PayloadCheck& accept);
   void report_bad_entry(int fanout_fd, const std::string& name, const std::filesystem::path& path,
                         int fd, std::string_view reason);
   bool fail_store(int error);
