@@ -214,12 +214,25 @@ int run_cache(const CacheCommand& o) {
       throw Error(Status::invalid_argument, fmt::format("import '{}': {}; {} entries published",
                                                         o.file, result.error, result.published));
     }
-    out = {
-        {"imported", result.published}, {"file", o.file}, {"directory", disk.directory().string()}};
+    out = {{"imported", result.present},
+           {"published", result.published},
+           {"evicted", result.evicted},
+           {"file", o.file},
+           {"directory", disk.directory().string()}};
     if (!o.json) {
-      std::printf("imported %llu entries from %s into %s\n",
-                  static_cast<unsigned long long>(result.published), o.file.c_str(),
-                  disk.directory().c_str());
+      if (result.evicted == 0) {
+        std::printf("imported %llu entries from %s into %s\n",
+                    static_cast<unsigned long long>(result.present), o.file.c_str(),
+                    disk.directory().c_str());
+      } else {
+        std::printf(
+            "imported %llu of %llu entries from %s into %s; %llu were evicted again by the "
+            "size bound (GMJIT_CACHE_MAXSIZE, %llu bytes): raise it to keep them all\n",
+            static_cast<unsigned long long>(result.present),
+            static_cast<unsigned long long>(result.present + result.evicted), o.file.c_str(),
+            disk.directory().c_str(), static_cast<unsigned long long>(result.evicted),
+            static_cast<unsigned long long>(disk.stats().max_bytes));
+      }
     }
   } else {  // prune
     std::uint64_t max_bytes = disk.stats().max_bytes;
