@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <string_view>
+#include <unordered_set>
 
 #include "cache/layout.hpp"
 
@@ -159,6 +160,13 @@ ImportResult import_into(DiskCache& cache, std::span<const std::byte> bytes) {
     }
     ++result.published;
   }
+  // Stores evict by the size bound, so what was published need not be there any more.
+  std::unordered_set<std::string> names;
+  for (const VerifiedEntry& entry : decoded.entries) names.insert(entry.name);
+  for (const EntryListing& listing : cache.list()) {
+    if (names.erase(listing.path.filename().string()) != 0) ++result.present;
+  }
+  result.evicted = names.size();
   return result;
 }
 

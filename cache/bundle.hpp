@@ -47,13 +47,18 @@ Decoded decode(std::span<const std::byte> bytes);
 
 struct ImportResult {
   std::uint64_t published = 0;
+  // Of the bundle's entries, how many are in the local layer once the import is done, and how
+  // many of those published are not (evicted by the size bound, by this import's own stores).
+  std::uint64_t present = 0;
+  std::uint64_t evicted = 0;
   std::string error;  // empty on success
   bool ok() const { return error.empty(); }
 };
 
 // Verifies the whole bundle first and publishes nothing when any check fails; then publishes
 // each entry atomically into the cache's local layer. A failed write stops the import (the
-// entries already published are good ones).
+// entries already published are good ones). A bundle larger than GMJIT_CACHE_MAXSIZE evicts
+// some of its own entries: present says what the cache holds afterwards.
 ImportResult import_into(DiskCache& cache, std::span<const std::byte> bytes);
 
 }  // namespace gmjit::cache::bundle

@@ -1,4 +1,5 @@
 // DiskCacheConfig::from_environment and its parsers.
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -38,6 +39,16 @@ bool parse_flag(const char* name, const char* value, std::vector<std::string>& w
 
 const char* non_empty(const char* value) {
   return (value != nullptr && value[0] != '\0') ? value : nullptr;
+}
+
+// GMJIT_CACHE_DIR as an absolute path: as given, or with a leading "~" or "~/" replaced by an
+// absolute HOME (a shell leaves '~' alone inside quotes and after '='). nullopt otherwise.
+std::optional<std::filesystem::path> absolute_cache_dir(std::string_view dir, const char* home) {
+  if (dir.front() == '/') return std::filesystem::path(dir);
+  const bool tilde = dir == "~" || dir.starts_with("~/");
+  if (!tilde || home == nullptr || home[0] != '/') return std::nullopt;
+  const std::string_view rest = dir.substr(std::min<std::size_t>(dir.size(), 2));
+  return rest.empty() ? std::filesystem::path(home) : std::filesystem::path(home) / rest;
 }
 
 }  // namespace
@@ -142,11 +153,21 @@ DiskCacheConfig DiskCacheConfig::from_environment(
       config.shared_roots.emplace_back(item);
     }
   }
+  const char* home = non_empty(getenv("HOME"));
   if (const char* dir = non_empty(getenv("GMJIT_CACHE_DIR"))) {
-    config.root = dir;
+    if (std::optional<std::filesystem::path> root = absolute_cache_dir(dir, home)) {
+      config.root = std::move(*root);
+    } else if (!config.disabled) {  // as below: no warning when the user disabled the cache
+      // A relative root would follow each process's working directory (and '~' is not expanded
+      // by every launcher): one cache per folder a job happens to start in.
+      config.disabled = true;
+      warnings.push_back(std::string("gmjit cache: GMJIT_CACHE_DIR='") + dir +
+                         "' is not an absolute path (nor '~/...' with an absolute HOME); "
+                         "the disk cache is disabled");
+    }
   } else if (const char* xdg = non_empty(getenv("XDG_CACHE_HOME")); xdg && xdg[0] == '/') {
     config.root = std::filesystem::path(xdg) / "gmjit";  // relative XDG paths are invalid
-  } else if (const char* home = non_empty(getenv("HOME"))) {
+  } else if (home != nullptr) {
     config.root = std::filesystem::path(home) / ".cache" / "gmjit";
   } else if (!config.disabled) {  // no warning when the user disabled the cache anyway
     config.disabled = true;

@@ -30,6 +30,9 @@ constexpr std::uint64_t kRescanEveryStores = 64;
 // Evicting to below the limit leaves room for many stores before the next eviction.
 constexpr double kEvictTargetFraction = 0.9;
 constexpr std::uint64_t kMaxEntryBytes = 1ull << 30;  // sanity bound on what load() reads
+// try_store's results besides 0 and errno values (which are positive).
+constexpr int kUntrusted = -1;     // a directory is not trusted (warned once)
+constexpr int kTempVanished = -2;  // ENOENT while publishing: the temp file was removed
 
 }  // namespace
 
@@ -47,6 +50,7 @@ struct DiskCache::State {
   std::atomic<bool> warned_writable_again{false};
   std::atomic<bool> warned_untrusted{false};
   std::atomic<bool> warned_unreadable_entry{false};
+  std::atomic<bool> warned_undeletable{false};  // eviction met an entry it cannot remove
   std::array<std::atomic<bool>, static_cast<std::size_t>(Operation::count)> warned_swallowed{};
   std::atomic<std::int64_t> size_estimate{-1};  // -1: unknown, scan on the next store
   std::atomic<std::uint64_t> stores_since_scan{0};
@@ -202,17 +206,18 @@ fs::UniqueFd DiskCache::open_fanout(int dir_fd, const std::string& name, bool cr
   return fd;
 }
 
-std::optional<std::vector<std::byte>> DiskCache::load(const Key128& key, LoadOrigin* origin) {
+std::optional<std::vector<std::byte>> DiskCache::load(const Key128& key, LoadOrigin* origin,
+                                                      const PayloadCheck& accept) {
   if (config_.disabled) return std::nullopt;
   for (DiskCache& layer : shared_) {
-    if (auto payload = layer.load_here(key)) {
+    if (auto payload = layer.load_here(key, accept)) {
       ++state_->hits;
       ++state_->shared_hits;
       if (origin != nullptr) *origin = LoadOrigin{true, layer.directory_};
       return payload;
     }
   }
-  if (auto payload = load_here(key)) {
+  if (auto payload = load_here(key, accept)) {
     ++state_->hits;
     if (origin != nullptr) *origin = LoadOrigin{false, directory_};
     return payload;
@@ -222,7 +227,8 @@ std::optional<std::vector<std::byte>> DiskCache::load(const Key128& key, LoadOri
 }
 
 // This layer alone, without the hit/miss counters.
-std::optional<std::vector<std::byte>> DiskCache::load_here(const Key128& key) {
+std::optional<std::vector<std::byte>> DiskCache::load_here(const Key128& key,
+                                                           const PayloadCheck& accept) {
   try {
     if (const auto dir = open_directory(/*create=*/false, nullptr)) {
       const std::string fanout_name = layout::fanout_name(key);
@@ -233,7 +239,8 @@ std::optional<std::vector<std::byte>> DiskCache::load_here(const Key128& key) {
         const std::string prefix = key.hex() + ".";
         for (const std::string& name : fs::list_directory(fanout.get())) {
           if (!name.starts_with(prefix) || !layout::parse_entry_file_name(name)) continue;
-          if (auto payload = load_file(fanout.get(), name, directory_ / fanout_name / name, key)) {
+          if (auto payload =
+                  load_file(fanout.get(), name, directory_ / fanout_name / name, key, accept)) {
             return payload;
           }
         }
@@ -247,7 +254,8 @@ std::optional<std::vector<std::byte>> DiskCache::load_here(const Key128& key) {
 
 std::optional<std::vector<std::byte>> DiskCache::load_file(int fanout_fd, const std::string& name,
                                                            const std::filesystem::path& path,
-                                                           const Key128& key) {
+                                                           const Key128& key,
+                                                           const PayloadCheck& accept) {
   // O_NOFOLLOW: a symlink planted in place of an entry is not followed. O_NONBLOCK: a FIFO does
   // not hang us (read_file rejects anything but regular files).
   const fs::UniqueFd fd(
@@ -288,7 +296,13 @@ std::optional<std::vector<std::byte>> DiskCache::load_file(int fanout_fd, const 
     report_bad_entry(fanout_fd, name, path, fd.get(), to_string(decoded.error()));
     return std::nullopt;
   }
-  if (!config_.read_only && fs::now_ns() - fs::info_of(fd.get()).mtime_ns > kStampRefreshNs) {
+  if (accept && !accept(decoded.value().payload)) {
+    report_bad_entry(fanout_fd, name, path, fd.get(), "its payload was rejected by the reader");
+    return std::nullopt;
+  }
+  // Both ways: a stamp in the future (clock skew, a copied cache) is as wrong as an old one.
+  if (const std::int64_t age = fs::now_ns() - fs::info_of(fd.get()).mtime_ns;
+      !config_.read_only && (age > kStampRefreshNs || age < -kStampRefreshNs)) {
     futimens(fd.get(), nullptr);  // best effort: a stale stamp only makes eviction less exact
   }
   const auto header_size = static_cast<std::ptrdiff_t>(decoded.value().header.header_size);
@@ -343,39 +357,46 @@ bool DiskCache::store(const Key128& key, const EntryLabels& labels,
     return false;
   }
   try {
-    // Each level is checked, through its open handle, before anything is created inside it.
-    int error = 0;
-    const auto dir = open_directory(/*create=*/true, &error);
-    if (!dir) {
-      if (error != 0) return fail_store(error);
+    int error = try_store(key, labels, payload);
+    // The temp file (or its folder) went away before the rename: another process removed it as
+    // stale, or the cache was rm -rf'ed. The directory is writable, so try once more, and if
+    // that races too, skip this store without turning writes off.
+    if (error == kTempVanished) error = try_store(key, labels, payload);
+    if (error == kTempVanished || error == kUntrusted) {
       ++state_->store_failures;  // untrusted: warned once; never write there
       return false;
     }
-    const fs::UniqueFd fanout =
-        open_fanout(dir->get(), layout::fanout_name(key), /*create=*/true, &error);
-    if (!fanout.valid()) {
-      if (error != 0) return fail_store(error);
-      ++state_->store_failures;
-      return false;
-    }
-    const std::vector<std::byte> bytes = encode(key, labels, payload);
-    if (const int publish_error =
-            publish(fanout.get(), layout::entry_file_name(key, labels), bytes);
-        publish_error != 0) {
-      return fail_store(publish_error);
-    }
+    if (error != 0) return fail_store(error);
     if (off_until != 0 && state_->writes_off_until_ns.exchange(0) != 0 &&
         !state_->warned_writable_again.exchange(true)) {
       warn("gmjit cache: writing to " + directory_.string() + " again");
     }
-    ++state_->stores;
-    account_store(dir->get(), bytes.size());
     return true;
   } catch (const std::exception& error) {
     ++state_->store_failures;  // out of memory: not a reason to give up on the directory
     warn_swallowed(Operation::store, error);
     return false;
   }
+}
+
+// One publish: 0, an errno, kUntrusted or kTempVanished.
+int DiskCache::try_store(const Key128& key, const EntryLabels& labels,
+                         std::span<const std::byte> payload) {
+  // Each level is checked, through its open handle, before anything is created inside it.
+  int error = 0;
+  const auto dir = open_directory(/*create=*/true, &error);
+  if (!dir) return error != 0 ? error : kUntrusted;
+  const fs::UniqueFd fanout =
+      open_fanout(dir->get(), layout::fanout_name(key), /*create=*/true, &error);
+  if (!fanout.valid()) return error != 0 ? error : kUntrusted;
+  const std::vector<std::byte> bytes = encode(key, labels, payload);
+  const std::string name = layout::entry_file_name(key, labels);
+  if (const int publish_error = publish(fanout.get(), name, bytes); publish_error != 0) {
+    return publish_error == ENOENT ? kTempVanished : publish_error;
+  }
+  ++state_->stores;
+  account_store(dir->get(), bytes.size(), name);
+  return 0;
 }
 
 // Returns 0 or an errno. Never leaves a temp file behind unless the process dies.
@@ -417,27 +438,40 @@ int DiskCache::publish(int fanout_fd, const std::string& name, std::span<const s
   return 0;
 }
 
-void DiskCache::account_store(int dir_fd, std::uint64_t bytes) {
+void DiskCache::account_store(int dir_fd, std::uint64_t bytes, const std::string& name) {
   const std::int64_t estimate = state_->size_estimate.load();
   const bool rescan = ++state_->stores_since_scan >= kRescanEveryStores;
   // The new file is already in place, so a walk now sees it.
   if (estimate < 0 || rescan || static_cast<std::uint64_t>(estimate) + bytes > config_.max_bytes) {
     const auto target =
         static_cast<std::uint64_t>(static_cast<double>(config_.max_bytes) * kEvictTargetFraction);
-    maintain(dir_fd, config_.max_bytes, target, std::nullopt, /*from_store=*/true);
+    const PruneResult result = maintain(dir_fd, config_.max_bytes, target, std::nullopt, name);
+    if (!result.ok() && !state_->warned_undeletable.exchange(true)) {
+      const RemovalFailure& first = result.failures.front();
+      const std::size_t more = result.failures.size() - 1;
+      warn("gmjit cache: cannot remove " + first.path.string() + " (" +
+           fs::errno_text(first.error) + ")" +
+           (more != 0 ? " and " + std::to_string(more) + " more entries" : std::string()) +
+           "; eviction had to remove it to keep the cache under " +
+           std::to_string(config_.max_bytes) +
+           " bytes (GMJIT_CACHE_MAXSIZE), so its bytes leave less room for other entries; the "
+           "entry just stored is kept (reported once)");
+    }
   } else {
     state_->size_estimate += static_cast<std::int64_t>(bytes);
   }
 }
 
 // Walks the directory (removing stale temp files), and when the total exceeds trigger_bytes
-// evicts least-recently-used entries down to target_bytes.
-std::uint64_t DiskCache::maintain(int dir_fd, std::uint64_t trigger_bytes,
-                                  std::uint64_t target_bytes,
-                                  std::optional<std::int64_t> older_than_ns, bool from_store) {
+// evicts least-recently-used entries down to target_bytes. stored_name, when not empty, is the
+// entry a store just published: it is kept, and the walk is skipped if another thread is on it.
+PruneResult DiskCache::maintain(int dir_fd, std::uint64_t trigger_bytes, std::uint64_t target_bytes,
+                                std::optional<std::int64_t> older_than_ns,
+                                std::string_view stored_name) {
+  const bool from_store = !stored_name.empty();
   std::unique_lock<std::mutex> lock(state_->maintain_mutex, std::defer_lock);
   if (from_store) {
-    if (!lock.try_lock()) return 0;  // another thread is already on it
+    if (!lock.try_lock()) return {};  // another thread is already on it
   } else {
     lock.lock();
   }
@@ -451,34 +485,34 @@ std::uint64_t DiskCache::maintain(int dir_fd, std::uint64_t trigger_bytes,
     cutoff =
         *older_than_ns >= now ? std::numeric_limits<std::int64_t>::min() : now - *older_than_ns;
   }
-  const maintenance::EvictResult result =
-      maintenance::evict(dir_fd, std::move(scan), target, cutoff);
+  maintenance::EvictResult result =
+      maintenance::evict(dir_fd, std::move(scan), target, cutoff, stored_name);
   state_->size_estimate = static_cast<std::int64_t>(result.remaining_bytes);
   state_->stores_since_scan = 0;
   if (from_store) state_->evictions += result.removed;
-  return result.removed;
+  return PruneResult{result.removed, std::move(result.failures)};
 }
 
-std::uint64_t DiskCache::prune(std::uint64_t max_bytes,
-                               std::optional<std::int64_t> older_than_seconds) {
-  if (config_.disabled || config_.read_only) return 0;
+PruneResult DiskCache::prune(std::uint64_t max_bytes,
+                             std::optional<std::int64_t> older_than_seconds) {
+  if (config_.disabled || config_.read_only) return {};
   try {
     const auto dir = open_directory(/*create=*/false, nullptr);
-    if (!dir) return 0;
+    if (!dir) return {};
     std::optional<std::int64_t> older_than_ns;
     if (older_than_seconds) {
       // Saturating: seconds beyond what int64 nanoseconds hold mean "older than anything".
       constexpr std::int64_t kMaxSeconds = std::numeric_limits<std::int64_t>::max() / kNsPerSecond;
       older_than_ns = std::clamp<std::int64_t>(*older_than_seconds, 0, kMaxSeconds) * kNsPerSecond;
     }
-    return maintain(dir->get(), max_bytes, max_bytes, older_than_ns, /*from_store=*/false);
+    return maintain(dir->get(), max_bytes, max_bytes, older_than_ns, {});
   } catch (const std::exception& error) {
     warn_swallowed(Operation::prune, error);
-    return 0;
+    return {};
   }
 }
 
-std::uint64_t DiskCache::clear() {
+PruneResult DiskCache::clear() {
   return prune(0, std::nullopt);
 }
 

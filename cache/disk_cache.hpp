@@ -109,6 +109,22 @@ struct RawEntry {
   std::vector<std::byte> bytes;
 };
 
+// An entry that prune, clear or eviction could not remove (unlink failed with `error`, an errno
+// other than ENOENT: a read-only folder, an immutable file, a read-only mount).
+struct RemovalFailure {
+  std::filesystem::path path;
+  int error = 0;
+};
+
+struct PruneResult {
+  std::uint64_t removed = 0;
+  std::vector<RemovalFailure> failures;  // entries still on disk; their bytes still count
+  bool ok() const { return failures.empty(); }
+};
+
+// Whether the caller can use a payload (it decodes, and matches what was asked for).
+using PayloadCheck = std::function<bool(std::span<const std::byte>)>;
+
 // What this DiskCache object did (not the whole directory): for logs and tests.
 struct DiskCacheCounters {
   std::uint64_t hits = 0;         // from any layer
@@ -132,8 +148,11 @@ class DiskCache {
   // such an entry is removed with one warning). Shared layers are tried first, in order, then
   // the local one. A local hit refreshes the entry's last-used stamp; a shared layer is never
   // modified (a bad entry there is a miss with one warning and stays). origin, when given, says
-  // which layer served a hit.
-  std::optional<std::vector<std::byte>> load(const Key128& key, LoadOrigin* origin = nullptr);
+  // which layer served a hit. A payload that `accept` (when given) rejects is a bad entry in the
+  // layer that holds it: removed from the local layer with one warning, skipped with one warning
+  // in a shared layer, so that the next layer is tried.
+  std::optional<std::vector<std::byte>> load(const Key128& key, LoadOrigin* origin = nullptr,
+                                             const PayloadCheck& accept = {});
 
   // Publishes atomically. Returns false when the cache is disabled or read-only (silently: the
   // user asked for it) or unwritable (after one warning per DiskCache; stores are then skipped
@@ -142,6 +161,7 @@ class DiskCache {
   bool store(const Key128& key, const EntryLabels& labels, std::span<const std::byte> payload);
 
   bool enabled() const { return !config_.disabled; }
+  bool read_only() const { return config_.read_only; }
   bool writable() const;
   const std::filesystem::path& directory() const { return directory_; }
 
@@ -153,12 +173,12 @@ class DiskCache {
   // Every entry of the local layer that passes the checks load() applies (owner, regular file,
   // decode for the key in its name), untouched; others are skipped and counted in *skipped.
   std::vector<RawEntry> read_valid_entries(std::uint64_t* skipped = nullptr) const;
-  std::uint64_t clear();  // entries removed
+  PruneResult clear();
   // Removes least-recently-used entries until the total is at most max_bytes, and entries not
   // used for older_than_seconds (when given; saturating, so a huge value removes nothing by age).
-  // Returns entries removed. Also removes temp files
-  // left by crashed writers. Disabled or read-only caches are not modified.
-  std::uint64_t prune(std::uint64_t max_bytes, std::optional<std::int64_t> older_than_seconds);
+  // Also removes temp files left by crashed writers. Disabled or read-only caches are not
+  // modified (read_only() tells the caller why nothing was removed).
+  PruneResult prune(std::uint64_t max_bytes, std::optional<std::int64_t> older_than_seconds);
 
   DiskCacheCounters counters() const;
 
@@ -167,7 +187,7 @@ class DiskCache {
   struct SharedLayerTag {};
   DiskCache(DiskCacheConfig config, SharedLayerTag);
 
-  std::optional<std::vector<std::byte>> load_here(const Key128& key);
+  std::optional<std::vector<std::byte>> load_here(const Key128& key, const PayloadCheck& accept);
   fs::DirTrust trust_of(int dir_fd) const;
 
   enum class Operation { load, store, prune, stats, list, count };
@@ -180,14 +200,15 @@ class DiskCache {
                            int* create_error) const;
   std::optional<std::vector<std::byte>> load_file(int fanout_fd, const std::string& name,
                                                   const std::filesystem::path& path,
-                                                  const Key128& key);
+                                                  const Key128& key, const PayloadCheck& accept);
   void report_bad_entry(int fanout_fd, const std::string& name, const std::filesystem::path& path,
                         int fd, std::string_view reason);
   bool fail_store(int error);
   int publish(int fanout_fd, const std::string& name, std::span<const std::byte> bytes);
-  void account_store(int dir_fd, std::uint64_t bytes);
-  std::uint64_t maintain(int dir_fd, std::uint64_t trigger_bytes, std::uint64_t target_bytes,
-                         std::optional<std::int64_t> older_than_ns, bool from_store);
+  void account_store(int dir_fd, std::uint64_t bytes, const std::string& name);
+  int try_store(const Key128& key, const EntryLabels& labels, std::span<const std::byte> payload);
+  PruneResult maintain(int dir_fd, std::uint64_t trigger_bytes, std::uint64_t target_bytes,
+                       std::optional<std::int64_t> older_than_ns, std::string_view stored_name);
 
   DiskCacheConfig config_;
   bool shared_layer_ = false;  // one of another DiskCache's read-only shared layers

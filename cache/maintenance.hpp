@@ -7,13 +7,18 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "cache/disk_cache.hpp"  // RemovalFailure
 #include "cache/key.hpp"
 
 namespace gmjit::cache::maintenance {
 
 inline constexpr std::int64_t kStaleTempNs = 3600ll * 1'000'000'000;  // crashed writers
+// Nodes sharing a cache keep their clocks within seconds of each other (NTP); a stamp further
+// ahead of now than this was not set by a clock we share (a skewed node, an rsync'd cache).
+inline constexpr std::int64_t kFutureStampSlackNs = 600ll * 1'000'000'000;
 
 struct ScannedEntry {
   std::filesystem::path path;  // for display: the directory's path / fanout / name
@@ -21,7 +26,12 @@ struct ScannedEntry {
   std::string name;            // file name inside the fan-out directory
   Key128 key;
   std::uint64_t size = 0;
-  std::int64_t mtime_ns = 0;  // the last-used stamp
+  std::int64_t mtime_ns = 0;  // the last-used stamp as found on disk (for listings)
+  // What eviction and --older-than go by: mtime_ns, or the oldest possible time when the stamp
+  // is further in the future than kFutureStampSlackNs. Such a stamp says nothing about use, and
+  // taken at face value it would make the entry outlive everything; evicting it first costs at
+  // most one recompile, and a hit in the meantime refreshes it to a true stamp.
+  std::int64_t last_used_ns = 0;
 };
 
 struct Scan {
@@ -37,12 +47,18 @@ Scan scan(int dir_fd, const std::filesystem::path& dir, bool remove_stale_temps,
 
 struct EvictResult {
   std::uint64_t removed = 0;
-  std::uint64_t remaining_bytes = 0;
+  std::uint64_t remaining_bytes = 0;     // undeletable entries included
+  std::vector<RemovalFailure> failures;  // entries that stay: unlink failed, not with ENOENT
 };
 
-// Removes entries used before older_than_cutoff_ns, then least-recently-used ones (oldest stamp
-// first, ties by path) until at most target_bytes remain.
+// Removes entries used before older_than_cutoff_ns, then least-recently-used ones (oldest
+// last_used_ns first, ties by path) until at most target_bytes remain. An entry that cannot be
+// removed is reported in failures and its bytes stay in the total: they cannot be reclaimed, so
+// the deletable entries get what is left of target_bytes. The entry named keep_name (the one a
+// store just published) is never removed: a store that returned true must leave a hit behind,
+// even when undeletable entries fill the whole budget.
 EvictResult evict(int dir_fd, Scan scan, std::uint64_t target_bytes,
-                  std::optional<std::int64_t> older_than_cutoff_ns);
+                  std::optional<std::int64_t> older_than_cutoff_ns,
+                  std::string_view keep_name = {});
 
 }  // namespace gmjit::cache::maintenance

@@ -1,5 +1,6 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -7,6 +8,7 @@
 #include <ctime>
 #include <fstream>
 #include <iterator>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -87,6 +89,31 @@ void write_file_atomically(const std::string& path, const std::vector<std::byte>
   if (std::rename(temp.c_str(), path.c_str()) != 0) fail("cannot rename over it");
 }
 
+nlohmann::json failures_json(const cache::PruneResult& result) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const cache::RemovalFailure& f : result.failures) {
+    out.push_back({{"path", f.path.string()}, {"error", std::strerror(f.error)}});
+  }
+  return out;
+}
+
+// Every entry clear/prune was expected to remove and could not, with why (the first few).
+std::string removal_failures(const std::string& action, const cache::PruneResult& result) {
+  constexpr std::size_t kListed = 10;
+  std::string text = fmt::format("cache {}: could not remove {} entr{}:", action,
+                                 result.failures.size(), result.failures.size() == 1 ? "y" : "ies");
+  for (std::size_t i = 0; i < std::min(kListed, result.failures.size()); ++i) {
+    text += fmt::format(" {} ({});", result.failures[i].path.string(),
+                        std::strerror(result.failures[i].error));
+  }
+  if (result.failures.size() > kListed) {
+    text += fmt::format(" and {} more;", result.failures.size() - kListed);
+  }
+  return text +
+         " they are still on disk and count against GMJIT_CACHE_MAXSIZE (check the owner and "
+         "permissions of their folder, file attributes such as immutable, and mount options)";
+}
+
 }  // namespace
 
 void add_cache_options(CLI::App& command, CacheCommand& o) {
@@ -101,18 +128,28 @@ void add_cache_options(CLI::App& command, CacheCommand& o) {
 
 int run_cache(const CacheCommand& o) {
   cache::DiskCacheConfig config = cache::DiskCacheConfig::from_environment();
-  config.warn = [](std::string_view line) {
-    std::fprintf(stderr, "gmjit: cache: %.*s\n", static_cast<int>(line.size()), line.data());
+  config.warn = [](std::string_view line) {  // lines start with "gmjit cache:" already
+    std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
   };
-  if (config.disabled) {
-    std::fprintf(stderr, "gmjit: the cache is disabled (GMJIT_CACHE_DISABLE or no HOME)\n");
+  // Constructed first: it reports the environment's problems (a relative GMJIT_CACHE_DIR...).
+  cache::DiskCache disk(config);
+  if (!disk.enabled()) {
+    std::fprintf(stderr,
+                 "gmjit: the cache is disabled (GMJIT_CACHE_DISABLE, no HOME, or a warning "
+                 "above)\n");
     return 1;
   }
-  cache::DiskCache disk(config);
   nlohmann::json out;
+  cache::PruneResult pruned;  // clear and prune
   if ((o.action == "export" || o.action == "import") && o.file.empty()) {
     throw Error(Status::invalid_argument,
                 fmt::format("cache {}: expected a bundle FILE argument", o.action));
+  }
+  if ((o.action == "clear" || o.action == "prune") && disk.read_only()) {
+    throw Error(Status::invalid_argument,
+                fmt::format("cache {}: the cache in {} is read-only (GMJIT_CACHE_READONLY is "
+                            "set); nothing was removed. Unset it to modify the cache",
+                            o.action, disk.directory().string()));
   }
   if (o.action == "stats") {
     // The local layer's fields at the top level (as before layers existed), the shared layers
@@ -147,9 +184,11 @@ int run_cache(const CacheCommand& o) {
       }
     }
   } else if (o.action == "clear") {
-    const auto removed = disk.clear();
-    out = {{"removed", removed}};
-    if (!o.json) std::printf("removed %llu entries\n", static_cast<unsigned long long>(removed));
+    pruned = disk.clear();
+    out = {{"removed", pruned.removed}, {"failed", failures_json(pruned)}};
+    if (!o.json) {
+      std::printf("removed %llu entries\n", static_cast<unsigned long long>(pruned.removed));
+    }
   } else if (o.action == "export") {
     // The local layer's valid entries; shared layers are exported from their own directory
     // (GMJIT_CACHE_DIR=<layer> gmjit cache export).
@@ -175,12 +214,25 @@ int run_cache(const CacheCommand& o) {
       throw Error(Status::invalid_argument, fmt::format("import '{}': {}; {} entries published",
                                                         o.file, result.error, result.published));
     }
-    out = {
-        {"imported", result.published}, {"file", o.file}, {"directory", disk.directory().string()}};
+    out = {{"imported", result.present},
+           {"published", result.published},
+           {"evicted", result.evicted},
+           {"file", o.file},
+           {"directory", disk.directory().string()}};
     if (!o.json) {
-      std::printf("imported %llu entries from %s into %s\n",
-                  static_cast<unsigned long long>(result.published), o.file.c_str(),
-                  disk.directory().c_str());
+      if (result.evicted == 0) {
+        std::printf("imported %llu entries from %s into %s\n",
+                    static_cast<unsigned long long>(result.present), o.file.c_str(),
+                    disk.directory().c_str());
+      } else {
+        std::printf(
+            "imported %llu of %llu entries from %s into %s; %llu were evicted again by the "
+            "size bound (GMJIT_CACHE_MAXSIZE, %llu bytes): raise it to keep them all\n",
+            static_cast<unsigned long long>(result.present),
+            static_cast<unsigned long long>(result.present + result.evicted), o.file.c_str(),
+            disk.directory().c_str(), static_cast<unsigned long long>(result.evicted),
+            static_cast<unsigned long long>(disk.stats().max_bytes));
+      }
     }
   } else {  // prune
     std::uint64_t max_bytes = disk.stats().max_bytes;
@@ -202,11 +254,16 @@ int run_cache(const CacheCommand& o) {
                                 o.older_than));
       }
     }
-    const auto removed = disk.prune(max_bytes, older_than);
-    out = {{"removed", removed}, {"stats", stats_json(disk.stats())}};
-    if (!o.json) std::printf("removed %llu entries\n", static_cast<unsigned long long>(removed));
+    pruned = disk.prune(max_bytes, older_than);
+    out = {{"removed", pruned.removed},
+           {"failed", failures_json(pruned)},
+           {"stats", stats_json(disk.stats())}};
+    if (!o.json) {
+      std::printf("removed %llu entries\n", static_cast<unsigned long long>(pruned.removed));
+    }
   }
   if (o.json) std::printf("%s\n", out.dump(2).c_str());
+  if (!pruned.ok()) throw Error(Status::internal, removal_failures(o.action, pruned));
   return 0;
 }
 

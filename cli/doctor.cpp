@@ -28,6 +28,7 @@ int run_doctor() {
     std::printf("  cache warning: %.*s\n", static_cast<int>(line.size()), line.data());
   };
   if (config.disabled) {
+    for (const std::string& line : config.environment_warnings) config.warn(line);  // why
     std::printf("  cache:        disabled\n");
     return 0;
   }

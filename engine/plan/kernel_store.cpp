@@ -17,6 +17,13 @@ constexpr std::uint32_t kPayloadMagic = 0x504b4d47;  // "GMKP"
 constexpr std::uint32_t kPayloadVersion = 2;
 // Bump when anything about how kernels are generated or launched changes meaning.
 constexpr std::string_view kEngineFormat = "gmjit-kernel-v2";
+// LaunchShape is stored raw (memcpy) in the payload, so its field layout is part of the payload
+// format: a change to the struct must change this tag (the static_assert is the reminder).
+constexpr std::string_view kLaunchLayout =
+    "grid:u8 operands:u8 threads dynamic_smem_bytes grid_x grid_y grid_z block_m block_n "
+    "experts:u32";
+static_assert(sizeof(codegen::LaunchShape) == 36 && sizeof(codegen::KernelRole) == 1,
+              "the payload's raw layout changed: update kLaunchLayout (it is in the disk key)");
 
 class Writer {
  public:
@@ -76,6 +83,12 @@ const cache::Key128& templates_digest() {
 
 }  // namespace
 
+const std::string& payload_format() {
+  static const std::string format =
+      fmt::format("payload v{} launch {} role u8", kPayloadVersion, kLaunchLayout);
+  return format;
+}
+
 std::vector<std::byte> encode_payload(const CompiledKernel& kernel) {
   Writer w;
   w.put(kPayloadMagic);
@@ -107,9 +120,10 @@ cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view a
 }
 
 cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view arch,
-                         std::string_view nvrtc) {
+                         std::string_view nvrtc, std::string_view payload) {
   cache::KeyBuilder builder;
-  builder.add(kEngineFormat).add(source.entry).add(source.source);
+  // The payload format too: a new format never meets an entry written in an old one.
+  builder.add(kEngineFormat).add(payload).add(source.entry).add(source.source);
   const cache::Key128& templates = templates_digest();
   builder.add(templates.high).add(templates.low);
   for (const auto& option : codegen::canonical_nvrtc_options(arch)) builder.add(option);
@@ -132,24 +146,24 @@ std::shared_ptr<const CompiledKernel> KernelStore::load_or_compile(
     const KernelLabels& labels) {
   if (disk_) {
     cache::LoadOrigin origin;
-    if (auto bytes = disk_->load(key, &origin)) {
-      auto kernel = std::make_shared<CompiledKernel>();
+    auto kernel = std::make_shared<CompiledKernel>();
+    // Checked inside the lookup, layer by layer: the cache removes a local entry that fails, and
+    // skips a shared layer's copy so that the next layer (the local one) can still serve.
+    const auto usable = [&](std::span<const std::byte> bytes) {
+      *kernel = CompiledKernel{};
       // The role picks the tensors the family binds (engine/families), so it must match too.
-      if (decode_payload(*bytes, *kernel) && kernel->entry == source.entry &&
-          kernel->role == source.role && kernel->launch == source.launch) {
-        kernel->family = source.family;
-        kernel->key = key;
-        kernel->arch = arch;
-        ++counters_.disk_reads;
-        if (origin.shared) ++counters_.disk_shared_reads;
-        log(LogLevel::debug, "disk hit {} ({}, {}) from the {} layer {}", source.entry, arch,
-            key.hex(), origin.shared ? "shared" : "local", origin.directory.string());
-        return kernel;
-      }
-      log(LogLevel::warn,
-          "cache entry {} holds a payload that does not match kernel {}; "
-          "recompiling",
-          key.hex(), source.entry);
+      return decode_payload(bytes, *kernel) && kernel->entry == source.entry &&
+             kernel->role == source.role && kernel->launch == source.launch;
+    };
+    if (disk_->load(key, &origin, usable)) {
+      kernel->family = source.family;
+      kernel->key = key;
+      kernel->arch = arch;
+      ++counters_.disk_reads;
+      if (origin.shared) ++counters_.disk_shared_reads;
+      log(LogLevel::debug, "disk hit {} ({}, {}) from the {} layer {}", source.entry, arch,
+          key.hex(), origin.shared ? "shared" : "local", origin.directory.string());
+      return kernel;
     }
   }
   NvtxRange range("gmjit compile kernel");

@@ -30,12 +30,16 @@ std::vector<std::byte> encode_payload(const CompiledKernel& kernel);
 // Returns false when the bytes are not a payload of this version.
 bool decode_payload(std::span<const std::byte> bytes, CompiledKernel& out);
 
-// Everything that can change the binary (docs/DESIGN.md §4): format version, generated source,
-// every template header, canonical NVRTC options, target arch, NVRTC version (as much of it as
-// the library tells: codegen::nvrtc_full_version()).
+// The payload's version and raw layout, as the disk key holds it.
+const std::string& payload_format();
+
+// Everything that can change the binary or how its entry is read (docs/DESIGN.md §4): format
+// version, payload format, generated source, every template header, canonical NVRTC options,
+// target arch, NVRTC version (as much of it as the library tells: codegen::nvrtc_full_version()).
 cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view arch);
 cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view arch,
-                         std::string_view nvrtc_version);
+                         std::string_view nvrtc_version,
+                         std::string_view payload_format = engine::payload_format());
 
 struct StoreCounters {
   std::atomic<std::uint64_t> kernels_compiled{0};

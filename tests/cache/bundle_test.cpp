@@ -35,6 +35,8 @@ TEST(Bundle, ExportThenImportIntoAnEmptyCacheGivesHitsForEveryEntry) {
   const bundle::ImportResult result = bundle::import_into(b, bytes);
   ASSERT_TRUE(result.ok()) << result.error;
   EXPECT_EQ(result.published, 5u);
+  EXPECT_EQ(result.present, 5u);
+  EXPECT_EQ(result.evicted, 0u);
   for (std::uint64_t id = 1; id <= 5; ++id) {
     EXPECT_EQ(b.load(key_for(id)), payload_for(key_for(id), 500 + id));
     EXPECT_TRUE(stdfs::exists(entry_path(b, key_for(id), labels_for(id))));
@@ -42,6 +44,21 @@ TEST(Bundle, ExportThenImportIntoAnEmptyCacheGivesHitsForEveryEntry) {
   EXPECT_EQ(b.counters().hits, 5u);
   EXPECT_TRUE(temp_files(tmp.path() / "b").empty());
   EXPECT_EQ(warnings.size(), 0u) << warnings.all();
+}
+
+TEST(Bundle, ImportLargerThanTheSizeBoundCountsOnlyTheEntriesStillPresent) {
+  TempDir tmp;
+  Fill(tmp.path() / "a", 36);
+  const std::vector<std::byte> bytes = ExportFrom(tmp.path() / "a");
+  Warnings warnings;
+  DiskCache b(config_for(tmp.path() / "b", warnings, 20 * 1024));
+  const bundle::ImportResult result = bundle::import_into(b, bytes);
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.published, 36u);
+  const std::uint64_t on_disk = entry_files(tmp.path() / "b").size();
+  EXPECT_LT(on_disk, 36u);
+  EXPECT_EQ(result.present, on_disk);
+  EXPECT_EQ(result.evicted, 36u - on_disk);
 }
 
 TEST(Bundle, ImportTwiceLeavesTheSameEntries) {

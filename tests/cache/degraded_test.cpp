@@ -26,8 +26,8 @@ TEST(DisabledCache, MissesRefusesStoresAndTouchesNoFiles) {
   EXPECT_FALSE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
   EXPECT_FALSE(cache.load(key_for(1)).has_value());
   EXPECT_TRUE(cache.list().empty());
-  EXPECT_EQ(cache.clear(), 0u);
-  EXPECT_EQ(cache.prune(0, 0), 0u);
+  EXPECT_EQ(cache.clear().removed, 0u);
+  EXPECT_EQ(cache.prune(0, 0).removed, 0u);
   EXPECT_EQ(cache.stats().entries, 0u);
   EXPECT_FALSE(stdfs::exists(tmp.path() / "root"));
   EXPECT_EQ(warnings.size(), 0u) << warnings.all();
@@ -51,8 +51,8 @@ TEST(ReadOnlyCache, LoadsExistingEntriesButNeverWrites) {
   EXPECT_EQ(mtime_seconds(path), stamp) << "a read-only cache must not refresh stamps";
   EXPECT_FALSE(cache.writable());
   EXPECT_FALSE(cache.store(key_for(2), labels_for(2), payload_for(key_for(2))));
-  EXPECT_EQ(cache.prune(0, std::nullopt), 0u);
-  EXPECT_EQ(cache.clear(), 0u);
+  EXPECT_EQ(cache.prune(0, std::nullopt).removed, 0u);
+  EXPECT_EQ(cache.clear().removed, 0u);
   EXPECT_EQ(entry_files(tmp.path()).size(), 1u);
   EXPECT_EQ(warnings.size(), 0u) << warnings.all();
 }
@@ -162,6 +162,37 @@ TEST(UnwritableDirectory, WithinTheRetryDelayNoWriteIsAttempted) {
   EXPECT_EQ(warnings.size(), 1u) << warnings.all();
 }
 
+// Removes every temp file in `dir` before the first rename, as another process's maintenance
+// does with a temp file it judges stale (older than an hour: a writer stopped for that long).
+class RemoveTempBeforeFirstRename final : public PublishHooks {
+ public:
+  explicit RemoveTempBeforeFirstRename(stdfs::path dir) : dir_(std::move(dir)) {}
+  void before_rename() const override {
+    if (calls_++ == 0) {
+      for (const stdfs::path& temp : temp_files(dir_)) stdfs::remove(temp);
+    }
+  }
+
+ private:
+  stdfs::path dir_;
+  mutable int calls_ = 0;
+};
+
+TEST(VanishedTempFile, IsPublishedAgainAndDiskWritesStayOn) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCacheConfig config = config_for(tmp.path(), warnings);
+  config.publish_hooks = std::make_shared<const RemoveTempBeforeFirstRename>(tmp.path());
+  DiskCache cache(config);
+  EXPECT_TRUE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  EXPECT_EQ(cache.load(key_for(1)), payload_for(key_for(1)));
+  EXPECT_TRUE(cache.writable());
+  EXPECT_TRUE(cache.store(key_for(2), labels_for(2), payload_for(key_for(2))));
+  EXPECT_EQ(cache.counters().store_failures, 0u);
+  EXPECT_TRUE(temp_files(tmp.path()).empty());
+  EXPECT_EQ(warnings.size(), 0u) << warnings.all();
+}
+
 TEST(SwallowedErrors, AnExceptionInsideLoadIsAMissReportedOnceWithItsCause) {
   TempDir tmp;
   auto lines = std::make_shared<std::vector<std::string>>();
@@ -230,6 +261,37 @@ TEST(Environment, DirectoryPrecedenceIsCacheDirThenXdgThenHome) {
   EXPECT_FALSE(config.read_only);
   EXPECT_EQ(config.max_bytes, 4ull << 30);
   EXPECT_TRUE(config.environment_warnings.empty());
+}
+
+TEST(Environment, CacheDirStartingWithATildeIsUnderHome) {
+  EXPECT_EQ(ConfigFrom({{"GMJIT_CACHE_DIR", "~/gm"}, {"HOME", "/h"}}).root, "/h/gm");
+  EXPECT_EQ(ConfigFrom({{"GMJIT_CACHE_DIR", "~"}, {"HOME", "/h"}}).root, "/h");
+  const DiskCacheConfig config = ConfigFrom({{"GMJIT_CACHE_DIR", "~/gm"}, {"HOME", "/h"}});
+  EXPECT_FALSE(config.disabled);
+  EXPECT_TRUE(config.environment_warnings.empty());
+}
+
+TEST(Environment, RelativeCacheDirDisablesTheDiskCacheWithAWarningNamingIt) {
+  const std::vector<std::map<std::string, std::string>> cases = {
+      {{"GMJIT_CACHE_DIR", "gm"}, {"HOME", "/h"}},
+      {{"GMJIT_CACHE_DIR", "./gm"}, {"HOME", "/h"}},
+      {{"GMJIT_CACHE_DIR", "~/gm"}},                     // no HOME to expand it with
+      {{"GMJIT_CACHE_DIR", "~/gm"}, {"HOME", "h"}},      // nor a relative one
+      {{"GMJIT_CACHE_DIR", "~bob/gm"}, {"HOME", "/h"}},  // another user's home: not expanded
+  };
+  for (const auto& env : cases) {
+    const std::string value = env.at("GMJIT_CACHE_DIR");
+    const DiskCacheConfig config = ConfigFrom(env);
+    EXPECT_TRUE(config.disabled) << value;
+    EXPECT_TRUE(config.root.empty()) << value << " gave " << config.root;
+    ASSERT_EQ(config.environment_warnings.size(), 1u) << value;
+    EXPECT_NE(config.environment_warnings[0].find("GMJIT_CACHE_DIR='" + value + "'"),
+              std::string::npos)
+        << config.environment_warnings[0];
+  }
+  EXPECT_TRUE(ConfigFrom({{"GMJIT_CACHE_DIR", "gm"}, {"GMJIT_CACHE_DISABLE", "1"}})
+                  .environment_warnings.empty())
+      << "no warning when the user disabled the cache";
 }
 
 TEST(Environment, MaxSizeAcceptsBytesAndBinarySuffixes) {

@@ -58,7 +58,7 @@ TEST(LruEviction, AHitProtectsAnEntryFromEviction) {
   for (int i = 0; i < 3; ++i) set_mtime_seconds_ago(paths[i], 1000 - i);  // 0 is the oldest
   DiskCache cache(config_for(tmp.path(), warnings));
   ASSERT_TRUE(cache.load(key_for(0)).has_value());  // now the most recently used
-  EXPECT_EQ(cache.prune(2 * stdfs::file_size(paths[0]), std::nullopt), 1u);
+  EXPECT_EQ(cache.prune(2 * stdfs::file_size(paths[0]), std::nullopt).removed, 1u);
   EXPECT_TRUE(stdfs::exists(paths[0]));
   EXPECT_FALSE(stdfs::exists(paths[1]));
   EXPECT_TRUE(stdfs::exists(paths[2]));
@@ -76,6 +76,48 @@ TEST(LruEviction, HitRefreshesOnlyStampsOlderThanAMinute) {
   ASSERT_TRUE(cache.load(key_for(1)).has_value());
   EXPECT_GE(mtime_seconds(paths[0]), std::time(nullptr) - 5);
   EXPECT_EQ(mtime_seconds(paths[1]), recent);  // no write for a hot entry
+}
+
+TEST(LruEviction, HitRefreshesAStampInTheFuture) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const std::vector<stdfs::path> paths = StoreEntries(cache, 1);
+  set_mtime_seconds_ago(paths[0], -86400);  // a day ahead: a skewed clock, an rsync'd cache
+  ASSERT_TRUE(cache.load(key_for(0)).has_value());
+  EXPECT_LE(mtime_seconds(paths[0]), std::time(nullptr) + 5);
+}
+
+TEST(LruEviction, StampFarInTheFutureIsEvictedFirstAndMatchesAnyOlderThan) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  std::vector<stdfs::path> paths = StoreEntries(cache, 3);
+  set_mtime_seconds_ago(paths[0], 1000);
+  set_mtime_seconds_ago(paths[1], -86400);
+  set_mtime_seconds_ago(paths[2], 500);
+  EXPECT_EQ(cache.prune(2 * stdfs::file_size(paths[0]), std::nullopt).removed, 1u);
+  EXPECT_TRUE(stdfs::exists(paths[0]));
+  EXPECT_FALSE(stdfs::exists(paths[1]));
+  EXPECT_TRUE(stdfs::exists(paths[2]));
+
+  set_mtime_seconds_ago(paths[2], -365 * 86400);
+  EXPECT_EQ(cache.prune(1ull << 40, 7 * 86400).removed, 1u);
+  EXPECT_TRUE(stdfs::exists(paths[0]));
+  EXPECT_FALSE(stdfs::exists(paths[2]));
+}
+
+TEST(LruEviction, StampSlightlyAheadCountsAsRecentNotAsOld) {
+  // Nodes sharing a cache disagree by seconds: their fresh entries must not go first.
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  std::vector<stdfs::path> paths = StoreEntries(cache, 2);
+  set_mtime_seconds_ago(paths[0], 1000);
+  set_mtime_seconds_ago(paths[1], -30);
+  EXPECT_EQ(cache.prune(stdfs::file_size(paths[1]), 900).removed, 1u);
+  EXPECT_FALSE(stdfs::exists(paths[0]));
+  EXPECT_TRUE(stdfs::exists(paths[1]));
 }
 
 TEST(LruEviction, EvictionIgnoresForeignFiles) {
@@ -99,13 +141,13 @@ TEST(LruEviction, EvictionIgnoresForeignFiles) {
     write_bytes(path, payload_for(key_for(1), 100000));
     set_mtime_seconds_ago(path, 100000);
   }
-  EXPECT_EQ(cache.prune(0, std::nullopt), 4u);
+  EXPECT_EQ(cache.prune(0, std::nullopt).removed, 4u);
   for (const stdfs::path& path : paths) EXPECT_FALSE(stdfs::exists(path));
   for (const stdfs::path& path : foreign) EXPECT_TRUE(stdfs::exists(path)) << path;
   EXPECT_EQ(cache.stats().entries, 0u);
   EXPECT_EQ(cache.stats().total_bytes, 0u);  // foreign bytes do not count either
   StoreEntries(cache, 2);
-  EXPECT_EQ(cache.clear(), 2u);
+  EXPECT_EQ(cache.clear().removed, 2u);
   for (const stdfs::path& path : foreign) EXPECT_TRUE(stdfs::exists(path)) << path;
 }
 
@@ -116,7 +158,7 @@ TEST(LruEviction, PruneOlderThanRemovesOnlyEntriesUnusedThatLong) {
   const std::vector<stdfs::path> paths = StoreEntries(cache, 3);
   set_mtime_seconds_ago(paths[0], 10 * 86400);
   set_mtime_seconds_ago(paths[1], 2 * 86400);
-  EXPECT_EQ(cache.prune(1ull << 40, 7 * 86400), 1u);
+  EXPECT_EQ(cache.prune(1ull << 40, 7 * 86400).removed, 1u);
   EXPECT_FALSE(stdfs::exists(paths[0]));
   EXPECT_TRUE(stdfs::exists(paths[1]));
   EXPECT_TRUE(stdfs::exists(paths[2]));
@@ -132,10 +174,10 @@ TEST(LruEviction, PruneOlderThanAHugeValueSaturatesAndRemovesNothing) {
   for (std::int64_t seconds :
        {std::numeric_limits<std::int64_t>::max(),
         std::numeric_limits<std::int64_t>::max() / 1'000'000'000 + 1, std::int64_t{1} << 62}) {
-    EXPECT_EQ(cache.prune(1ull << 40, seconds), 0u) << seconds;
+    EXPECT_EQ(cache.prune(1ull << 40, seconds).removed, 0u) << seconds;
   }
   for (const stdfs::path& path : paths) EXPECT_TRUE(stdfs::exists(path)) << path;
-  EXPECT_EQ(cache.prune(1ull << 40, 0), 3u);  // zero: everything is older than now
+  EXPECT_EQ(cache.prune(1ull << 40, 0).removed, 3u);  // zero: everything is older than now
 }
 
 TEST(DurationParsing, UnitsScaleAndHugeValuesSaturateInsteadOfOverflowing) {
@@ -163,7 +205,7 @@ TEST(StaleTempFiles, OldTempFilesAreRemovedAndFreshOnesKept) {
   write_bytes(stale, {std::byte{1}});
   write_bytes(fresh, {std::byte{1}});
   set_mtime_seconds_ago(stale, 2 * 3600);
-  EXPECT_EQ(cache.prune(1ull << 40, std::nullopt), 0u);
+  EXPECT_EQ(cache.prune(1ull << 40, std::nullopt).removed, 0u);
   EXPECT_FALSE(stdfs::exists(stale));
   EXPECT_TRUE(stdfs::exists(fresh));
   EXPECT_TRUE(stdfs::exists(paths[0]));

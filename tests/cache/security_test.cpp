@@ -150,7 +150,7 @@ TEST(SwappedDirectory, FanoutDirectoryReplacedByASymlinkIsRefusedAndReceivesNoWr
   stdfs::create_directory_symlink(elsewhere, fanout);
   EXPECT_FALSE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
   EXPECT_FALSE(cache.load(key_for(1)).has_value());
-  EXPECT_EQ(cache.prune(0, std::nullopt), 0u);
+  EXPECT_EQ(cache.prune(0, std::nullopt).removed, 0u);
 
   EXPECT_TRUE(stdfs::is_empty(elsewhere));
   ASSERT_EQ(warnings.size(), 1u) << warnings.all();

@@ -1,6 +1,8 @@
 #include "test_support.hpp"
 
 #include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -130,6 +132,36 @@ mode_t mode_of(const stdfs::path& path) {
   struct stat st {};
   if (lstat(path.c_str(), &st) != 0) return 0;
   return st.st_mode & 07777;
+}
+
+Undeletable::Undeletable(stdfs::path file) : file_(std::move(file)) {
+  if (running_as_root()) {
+    supported_ = set_immutable(true);
+  } else {
+    stdfs::permissions(file_.parent_path(), stdfs::perms(0500));
+    supported_ = true;
+  }
+}
+
+Undeletable::~Undeletable() {
+  if (!supported_) return;
+  if (running_as_root()) {
+    set_immutable(false);
+  } else {
+    std::error_code ec;  // TempDir gives permissions back anyway
+    stdfs::permissions(file_.parent_path(), stdfs::perms(0700), ec);
+  }
+}
+
+bool Undeletable::set_immutable(bool on) const {
+  const int fd = open(file_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  int flags = 0;
+  bool done = ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0;
+  flags = on ? (flags | FS_IMMUTABLE_FL) : (flags & ~FS_IMMUTABLE_FL);
+  done = done && ioctl(fd, FS_IOC_SETFLAGS, &flags) == 0;
+  close(fd);
+  return done;
 }
 
 }  // namespace gmjit::cache::testing

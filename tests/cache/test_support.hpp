@@ -66,4 +66,22 @@ inline bool running_as_root() {
   return geteuid() == 0;
 }
 
+// Makes an entry file impossible for this process to unlink, for real: as root (which ignores
+// permission bits) with the immutable attribute, otherwise by taking write permission from its
+// folder (so the folder's other entries are stuck too). supported() is false where that cannot
+// be done (a filesystem without the attribute): the test then skips. Undone on destruction.
+class Undeletable {
+ public:
+  explicit Undeletable(stdfs::path file);
+  ~Undeletable();
+  Undeletable(const Undeletable&) = delete;
+  Undeletable& operator=(const Undeletable&) = delete;
+  bool supported() const { return supported_; }
+
+ private:
+  bool set_immutable(bool on) const;
+  stdfs::path file_;
+  bool supported_ = false;
+};
+
 }  // namespace gmjit::cache::testing

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/disk_cache.hpp"
 #include "cache/entry_format.hpp"
 #include "cache/layout.hpp"
 #include "testing/layers.hpp"
@@ -231,6 +232,48 @@ TEST_F(ClusterCache, RestartedRankReadsEverythingFromTheSharedLayerAndWritesNoth
       "[ measure  ] cold compile %.1f ms (%llu kernels); restarted rank, shared layer: "
       "%.1f ms\n",
       cold.milliseconds, static_cast<unsigned long long>(cold.compiled), restarted.milliseconds);
+}
+
+// A shared layer made by an older gmjit whose payload this one cannot decode (the disk key
+// keeps new formats apart; this is the layer that slipped through anyway) must not hide the
+// local layer's good copy: every restart would otherwise compile everything again.
+TEST_F(ClusterCache, SharedEntryWithAPayloadTheEngineRejectsFallsThroughToTheLocalCopy) {
+  const stdfs::path local = root_ / "local";
+  setenv("GMJIT_CACHE_DIR", local.c_str(), 1);
+  const Result cold = in_fresh_process(prepare_all);
+  ASSERT_EQ(cold.status, 0);
+  ASSERT_GT(cold.compiled, 0u);
+
+  const stdfs::path shared = root_ / "shipped";
+  cache::DiskCacheConfig config;
+  config.root = shared;
+  cache::DiskCache shipped(config);
+  const auto is_entry = [](const std::string& name) {
+    return name.ends_with(cache::layout::kEntrySuffix);
+  };
+  for (const stdfs::path& path : files_under(local, is_entry)) {
+    const auto parsed = cache::layout::parse_entry_file_name(path.filename().string());
+    ASSERT_TRUE(parsed.has_value()) << path;
+    std::vector<std::byte> bytes(stdfs::file_size(path));
+    std::FILE* file = std::fopen(path.c_str(), "rb");
+    ASSERT_NE(file, nullptr) << path;
+    EXPECT_EQ(std::fread(bytes.data(), 1, bytes.size(), file), bytes.size());
+    std::fclose(file);
+    const auto decoded = cache::decode(bytes, parsed->key);
+    ASSERT_TRUE(decoded.ok()) << path;
+    std::vector<std::byte> payload(decoded.value().payload.begin(), decoded.value().payload.end());
+    payload.at(4) = std::byte{99};  // the payload version that follows the magic
+    ASSERT_TRUE(shipped.store(parsed->key, decoded.value().header.labels, payload));
+  }
+  const std::size_t shipped_entries = files_under(shared, is_entry).size();
+
+  setenv("GMJIT_CACHE_SHARED_DIR", shared.c_str(), 1);
+  const Result restarted = in_fresh_process(prepare_all);
+  ASSERT_EQ(restarted.status, 0);
+  EXPECT_EQ(restarted.compiled, 0u);
+  EXPECT_EQ(restarted.disk_reads, cold.compiled);
+  EXPECT_EQ(restarted.shared_reads, 0u);
+  EXPECT_EQ(files_under(shared, is_entry).size(), shipped_entries) << "a shared layer stays";
 }
 
 }  // namespace

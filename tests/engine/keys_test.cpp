@@ -87,6 +87,19 @@ TEST(KernelKey, ADifferentNvrtcVersionStringGivesADifferentKey) {
   EXPECT_FALSE(kernel_key(source, "sm_90a", full) == kernel_key(source, "sm_90a", full + "x"));
 }
 
+TEST(KernelKey, ADifferentPayloadFormatGivesADifferentKey) {
+  // A new payload format then never meets an entry written in the old one.
+  codegen::GroupedMlpForwardDesc desc;
+  desc.layer.hidden = 256;
+  desc.layer.ffn = 128;
+  const codegen::KernelSource source = codegen::emit_grouped_mlp_forward(desc).front();
+  const std::string nvrtc = codegen::nvrtc_full_version();
+  EXPECT_EQ(kernel_key(source, "sm_90a"), kernel_key(source, "sm_90a", nvrtc, payload_format()));
+  EXPECT_FALSE(kernel_key(source, "sm_90a", nvrtc, payload_format()) ==
+               kernel_key(source, "sm_90a", nvrtc, payload_format() + " v3"));
+  EXPECT_NE(payload_format().find("payload v2"), std::string::npos) << payload_format();
+}
+
 TEST(KernelKey, NvrtcVersionInTheKeyIsMoreThanMajorMinor) {
   const std::string full = codegen::nvrtc_full_version();
   const std::string major_minor = codegen::nvrtc_version_string();

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# `gmjit cache` when it cannot do what it was asked, without compiling anything: a read-only cache
+# refuses clear and prune, clear fails naming an entry it could not remove, a relative
+# GMJIT_CACHE_DIR creates nothing, and warnings carry the "gmjit cache:" prefix once.
+set -euo pipefail
+gmjit="$1"
+work="$(mktemp -d)"
+stuck=""
+cleanup() {
+  if [ -n "$stuck" ]; then
+    chattr -i "$stuck" 2>/dev/null || true
+    chmod 700 "$(dirname "$stuck")" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+unset GMJIT_CACHE_SHARED_DIR GMJIT_CACHE_DISABLE GMJIT_CACHE_READONLY GMJIT_CACHE_MAXSIZE
+umask 077
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Eviction and clear go by file name and size, so entries need no valid content here.
+make_entry() {  # cache root, 32 hex digits; prints the path
+  local dir="$1/v1/${2:0:2}"
+  mkdir -p "$dir"
+  head -c 1000 /dev/zero >"$dir/$2.sm_90a.grad.gmk"
+  echo "$dir/$2.sm_90a.grad.gmk"
+}
+make_entry "$work/ro" 0123456789abcdef0123456789abcdef >/dev/null
+
+# A read-only cache refuses to be modified, and says why.
+for action in clear prune; do
+  if GMJIT_CACHE_DIR="$work/ro" GMJIT_CACHE_READONLY=1 "$gmjit" cache "$action" \
+    >"$work/out" 2>"$work/err"; then
+    fail "cache $action on a read-only cache exited 0: $(cat "$work/out")"
+  fi
+  grep -q "read-only (GMJIT_CACHE_READONLY" "$work/err" || fail "$action: $(cat "$work/err")"
+done
+[ -n "$(find "$work/ro" -name '*.gmk')" ] || fail "a read-only cache lost its entry"
+
+# An entry clear cannot remove: clear removes the rest, then fails naming it.
+make_entry "$work/c" aa000000000000000000000000000000 >/dev/null
+stuck="$(make_entry "$work/c" bb000000000000000000000000000000)"
+if [ "$(id -u)" = 0 ]; then
+  chattr +i "$stuck" 2>/dev/null || stuck=""  # root ignores permission bits
+else
+  chmod 500 "$(dirname "$stuck")"
+fi
+if [ -n "$stuck" ]; then
+  if GMJIT_CACHE_DIR="$work/c" "$gmjit" cache clear >"$work/out" 2>"$work/err"; then
+    fail "clear exited 0 with an entry left: $(cat "$work/out")"
+  fi
+  grep -q "removed 1 entries" "$work/out" || fail "clear: $(cat "$work/out")"
+  grep -q "could not remove 1 entry: $stuck" "$work/err" || fail "clear: $(cat "$work/err")"
+else
+  echo "skipped: cannot make a file undeletable here"
+fi
+
+# A relative GMJIT_CACHE_DIR (a '~' the shell did not expand) is refused, not made here.
+(cd "$work" && GMJIT_CACHE_DIR='gm' "$gmjit" cache stats >"$work/out" 2>"$work/err") &&
+  fail "a relative GMJIT_CACHE_DIR was used"
+grep -q "GMJIT_CACHE_DIR='gm' is not an absolute path" "$work/err" || fail "$(cat "$work/err")"
+[ ! -e "$work/gm" ] || fail "a relative GMJIT_CACHE_DIR created $work/gm"
+(cd "$work" && HOME="$work/home" GMJIT_CACHE_DIR='~/gm' "$gmjit" cache stats >"$work/out") ||
+  fail "GMJIT_CACHE_DIR='~/gm': $(cat "$work/out")"
+grep -q "local layer: $work/home/gm/v1" "$work/out" || fail "'~/gm': $(cat "$work/out")"
+[ ! -e "$work/~" ] || fail "GMJIT_CACHE_DIR='~/gm' created a folder named '~'"
+
+# One prefix per warning line.
+GMJIT_CACHE_DIR="$work/c2" GMJIT_CACHE_MAXSIZE=lots "$gmjit" cache stats >/dev/null 2>"$work/err"
+grep -q "^gmjit cache: GMJIT_CACHE_MAXSIZE='lots'" "$work/err" || fail "$(cat "$work/err")"
+echo "ok"
