@@ -309,3 +309,28 @@ def test_zero_out_wgrad_gives_a_zero_dummy_gradient(engine):
     for name in ("w1", "w2"):
         assert t[name].grad_added_to_main_grad is True
         assert torch.count_nonzero(t[name].grad) == 0
+
+
+@pytest.mark.parametrize("dy_requires_grad", [True, False])
+def test_differentiating_the_gradients_again_raises_instead_of_dropping_terms(engine, path,
+                                                                             dy_requires_grad):  # fmt: skip
+    t = inputs()
+    y = grouped_mlp(**t)
+    # y² makes dy depend on the graph; a plain sum hands over a dy without grad.
+    loss = y.float().pow(2).sum() if dy_requires_grad else y.float().sum()
+    (dx,) = torch.autograd.grad(loss, t["x"], create_graph=True)
+    assert dx.requires_grad
+    for name in ("w1", "b1", "probs"):  # b1 reaches dx only through the saved pre-activation
+        penalty = dx.float().pow(2).sum() + t[name].float().sum()
+        with pytest.raises(RuntimeError, match="double backward is not supported"):
+            torch.autograd.grad(penalty, t[name], retain_graph=True)
+
+
+def test_create_graph_still_gives_first_order_gradients(engine, path):
+    t = inputs()
+    y = grouped_mlp(**t)
+    dy = torch.randn_like(y)
+    dx, dw2 = torch.autograd.grad(y, (t["x"], t["w2"]), dy, create_graph=True)
+    _, leaves = expected(t, dy)
+    torch.testing.assert_close(dw2.double(), leaves["w2"].grad, rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(dx.double(), leaves["x"].grad, rtol=3e-2, atol=3e-2)

@@ -678,6 +678,18 @@ def _to(grad: Optional[Tensor], like: Tensor) -> Optional[Tensor]:
 _grouped_mlp_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
+_DOUBLE_BACKWARD = (b"grouped_mlp: double backward is not supported (its gradients were made "
+                    b"with create_graph=True but cannot be differentiated again)")  # fmt: skip
+
+
+def _op_double_backward(ctx, *grads):
+    raise RuntimeError(_DOUBLE_BACKWARD.decode())
+
+
+# Without a formula autograd's own error names no cause; this one says what is unsupported.
+_grouped_mlp_backward_op.register_autograd(_op_double_backward)
+
+
 @torch.library.custom_op("gmjit::quantize_weights", mutates_args=())
 def _quantize_weights_op(w1: Tensor, w2: Tensor, recipe: str,
                          transposed: bool = False) -> list[Tensor]:  # fmt: skip
@@ -776,7 +788,8 @@ class _GroupedMLPFunction(torch.autograd.Function):
                            0 if b2 is None else b2.data_ptr(),
                            0 if probs is None else probs.data_ptr(), y.data_ptr(),
                            saved.data_ptr(), _current_stream(d))  # fmt: skip
-        ctx.save_for_backward(x, split_sizes, w1, w2, b2, probs, saved)
+        # b1 only for the graph of a create_graph backward (see _no_double_backward).
+        ctx.save_for_backward(x, split_sizes, w1, w2, b2, probs, saved, b1)
         # Only parameters are kept by reference, for their main_grad attributes; with an FP8
         # recipe, the transposed FP8 weights (fp8[4:], when there) for FP8 data gradients.
         ctx.spec = (layer, (w1, b1, w2, b2) if accumulate_main_grad else None, recipe,
@@ -785,7 +798,15 @@ class _GroupedMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        x, split_sizes, w1, w2, b2, probs, saved = ctx.saved_tensors
+        grads = _GroupedMLPFunction._gradients(ctx, dy)
+        if _grad_enabled():  # create_graph=True: the engine's gradients have no graph of their own
+            x, _, w1, w2, b2, probs, _, b1 = ctx.saved_tensors
+            return _no_double_backward(grads, (dy, x, w1, w2, b1, b2, probs))
+        return grads
+
+    @staticmethod
+    def _gradients(ctx, dy):
+        x, split_sizes, w1, w2, b2, probs, saved, _ = ctx.saved_tensors
         layer, params, recipe, transposed = ctx.spec
         n = ctx.needs_input_grad
         wanted = (n[0], n[2], n[4], n[3], n[5], n[6])
@@ -812,6 +833,16 @@ class _GroupedMLPFunction(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _no_double_backward(grads: tuple, inputs: Sequence[Optional[Tensor]]) -> tuple:
+    """The gradients as outputs of a node that raises when differentiated, with edges to dy and
+    the forward's inputs (what the gradients depend on): a second-order gradient through this op
+    then fails instead of silently missing its terms, as the engine's buffers returned as they
+    are would (they have no graph)."""
+    edges = [t for t in inputs if t is not None and t.requires_grad]
+    err = torch._C._functions.DelayedError(_DOUBLE_BACKWARD, len(grads) + len(edges))
+    return err(*grads, *edges)[: len(grads)]
 
 
 # Function.apply's C++ part: the Python wrapper adds functorch bookkeeping (dead-wrapper
