@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from gmjit.torch import layouts
-from gmjit.torch._op import FP8_BLOCK, grouped_mlp, quantize_weights
+from gmjit.torch._op import FP8_BLOCK, MAX_EXPERTS, MAX_WIDTH, grouped_mlp, quantize_weights
 
 logger = logging.getLogger("gmjit.transformers")
 
@@ -122,7 +122,9 @@ def describe_experts(experts: nn.Module) -> ExpertsPlan:
     base.update(hidden=hidden, ffn=ffn)
     if up.shape[0] != E:
         return ExpertsPlan(reason=f"weights hold {up.shape[0]} experts, num_experts is {E}", **base)
-    if hidden % 8 or ffn % 8:
+    if not 1 <= E <= MAX_EXPERTS:
+        return ExpertsPlan(reason=f"{E} experts; gmjit runs 1 to {MAX_EXPERTS}", **base)
+    if not (8 <= hidden <= MAX_WIDTH and 8 <= ffn <= MAX_WIDTH) or hidden % 8 or ffn % 8:
         return ExpertsPlan(reason=f"hidden ({hidden}) and ffn ({ffn}) must be multiples of 8",
                            **base)  # fmt: skip
     if has_bias and (getattr(experts, "gate_up_proj_bias" if has_gate else "up_proj_bias", None)

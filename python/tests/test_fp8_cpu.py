@@ -150,6 +150,9 @@ def test_valid_fp8_cpu_call_fails_only_on_the_device():
     (torch.randn(E, H, 2 * F, dtype=BF).transpose(1, 2), torch.randn(E, H, F, dtype=BF), "fp8_block", r"'w1' must be contiguous"),
     (torch.randn(E, 2 * F, H, dtype=BF), torch.empty(E, H, F, dtype=BF, device="meta"), "fp8_block", r"'w2' must be on cpu"),
     (torch.randn(E, 2 * F, H, dtype=BF), torch.randn(E, H, F, dtype=BF), "fp8_block", r"'w1' must be on a CUDA device to run"),
+    # The engine's limits, also where there is nothing to quantize.
+    (torch.randn(0, 2 * F, H, dtype=BF), torch.randn(0, H, F, dtype=BF), "fp8_block", r"'w1' must hold 1 to 4096 experts"),
+    (torch.randn(E, 0, H, dtype=BF), torch.randn(E, H, 0, dtype=BF), "fp8_block", r"ffn \(0\) positive multiples of 8"),
 ])  # fmt: skip
 def test_quantize_weights_checks_its_arguments(w1, w2, recipe, pattern):
     with pytest.raises(ValueError, match=pattern):

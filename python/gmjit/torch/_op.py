@@ -83,6 +83,27 @@ def _parse_recipe(recipe: str, where: str = "grouped_mlp") -> int:
     return code
 
 
+# The engine's layer limits (check_supported in codegen/grouped_mlp.cpp). Checked here too so
+# that a call without tokens, which launches nothing, is rejected like one with tokens.
+MAX_EXPERTS = 4096
+MAX_WIDTH = 1 << 20
+
+
+def _check_layer(E: int, H: int, F: int, glu: bool, layout: int, where: str = "grouped_mlp"):
+    """Expert count and widths within the engine's limits, as ValueErrors naming an argument."""
+    if not 1 <= E <= MAX_EXPERTS:
+        raise ValueError(f"{where}: argument 'w1' must hold 1 to {MAX_EXPERTS} experts (its first "
+                         f"dimension), got {E}")  # fmt: skip
+    if not (8 <= H <= MAX_WIDTH and H % 8 == 0 and 8 <= F <= MAX_WIDTH and F % 8 == 0):
+        raise ValueError(f"{where}: argument 'w2' [experts, hidden, ffn] must have hidden ({H}) "
+                         f"and ffn ({F}) positive multiples of 8 (16-byte bf16 rows), at most "
+                         f"{MAX_WIDTH}")  # fmt: skip
+    if glu and layout == GLU_LAYOUTS["interleaved32"] and F % 32:
+        raise ValueError(f"{where}: argument 'glu_layout' must be 'halves' when ffn ({F}) is not "
+                         "a multiple of 32 ('interleaved32' alternates 32 gate and 32 up rows of "
+                         "w1)")  # fmt: skip
+
+
 def _check_fp8_layer(hidden: int, ffn: int, layout: int, glu: bool, where: str = "grouped_mlp"):
     """The FP8 recipes' shape limits (the engine's check_fp8_supported), as ValueErrors."""
     if hidden % FP8_BLOCK or ffn % FP8_BLOCK:
@@ -123,8 +144,10 @@ def check_arguments(
     b2: Optional[Tensor],
     probs: Optional[Tensor],
     glu: bool,
+    layout: int = 0,
 ) -> None:
-    """Checks every tensor argument; raises ValueError naming the first bad one."""
+    """Checks every tensor argument (and the layer's limits, `layout` a GLU_LAYOUTS code);
+    raises ValueError naming the first bad one."""
     if not isinstance(x, Tensor) or x.dim() != 2:
         _fail("x", f"must be a 2-D tensor [tokens, hidden], got {_describe(x)}")
     if not isinstance(w1, Tensor) or w1.dim() != 3:
@@ -146,8 +169,7 @@ def check_arguments(
         )
     _check_tensor("w1", w1, _BF16, (E, F1, H), x)
     _check_tensor("w2", w2, _BF16, (E, H, F), x)
-    if H % 8 != 0 or F % 8 != 0:
-        _fail("w2", f"hidden ({H}) and ffn ({F}) must be multiples of 8 (16-byte bf16 rows)")
+    _check_layer(E, H, F, glu, layout)
     if not isinstance(split_sizes, Tensor):
         _fail("split_sizes", f"must be a torch.Tensor, got {type(split_sizes).__name__}")
     if split_sizes.dtype not in (torch.int32, torch.int64):
@@ -284,6 +306,7 @@ def check_quantize_arguments(w1: Tensor, w2: Tensor, where: str = "quantize_weig
         raise ValueError(
             f"{where}: argument 'w2' must be on {w1.device} (where w1 is), got {w2.device}"
         )
+    _check_layer(E, H, F, F1 != F, 0, where)
     _check_fp8_layer(H, F, 0, F1 != F, where)
 
 
@@ -756,7 +779,7 @@ def _admit(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit,
     """The full checks (raising on a bad argument) and a new entry for `key`."""
     act, layout, glu = _parse_options(activation, glu_layout)
     code = _parse_recipe(recipe)
-    check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu)
+    check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu, layout)
     if code:
         _check_fp8_layer(x.shape[1], w2.shape[2], layout, glu)
     layer = _layer(x, split_sizes, w1, w2, b1, b2, probs, act, layout, float(limit), float(alpha))
@@ -987,7 +1010,7 @@ def grouped_mlp(
 
     act, layout, glu = _parse_options(activation, glu_layout)
     code = _parse_recipe(recipe)
-    check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu)
+    check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu, layout)
     if code:
         _check_fp8_layer(x.shape[1], w2.shape[2], layout, glu)
         if fp8_weights is not None:
