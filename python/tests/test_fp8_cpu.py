@@ -809,3 +809,34 @@ def test_expert_parallel_fp8_layer_gets_fp8_data_gradients(fp8_engine, path):
     assert quantize == [("quantize", 1, True)]
     assert fp8_engine.calls[-1][0] == "backward" and fp8_engine.calls[-1][-2:] == (1, True)
     assert x.grad is not None and moe.w1.grad is not None
+
+
+def fp8_op_call(a: dict, recipe: str, q=(None,) * 4, qt=()):
+    return torch.ops.gmjit.grouped_mlp(a["x"], a["split_sizes"], a["w1"], a["w2"], None, None,
+                                       None, "swiglu", "halves", 7.0, 1.702, False, recipe, *q,
+                                       *qt)  # fmt: skip
+
+
+@pytest.mark.parametrize("call, pattern", [
+    (lambda: fp8_op_call(args(), "fp8_block", fp8_weights()[:2] + (None, None)),
+     r"w1_fp8, w1_scales, w2_fp8, w2_scales come all four or none; w2_fp8, w2_scales missing"),
+    (lambda: fp8_op_call(args(), "bf16", fp8_weights()), r"'w1_fp8' is for the FP8 recipes"),
+    (lambda: fp8_op_call(args(), "bf16", qt=fp8_weights_t()[4:]), r"'w1t_fp8' is for the FP8"),
+    (lambda: fp8_op_call(args(), "fp8_block", fp8_weights(w2_fp8=torch.zeros(E, F, H, dtype=FP8))),
+     r"'w2_fp8' must have shape \[3, 128, 256\]"),
+    (lambda: fp8_op_call(args(), "fp8_tensor", fp8_weights()), r"'w1_scales' must have shape \[3\]"),
+    (lambda: fp8_op_call(args(), "fp8_block", fp8_weights(), fp8_weights_t(
+        w1t_fp8=torch.zeros(E, 2 * F, H, dtype=FP8))[4:]), r"'w1t_fp8' must have shape \[3, 128, 512\]"),
+    (lambda: fp8_op_call(args(x=torch.randn(T, 64, dtype=BF), w1=torch.randn(E, 2 * F, 64, dtype=BF),
+                              w2=torch.randn(E, 64, F, dtype=BF)), "fp8_block"),
+     r"hidden \(64\) and ffn \(256\) to be multiples of 128"),
+    (lambda: torch.ops.gmjit.quantize_weights(torch.randn(E, H, 2 * F, dtype=BF).transpose(1, 2),
+                                              torch.randn(E, H, F, dtype=BF), "fp8_block", False),
+     r"quantize_weights: argument 'w1' must be contiguous"),
+    (lambda: torch.ops.gmjit.quantize_weights(*list(args().values())[2:], "bf16", False),
+     r"'recipe' must be an FP8 recipe"),
+])  # fmt: skip
+def test_the_public_fp8_ops_check_their_arguments(fp8_engine, call, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        call()
+    assert fp8_engine.calls == []

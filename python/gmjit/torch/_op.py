@@ -310,6 +310,16 @@ def check_quantize_arguments(w1: Tensor, w2: Tensor, where: str = "quantize_weig
     _check_fp8_layer(H, F, 0, F1 != F, where)
 
 
+def _check_quantize_call(w1: Tensor, w2: Tensor, recipe: str) -> int:
+    """The recipe's code after the checks of a quantize_weights call (wrapper and op)."""
+    code = _parse_recipe(recipe, "quantize_weights")
+    if not code:
+        raise ValueError("quantize_weights: argument 'recipe' must be an FP8 recipe "
+                         f"({sorted(k for k, v in RECIPES.items() if v)}), got 'bf16'")  # fmt: skip
+    check_quantize_arguments(w1, w2)
+    return code
+
+
 def _quantize_impl(w1: Tensor, w2: Tensor, code: int,
                    transposed: bool = False) -> tuple[Tensor, ...]:  # fmt: skip
     """The engine's weight quantizers: (w1_fp8, w1_scales, w2_fp8, w2_scales), and with
@@ -343,6 +353,7 @@ def _weights_device(w1: Tensor) -> int:
 
 
 def _forward_impl(
+    entry: tuple,
     x: Tensor,
     split_sizes: Tensor,
     w1: Tensor,
@@ -350,24 +361,19 @@ def _forward_impl(
     b1: Optional[Tensor],
     b2: Optional[Tensor],
     probs: Optional[Tensor],
-    act: int,
-    layout: int,
-    limit: float,
-    alpha: float,
     save_preact: bool,
-    recipe: int = 0,
     fp8: Optional[Sequence[Tensor]] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
-    """Runs the engine's forward; returns y and (grad mode) FC1's bf16 pre-activation. With an
-    FP8 recipe, `fp8` holds the quantized weights (None: quantized here; the transposed ones
-    after the first four, if any, are the backward's)."""
+    """Runs the engine's forward for a checked call (`entry` from _checked_entry); returns y and
+    (grad mode) FC1's bf16 pre-activation. With an FP8 recipe, `fp8` holds the quantized weights
+    (None: quantized here)."""
+    layer, _, F1, recipe = entry
     T, H = x.shape
     y = torch.empty(T, H, dtype=_BF16, device=x.device)
-    saved = torch.empty(T, w1.shape[1], dtype=_BF16, device=x.device) if save_preact else None
+    saved = torch.empty(T, F1, dtype=_BF16, device=x.device) if save_preact else None
     if T == 0:  # zero-token rank: nothing to launch
         return y, saved
     device = _require_cuda(x)
-    layer = _layer(x, split_sizes, w1, w2, b1, b2, probs, act, layout, limit, alpha)
     if recipe:
         if fp8 is None:
             fp8 = _quantize_impl(w1, w2, recipe)
@@ -407,7 +413,8 @@ def _backward_impl(
 ) -> list[Optional[Tensor]]:
     """The gradients in GRAD_NAMES order (weight gradients in the weights' dtype, bias gradients
     fp32); None for those not wanted. `recipe`: the forward's; `transposed`: (w1t_fp8,
-    w1t_scales, w2t_fp8, w2t_scales) for FP8 data gradients, None for BF16 ones."""
+    w1t_scales, w2t_fp8, w2t_scales) for FP8 data gradients, None for BF16 ones. The arguments
+    are checked (_check_backward_arguments)."""
     layer = _layer(x, split_sizes, w1, w2, True if has_b1 else None, b2, probs, act, layout,
                    limit, alpha)  # fmt: skip
     return list(_run_backward(layer, dy, x, split_sizes, w1, w2, b2, probs, saved_preact, wanted,
@@ -527,12 +534,14 @@ def _grouped_mlp_op(
     w1_fp8 ... w2_scales, or quantize w1 and w2 when they are None. w1t_fp8 ... w2t_scales (all
     or none) are not read here: they are saved for the backward, whose data gradients then run
     in FP8."""
-    act, layout, _ = _parse_options(activation, glu_layout)
-    code = _parse_recipe(recipe)
-    _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
-    fp8 = None if w1_fp8 is None else (w1_fp8, w1_scales, w2_fp8, w2_scales)
-    y, saved = _forward_impl(x, split_sizes, w1, w2, b1, b2, probs, act, layout, limit, alpha,
-                             save_preact, code, fp8)  # fmt: skip
+    # The checks of the Python wrapper again: the op is public (torch.ops.gmjit.grouped_mlp),
+    # and where the wrapper calls it the cached checks cost little.
+    entry = _checked_entry(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit,
+                           alpha, recipe)  # fmt: skip
+    fp8 = _fp8_of(FP8_WEIGHT_NAMES, (w1_fp8, w1_scales, w2_fp8, w2_scales))
+    transposed = _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
+    _check_op_fp8_weights(entry[3], fp8, transposed, w1, w2, x)
+    y, saved = _forward_impl(entry, x, split_sizes, w1, w2, b1, b2, probs, save_preact, fp8)
     return y, saved if saved is not None else x.new_empty((0,))
 
 
@@ -576,6 +585,9 @@ def _grouped_mlp_backward_op(
     w2t_scales (all or none) the data gradients run in FP8, else in BF16 from w1 and w2."""
     act, layout, _ = _parse_options(activation, glu_layout)
     transposed = _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
+    _check_backward_arguments(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, activation,
+                              glu_layout, limit, alpha, has_b1, wanted, recipe,
+                              transposed)  # fmt: skip
     grads = _backward_impl(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, act, layout,
                            limit, alpha, has_b1, wanted, _parse_recipe(recipe),
                            transposed)  # fmt: skip
@@ -611,6 +623,63 @@ def _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales) -> Optional[tuple[T
         raise ValueError(f"grouped_mlp: the transposed FP8 weights come all four or none; "
                          f"{missing} missing")  # fmt: skip
     return given
+
+
+def _fp8_of(names: Sequence[str], given: Sequence[Optional[Tensor]]) -> Optional[tuple]:
+    """Four optional FP8 tensors of the custom op as one tuple, or None when all are absent;
+    partly given is an error."""
+    present = [t is not None for t in given]
+    if not any(present):
+        return None
+    if not all(present):
+        missing = ", ".join(n for n, p in zip(names, present) if not p)
+        raise ValueError(f"grouped_mlp: the FP8 weights {', '.join(names)} come all four or "
+                         f"none; {missing} missing")  # fmt: skip
+    return tuple(given)
+
+
+def _check_op_fp8_weights(code: int, fp8, transposed, w1: Tensor, w2: Tensor, x: Tensor) -> None:
+    """The custom ops' FP8 weights (each a 4-tuple or None) against the recipe `code` and the
+    checked w1, w2."""
+    if fp8 is None and transposed is None:
+        return
+    if not code:
+        _fail("w1_fp8" if fp8 is not None else "w1t_fp8", "is for the FP8 recipes; recipe is 'bf16'")
+    E, F1, H = w1.shape
+    shapes = fp8_weight_shapes(E, F1, H, w2.shape[2], code, True)
+    for names, tensors, part in ((FP8_WEIGHT_NAMES, fp8, shapes[:4]),
+                                 (FP8_TRANSPOSED_NAMES, transposed, shapes[4:])):  # fmt: skip
+        if tensors is not None:
+            for name, t, shape, dtype in zip(names, tensors, part, _FP8_DTYPES):
+                _check_tensor(name, t, dtype, shape, x)
+
+
+def _check_backward_arguments(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, activation,
+                              glu_layout, limit, alpha, has_b1, wanted, recipe,
+                              transposed) -> None:  # fmt: skip
+    """The backward op's arguments: the forward's (cached checks, as the forward op's), dy
+    [T, H] (any floating dtype and strides: it is made contiguous bf16), the saved bf16
+    pre-activation [T, F1], six `wanted` flags and the transposed FP8 weights."""
+    entry = _checked_entry(x, split_sizes, w1, w2, None, b2, probs, activation, glu_layout, limit,
+                           alpha, recipe)  # fmt: skip
+    T, H = x.shape
+    if not isinstance(dy, Tensor) or dy.shape != (T, H):
+        _fail("dy", f"must be a tensor of shape {[T, H]} (that of y), got {_describe(dy)}")
+    if not dy.is_floating_point():
+        _fail("dy", f"must have a floating-point dtype, got {dy.dtype}")
+    if dy.device != x.device:
+        _fail("dy", f"must be on {x.device} (where x is), got {dy.device}")
+    _check_tensor("saved_preact", saved_preact, _BF16, (T, entry[2]), x)
+    if len(wanted) != len(GRAD_NAMES):
+        _fail("wanted", f"must hold {len(GRAD_NAMES)} flags ({', '.join(GRAD_NAMES)}), got "
+              f"{len(wanted)}")  # fmt: skip
+    if wanted[2] and not has_b1:
+        _fail("wanted", "asks for db1 but has_b1 is False")
+    if wanted[4] and b2 is None:
+        _fail("wanted", "asks for db2 but b2 is None")
+    if wanted[5] and probs is None:
+        _fail("wanted", "asks for dprobs but probs is None")
+    _check_op_fp8_weights(entry[3], None, transposed, w1, w2, x)
 
 
 def _backward_dtypes(w1: Tensor, w2: Tensor) -> tuple[torch.dtype, ...]:
@@ -718,7 +787,7 @@ def _quantize_weights_op(w1: Tensor, w2: Tensor, recipe: str,
                          transposed: bool = False) -> list[Tensor]:  # fmt: skip
     """[w1_fp8, w1_scales, w2_fp8, w2_scales] of an FP8 recipe from bf16 w1, w2, and with
     `transposed` [w1t_fp8, w1t_scales, w2t_fp8, w2t_scales] after them."""
-    return list(_quantize_impl(w1, w2, _parse_recipe(recipe, "quantize_weights"), transposed))
+    return list(_quantize_impl(w1, w2, _check_quantize_call(w1, w2, recipe), transposed))
 
 
 @_quantize_weights_op.register_fake
@@ -772,6 +841,46 @@ def _any_requires_grad(x, w1, w2, b1, b2, probs) -> bool:
         or (b2 is not None and b2.requires_grad)
         or (probs is not None and probs.requires_grad)
     )
+
+
+def _checked_entry(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha,
+                   recipe):  # fmt: skip
+    """The entry of a call's signature once its arguments passed the checks (ValueError naming a
+    bad one otherwise), for the custom ops; `grouped_mlp`'s eager path runs the same inline. The
+    full checks run once per signature (dtypes, weight shapes, options); every call checks what
+    the key leaves out (the token count's consistency, devices, contiguity), and anything
+    unexpected runs the full checks again."""
+    entry = key = None
+    try:
+        T, H = x.shape
+        dev = x.device
+        key = (x.dtype, w1.shape, w1.dtype, w2.shape, w2.dtype, split_sizes.shape,
+               split_sizes.dtype, None if b1 is None else b1.shape,
+               None if b1 is None else b1.dtype, None if b2 is None else b2.shape,
+               None if b2 is None else b2.dtype, None if probs is None else probs.dtype,
+               activation, glu_layout, limit, alpha, recipe)  # fmt: skip
+        entry = _entries.get(key)
+        if entry is not None and not (
+            H == entry[1]
+            and x.is_contiguous()
+            and w1.is_contiguous()
+            and w2.is_contiguous()
+            and split_sizes.is_contiguous()
+            and w1.device == dev
+            and w2.device == dev
+            and split_sizes.device == dev
+            and (b1 is None or (b1.is_contiguous() and b1.device == dev))
+            and (b2 is None or (b2.is_contiguous() and b2.device == dev))
+            and (probs is None or (probs.shape == (T,) and probs.is_contiguous()
+                                   and probs.device == dev))  # fmt: skip
+        ):
+            entry = None
+    except (AttributeError, TypeError, ValueError):  # not tensors, x not 2-D, ...
+        entry = None
+    if entry is None:
+        entry = _admit(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha,
+                       recipe, key)  # fmt: skip
+    return entry
 
 
 def _admit(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha, recipe,
@@ -943,8 +1052,9 @@ def grouped_mlp(
         and (b2 is None or type(b2) in _PLAIN_TENSORS)
         and (probs is None or type(probs) is Tensor)
     ):
-        # Checked once per signature: dtypes, weight shapes, options. Every call: the token
-        # count's consistency, devices, contiguity (anything unexpected: the full checks).
+        # _checked_entry's checks, inline (a call of it costs ~0.3 us): once per signature the
+        # dtypes, weight shapes, options; every call the token count's consistency, devices,
+        # contiguity (anything unexpected: the full checks).
         entry = key = None
         try:
             T, H = x.shape
@@ -1060,11 +1170,7 @@ def quantize_weights(
 
     Not differentiable. Runs on the current stream without a host sync.
     """
-    code = _parse_recipe(recipe, "quantize_weights")
-    if not code:
-        raise ValueError("quantize_weights: argument 'recipe' must be an FP8 recipe "
-                         f"({sorted(k for k, v in RECIPES.items() if v)}), got 'bf16'")  # fmt: skip
-    check_quantize_arguments(w1, w2)
+    code = _check_quantize_call(w1, w2, recipe)
     w1, w2 = w1.detach(), w2.detach()
     if (not _is_compiling() and type(w1) is Tensor and type(w2) is Tensor
             and (w1.is_cuda or _FAST_ON_CPU) and not _dispatch_modes()):  # fmt: skip
