@@ -244,7 +244,7 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
     if not plan.has_bias:
         b_up = b_down = None
     if not plan.transposed and not plan.interleaved:
-        return up.contiguous(), down.contiguous(), b_up, b_down
+        return tuple(_aligned(t) for t in (up.contiguous(), down.contiguous(), b_up, b_down))
     params = [t for t in (up, down, b_up, b_down) if t is not None]
     grad = torch.is_grad_enabled() and any(p.requires_grad for p in params)
     cacheable = not grad and not torch.compiler.is_compiling()
@@ -256,12 +256,21 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
     w1 = layouts.fc1_from_gate_up(up, transposed=plan.transposed, interleaved=plan.interleaved)
     w2 = layouts.fc2_from_down(down, transposed=plan.transposed)
     b1 = layouts.maybe(layouts.fc1_bias_from_gate_up, b_up, interleaved=plan.interleaved)
-    out = (w1, w2, b1, b_down)
+    out = tuple(_aligned(t) for t in (w1, w2, b1, b_down))
     if cacheable:
         experts.__dict__["_gmjit_weights"] = (key, out)
     else:
         experts.__dict__.pop("_gmjit_weights", None)
     return out
+
+
+def _aligned(t: Optional[Tensor]) -> Optional[Tensor]:
+    """t, or a (differentiable) copy where its data does not start 16-byte aligned: grouped_mlp
+    rejects such weights (a view into a larger buffer), while a model's weights are whatever
+    loading made them. Not while compiling (no addresses): the op checks them when it runs."""
+    if t is None or torch.compiler.is_compiling() or not t.data_ptr() % 16:
+        return t
+    return t.clone()
 
 
 def _fp8_weights(experts: nn.Module, plan: ExpertsPlan, recipe: str, w1: Tensor, w2: Tensor,

@@ -34,6 +34,13 @@ def view(address: int, dtype: torch.dtype, shape) -> torch.Tensor:
     return torch.frombuffer((ctypes.c_char * size).from_address(address), dtype=dtype).view(shape)
 
 
+def check_aligned(**pointers: int) -> None:
+    """The engine's rule for every tensor it is given (engine/api/validate.cpp)."""
+    for name, address in pointers.items():
+        if address % 16:
+            raise RuntimeError(f"argument '{name}': data pointer must be 16-byte aligned")
+
+
 class StandIn:
     def __init__(self):
         self.calls = []
@@ -53,6 +60,8 @@ class StandIn:
                     probs=view(probs, torch.float32, (T,)) if probs else None)  # fmt: skip
 
     def forward(self, L, T, device, x, split, w1, b1, w2, b2, probs, y, saved, stream):
+        check_aligned(x=x, split_sizes=split, w1=w1, b1=b1, w2=w2, b2=b2, probs=probs, y=y,
+                      saved_preact=saved)  # fmt: skip
         self.calls.append(("forward", bool(saved)))
         t = self.tensors(L, T, x, split, w1, b1, w2, b2, probs)
         out = reference.grouped_mlp(t["x"], t["split"], t["w1"], t["w2"], t["b1"], t["b2"],
@@ -74,6 +83,10 @@ class StandIn:
                  w1t_scales=0, w2t_fp8=0, w2t_scales=0):  # fmt: skip
         # The transposed FP8 weights (FP8 data gradients) come only with an FP8 recipe.
         assert not (w1t_fp8 or w1t_scales or w2t_fp8 or w2t_scales) or recipe
+        check_aligned(dy=dy, x=x, split_sizes=split, w1=w1, w2=w2, b2=b2, probs=probs,
+                      saved_preact=saved, dx=dx, dw1=dw1, db1=db1, dw2=dw2, db2=db2,
+                      dprobs=dprobs, w1t_fp8=w1t_fp8, w1t_scales=w1t_scales, w2t_fp8=w2t_fp8,
+                      w2t_scales=w2t_scales)  # fmt: skip
         self.calls.append(("backward", tuple(bool(p) for p in (dx, dw1, db1, dw2, db2, dprobs)),
                            accumulate))  # fmt: skip
         self.bf16_weight_grads = bf16_weight_grads
@@ -334,3 +347,65 @@ def test_create_graph_still_gives_first_order_gradients(engine, path):
     _, leaves = expected(t, dy)
     torch.testing.assert_close(dw2.double(), leaves["w2"].grad, rtol=3e-2, atol=3e-2)
     torch.testing.assert_close(dx.double(), leaves["x"].grad, rtol=3e-2, atol=3e-2)
+
+
+def at_offset(t: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """A contiguous copy of t that starts `nbytes` past a 16-byte boundary (a view into a larger
+    buffer), with t's requires_grad."""
+    n = nbytes // t.element_size()
+    buf = torch.zeros(n + t.numel(), dtype=t.dtype)
+    view = buf[n:].view(t.shape)
+    view.copy_(t.detach())
+    assert view.is_contiguous() and view.data_ptr() % 16 == nbytes
+    return view.requires_grad_(t.requires_grad)
+
+
+def test_contiguous_views_at_an_offset_reach_the_engine_aligned(engine, path):
+    t = inputs()
+    # A micro-batch of a split buffer, a slice of global per-expert counts, a packed probs.
+    t["x"], t["split_sizes"], t["probs"] = (at_offset(t["x"], 2), at_offset(t["split_sizes"], 8),
+                                            at_offset(t["probs"], 4))  # fmt: skip
+    y = grouped_mlp(**t)  # the stand-in raises on a misaligned pointer, as the engine does
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ref, leaves = expected(t, dy)
+    torch.testing.assert_close(y.double(), ref, rtol=2e-2, atol=2e-2)
+    for name in ("x", "probs", "w1"):
+        torch.testing.assert_close(t[name].grad.double(), leaves[name].grad, rtol=3e-2,
+                                   atol=3e-2)  # fmt: skip
+    with torch.no_grad():
+        torch.testing.assert_close(grouped_mlp(**t).double(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_a_gradient_at_an_odd_offset_from_autograd_is_copied_before_the_engine(engine, path):
+    t = inputs(bias=False, probs=False)
+    y = grouped_mlp(**t)
+    # Packing outputs into one buffer: y's gradient is a contiguous view 6 bytes past alignment.
+    out = torch.cat([torch.zeros(3, dtype=y.dtype), y.flatten()])
+    out.float().square().sum().backward()
+    _, leaves = expected(t, 2 * y.detach().float())
+    torch.testing.assert_close(t["w2"].grad.double(), leaves["w2"].grad, rtol=3e-2, atol=3e-2)
+    assert engine.calls[-1][0] == "backward"
+
+
+@pytest.mark.parametrize("name", ["w1", "w2", "b1", "b2"])
+@pytest.mark.parametrize("tokens", [0, T])
+def test_misaligned_weights_are_rejected_naming_the_16_byte_rule(engine, path, name, tokens):
+    splits = SPLITS if tokens else [0, 0, 0]
+    t = inputs(tokens=tokens, splits=splits)
+    t[name] = at_offset(t[name], 2)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad), pytest.raises(
+                ValueError, match=rf"'{name}' must start at a 16-byte aligned address"):  # fmt: skip
+            grouped_mlp(**t)
+    assert engine.calls == []
+
+
+def test_a_misaligned_main_grad_is_rejected(engine):
+    t = inputs()
+    for name in ("w1", "b1", "w2", "b2"):
+        t[name].main_grad = torch.zeros(t[name].shape)
+    t["w2"].main_grad = at_offset(t["w2"].main_grad, 4)
+    y = eager(t, accumulate=True)
+    with pytest.raises(ValueError, match=r"'w2.main_grad' must start at a 16-byte aligned"):
+        y.sum().backward()

@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import reference
 from gmjit.torch import GroupedMLP, _op, grouped_mlp, quantize_weights
-from test_fake_engine import StandIn, view
+from test_fake_engine import StandIn, at_offset, view
 
 BF, F32, FP8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
 E, H, F, T = 3, 128, 256, 20
@@ -109,6 +109,11 @@ BAD_FP8_CALLS = [
                                                        w1t_scales=torch.ones(E, 1, 4))),
      r"'w1t_scales' must have shape \[3\], got \[3, 1, 4\]"),  # fmt: skip
     (dict(fp8_weights=fp8_weights_t()), r"'fp8_weights' is for the FP8 recipes"),
+    # The engine wants every pointer 16-byte aligned; quantized weights are not copied per call.
+    (dict(recipe="fp8_block", fp8_weights=fp8_weights(w2_fp8=at_offset(torch.zeros(E, H, F, dtype=FP8), 8))),
+     r"'w2_fp8' must start at a 16-byte aligned address"),  # fmt: skip
+    (dict(recipe="fp8_block", fp8_weights=fp8_weights_t(w1t_scales=at_offset(torch.ones(E, 1, 4), 4))),
+     r"'w1t_scales' must start at a 16-byte aligned address"),  # fmt: skip
 ]
 
 
@@ -825,6 +830,8 @@ def fp8_op_call(a: dict, recipe: str, q=(None,) * 4, qt=()):
     (lambda: fp8_op_call(args(), "fp8_block", fp8_weights(w2_fp8=torch.zeros(E, F, H, dtype=FP8))),
      r"'w2_fp8' must have shape \[3, 128, 256\]"),
     (lambda: fp8_op_call(args(), "fp8_tensor", fp8_weights()), r"'w1_scales' must have shape \[3\]"),
+    (lambda: fp8_op_call(args(), "fp8_block", fp8_weights(w1_scales=at_offset(torch.ones(E, 4, 1), 4))),
+     r"'w1_scales' must start at a 16-byte aligned address"),
     (lambda: fp8_op_call(args(), "fp8_block", fp8_weights(), fp8_weights_t(
         w1t_fp8=torch.zeros(E, 2 * F, H, dtype=FP8))[4:]), r"'w1t_fp8' must have shape \[3, 128, 512\]"),
     (lambda: fp8_op_call(args(x=torch.randn(T, 64, dtype=BF), w1=torch.randn(E, 2 * F, 64, dtype=BF),

@@ -227,3 +227,36 @@ def test_fp8_recipe_on_widths_that_are_not_whole_blocks_runs_bf16_with_a_warning
         assert gt._recipe_for(m, plan, "fp8_block") == "bf16"
         assert gt._recipe_for(m, plan, "fp8_block") == "bf16"
     assert sum("bf16 recipe instead of fp8_block" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss"])
+def test_weights_loaded_at_an_offset_run_through_grouped_mlp(name, monkeypatch):
+    """Weights that are contiguous views 2 bytes past alignment (what loading into one buffer
+    can give) are copied for the call rather than rejected: the real grouped_mlp on the eager
+    path, against the stand-in engine, which refuses misaligned pointers as the engine does."""
+    import types
+
+    from gmjit.torch import _op, grouped_mlp
+    from test_fake_engine import StandIn, at_offset
+
+    stand_in = StandIn()
+    monkeypatch.setattr(_op, "_C", types.SimpleNamespace(forward=stand_in.forward,
+                                                         backward=stand_in.backward))  # fmt: skip
+    monkeypatch.setattr(_op, "_layer", stand_in.layer)
+    monkeypatch.setattr(_op, "_require_cuda", lambda x: 0)
+    monkeypatch.setattr(_op, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(_op, "_entries", {})
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    m = hf_configs.experts_module(name)
+    for pname, p in list(m.named_parameters()):
+        setattr(m, pname, torch.nn.Parameter(at_offset(p, 2)))
+    plan = gt.plan_for(m)
+    torch.manual_seed(1)
+    x = torch.randn(12, 128, dtype=torch.bfloat16, requires_grad=True)
+    idx = torch.stack([torch.randperm(8)[:2] for _ in range(12)])
+    w = torch.rand(12, 2)
+    ours = gt.experts_forward(m, plan, x, idx, w, mlp=grouped_mlp)
+    ours.float().sum().backward()
+    assert stand_in.calls[-1][0] == "backward" and m.down_proj.grad is not None
+    expected = gt.experts_forward(m, plan, x.detach(), idx, w, mlp=_reference_mlp)
+    torch.testing.assert_close(ours.float(), expected.float(), rtol=2e-2, atol=2e-2)

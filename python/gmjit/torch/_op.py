@@ -218,6 +218,7 @@ def check_fp8_weights(fp8_weights, w1: Tensor, w2: Tensor, x: Tensor, code: int 
     for name, t, shape, dtype in zip(FP8_WEIGHT_NAMES + FP8_TRANSPOSED_NAMES, fp8_weights, shapes,
                                      _FP8_DTYPES):  # fmt: skip
         _check_tensor(name, t, dtype, shape, x)
+        _check_aligned(name, t)  # checked per call: these are not part of the signature's key
 
 
 def _describe_sequence(t: object) -> str:
@@ -275,6 +276,32 @@ def _current_stream(device_index: int) -> int:
 
 def _ptr(t: Optional[Tensor]) -> int:
     return 0 if t is None else t.data_ptr()
+
+
+def _aligned(x: Tensor, split_sizes: Tensor, probs: Optional[Tensor], w1: Tensor, w2: Tensor,
+             b1: Optional[Tensor], b2: Optional[Tensor],
+             saved_preact: Optional[Tensor] = None) -> tuple:  # fmt: skip
+    """(x, split_sizes, probs), each copied where its data pointer is not 16-byte aligned, which
+    the engine requires of every tensor (validate.cpp); ValueError naming w1, w2, b1, b2 or
+    saved_preact where one is not.
+
+    x, split_sizes and probs change every call and are often contiguous views at an offset into
+    a larger buffer (a micro-batch of a split, a slice of global per-expert counts, a packed
+    receive buffer): a copy costs one pass over them, little next to the GEMMs, and gradients
+    still reach the tensors given. Weights and biases are long-lived parameters: a copy per call
+    would read them in full each time for a layout fixed once where they are allocated, so they
+    are rejected."""
+    for name, t in (("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2), ("saved_preact", saved_preact)):
+        _check_aligned(name, t)
+    return tuple(t if t is None or not t.data_ptr() & 15 else t.clone()
+                 for t in (x, split_sizes, probs))  # fmt: skip
+
+
+def _check_aligned(name: str, t: Optional[Tensor]) -> None:
+    if t is not None and t.data_ptr() & 15:
+        _fail(name, f"must start at a 16-byte aligned address (the engine's rule for every "
+              f"tensor), got one {t.data_ptr() % 16} bytes past (a view at an offset into a "
+              "larger buffer?): allocate it on its own, or pass a .clone()")  # fmt: skip
 
 
 def _require_cuda(x: Tensor) -> int:
@@ -368,6 +395,7 @@ def _forward_impl(
     (grad mode) FC1's bf16 pre-activation. With an FP8 recipe, `fp8` holds the quantized weights
     (None: quantized here)."""
     layer, _, F1, recipe = entry
+    x, split_sizes, probs = _aligned(x, split_sizes, probs, w1, w2, b1, b2)
     T, H = x.shape
     y = torch.empty(T, H, dtype=_BF16, device=x.device)
     saved = torch.empty(T, F1, dtype=_BF16, device=x.device) if save_preact else None
@@ -474,10 +502,14 @@ def _run_backward(
     dw2 = like(w2, dtype=w_dtype, memory_format=cf) if wanted[3] and m2 is None else None
     db2 = like(b2, dtype=_F32, memory_format=cf) if wanted[4] and mb2 is None else None
     dprobs = _empty_like(probs, memory_format=cf) if wanted[5] else None
+    # The engine's 16-byte rule (see _aligned); the op path saves the inputs as they came.
+    x, split_sizes, probs = _aligned(x, split_sizes, probs, w1, w2, None, b2, saved_preact)
     if not T:
         return dx, dw1, db1, dw2, db2, dprobs
-    if not dy.is_contiguous():  # autograd may hand over expanded or strided gradients
-        dy = dy.contiguous()
+    # autograd may hand over an expanded or strided dy, or a contiguous one at any offset (a view
+    # into the gradient of a torch.cat of outputs, ...): the user cannot choose it, so copy.
+    if not dy.is_contiguous() or dy.data_ptr() & 15:
+        dy = dy.clone(memory_format=torch.contiguous_format)
     if dy.dtype != _BF16:
         dy = dy.to(_BF16)
     d = _require_cuda(x)
@@ -652,6 +684,7 @@ def _check_op_fp8_weights(code: int, fp8, transposed, w1: Tensor, w2: Tensor, x:
         if tensors is not None:
             for name, t, shape, dtype in zip(names, tensors, part, _FP8_DTYPES):
                 _check_tensor(name, t, dtype, shape, x)
+                _check_aligned(name, t)
 
 
 def _check_backward_arguments(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, activation,
@@ -717,6 +750,7 @@ def _main_grad_buffers(
                 f"{list(p.shape)} on {p.device}, got {main.dtype} {list(main.shape)} on "
                 f"{main.device}"
             )
+        _check_aligned(f"{name}.main_grad", main)  # the engine adds into it
         buffers.append(main)
     return buffers
 
@@ -905,20 +939,24 @@ class _GroupedMLPFunction(torch.autograd.Function):
         T = x.shape[0]
         y = _empty_like(x)
         saved = x.new_empty(T, F1)  # x: bf16 (checked); sizes as varargs parse faster
+        # The pointers are read once, for the engine and for its 16-byte rule (see _aligned).
+        px, ps, p1, p2 = x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(), w2.data_ptr()
+        pb1 = 0 if b1 is None else b1.data_ptr()
+        pb2 = 0 if b2 is None else b2.data_ptr()
+        pp = 0 if probs is None else probs.data_ptr()
+        if (px | ps | p1 | p2 | pb1 | pb2 | pp) & 15:
+            # Aligned copies for this launch only: the inputs themselves are saved (the backward
+            # copies them again), so that autograd's view of them stays the inputs'.
+            xa, sa, pa = _aligned(x, split_sizes, probs, w1, w2, b1, b2)
+            px, ps, pp = xa.data_ptr(), sa.data_ptr(), _ptr(pa)
         if T:
             d = x.get_device()
             if recipe:  # FP8: the quantized weights (fp8), never differentiated
-                _C.forward_fp8(layer, recipe, T, d, x.data_ptr(), split_sizes.data_ptr(),
-                               fp8[0].data_ptr(), fp8[1].data_ptr(), fp8[2].data_ptr(),
-                               fp8[3].data_ptr(), 0 if b1 is None else b1.data_ptr(),
-                               0 if b2 is None else b2.data_ptr(),
-                               0 if probs is None else probs.data_ptr(), y.data_ptr(),
+                _C.forward_fp8(layer, recipe, T, d, px, ps, fp8[0].data_ptr(), fp8[1].data_ptr(),
+                               fp8[2].data_ptr(), fp8[3].data_ptr(), pb1, pb2, pp, y.data_ptr(),
                                saved.data_ptr(), _current_stream(d))  # fmt: skip
             else:
-                _C.forward(layer, T, d, x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(),
-                           0 if b1 is None else b1.data_ptr(), w2.data_ptr(),
-                           0 if b2 is None else b2.data_ptr(),
-                           0 if probs is None else probs.data_ptr(), y.data_ptr(),
+                _C.forward(layer, T, d, px, ps, p1, pb1, p2, pb2, pp, y.data_ptr(),
                            saved.data_ptr(), _current_stream(d))  # fmt: skip
         # b1 only for the graph of a create_graph backward (see _no_double_backward).
         ctx.save_for_backward(x, split_sizes, w1, w2, b2, probs, saved, b1)
@@ -1101,20 +1139,22 @@ def grouped_mlp(
                                                  accumulate_main_grad, fp8)  # fmt: skip
             return _apply(x, split_sizes, w1, w2, b1, b2, probs, entry, accumulate_main_grad, fp8)
         y = _empty_like(x)
+        # The pointers are read once, for the engine and for its 16-byte rule (see _aligned).
+        px, ps, p1, p2 = x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(), w2.data_ptr()
+        pb1 = 0 if b1 is None else b1.data_ptr()
+        pb2 = 0 if b2 is None else b2.data_ptr()
+        pp = 0 if probs is None else probs.data_ptr()
+        if (px | ps | p1 | p2 | pb1 | pb2 | pp) & 15:
+            x, split_sizes, probs = _aligned(x, split_sizes, probs, w1, w2, b1, b2)
+            px, ps, pp = x.data_ptr(), split_sizes.data_ptr(), _ptr(probs)
         if T:
             d = x.get_device()
             if fp8 is not None:
-                _C.forward_fp8(entry[0], entry[3], T, d, x.data_ptr(), split_sizes.data_ptr(),
-                               fp8[0].data_ptr(), fp8[1].data_ptr(), fp8[2].data_ptr(),
-                               fp8[3].data_ptr(), 0 if b1 is None else b1.data_ptr(),
-                               0 if b2 is None else b2.data_ptr(),
-                               0 if probs is None else probs.data_ptr(), y.data_ptr(), 0,
-                               _current_stream(d))  # fmt: skip
+                _C.forward_fp8(entry[0], entry[3], T, d, px, ps, fp8[0].data_ptr(),
+                               fp8[1].data_ptr(), fp8[2].data_ptr(), fp8[3].data_ptr(), pb1, pb2,
+                               pp, y.data_ptr(), 0, _current_stream(d))  # fmt: skip
             else:
-                _C.forward(entry[0], T, d, x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(),
-                           0 if b1 is None else b1.data_ptr(), w2.data_ptr(),
-                           0 if b2 is None else b2.data_ptr(),
-                           0 if probs is None else probs.data_ptr(), y.data_ptr(), 0,
+                _C.forward(entry[0], T, d, px, ps, p1, pb1, p2, pb2, pp, y.data_ptr(), 0,
                            _current_stream(d))  # fmt: skip
         return y
 
