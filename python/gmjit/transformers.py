@@ -212,15 +212,24 @@ _PLAN_ATTR = "_gmjit_plan"
 _warned: set[tuple[str, str]] = set()
 
 
+def _plan_key(experts: nn.Module) -> tuple:
+    """What of a module's plan can change after it is built: its weights' dtypes (a cast such as
+    model.half()) and shapes, and whether they are there."""
+    has_gate = bool(getattr(experts, "has_gate", True))
+    return (has_gate,) + tuple((t.dtype, t.shape) if isinstance(t, Tensor) else None
+                               for t in _weights(experts, has_gate))  # fmt: skip
+
+
 def plan_for(experts: nn.Module) -> ExpertsPlan:
-    """The cached plan of a module: described once, verified at its first eager call."""
-    plan = experts.__dict__.get(_PLAN_ATTR)
-    if plan is None:
-        plan = describe_experts(experts)
+    """The cached plan of a module: described again when its weights' dtypes or shapes change
+    (a cast of the model), verified at its first eager call."""
+    key = _plan_key(experts)
+    cached = experts.__dict__.get(_PLAN_ATTR)
+    plan = cached[1] if cached is not None and cached[0] == key else describe_experts(experts)
     if not plan.verified and plan.reason is None and not torch.compiler.is_compiling():
         plan = verify(experts, plan)
     if not torch.compiler.is_compiling():
-        experts.__dict__[_PLAN_ATTR] = plan
+        experts.__dict__[_PLAN_ATTR] = (key, plan)
     return plan
 
 

@@ -260,3 +260,32 @@ def test_weights_loaded_at_an_offset_run_through_grouped_mlp(name, monkeypatch):
     assert stand_in.calls[-1][0] == "backward" and m.down_proj.grad is not None
     expected = gt.experts_forward(m, plan, x.detach(), idx, w, mlp=_reference_mlp)
     torch.testing.assert_close(ours.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_plan_follows_casts_of_the_module():
+    m = hf_configs.experts_module("mixtral")  # bf16
+    assert gt.plan_for(m).reason is None
+    m.half()
+    assert "torch.float16" in gt.plan_for(m).reason  # falls back instead of failing on dtypes
+    m.bfloat16()
+    assert gt.plan_for(m).reason is None
+
+
+def test_a_float32_module_cast_to_bfloat16_leaves_the_fallback():
+    m = hf_configs.experts_module("mixtral", dtype=torch.float32)
+    assert "bfloat16" in gt.plan_for(m).reason
+    m.to(torch.bfloat16)
+    plan = gt.plan_for(m)
+    assert plan.reason is None and plan.verified
+
+
+def test_forward_after_a_cast_falls_back_for_the_cast_weights(caplog, monkeypatch):
+    monkeypatch.setattr(gt, "_warned", set())
+    m = hf_configs.experts_module("mixtral")
+    x, idx, w = torch.randn(6, 128), torch.randint(0, 8, (6, 2)), torch.rand(6, 2)
+    gt.gmjit_experts_forward(m, x.bfloat16(), idx, w.bfloat16())  # caches the bf16 plan
+    m.half()
+    with caplog.at_level(logging.WARNING, logger="gmjit.transformers"):
+        y = gt.gmjit_experts_forward(m, x.half(), idx, w.half())
+    assert y.dtype == torch.float16
+    assert any("weights are torch.float16" in r.getMessage() for r in caplog.records)
