@@ -409,3 +409,55 @@ def test_a_misaligned_main_grad_is_rejected(engine):
     y = eager(t, accumulate=True)
     with pytest.raises(ValueError, match=r"'w2.main_grad' must start at a 16-byte aligned"):
         y.sum().backward()
+
+
+@pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16])
+def test_autocast_casts_x_to_bf16_and_its_gradient_comes_back_fp32(engine, path, autocast_dtype):
+    t = inputs()
+    t["x"] = t["x"].detach().float().requires_grad_()  # an fp32 model's activation
+    with torch.autocast("cpu", dtype=autocast_dtype):  # the kernels run bf16 whatever it says
+        y = grouped_mlp(**t)
+    assert y.dtype == torch.bfloat16
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ref, leaves = expected(t, dy)
+    torch.testing.assert_close(y.double(), ref, rtol=2e-2, atol=2e-2)
+    assert t["x"].grad.dtype == torch.float32 and t["probs"].grad.dtype == torch.float32
+    torch.testing.assert_close(t["x"].grad.double(), leaves["x"].grad, rtol=3e-2, atol=3e-2)
+
+
+def test_the_op_under_autocast_casts_x_only(engine):
+    t = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in inputs().items()}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        # probs stays fp32 (bf16 probs would be rejected), the weights stay as given
+        y, _ = torch.ops.gmjit.grouped_mlp(t["x"].float(), t["split_sizes"], t["w1"], t["w2"],
+                                           t["b1"], t["b2"], t["probs"], "swiglu", "halves", 7.0,
+                                           1.702, False)  # fmt: skip
+    ref, _ = expected(inputs(), torch.zeros(T, H))
+    torch.testing.assert_close(y.double(), ref.detach(), rtol=2e-2, atol=2e-2)
+
+
+def test_autocast_rules_are_registered_for_cuda_and_cpu():
+    for key in ("AutocastCUDA", "AutocastCPU"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("gmjit::grouped_mlp", key)
+
+
+def test_without_autocast_or_for_float64_x_is_still_rejected(engine, path):
+    t = inputs()
+    with pytest.raises(ValueError, match=r"'x' must have dtype torch.bfloat16, got torch.float32"):
+        grouped_mlp(**{**t, "x": t["x"].detach().float()})
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(
+            ValueError, match=r"'x' must have dtype torch.bfloat16, got torch.float64"):  # fmt: skip
+        grouped_mlp(**{**t, "x": t["x"].detach().double()})
+
+
+def test_compile_under_autocast_casts_x_in_the_graph(engine):
+    torch._dynamo.reset()
+    t = inputs()
+    t["x"] = t["x"].detach().float().requires_grad_()
+    fn = torch.compile(lambda **kw: grouped_mlp(**kw), backend="aot_eager", fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fn(**t)
+    y.float().sum().backward()
+    assert y.dtype == torch.bfloat16 and t["x"].grad.dtype == torch.float32
+    assert [c[0] for c in engine.calls] == ["forward", "backward"]

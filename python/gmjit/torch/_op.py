@@ -816,6 +816,45 @@ def _op_double_backward(ctx, *grads):
 _grouped_mlp_backward_op.register_autograd(_op_double_backward)
 
 
+# Autocast: the kernels compute in bf16 only, so under autocast (any lower-precision dtype) x is
+# cast to bf16, as autocast casts a linear layer's input. Only x: probs stays fp32 (what the op
+# takes), and the weights are checked as given (they are the bf16 parameters the op wants;
+# torch.library.register_autocast would cast every floating input, probs and FP8 weights too).
+_AUTOCAST_DEVICES = ("cuda", "cpu")  # cpu: the rule is the same (and testable without a GPU)
+_AUTOCAST_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+                  | torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA))  # fmt: skip
+
+
+def _autocast_casts(x: Tensor) -> bool:
+    """Whether autocast, enabled for x's device, makes x bf16: a floating x of another dtype
+    (float64 excepted, as autocast leaves it)."""
+    return (
+        x.dtype != _BF16
+        and x.dtype != torch.float64
+        and x.is_floating_point()
+        and x.device.type in _AUTOCAST_DEVICES
+        and torch.is_autocast_enabled(x.device.type)
+    )
+
+
+def _autocast_kernel(device_type: str):
+    def kernel(_keyset, x, *args, **kwargs):
+        if (isinstance(x, Tensor) and x.is_floating_point() and x.dtype != torch.float64
+                and x.device.type == device_type):  # fmt: skip
+            x = x.to(_BF16)  # recorded by autograd, which runs after autocast
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
+            return torch.ops.gmjit.grouped_mlp.default(x, *args, **kwargs)
+
+    return kernel
+
+
+_autocast_lib = torch.library.Library("gmjit", "FRAGMENT")
+for _device in _AUTOCAST_DEVICES:
+    _autocast_lib.impl("grouped_mlp", _autocast_kernel(_device),
+                       "AutocastCUDA" if _device == "cuda" else "AutocastCPU",
+                       with_keyset=True)  # fmt: skip
+
+
 @torch.library.custom_op("gmjit::quantize_weights", mutates_args=())
 def _quantize_weights_op(w1: Tensor, w2: Tensor, recipe: str,
                          transposed: bool = False) -> list[Tensor]:  # fmt: skip
@@ -1121,6 +1160,10 @@ def grouped_mlp(
         except (AttributeError, TypeError, ValueError):  # not tensors, x not 2-D, ...
             entry = None
         if entry is None:
+            if _autocast_casts(x):  # on a miss only: a bf16 x pays nothing for autocast
+                return grouped_mlp(x.to(_BF16), split_sizes, w1, w2, b1, b2, probs, activation,
+                                   glu_layout, limit, alpha, accumulate_main_grad, recipe,
+                                   fp8_weights)  # fmt: skip
             entry = _admit(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit,
                            alpha, recipe, key)  # fmt: skip
         needs_grad = _grad_enabled() and _any_requires_grad(x, w1, w2, b1, b2, probs)
@@ -1160,6 +1203,8 @@ def grouped_mlp(
 
     act, layout, glu = _parse_options(activation, glu_layout)
     code = _parse_recipe(recipe)
+    if isinstance(x, Tensor) and _autocast_casts(x):
+        x = x.to(_BF16)
     check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu, layout)
     if code:
         _check_fp8_layer(x.shape[1], w2.shape[2], layout, glu)
