@@ -847,3 +847,23 @@ def test_the_public_fp8_ops_check_their_arguments(fp8_engine, call, pattern):
     with pytest.raises(ValueError, match=pattern):
         call()
     assert fp8_engine.calls == []
+
+
+def test_module_quantizes_again_when_its_recipe_is_switched(fp8_engine, monkeypatch):
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    torch.manual_seed(0)
+    m = GroupedMLP(E, H, F, recipe="fp8_block")
+    x = torch.randn(T, H, dtype=BF)
+    split = torch.tensor(SPLITS)
+    with torch.no_grad():
+        m(x, split)
+        for recipe in ("fp8_block_pow2", "fp8_tensor", "fp8_block"):
+            m.recipe = recipe
+            y = m(x, split)
+            code = _op.RECIPES[recipe]
+            assert fp8_engine.calls[-2][:2] == ("quantize", code)  # not the other recipe's scales
+            torch.testing.assert_close(m._fp8_cache[1][1], fake_quantize(m.w1, code)[1])
+            ref = reference.grouped_mlp(x, split, *(dequantize(*fake_quantize(w, code)).to(BF)
+                                                    for w in (m.w1, m.w2)))  # fmt: skip
+            torch.testing.assert_close(y.double(), ref, rtol=2e-2, atol=2e-2)
+    assert m.fp8_quantizations == 4
