@@ -502,20 +502,24 @@ def _run_backward(
     dw2 = like(w2, dtype=w_dtype, memory_format=cf) if wanted[3] and m2 is None else None
     db2 = like(b2, dtype=_F32, memory_format=cf) if wanted[4] and mb2 is None else None
     dprobs = _empty_like(probs, memory_format=cf) if wanted[5] else None
-    # The engine's 16-byte rule (see _aligned); the op path saves the inputs as they came.
-    x, split_sizes, probs = _aligned(x, split_sizes, probs, w1, w2, None, b2, saved_preact)
+    # The pointers are read once, for the engine and for its 16-byte rule (see _aligned; the op
+    # path saves the inputs as they came).
+    px, ps, p1, p2 = x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(), w2.data_ptr()
+    pb2 = 0 if b2 is None else b2.data_ptr()
+    pp = 0 if probs is None else probs.data_ptr()
+    psaved = saved_preact.data_ptr()
+    if (px | ps | p1 | p2 | pb2 | pp | psaved) & 15:
+        x, split_sizes, probs = _aligned(x, split_sizes, probs, w1, w2, None, b2, saved_preact)
+        px, ps, pp = x.data_ptr(), split_sizes.data_ptr(), _ptr(probs)
     if not T:
         return dx, dw1, db1, dw2, db2, dprobs
-    # autograd may hand over an expanded or strided dy, or a contiguous one at any offset (a view
-    # into the gradient of a torch.cat of outputs, ...): the user cannot choose it, so copy.
-    if not dy.is_contiguous() or dy.data_ptr() & 15:
-        dy = dy.clone(memory_format=torch.contiguous_format)
-    if dy.dtype != _BF16:
-        dy = dy.to(_BF16)
+    # autograd may hand over an fp32, expanded or strided dy, or a contiguous one at any offset
+    # (a view into the gradient of a torch.cat of outputs, ...): the user cannot choose it, so
+    # one contiguous bf16 copy.
+    if dy.dtype != _BF16 or not dy.is_contiguous() or dy.data_ptr() & 15:
+        dy = dy.to(_BF16, memory_format=cf, copy=True)
     d = _require_cuda(x)
-    args = (layer, T, d, dy.data_ptr(), x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(),
-            w2.data_ptr(), 0 if b2 is None else b2.data_ptr(),
-            0 if probs is None else probs.data_ptr(), saved_preact.data_ptr(),
+    args = (layer, T, d, dy.data_ptr(), px, ps, p1, p2, pb2, pp, psaved,
             0 if dx is None else dx.data_ptr(),
             0 if not wanted[1] else (m1 if m1 is not None else dw1).data_ptr(),
             0 if not wanted[2] else (mb1 if mb1 is not None else db1).data_ptr(),
