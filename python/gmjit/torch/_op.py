@@ -680,7 +680,8 @@ def _check_op_fp8_weights(code: int, fp8, transposed, w1: Tensor, w2: Tensor, x:
     if fp8 is None and transposed is None:
         return
     if not code:
-        _fail("w1_fp8" if fp8 is not None else "w1t_fp8", "is for the FP8 recipes; recipe is 'bf16'")
+        _fail("w1_fp8" if fp8 is not None else "w1t_fp8",
+              "is for the FP8 recipes; recipe is 'bf16'")  # fmt: skip
     E, F1, H = w1.shape
     shapes = fp8_weight_shapes(E, F1, H, w2.shape[2], code, True)
     for names, tensors, part in ((FP8_WEIGHT_NAMES, fp8, shapes[:4]),
