@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from gmjit.torch import layouts
-from gmjit.torch._op import FP8_BLOCK, grouped_mlp, quantize_weights
+from gmjit.torch._op import FP8_BLOCK, MAX_EXPERTS, MAX_WIDTH, grouped_mlp, quantize_weights
 
 logger = logging.getLogger("gmjit.transformers")
 
@@ -122,7 +122,9 @@ def describe_experts(experts: nn.Module) -> ExpertsPlan:
     base.update(hidden=hidden, ffn=ffn)
     if up.shape[0] != E:
         return ExpertsPlan(reason=f"weights hold {up.shape[0]} experts, num_experts is {E}", **base)
-    if hidden % 8 or ffn % 8:
+    if not 1 <= E <= MAX_EXPERTS:
+        return ExpertsPlan(reason=f"{E} experts; gmjit runs 1 to {MAX_EXPERTS}", **base)
+    if not (8 <= hidden <= MAX_WIDTH and 8 <= ffn <= MAX_WIDTH) or hidden % 8 or ffn % 8:
         return ExpertsPlan(reason=f"hidden ({hidden}) and ffn ({ffn}) must be multiples of 8",
                            **base)  # fmt: skip
     if has_bias and (getattr(experts, "gate_up_proj_bias" if has_gate else "up_proj_bias", None)
@@ -210,15 +212,24 @@ _PLAN_ATTR = "_gmjit_plan"
 _warned: set[tuple[str, str]] = set()
 
 
+def _plan_key(experts: nn.Module) -> tuple:
+    """What of a module's plan can change after it is built: its weights' dtypes (a cast such as
+    model.half()) and shapes, and whether they are there."""
+    has_gate = bool(getattr(experts, "has_gate", True))
+    return (has_gate,) + tuple((t.dtype, t.shape) if isinstance(t, Tensor) else None
+                               for t in _weights(experts, has_gate))  # fmt: skip
+
+
 def plan_for(experts: nn.Module) -> ExpertsPlan:
-    """The cached plan of a module: described once, verified at its first eager call."""
-    plan = experts.__dict__.get(_PLAN_ATTR)
-    if plan is None:
-        plan = describe_experts(experts)
+    """The cached plan of a module: described again when its weights' dtypes or shapes change
+    (a cast of the model), verified at its first eager call."""
+    key = _plan_key(experts)
+    cached = experts.__dict__.get(_PLAN_ATTR)
+    plan = cached[1] if cached is not None and cached[0] == key else describe_experts(experts)
     if not plan.verified and plan.reason is None and not torch.compiler.is_compiling():
         plan = verify(experts, plan)
     if not torch.compiler.is_compiling():
-        experts.__dict__[_PLAN_ATTR] = plan
+        experts.__dict__[_PLAN_ATTR] = (key, plan)
     return plan
 
 
@@ -242,7 +253,7 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
     if not plan.has_bias:
         b_up = b_down = None
     if not plan.transposed and not plan.interleaved:
-        return up.contiguous(), down.contiguous(), b_up, b_down
+        return tuple(_aligned(t) for t in (up.contiguous(), down.contiguous(), b_up, b_down))
     params = [t for t in (up, down, b_up, b_down) if t is not None]
     grad = torch.is_grad_enabled() and any(p.requires_grad for p in params)
     cacheable = not grad and not torch.compiler.is_compiling()
@@ -254,12 +265,21 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
     w1 = layouts.fc1_from_gate_up(up, transposed=plan.transposed, interleaved=plan.interleaved)
     w2 = layouts.fc2_from_down(down, transposed=plan.transposed)
     b1 = layouts.maybe(layouts.fc1_bias_from_gate_up, b_up, interleaved=plan.interleaved)
-    out = (w1, w2, b1, b_down)
+    out = tuple(_aligned(t) for t in (w1, w2, b1, b_down))
     if cacheable:
         experts.__dict__["_gmjit_weights"] = (key, out)
     else:
         experts.__dict__.pop("_gmjit_weights", None)
     return out
+
+
+def _aligned(t: Optional[Tensor]) -> Optional[Tensor]:
+    """t, or a (differentiable) copy where its data does not start 16-byte aligned: grouped_mlp
+    rejects such weights (a view into a larger buffer), while a model's weights are whatever
+    loading made them. Not while compiling (no addresses): the op checks them when it runs."""
+    if t is None or torch.compiler.is_compiling() or not t.data_ptr() % 16:
+        return t
+    return t.clone()
 
 
 def _fp8_weights(experts: nn.Module, plan: ExpertsPlan, recipe: str, w1: Tensor, w2: Tensor,

@@ -78,3 +78,44 @@ def test_zero_tokens_need_no_device_and_give_an_empty_output():
     a = args(x=torch.empty(0, H, dtype=torch.bfloat16), split_sizes=torch.zeros(E, dtype=torch.int64))
     y = grouped_mlp(**a)
     assert y.shape == (0, H) and y.dtype == torch.bfloat16
+
+
+def layer(experts=E, hidden=H, ffn=F, tokens=T, device="cpu", glu=True):
+    """A call's tensors for a layer of these sizes (meta: too large to allocate)."""
+    bf = dict(dtype=torch.bfloat16, device=device)
+    return dict(x=torch.empty(tokens, hidden, **bf),
+                split_sizes=torch.zeros(experts, dtype=torch.int64, device=device),
+                w1=torch.empty(experts, 2 * ffn if glu else ffn, hidden, **bf),
+                w2=torch.empty(experts, hidden, ffn, **bf))  # fmt: skip
+
+
+# The engine's limits (codegen check_supported): rejected whatever the token count.
+LAYER_LIMITS = [
+    (dict(experts=0), {}, r"'w1' must hold 1 to 4096 experts .* got 0"),
+    (dict(experts=4097, device="meta"), {}, r"'w1' must hold 1 to 4096 experts .* got 4097"),
+    (dict(hidden=0), {}, r"'w2' .* hidden \(0\) and ffn \(128\) positive multiples of 8"),
+    (dict(ffn=0), {}, r"'w2' .* hidden \(64\) and ffn \(0\) positive multiples of 8"),
+    (dict(hidden=(1 << 20) + 8, device="meta", experts=1, ffn=8), {}, r"at most 1048576"),
+    (dict(ffn=24), dict(glu_layout="interleaved32"), r"'glu_layout' must be 'halves' when ffn \(24\)"),
+]
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("tokens", [0, T])
+@pytest.mark.parametrize("sizes, options, pattern", LAYER_LIMITS)
+def test_layers_beyond_the_engine_limits_are_rejected_with_or_without_tokens(
+    sizes, options, pattern, tokens, fast, monkeypatch
+):
+    from gmjit.torch import _op
+
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", fast)  # the eager path CUDA tensors take
+    monkeypatch.setattr(_op, "_entries", {})
+    with pytest.raises(ValueError, match=pattern):
+        grouped_mlp(**layer(**sizes, tokens=tokens), **options)
+
+
+def test_interleaved32_with_ffn_a_multiple_of_32_and_non_glu_layers_pass_the_layer_checks():
+    with pytest.raises(ValueError, match="CUDA device"):
+        grouped_mlp(**layer(ffn=96), glu_layout="interleaved32")
+    with pytest.raises(ValueError, match="CUDA device"):  # the layout means nothing without a GLU
+        grouped_mlp(**layer(ffn=24, glu=False), activation="relu", glu_layout="interleaved32")

@@ -34,6 +34,13 @@ def view(address: int, dtype: torch.dtype, shape) -> torch.Tensor:
     return torch.frombuffer((ctypes.c_char * size).from_address(address), dtype=dtype).view(shape)
 
 
+def check_aligned(**pointers: int) -> None:
+    """The engine's rule for every tensor it is given (engine/api/validate.cpp)."""
+    for name, address in pointers.items():
+        if address % 16:
+            raise RuntimeError(f"argument '{name}': data pointer must be 16-byte aligned")
+
+
 class StandIn:
     def __init__(self):
         self.calls = []
@@ -53,6 +60,8 @@ class StandIn:
                     probs=view(probs, torch.float32, (T,)) if probs else None)  # fmt: skip
 
     def forward(self, L, T, device, x, split, w1, b1, w2, b2, probs, y, saved, stream):
+        check_aligned(x=x, split_sizes=split, w1=w1, b1=b1, w2=w2, b2=b2, probs=probs, y=y,
+                      saved_preact=saved)  # fmt: skip
         self.calls.append(("forward", bool(saved)))
         t = self.tensors(L, T, x, split, w1, b1, w2, b2, probs)
         out = reference.grouped_mlp(t["x"], t["split"], t["w1"], t["w2"], t["b1"], t["b2"],
@@ -74,6 +83,10 @@ class StandIn:
                  w1t_scales=0, w2t_fp8=0, w2t_scales=0):  # fmt: skip
         # The transposed FP8 weights (FP8 data gradients) come only with an FP8 recipe.
         assert not (w1t_fp8 or w1t_scales or w2t_fp8 or w2t_scales) or recipe
+        check_aligned(dy=dy, x=x, split_sizes=split, w1=w1, w2=w2, b2=b2, probs=probs,
+                      saved_preact=saved, dx=dx, dw1=dw1, db1=db1, dw2=dw2, db2=db2,
+                      dprobs=dprobs, w1t_fp8=w1t_fp8, w1t_scales=w1t_scales, w2t_fp8=w2t_fp8,
+                      w2t_scales=w2t_scales)  # fmt: skip
         self.calls.append(("backward", tuple(bool(p) for p in (dx, dw1, db1, dw2, db2, dprobs)),
                            accumulate))  # fmt: skip
         self.bf16_weight_grads = bf16_weight_grads
@@ -309,3 +322,142 @@ def test_zero_out_wgrad_gives_a_zero_dummy_gradient(engine):
     for name in ("w1", "w2"):
         assert t[name].grad_added_to_main_grad is True
         assert torch.count_nonzero(t[name].grad) == 0
+
+
+@pytest.mark.parametrize("dy_requires_grad", [True, False])
+def test_differentiating_the_gradients_again_raises_instead_of_dropping_terms(engine, path,
+                                                                             dy_requires_grad):  # fmt: skip
+    t = inputs()
+    y = grouped_mlp(**t)
+    # y² makes dy depend on the graph; a plain sum hands over a dy without grad.
+    loss = y.float().pow(2).sum() if dy_requires_grad else y.float().sum()
+    (dx,) = torch.autograd.grad(loss, t["x"], create_graph=True)
+    assert dx.requires_grad
+    for name in ("w1", "b1", "probs"):  # b1 reaches dx only through the saved pre-activation
+        penalty = dx.float().pow(2).sum() + t[name].float().sum()
+        with pytest.raises(RuntimeError, match="double backward is not supported"):
+            torch.autograd.grad(penalty, t[name], retain_graph=True)
+
+
+def test_create_graph_still_gives_first_order_gradients(engine, path):
+    t = inputs()
+    y = grouped_mlp(**t)
+    dy = torch.randn_like(y)
+    dx, dw2 = torch.autograd.grad(y, (t["x"], t["w2"]), dy, create_graph=True)
+    _, leaves = expected(t, dy)
+    torch.testing.assert_close(dw2.double(), leaves["w2"].grad, rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(dx.double(), leaves["x"].grad, rtol=3e-2, atol=3e-2)
+
+
+def at_offset(t: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """A contiguous copy of t that starts `nbytes` past a 16-byte boundary (a view into a larger
+    buffer), with t's requires_grad."""
+    n = nbytes // t.element_size()
+    buf = torch.zeros(n + t.numel(), dtype=t.dtype)
+    view = buf[n:].view(t.shape)
+    view.copy_(t.detach())
+    assert view.is_contiguous() and view.data_ptr() % 16 == nbytes
+    return view.requires_grad_(t.requires_grad)
+
+
+def test_contiguous_views_at_an_offset_reach_the_engine_aligned(engine, path):
+    t = inputs()
+    # A micro-batch of a split buffer, a slice of global per-expert counts, a packed probs.
+    t["x"], t["split_sizes"], t["probs"] = (at_offset(t["x"], 2), at_offset(t["split_sizes"], 8),
+                                            at_offset(t["probs"], 4))  # fmt: skip
+    y = grouped_mlp(**t)  # the stand-in raises on a misaligned pointer, as the engine does
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ref, leaves = expected(t, dy)
+    torch.testing.assert_close(y.double(), ref, rtol=2e-2, atol=2e-2)
+    for name in ("x", "probs", "w1"):
+        torch.testing.assert_close(t[name].grad.double(), leaves[name].grad, rtol=3e-2,
+                                   atol=3e-2)  # fmt: skip
+    with torch.no_grad():
+        torch.testing.assert_close(grouped_mlp(**t).double(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_a_gradient_at_an_odd_offset_from_autograd_is_copied_before_the_engine(engine, path):
+    t = inputs(bias=False, probs=False)
+    y = grouped_mlp(**t)
+    # Packing outputs into one buffer: y's gradient is a contiguous view 6 bytes past alignment.
+    out = torch.cat([torch.zeros(3, dtype=y.dtype), y.flatten()])
+    out.float().square().sum().backward()
+    _, leaves = expected(t, 2 * y.detach().float())
+    torch.testing.assert_close(t["w2"].grad.double(), leaves["w2"].grad, rtol=3e-2, atol=3e-2)
+    assert engine.calls[-1][0] == "backward"
+
+
+@pytest.mark.parametrize("name", ["w1", "w2", "b1", "b2"])
+@pytest.mark.parametrize("tokens", [0, T])
+def test_misaligned_weights_are_rejected_naming_the_16_byte_rule(engine, path, name, tokens):
+    splits = SPLITS if tokens else [0, 0, 0]
+    t = inputs(tokens=tokens, splits=splits)
+    t[name] = at_offset(t[name], 2)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad), pytest.raises(
+                ValueError, match=rf"'{name}' must start at a 16-byte aligned address"):  # fmt: skip
+            grouped_mlp(**t)
+    assert engine.calls == []
+
+
+def test_a_misaligned_main_grad_is_rejected(engine):
+    t = inputs()
+    for name in ("w1", "b1", "w2", "b2"):
+        t[name].main_grad = torch.zeros(t[name].shape)
+    t["w2"].main_grad = at_offset(t["w2"].main_grad, 4)
+    y = eager(t, accumulate=True)
+    with pytest.raises(ValueError, match=r"'w2.main_grad' must start at a 16-byte aligned"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16])
+def test_autocast_casts_x_to_bf16_and_its_gradient_comes_back_fp32(engine, path, autocast_dtype):
+    t = inputs()
+    t["x"] = t["x"].detach().float().requires_grad_()  # an fp32 model's activation
+    with torch.autocast("cpu", dtype=autocast_dtype):  # the kernels run bf16 whatever it says
+        y = grouped_mlp(**t)
+    assert y.dtype == torch.bfloat16
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ref, leaves = expected(t, dy)
+    torch.testing.assert_close(y.double(), ref, rtol=2e-2, atol=2e-2)
+    assert t["x"].grad.dtype == torch.float32 and t["probs"].grad.dtype == torch.float32
+    torch.testing.assert_close(t["x"].grad.double(), leaves["x"].grad, rtol=3e-2, atol=3e-2)
+
+
+def test_the_op_under_autocast_casts_x_only(engine):
+    t = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in inputs().items()}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        # probs stays fp32 (bf16 probs would be rejected), the weights stay as given
+        y, _ = torch.ops.gmjit.grouped_mlp(t["x"].float(), t["split_sizes"], t["w1"], t["w2"],
+                                           t["b1"], t["b2"], t["probs"], "swiglu", "halves", 7.0,
+                                           1.702, False)  # fmt: skip
+    ref, _ = expected(inputs(), torch.zeros(T, H))
+    torch.testing.assert_close(y.double(), ref.detach(), rtol=2e-2, atol=2e-2)
+
+
+def test_autocast_rules_are_registered_for_cuda_and_cpu():
+    for key in ("AutocastCUDA", "AutocastCPU"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("gmjit::grouped_mlp", key)
+
+
+def test_without_autocast_or_for_float64_x_is_still_rejected(engine, path):
+    t = inputs()
+    with pytest.raises(ValueError, match=r"'x' must have dtype torch.bfloat16, got torch.float32"):
+        grouped_mlp(**{**t, "x": t["x"].detach().float()})
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(
+            ValueError, match=r"'x' must have dtype torch.bfloat16, got torch.float64"):  # fmt: skip
+        grouped_mlp(**{**t, "x": t["x"].detach().double()})
+
+
+def test_compile_under_autocast_casts_x_in_the_graph(engine):
+    torch._dynamo.reset()
+    t = inputs()
+    t["x"] = t["x"].detach().float().requires_grad_()
+    fn = torch.compile(lambda **kw: grouped_mlp(**kw), backend="aot_eager", fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fn(**t)
+    y.float().sum().backward()
+    assert y.dtype == torch.bfloat16 and t["x"].grad.dtype == torch.float32
+    assert [c[0] for c in engine.calls] == ["forward", "backward"]

@@ -125,3 +125,68 @@ def test_tracing_and_other_devices_do_not_take_the_fast_path(rec):
     with FakeTensorMode():
         y = grouped_mlp(**{k: torch.empty_like(v) for k, v in args().items()})
     assert y.shape == (T, H) and rec.calls == [] and not _op._entries
+
+
+def op_call(a: dict, save_preact: bool = False):
+    """torch.ops.gmjit.grouped_mlp, the public custom op, on the arguments of `args()`."""
+    return torch.ops.gmjit.grouped_mlp(a["x"], a["split_sizes"], a["w1"], a["w2"], a.get("b1"),
+                                       a.get("b2"), a.get("probs"), a.get("activation", "swiglu"),
+                                       a.get("glu_layout", "halves"), 7.0, 1.702, save_preact)  # fmt: skip
+
+
+def _reaches_the_op_impl(override: dict) -> bool:
+    # A list is refused by the op's schema; a meta tensor sends the call to the fake kernel.
+    return all(isinstance(v, str) or (isinstance(v, torch.Tensor) and v.device.type == "cpu")
+               for v in override.values())  # fmt: skip
+
+
+@pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.parametrize("override, pattern",
+                         [c for c in BAD_ARGUMENTS + PER_CALL if _reaches_the_op_impl(c[0])])  # fmt: skip
+def test_the_public_custom_op_checks_its_arguments_too(rec, warm, override, pattern):
+    if warm:
+        good = {k: VALID_OPTIONAL[k] for k in override if k in VALID_OPTIONAL}
+        op_call(args(**good))
+        assert rec.calls[-1][0] == "forward"
+    n = len(rec.calls)
+    with pytest.raises(ValueError, match=pattern):
+        op_call(args(**override))
+    assert len(rec.calls) == n  # nothing reached the engine
+
+
+def test_the_public_custom_op_rejects_what_the_review_found_it_accepting(rec):
+    w2 = torch.randn(E, F, H, dtype=BF).transpose(1, 2)  # w2's values, not its layout
+    for override, pattern in ((dict(w2=w2), r"'w2' must be contiguous"),
+                              (dict(x=torch.randn(T, H)), r"'x' must have dtype torch.bfloat16"),
+                              (dict(probs=torch.rand(T, 1)), r"'probs' must have shape \[32\]")):  # fmt: skip
+        with pytest.raises(ValueError, match=pattern):
+            op_call(args(**override))
+    assert rec.calls == []
+
+
+def backward_op_call(a: dict, dy, saved, wanted=(True, True, False, True, False, False)):
+    return torch.ops.gmjit.grouped_mlp_backward(dy, a["x"], a["split_sizes"], a["w1"], a["w2"],
+                                                a.get("b2"), a.get("probs"), saved, "swiglu",
+                                                "halves", 7.0, 1.702, False, list(wanted))  # fmt: skip
+
+
+def test_the_public_backward_op_checks_its_arguments(rec):
+    a = args()
+    dy, saved = torch.randn(T, H, dtype=BF), torch.randn(T, 2 * F, dtype=BF)
+    backward_op_call(a, dy, saved)
+    assert rec.calls[-1][0] == "backward"
+    n = len(rec.calls)
+    for call, pattern in (
+        (lambda: backward_op_call(a, dy[:-1], saved), r"'dy' must be a tensor of shape \[32, 64\]"),
+        (lambda: backward_op_call(a, dy.to(torch.int32), saved), r"'dy' must have a floating"),
+        (lambda: backward_op_call(a, dy, saved[:, :F]), r"'saved_preact' must have shape \[32, 256\]"),
+        (lambda: backward_op_call(a, dy, saved.float()), r"'saved_preact' must have dtype"),
+        (lambda: backward_op_call(args(w2=torch.randn(E, F, H, dtype=BF).transpose(1, 2)), dy,
+                                  saved), r"'w2' must be contiguous"),
+        (lambda: backward_op_call(a, dy, saved, [True] * 5), r"'wanted' must hold 6 flags"),
+        (lambda: backward_op_call(a, dy, saved, [True] * 6), r"'wanted' asks for db1"),
+        (lambda: backward_op_call(args(x=torch.randn(T, H)), dy, saved), r"'x' must have dtype"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=pattern):
+            call()
+    assert len(rec.calls) == n

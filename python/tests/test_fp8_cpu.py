@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import reference
 from gmjit.torch import GroupedMLP, _op, grouped_mlp, quantize_weights
-from test_fake_engine import StandIn, view
+from test_fake_engine import StandIn, at_offset, view
 
 BF, F32, FP8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
 E, H, F, T = 3, 128, 256, 20
@@ -109,6 +109,11 @@ BAD_FP8_CALLS = [
                                                        w1t_scales=torch.ones(E, 1, 4))),
      r"'w1t_scales' must have shape \[3\], got \[3, 1, 4\]"),  # fmt: skip
     (dict(fp8_weights=fp8_weights_t()), r"'fp8_weights' is for the FP8 recipes"),
+    # The engine wants every pointer 16-byte aligned; quantized weights are not copied per call.
+    (dict(recipe="fp8_block", fp8_weights=fp8_weights(w2_fp8=at_offset(torch.zeros(E, H, F, dtype=FP8), 8))),
+     r"'w2_fp8' must start at a 16-byte aligned address"),  # fmt: skip
+    (dict(recipe="fp8_block", fp8_weights=fp8_weights_t(w1t_scales=at_offset(torch.ones(E, 1, 4), 4))),
+     r"'w1t_scales' must start at a 16-byte aligned address"),  # fmt: skip
 ]
 
 
@@ -150,6 +155,9 @@ def test_valid_fp8_cpu_call_fails_only_on_the_device():
     (torch.randn(E, H, 2 * F, dtype=BF).transpose(1, 2), torch.randn(E, H, F, dtype=BF), "fp8_block", r"'w1' must be contiguous"),
     (torch.randn(E, 2 * F, H, dtype=BF), torch.empty(E, H, F, dtype=BF, device="meta"), "fp8_block", r"'w2' must be on cpu"),
     (torch.randn(E, 2 * F, H, dtype=BF), torch.randn(E, H, F, dtype=BF), "fp8_block", r"'w1' must be on a CUDA device to run"),
+    # The engine's limits, also where there is nothing to quantize.
+    (torch.randn(0, 2 * F, H, dtype=BF), torch.randn(0, H, F, dtype=BF), "fp8_block", r"'w1' must hold 1 to 4096 experts"),
+    (torch.randn(E, 0, H, dtype=BF), torch.randn(E, H, 0, dtype=BF), "fp8_block", r"ffn \(0\) positive multiples of 8"),
 ])  # fmt: skip
 def test_quantize_weights_checks_its_arguments(w1, w2, recipe, pattern):
     with pytest.raises(ValueError, match=pattern):
@@ -806,3 +814,56 @@ def test_expert_parallel_fp8_layer_gets_fp8_data_gradients(fp8_engine, path):
     assert quantize == [("quantize", 1, True)]
     assert fp8_engine.calls[-1][0] == "backward" and fp8_engine.calls[-1][-2:] == (1, True)
     assert x.grad is not None and moe.w1.grad is not None
+
+
+def fp8_op_call(a: dict, recipe: str, q=(None,) * 4, qt=()):
+    return torch.ops.gmjit.grouped_mlp(a["x"], a["split_sizes"], a["w1"], a["w2"], None, None,
+                                       None, "swiglu", "halves", 7.0, 1.702, False, recipe, *q,
+                                       *qt)  # fmt: skip
+
+
+@pytest.mark.parametrize("call, pattern", [
+    (lambda: fp8_op_call(args(), "fp8_block", fp8_weights()[:2] + (None, None)),
+     r"w1_fp8, w1_scales, w2_fp8, w2_scales come all four or none; w2_fp8, w2_scales missing"),
+    (lambda: fp8_op_call(args(), "bf16", fp8_weights()), r"'w1_fp8' is for the FP8 recipes"),
+    (lambda: fp8_op_call(args(), "bf16", qt=fp8_weights_t()[4:]), r"'w1t_fp8' is for the FP8"),
+    (lambda: fp8_op_call(args(), "fp8_block", fp8_weights(w2_fp8=torch.zeros(E, F, H, dtype=FP8))),
+     r"'w2_fp8' must have shape \[3, 128, 256\]"),
+    (lambda: fp8_op_call(args(), "fp8_tensor", fp8_weights()), r"'w1_scales' must have shape \[3\]"),
+    (lambda: fp8_op_call(args(), "fp8_block", fp8_weights(w1_scales=at_offset(torch.ones(E, 4, 1), 4))),
+     r"'w1_scales' must start at a 16-byte aligned address"),
+    (lambda: fp8_op_call(args(), "fp8_block", fp8_weights(), fp8_weights_t(
+        w1t_fp8=torch.zeros(E, 2 * F, H, dtype=FP8))[4:]), r"'w1t_fp8' must have shape \[3, 128, 512\]"),
+    (lambda: fp8_op_call(args(x=torch.randn(T, 64, dtype=BF), w1=torch.randn(E, 2 * F, 64, dtype=BF),
+                              w2=torch.randn(E, 64, F, dtype=BF)), "fp8_block"),
+     r"hidden \(64\) and ffn \(256\) to be multiples of 128"),
+    (lambda: torch.ops.gmjit.quantize_weights(torch.randn(E, H, 2 * F, dtype=BF).transpose(1, 2),
+                                              torch.randn(E, H, F, dtype=BF), "fp8_block", False),
+     r"quantize_weights: argument 'w1' must be contiguous"),
+    (lambda: torch.ops.gmjit.quantize_weights(*list(args().values())[2:], "bf16", False),
+     r"'recipe' must be an FP8 recipe"),
+])  # fmt: skip
+def test_the_public_fp8_ops_check_their_arguments(fp8_engine, call, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        call()
+    assert fp8_engine.calls == []
+
+
+def test_module_quantizes_again_when_its_recipe_is_switched(fp8_engine, monkeypatch):
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    torch.manual_seed(0)
+    m = GroupedMLP(E, H, F, recipe="fp8_block")
+    x = torch.randn(T, H, dtype=BF)
+    split = torch.tensor(SPLITS)
+    with torch.no_grad():
+        m(x, split)
+        for recipe in ("fp8_block_pow2", "fp8_tensor", "fp8_block"):
+            m.recipe = recipe
+            y = m(x, split)
+            code = _op.RECIPES[recipe]
+            assert fp8_engine.calls[-2][:2] == ("quantize", code)  # not the other recipe's scales
+            torch.testing.assert_close(m._fp8_cache[1][1], fake_quantize(m.w1, code)[1])
+            ref = reference.grouped_mlp(x, split, *(dequantize(*fake_quantize(w, code)).to(BF)
+                                                    for w in (m.w1, m.w2)))  # fmt: skip
+            torch.testing.assert_close(y.double(), ref, rtol=2e-2, atol=2e-2)
+    assert m.fp8_quantizations == 4

@@ -227,3 +227,65 @@ def test_fp8_recipe_on_widths_that_are_not_whole_blocks_runs_bf16_with_a_warning
         assert gt._recipe_for(m, plan, "fp8_block") == "bf16"
         assert gt._recipe_for(m, plan, "fp8_block") == "bf16"
     assert sum("bf16 recipe instead of fp8_block" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss"])
+def test_weights_loaded_at_an_offset_run_through_grouped_mlp(name, monkeypatch):
+    """Weights that are contiguous views 2 bytes past alignment (what loading into one buffer
+    can give) are copied for the call rather than rejected: the real grouped_mlp on the eager
+    path, against the stand-in engine, which refuses misaligned pointers as the engine does."""
+    import types
+
+    from gmjit.torch import _op, grouped_mlp
+    from test_fake_engine import StandIn, at_offset
+
+    stand_in = StandIn()
+    monkeypatch.setattr(_op, "_C", types.SimpleNamespace(forward=stand_in.forward,
+                                                         backward=stand_in.backward))  # fmt: skip
+    monkeypatch.setattr(_op, "_layer", stand_in.layer)
+    monkeypatch.setattr(_op, "_require_cuda", lambda x: 0)
+    monkeypatch.setattr(_op, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(_op, "_entries", {})
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    m = hf_configs.experts_module(name)
+    for pname, p in list(m.named_parameters()):
+        setattr(m, pname, torch.nn.Parameter(at_offset(p, 2)))
+    plan = gt.plan_for(m)
+    torch.manual_seed(1)
+    x = torch.randn(12, 128, dtype=torch.bfloat16, requires_grad=True)
+    idx = torch.stack([torch.randperm(8)[:2] for _ in range(12)])
+    w = torch.rand(12, 2)
+    ours = gt.experts_forward(m, plan, x, idx, w, mlp=grouped_mlp)
+    ours.float().sum().backward()
+    assert stand_in.calls[-1][0] == "backward" and m.down_proj.grad is not None
+    expected = gt.experts_forward(m, plan, x.detach(), idx, w, mlp=_reference_mlp)
+    torch.testing.assert_close(ours.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_plan_follows_casts_of_the_module():
+    m = hf_configs.experts_module("mixtral")  # bf16
+    assert gt.plan_for(m).reason is None
+    m.half()
+    assert "torch.float16" in gt.plan_for(m).reason  # falls back instead of failing on dtypes
+    m.bfloat16()
+    assert gt.plan_for(m).reason is None
+
+
+def test_a_float32_module_cast_to_bfloat16_leaves_the_fallback():
+    m = hf_configs.experts_module("mixtral", dtype=torch.float32)
+    assert "bfloat16" in gt.plan_for(m).reason
+    m.to(torch.bfloat16)
+    plan = gt.plan_for(m)
+    assert plan.reason is None and plan.verified
+
+
+def test_forward_after_a_cast_falls_back_for_the_cast_weights(caplog, monkeypatch):
+    monkeypatch.setattr(gt, "_warned", set())
+    m = hf_configs.experts_module("mixtral")
+    x, idx, w = torch.randn(6, 128), torch.randint(0, 8, (6, 2)), torch.rand(6, 2)
+    gt.gmjit_experts_forward(m, x.bfloat16(), idx, w.bfloat16())  # caches the bf16 plan
+    m.half()
+    with caplog.at_level(logging.WARNING, logger="gmjit.transformers"):
+        y = gt.gmjit_experts_forward(m, x.half(), idx, w.half())
+    assert y.dtype == torch.float16
+    assert any("weights are torch.float16" in r.getMessage() for r in caplog.records)

@@ -83,6 +83,27 @@ def _parse_recipe(recipe: str, where: str = "grouped_mlp") -> int:
     return code
 
 
+# The engine's layer limits (check_supported in codegen/grouped_mlp.cpp). Checked here too so
+# that a call without tokens, which launches nothing, is rejected like one with tokens.
+MAX_EXPERTS = 4096
+MAX_WIDTH = 1 << 20
+
+
+def _check_layer(E: int, H: int, F: int, glu: bool, layout: int, where: str = "grouped_mlp"):
+    """Expert count and widths within the engine's limits, as ValueErrors naming an argument."""
+    if not 1 <= E <= MAX_EXPERTS:
+        raise ValueError(f"{where}: argument 'w1' must hold 1 to {MAX_EXPERTS} experts (its first "
+                         f"dimension), got {E}")  # fmt: skip
+    if not (8 <= H <= MAX_WIDTH and H % 8 == 0 and 8 <= F <= MAX_WIDTH and F % 8 == 0):
+        raise ValueError(f"{where}: argument 'w2' [experts, hidden, ffn] must have hidden ({H}) "
+                         f"and ffn ({F}) positive multiples of 8 (16-byte bf16 rows), at most "
+                         f"{MAX_WIDTH}")  # fmt: skip
+    if glu and layout == GLU_LAYOUTS["interleaved32"] and F % 32:
+        raise ValueError(f"{where}: argument 'glu_layout' must be 'halves' when ffn ({F}) is not "
+                         "a multiple of 32 ('interleaved32' alternates 32 gate and 32 up rows of "
+                         "w1)")  # fmt: skip
+
+
 def _check_fp8_layer(hidden: int, ffn: int, layout: int, glu: bool, where: str = "grouped_mlp"):
     """The FP8 recipes' shape limits (the engine's check_fp8_supported), as ValueErrors."""
     if hidden % FP8_BLOCK or ffn % FP8_BLOCK:
@@ -123,8 +144,10 @@ def check_arguments(
     b2: Optional[Tensor],
     probs: Optional[Tensor],
     glu: bool,
+    layout: int = 0,
 ) -> None:
-    """Checks every tensor argument; raises ValueError naming the first bad one."""
+    """Checks every tensor argument (and the layer's limits, `layout` a GLU_LAYOUTS code);
+    raises ValueError naming the first bad one."""
     if not isinstance(x, Tensor) or x.dim() != 2:
         _fail("x", f"must be a 2-D tensor [tokens, hidden], got {_describe(x)}")
     if not isinstance(w1, Tensor) or w1.dim() != 3:
@@ -146,8 +169,7 @@ def check_arguments(
         )
     _check_tensor("w1", w1, _BF16, (E, F1, H), x)
     _check_tensor("w2", w2, _BF16, (E, H, F), x)
-    if H % 8 != 0 or F % 8 != 0:
-        _fail("w2", f"hidden ({H}) and ffn ({F}) must be multiples of 8 (16-byte bf16 rows)")
+    _check_layer(E, H, F, glu, layout)
     if not isinstance(split_sizes, Tensor):
         _fail("split_sizes", f"must be a torch.Tensor, got {type(split_sizes).__name__}")
     if split_sizes.dtype not in (torch.int32, torch.int64):
@@ -196,6 +218,7 @@ def check_fp8_weights(fp8_weights, w1: Tensor, w2: Tensor, x: Tensor, code: int 
     for name, t, shape, dtype in zip(FP8_WEIGHT_NAMES + FP8_TRANSPOSED_NAMES, fp8_weights, shapes,
                                      _FP8_DTYPES):  # fmt: skip
         _check_tensor(name, t, dtype, shape, x)
+        _check_aligned(name, t)  # checked per call: these are not part of the signature's key
 
 
 def _describe_sequence(t: object) -> str:
@@ -255,6 +278,32 @@ def _ptr(t: Optional[Tensor]) -> int:
     return 0 if t is None else t.data_ptr()
 
 
+def _aligned(x: Tensor, split_sizes: Tensor, probs: Optional[Tensor], w1: Tensor, w2: Tensor,
+             b1: Optional[Tensor], b2: Optional[Tensor],
+             saved_preact: Optional[Tensor] = None) -> tuple:  # fmt: skip
+    """(x, split_sizes, probs), each copied where its data pointer is not 16-byte aligned, which
+    the engine requires of every tensor (validate.cpp); ValueError naming w1, w2, b1, b2 or
+    saved_preact where one is not.
+
+    x, split_sizes and probs change every call and are often contiguous views at an offset into
+    a larger buffer (a micro-batch of a split, a slice of global per-expert counts, a packed
+    receive buffer): a copy costs one pass over them, little next to the GEMMs, and gradients
+    still reach the tensors given. Weights and biases are long-lived parameters: a copy per call
+    would read them in full each time for a layout fixed once where they are allocated, so they
+    are rejected."""
+    for name, t in (("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2), ("saved_preact", saved_preact)):
+        _check_aligned(name, t)
+    return tuple(t if t is None or not t.data_ptr() & 15 else t.clone()
+                 for t in (x, split_sizes, probs))  # fmt: skip
+
+
+def _check_aligned(name: str, t: Optional[Tensor]) -> None:
+    if t is not None and t.data_ptr() & 15:
+        _fail(name, f"must start at a 16-byte aligned address (the engine's rule for every "
+              f"tensor), got one {t.data_ptr() % 16} bytes past (a view at an offset into a "
+              "larger buffer?): allocate it on its own, or pass a .clone()")  # fmt: skip
+
+
 def _require_cuda(x: Tensor) -> int:
     if not x.is_cuda:
         _fail("x", f"must be on a CUDA device to run, got {x.device}")
@@ -284,7 +333,18 @@ def check_quantize_arguments(w1: Tensor, w2: Tensor, where: str = "quantize_weig
         raise ValueError(
             f"{where}: argument 'w2' must be on {w1.device} (where w1 is), got {w2.device}"
         )
+    _check_layer(E, H, F, F1 != F, 0, where)
     _check_fp8_layer(H, F, 0, F1 != F, where)
+
+
+def _check_quantize_call(w1: Tensor, w2: Tensor, recipe: str) -> int:
+    """The recipe's code after the checks of a quantize_weights call (wrapper and op)."""
+    code = _parse_recipe(recipe, "quantize_weights")
+    if not code:
+        raise ValueError("quantize_weights: argument 'recipe' must be an FP8 recipe "
+                         f"({sorted(k for k, v in RECIPES.items() if v)}), got 'bf16'")  # fmt: skip
+    check_quantize_arguments(w1, w2)
+    return code
 
 
 def _quantize_impl(w1: Tensor, w2: Tensor, code: int,
@@ -320,6 +380,7 @@ def _weights_device(w1: Tensor) -> int:
 
 
 def _forward_impl(
+    entry: tuple,
     x: Tensor,
     split_sizes: Tensor,
     w1: Tensor,
@@ -327,24 +388,20 @@ def _forward_impl(
     b1: Optional[Tensor],
     b2: Optional[Tensor],
     probs: Optional[Tensor],
-    act: int,
-    layout: int,
-    limit: float,
-    alpha: float,
     save_preact: bool,
-    recipe: int = 0,
     fp8: Optional[Sequence[Tensor]] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
-    """Runs the engine's forward; returns y and (grad mode) FC1's bf16 pre-activation. With an
-    FP8 recipe, `fp8` holds the quantized weights (None: quantized here; the transposed ones
-    after the first four, if any, are the backward's)."""
+    """Runs the engine's forward for a checked call (`entry` from _checked_entry); returns y and
+    (grad mode) FC1's bf16 pre-activation. With an FP8 recipe, `fp8` holds the quantized weights
+    (None: quantized here)."""
+    layer, _, F1, recipe = entry
+    x, split_sizes, probs = _aligned(x, split_sizes, probs, w1, w2, b1, b2)
     T, H = x.shape
     y = torch.empty(T, H, dtype=_BF16, device=x.device)
-    saved = torch.empty(T, w1.shape[1], dtype=_BF16, device=x.device) if save_preact else None
+    saved = torch.empty(T, F1, dtype=_BF16, device=x.device) if save_preact else None
     if T == 0:  # zero-token rank: nothing to launch
         return y, saved
     device = _require_cuda(x)
-    layer = _layer(x, split_sizes, w1, w2, b1, b2, probs, act, layout, limit, alpha)
     if recipe:
         if fp8 is None:
             fp8 = _quantize_impl(w1, w2, recipe)
@@ -384,7 +441,8 @@ def _backward_impl(
 ) -> list[Optional[Tensor]]:
     """The gradients in GRAD_NAMES order (weight gradients in the weights' dtype, bias gradients
     fp32); None for those not wanted. `recipe`: the forward's; `transposed`: (w1t_fp8,
-    w1t_scales, w2t_fp8, w2t_scales) for FP8 data gradients, None for BF16 ones."""
+    w1t_scales, w2t_fp8, w2t_scales) for FP8 data gradients, None for BF16 ones. The arguments
+    are checked (_check_backward_arguments)."""
     layer = _layer(x, split_sizes, w1, w2, True if has_b1 else None, b2, probs, act, layout,
                    limit, alpha)  # fmt: skip
     return list(_run_backward(layer, dy, x, split_sizes, w1, w2, b2, probs, saved_preact, wanted,
@@ -444,16 +502,24 @@ def _run_backward(
     dw2 = like(w2, dtype=w_dtype, memory_format=cf) if wanted[3] and m2 is None else None
     db2 = like(b2, dtype=_F32, memory_format=cf) if wanted[4] and mb2 is None else None
     dprobs = _empty_like(probs, memory_format=cf) if wanted[5] else None
+    # The pointers are read once, for the engine and for its 16-byte rule (see _aligned; the op
+    # path saves the inputs as they came).
+    px, ps, p1, p2 = x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(), w2.data_ptr()
+    pb2 = 0 if b2 is None else b2.data_ptr()
+    pp = 0 if probs is None else probs.data_ptr()
+    psaved = saved_preact.data_ptr()
+    if (px | ps | p1 | p2 | pb2 | pp | psaved) & 15:
+        x, split_sizes, probs = _aligned(x, split_sizes, probs, w1, w2, None, b2, saved_preact)
+        px, ps, pp = x.data_ptr(), split_sizes.data_ptr(), _ptr(probs)
     if not T:
         return dx, dw1, db1, dw2, db2, dprobs
-    if not dy.is_contiguous():  # autograd may hand over expanded or strided gradients
-        dy = dy.contiguous()
-    if dy.dtype != _BF16:
-        dy = dy.to(_BF16)
+    # autograd may hand over an fp32, expanded or strided dy, or a contiguous one at any offset
+    # (a view into the gradient of a torch.cat of outputs, ...): the user cannot choose it, so
+    # one contiguous bf16 copy.
+    if dy.dtype != _BF16 or not dy.is_contiguous() or dy.data_ptr() & 15:
+        dy = dy.to(_BF16, memory_format=cf, copy=True)
     d = _require_cuda(x)
-    args = (layer, T, d, dy.data_ptr(), x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(),
-            w2.data_ptr(), 0 if b2 is None else b2.data_ptr(),
-            0 if probs is None else probs.data_ptr(), saved_preact.data_ptr(),
+    args = (layer, T, d, dy.data_ptr(), px, ps, p1, p2, pb2, pp, psaved,
             0 if dx is None else dx.data_ptr(),
             0 if not wanted[1] else (m1 if m1 is not None else dw1).data_ptr(),
             0 if not wanted[2] else (mb1 if mb1 is not None else db1).data_ptr(),
@@ -504,12 +570,14 @@ def _grouped_mlp_op(
     w1_fp8 ... w2_scales, or quantize w1 and w2 when they are None. w1t_fp8 ... w2t_scales (all
     or none) are not read here: they are saved for the backward, whose data gradients then run
     in FP8."""
-    act, layout, _ = _parse_options(activation, glu_layout)
-    code = _parse_recipe(recipe)
-    _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
-    fp8 = None if w1_fp8 is None else (w1_fp8, w1_scales, w2_fp8, w2_scales)
-    y, saved = _forward_impl(x, split_sizes, w1, w2, b1, b2, probs, act, layout, limit, alpha,
-                             save_preact, code, fp8)  # fmt: skip
+    # The checks of the Python wrapper again: the op is public (torch.ops.gmjit.grouped_mlp),
+    # and where the wrapper calls it the cached checks cost little.
+    entry = _checked_entry(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit,
+                           alpha, recipe)  # fmt: skip
+    fp8 = _fp8_of(FP8_WEIGHT_NAMES, (w1_fp8, w1_scales, w2_fp8, w2_scales))
+    transposed = _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
+    _check_op_fp8_weights(entry[3], fp8, transposed, w1, w2, x)
+    y, saved = _forward_impl(entry, x, split_sizes, w1, w2, b1, b2, probs, save_preact, fp8)
     return y, saved if saved is not None else x.new_empty((0,))
 
 
@@ -553,6 +621,9 @@ def _grouped_mlp_backward_op(
     w2t_scales (all or none) the data gradients run in FP8, else in BF16 from w1 and w2."""
     act, layout, _ = _parse_options(activation, glu_layout)
     transposed = _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
+    _check_backward_arguments(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, activation,
+                              glu_layout, limit, alpha, has_b1, wanted, recipe,
+                              transposed)  # fmt: skip
     grads = _backward_impl(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, act, layout,
                            limit, alpha, has_b1, wanted, _parse_recipe(recipe),
                            transposed)  # fmt: skip
@@ -590,6 +661,65 @@ def _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales) -> Optional[tuple[T
     return given
 
 
+def _fp8_of(names: Sequence[str], given: Sequence[Optional[Tensor]]) -> Optional[tuple]:
+    """Four optional FP8 tensors of the custom op as one tuple, or None when all are absent;
+    partly given is an error."""
+    present = [t is not None for t in given]
+    if not any(present):
+        return None
+    if not all(present):
+        missing = ", ".join(n for n, p in zip(names, present) if not p)
+        raise ValueError(f"grouped_mlp: the FP8 weights {', '.join(names)} come all four or "
+                         f"none; {missing} missing")  # fmt: skip
+    return tuple(given)
+
+
+def _check_op_fp8_weights(code: int, fp8, transposed, w1: Tensor, w2: Tensor, x: Tensor) -> None:
+    """The custom ops' FP8 weights (each a 4-tuple or None) against the recipe `code` and the
+    checked w1, w2."""
+    if fp8 is None and transposed is None:
+        return
+    if not code:
+        _fail("w1_fp8" if fp8 is not None else "w1t_fp8",
+              "is for the FP8 recipes; recipe is 'bf16'")  # fmt: skip
+    E, F1, H = w1.shape
+    shapes = fp8_weight_shapes(E, F1, H, w2.shape[2], code, True)
+    for names, tensors, part in ((FP8_WEIGHT_NAMES, fp8, shapes[:4]),
+                                 (FP8_TRANSPOSED_NAMES, transposed, shapes[4:])):  # fmt: skip
+        if tensors is not None:
+            for name, t, shape, dtype in zip(names, tensors, part, _FP8_DTYPES):
+                _check_tensor(name, t, dtype, shape, x)
+                _check_aligned(name, t)
+
+
+def _check_backward_arguments(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, activation,
+                              glu_layout, limit, alpha, has_b1, wanted, recipe,
+                              transposed) -> None:  # fmt: skip
+    """The backward op's arguments: the forward's (cached checks, as the forward op's), dy
+    [T, H] (any floating dtype and strides: it is made contiguous bf16), the saved bf16
+    pre-activation [T, F1], six `wanted` flags and the transposed FP8 weights."""
+    entry = _checked_entry(x, split_sizes, w1, w2, None, b2, probs, activation, glu_layout, limit,
+                           alpha, recipe)  # fmt: skip
+    T, H = x.shape
+    if not isinstance(dy, Tensor) or dy.shape != (T, H):
+        _fail("dy", f"must be a tensor of shape {[T, H]} (that of y), got {_describe(dy)}")
+    if not dy.is_floating_point():
+        _fail("dy", f"must have a floating-point dtype, got {dy.dtype}")
+    if dy.device != x.device:
+        _fail("dy", f"must be on {x.device} (where x is), got {dy.device}")
+    _check_tensor("saved_preact", saved_preact, _BF16, (T, entry[2]), x)
+    if len(wanted) != len(GRAD_NAMES):
+        _fail("wanted", f"must hold {len(GRAD_NAMES)} flags ({', '.join(GRAD_NAMES)}), got "
+              f"{len(wanted)}")  # fmt: skip
+    if wanted[2] and not has_b1:
+        _fail("wanted", "asks for db1 but has_b1 is False")
+    if wanted[4] and b2 is None:
+        _fail("wanted", "asks for db2 but b2 is None")
+    if wanted[5] and probs is None:
+        _fail("wanted", "asks for dprobs but probs is None")
+    _check_op_fp8_weights(entry[3], None, transposed, w1, w2, x)
+
+
 def _backward_dtypes(w1: Tensor, w2: Tensor) -> tuple[torch.dtype, ...]:
     """dtypes of (dx, dw1, db1, dw2, db2, dprobs) from the backward op."""
     w = _BF16 if _bf16_weights(w1, w2) else _F32
@@ -625,6 +755,7 @@ def _main_grad_buffers(
                 f"{list(p.shape)} on {p.device}, got {main.dtype} {list(main.shape)} on "
                 f"{main.device}"
             )
+        _check_aligned(f"{name}.main_grad", main)  # the engine adds into it
         buffers.append(main)
     return buffers
 
@@ -678,12 +809,63 @@ def _to(grad: Optional[Tensor], like: Tensor) -> Optional[Tensor]:
 _grouped_mlp_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
+_DOUBLE_BACKWARD = (b"grouped_mlp: double backward is not supported (its gradients were made "
+                    b"with create_graph=True but cannot be differentiated again)")  # fmt: skip
+
+
+def _op_double_backward(ctx, *grads):
+    raise RuntimeError(_DOUBLE_BACKWARD.decode())
+
+
+# Without a formula autograd's own error names no cause; this one says what is unsupported.
+_grouped_mlp_backward_op.register_autograd(_op_double_backward)
+
+
+# Autocast: the kernels compute in bf16 only, so under autocast (any lower-precision dtype) x is
+# cast to bf16, as autocast casts a linear layer's input. Only x: probs stays fp32 (what the op
+# takes), and the weights are checked as given (they are the bf16 parameters the op wants;
+# torch.library.register_autocast would cast every floating input, probs and FP8 weights too).
+_AUTOCAST_DEVICES = ("cuda", "cpu")  # cpu: the rule is the same (and testable without a GPU)
+_AUTOCAST_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+                  | torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA))  # fmt: skip
+
+
+def _autocast_casts(x: Tensor) -> bool:
+    """Whether autocast, enabled for x's device, makes x bf16: a floating x of another dtype
+    (float64 excepted, as autocast leaves it)."""
+    return (
+        x.dtype != _BF16
+        and x.dtype != torch.float64
+        and x.is_floating_point()
+        and x.device.type in _AUTOCAST_DEVICES
+        and torch.is_autocast_enabled(x.device.type)
+    )
+
+
+def _autocast_kernel(device_type: str):
+    def kernel(_keyset, x, *args, **kwargs):
+        if (isinstance(x, Tensor) and x.is_floating_point() and x.dtype != torch.float64
+                and x.device.type == device_type):  # fmt: skip
+            x = x.to(_BF16)  # recorded by autograd, which runs after autocast
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS):
+            return torch.ops.gmjit.grouped_mlp.default(x, *args, **kwargs)
+
+    return kernel
+
+
+_autocast_lib = torch.library.Library("gmjit", "FRAGMENT")
+for _device in _AUTOCAST_DEVICES:
+    _autocast_lib.impl("grouped_mlp", _autocast_kernel(_device),
+                       "AutocastCUDA" if _device == "cuda" else "AutocastCPU",
+                       with_keyset=True)  # fmt: skip
+
+
 @torch.library.custom_op("gmjit::quantize_weights", mutates_args=())
 def _quantize_weights_op(w1: Tensor, w2: Tensor, recipe: str,
                          transposed: bool = False) -> list[Tensor]:  # fmt: skip
     """[w1_fp8, w1_scales, w2_fp8, w2_scales] of an FP8 recipe from bf16 w1, w2, and with
     `transposed` [w1t_fp8, w1t_scales, w2t_fp8, w2t_scales] after them."""
-    return list(_quantize_impl(w1, w2, _parse_recipe(recipe, "quantize_weights"), transposed))
+    return list(_quantize_impl(w1, w2, _check_quantize_call(w1, w2, recipe), transposed))
 
 
 @_quantize_weights_op.register_fake
@@ -739,12 +921,52 @@ def _any_requires_grad(x, w1, w2, b1, b2, probs) -> bool:
     )
 
 
+def _checked_entry(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha,
+                   recipe):  # fmt: skip
+    """The entry of a call's signature once its arguments passed the checks (ValueError naming a
+    bad one otherwise), for the custom ops; `grouped_mlp`'s eager path runs the same inline. The
+    full checks run once per signature (dtypes, weight shapes, options); every call checks what
+    the key leaves out (the token count's consistency, devices, contiguity), and anything
+    unexpected runs the full checks again."""
+    entry = key = None
+    try:
+        T, H = x.shape
+        dev = x.device
+        key = (x.dtype, w1.shape, w1.dtype, w2.shape, w2.dtype, split_sizes.shape,
+               split_sizes.dtype, None if b1 is None else b1.shape,
+               None if b1 is None else b1.dtype, None if b2 is None else b2.shape,
+               None if b2 is None else b2.dtype, None if probs is None else probs.dtype,
+               activation, glu_layout, limit, alpha, recipe)  # fmt: skip
+        entry = _entries.get(key)
+        if entry is not None and not (
+            H == entry[1]
+            and x.is_contiguous()
+            and w1.is_contiguous()
+            and w2.is_contiguous()
+            and split_sizes.is_contiguous()
+            and w1.device == dev
+            and w2.device == dev
+            and split_sizes.device == dev
+            and (b1 is None or (b1.is_contiguous() and b1.device == dev))
+            and (b2 is None or (b2.is_contiguous() and b2.device == dev))
+            and (probs is None or (probs.shape == (T,) and probs.is_contiguous()
+                                   and probs.device == dev))  # fmt: skip
+        ):
+            entry = None
+    except (AttributeError, TypeError, ValueError):  # not tensors, x not 2-D, ...
+        entry = None
+    if entry is None:
+        entry = _admit(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha,
+                       recipe, key)  # fmt: skip
+    return entry
+
+
 def _admit(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha, recipe,
            key):  # fmt: skip
     """The full checks (raising on a bad argument) and a new entry for `key`."""
     act, layout, glu = _parse_options(activation, glu_layout)
     code = _parse_recipe(recipe)
-    check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu)
+    check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu, layout)
     if code:
         _check_fp8_layer(x.shape[1], w2.shape[2], layout, glu)
     layer = _layer(x, split_sizes, w1, w2, b1, b2, probs, act, layout, float(limit), float(alpha))
@@ -761,22 +983,27 @@ class _GroupedMLPFunction(torch.autograd.Function):
         T = x.shape[0]
         y = _empty_like(x)
         saved = x.new_empty(T, F1)  # x: bf16 (checked); sizes as varargs parse faster
+        # The pointers are read once, for the engine and for its 16-byte rule (see _aligned).
+        px, ps, p1, p2 = x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(), w2.data_ptr()
+        pb1 = 0 if b1 is None else b1.data_ptr()
+        pb2 = 0 if b2 is None else b2.data_ptr()
+        pp = 0 if probs is None else probs.data_ptr()
+        if (px | ps | p1 | p2 | pb1 | pb2 | pp) & 15:
+            # Aligned copies for this launch only: the inputs themselves are saved (the backward
+            # copies them again), so that autograd's view of them stays the inputs'.
+            xa, sa, pa = _aligned(x, split_sizes, probs, w1, w2, b1, b2)
+            px, ps, pp = xa.data_ptr(), sa.data_ptr(), _ptr(pa)
         if T:
             d = x.get_device()
             if recipe:  # FP8: the quantized weights (fp8), never differentiated
-                _C.forward_fp8(layer, recipe, T, d, x.data_ptr(), split_sizes.data_ptr(),
-                               fp8[0].data_ptr(), fp8[1].data_ptr(), fp8[2].data_ptr(),
-                               fp8[3].data_ptr(), 0 if b1 is None else b1.data_ptr(),
-                               0 if b2 is None else b2.data_ptr(),
-                               0 if probs is None else probs.data_ptr(), y.data_ptr(),
+                _C.forward_fp8(layer, recipe, T, d, px, ps, fp8[0].data_ptr(), fp8[1].data_ptr(),
+                               fp8[2].data_ptr(), fp8[3].data_ptr(), pb1, pb2, pp, y.data_ptr(),
                                saved.data_ptr(), _current_stream(d))  # fmt: skip
             else:
-                _C.forward(layer, T, d, x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(),
-                           0 if b1 is None else b1.data_ptr(), w2.data_ptr(),
-                           0 if b2 is None else b2.data_ptr(),
-                           0 if probs is None else probs.data_ptr(), y.data_ptr(),
+                _C.forward(layer, T, d, px, ps, p1, pb1, p2, pb2, pp, y.data_ptr(),
                            saved.data_ptr(), _current_stream(d))  # fmt: skip
-        ctx.save_for_backward(x, split_sizes, w1, w2, b2, probs, saved)
+        # b1 only for the graph of a create_graph backward (see _no_double_backward).
+        ctx.save_for_backward(x, split_sizes, w1, w2, b2, probs, saved, b1)
         # Only parameters are kept by reference, for their main_grad attributes; with an FP8
         # recipe, the transposed FP8 weights (fp8[4:], when there) for FP8 data gradients.
         ctx.spec = (layer, (w1, b1, w2, b2) if accumulate_main_grad else None, recipe,
@@ -785,7 +1012,15 @@ class _GroupedMLPFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        x, split_sizes, w1, w2, b2, probs, saved = ctx.saved_tensors
+        grads = _GroupedMLPFunction._gradients(ctx, dy)
+        if _grad_enabled():  # create_graph=True: the engine's gradients have no graph of their own
+            x, _, w1, w2, b2, probs, _, b1 = ctx.saved_tensors
+            return _no_double_backward(grads, (dy, x, w1, w2, b1, b2, probs))
+        return grads
+
+    @staticmethod
+    def _gradients(ctx, dy):
+        x, split_sizes, w1, w2, b2, probs, saved, _ = ctx.saved_tensors
         layer, params, recipe, transposed = ctx.spec
         n = ctx.needs_input_grad
         wanted = (n[0], n[2], n[4], n[3], n[5], n[6])
@@ -812,6 +1047,16 @@ class _GroupedMLPFunction(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _no_double_backward(grads: tuple, inputs: Sequence[Optional[Tensor]]) -> tuple:
+    """The gradients as outputs of a node that raises when differentiated, with edges to dy and
+    the forward's inputs (what the gradients depend on): a second-order gradient through this op
+    then fails instead of silently missing its terms, as the engine's buffers returned as they
+    are would (they have no graph)."""
+    edges = [t for t in inputs if t is not None and t.requires_grad]
+    err = torch._C._functions.DelayedError(_DOUBLE_BACKWARD, len(grads) + len(edges))
+    return err(*grads, *edges)[: len(grads)]
 
 
 # Function.apply's C++ part: the Python wrapper adds functorch bookkeeping (dead-wrapper
@@ -889,8 +1134,9 @@ def grouped_mlp(
         and (b2 is None or type(b2) in _PLAIN_TENSORS)
         and (probs is None or type(probs) is Tensor)
     ):
-        # Checked once per signature: dtypes, weight shapes, options. Every call: the token
-        # count's consistency, devices, contiguity (anything unexpected: the full checks).
+        # _checked_entry's checks, inline (a call of it costs ~0.3 us): once per signature the
+        # dtypes, weight shapes, options; every call the token count's consistency, devices,
+        # contiguity (anything unexpected: the full checks).
         entry = key = None
         try:
             T, H = x.shape
@@ -919,6 +1165,10 @@ def grouped_mlp(
         except (AttributeError, TypeError, ValueError):  # not tensors, x not 2-D, ...
             entry = None
         if entry is None:
+            if _autocast_casts(x):  # on a miss only: a bf16 x pays nothing for autocast
+                return grouped_mlp(x.to(_BF16), split_sizes, w1, w2, b1, b2, probs, activation,
+                                   glu_layout, limit, alpha, accumulate_main_grad, recipe,
+                                   fp8_weights)  # fmt: skip
             entry = _admit(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit,
                            alpha, recipe, key)  # fmt: skip
         needs_grad = _grad_enabled() and _any_requires_grad(x, w1, w2, b1, b2, probs)
@@ -937,26 +1187,30 @@ def grouped_mlp(
                                                  accumulate_main_grad, fp8)  # fmt: skip
             return _apply(x, split_sizes, w1, w2, b1, b2, probs, entry, accumulate_main_grad, fp8)
         y = _empty_like(x)
+        # The pointers are read once, for the engine and for its 16-byte rule (see _aligned).
+        px, ps, p1, p2 = x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(), w2.data_ptr()
+        pb1 = 0 if b1 is None else b1.data_ptr()
+        pb2 = 0 if b2 is None else b2.data_ptr()
+        pp = 0 if probs is None else probs.data_ptr()
+        if (px | ps | p1 | p2 | pb1 | pb2 | pp) & 15:
+            x, split_sizes, probs = _aligned(x, split_sizes, probs, w1, w2, b1, b2)
+            px, ps, pp = x.data_ptr(), split_sizes.data_ptr(), _ptr(probs)
         if T:
             d = x.get_device()
             if fp8 is not None:
-                _C.forward_fp8(entry[0], entry[3], T, d, x.data_ptr(), split_sizes.data_ptr(),
-                               fp8[0].data_ptr(), fp8[1].data_ptr(), fp8[2].data_ptr(),
-                               fp8[3].data_ptr(), 0 if b1 is None else b1.data_ptr(),
-                               0 if b2 is None else b2.data_ptr(),
-                               0 if probs is None else probs.data_ptr(), y.data_ptr(), 0,
-                               _current_stream(d))  # fmt: skip
+                _C.forward_fp8(entry[0], entry[3], T, d, px, ps, fp8[0].data_ptr(),
+                               fp8[1].data_ptr(), fp8[2].data_ptr(), fp8[3].data_ptr(), pb1, pb2,
+                               pp, y.data_ptr(), 0, _current_stream(d))  # fmt: skip
             else:
-                _C.forward(entry[0], T, d, x.data_ptr(), split_sizes.data_ptr(), w1.data_ptr(),
-                           0 if b1 is None else b1.data_ptr(), w2.data_ptr(),
-                           0 if b2 is None else b2.data_ptr(),
-                           0 if probs is None else probs.data_ptr(), y.data_ptr(), 0,
+                _C.forward(entry[0], T, d, px, ps, p1, pb1, p2, pb2, pp, y.data_ptr(), 0,
                            _current_stream(d))  # fmt: skip
         return y
 
     act, layout, glu = _parse_options(activation, glu_layout)
     code = _parse_recipe(recipe)
-    check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu)
+    if isinstance(x, Tensor) and _autocast_casts(x):
+        x = x.to(_BF16)
+    check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu, layout)
     if code:
         _check_fp8_layer(x.shape[1], w2.shape[2], layout, glu)
         if fp8_weights is not None:
@@ -1006,11 +1260,7 @@ def quantize_weights(
 
     Not differentiable. Runs on the current stream without a host sync.
     """
-    code = _parse_recipe(recipe, "quantize_weights")
-    if not code:
-        raise ValueError("quantize_weights: argument 'recipe' must be an FP8 recipe "
-                         f"({sorted(k for k, v in RECIPES.items() if v)}), got 'bf16'")  # fmt: skip
-    check_quantize_arguments(w1, w2)
+    code = _check_quantize_call(w1, w2, recipe)
     w1, w2 = w1.detach(), w2.detach()
     if (not _is_compiling() and type(w1) is Tensor and type(w2) is Tensor
             and (w1.is_cuda or _FAST_ON_CPU) and not _dispatch_modes()):  # fmt: skip

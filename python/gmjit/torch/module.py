@@ -39,8 +39,9 @@ class GroupedMLP(nn.Module):
     grad-enabled call where an input requires grad, or any call while the module is in training
     mode with w1 or w2 requiring grad, e.g. the no-grad first pass of reentrant checkpointing),
     and quantizes again only when w1 or w2 changed: a new tensor, or an in-place update
-    (optimizer step, copy_, load_state_dict) that moves the parameter's version counter, or when
-    training finds only the inference weights (no transposed copies) cached. Writes that bypass
+    (optimizer step, copy_, load_state_dict) that moves the parameter's version counter, when
+    `recipe` was set to another FP8 recipe, or when training finds only the inference weights
+    (no transposed copies) cached. Writes that bypass
     the counter (through `.data`) are not seen: call `invalidate_fp8_weights()` after them.
     """
 
@@ -126,8 +127,11 @@ class GroupedMLP(nn.Module):
         if transposed is None:
             transposed = self._trains_weights()
         # In-place updates move _version; a new tensor (.to(), assignment, .data = ...) has
-        # another address. The tensors' ids guard against a new one at a freed address.
-        key = (id(w1), w1.data_ptr(), w1._version, id(w2), w2.data_ptr(), w2._version)
+        # another address. The tensors' ids guard against a new one at a freed address. The
+        # recipe, which may be switched on the module, sets the scales (pow2 or not, per block
+        # or per tensor).
+        key = (self.recipe, id(w1), w1.data_ptr(), w1._version, id(w2), w2.data_ptr(),
+               w2._version)  # fmt: skip
         cached = self._fp8_cache
         if cached is not None and cached[0] == key and (len(cached[1]) == 8 or not transposed):
             return cached[1]
