@@ -74,7 +74,20 @@ _RELU = {"ReLU"}
 _SRELU = {"ReLUSquaredActivation"}
 
 
+# Plain functions as activations (Lfm2-MoE: act_fn = F.silu), by __name__; verify() probes them.
+_ACT_FUNCTIONS = {"silu": "silu", "relu": "relu"}
+
+
+def _act_label(act_fn: object) -> str:
+    """How a fallback reason names an activation: a function's qualified name, else its class."""
+    if callable(act_fn) and not isinstance(act_fn, nn.Module) and hasattr(act_fn, "__qualname__"):
+        return act_fn.__qualname__
+    return type(act_fn).__name__
+
+
 def _act_name(act_fn: object) -> Optional[str]:
+    if callable(act_fn) and not isinstance(act_fn, nn.Module):
+        return _ACT_FUNCTIONS.get(getattr(act_fn, "__name__", ""))
     name = type(act_fn).__name__
     if name == "GELU" and getattr(act_fn, "approximate", "none") == "tanh":
         return "gelu"
@@ -92,10 +105,13 @@ def _default_apply_gate() -> Optional[Callable]:
     return getattr(moe, "_default_apply_gate", None)
 
 
-# Custom `_apply_gate`s gmjit knows, by qualified name: (activation, interleaved). The
-# parameters (limit, alpha) are read from the module.
-KNOWN_GATES: dict[str, tuple[str, bool]] = {
-    "GptOssExperts._apply_gate": ("clamped_swiglu", True),
+# Custom `_apply_gate`s gmjit knows, by qualified name: (activation, interleaved, the module's
+# attributes holding limit and alpha). verify() probes each module's gate against the plan.
+KNOWN_GATES: dict[str, tuple[str, bool, str, str]] = {
+    "GptOssExperts._apply_gate": ("clamped_swiglu", True, "limit", "alpha"),
+    # gpt-oss's gate on concatenated halves.
+    "OpenAIPrivacyFilterExperts._apply_gate": ("clamped_swiglu", False, "limit", "alpha"),
+    "MiniMaxM3VLExperts._apply_gate": ("clamped_swiglu", False, "swiglu_limit", "swiglu_alpha"),
 }
 
 
@@ -130,12 +146,10 @@ def describe_experts(experts: nn.Module) -> ExpertsPlan:
     if has_bias and (getattr(experts, "gate_up_proj_bias" if has_gate else "up_proj_bias", None)
                      is None or getattr(experts, "down_proj_bias", None) is None):  # fmt: skip
         return ExpertsPlan(reason="has_bias is set but a bias tensor is missing", **base)
-    limit = float(getattr(experts, "limit", 7.0))
-    alpha = float(getattr(experts, "alpha", 1.702))
     if not has_gate:
         act = _act_name(getattr(experts, "act_fn", None))
         if act not in ("relu", "gelu", "srelu"):
-            return ExpertsPlan(reason=f"activation {type(getattr(experts, 'act_fn', None)).__name__}"
+            return ExpertsPlan(reason=f"activation {_act_label(getattr(experts, 'act_fn', None))}"
                                " has no gmjit equivalent", **base)  # fmt: skip
         return ExpertsPlan(activation=act, **base)
     gate_fn = getattr(type(experts), "_apply_gate", None)
@@ -143,7 +157,7 @@ def describe_experts(experts: nn.Module) -> ExpertsPlan:
         act = _act_name(getattr(experts, "act_fn", None))
         glu = {"silu": "swiglu", "gelu": "geglu"}.get(act or "")
         if glu is None:
-            return ExpertsPlan(reason=f"gate activation {type(getattr(experts, 'act_fn', None)).__name__}"
+            return ExpertsPlan(reason=f"gate activation {_act_label(getattr(experts, 'act_fn', None))}"
                                " has no gmjit equivalent", **base)  # fmt: skip
         # The default gate splits the 2F columns into halves whatever is_concatenated says.
         return ExpertsPlan(activation=glu, interleaved=False, **base)
@@ -151,7 +165,9 @@ def describe_experts(experts: nn.Module) -> ExpertsPlan:
     if known is None:
         return ExpertsPlan(reason=f"custom _apply_gate {getattr(gate_fn, '__qualname__', gate_fn)!r}"
                            " is not one gmjit knows (gmjit.transformers.KNOWN_GATES)", **base)  # fmt: skip
-    activation, interleaved = known
+    activation, interleaved, limit_attr, alpha_attr = known
+    limit = float(getattr(experts, limit_attr, 7.0))
+    alpha = float(getattr(experts, alpha_attr, 1.702))
     return ExpertsPlan(activation=activation, interleaved=interleaved, limit=limit, alpha=alpha,
                        **base)  # fmt: skip
 
@@ -203,8 +219,11 @@ def verify(experts: nn.Module, plan: ExpertsPlan) -> ExpertsPlan:
         return dataclasses.replace(plan, verified=True)
     if theirs.shape != ours.shape or not torch.allclose(theirs.float(), ours, rtol=_PROBE_TOLERANCE,
                                                         atol=_PROBE_TOLERANCE):  # fmt: skip
+        theirs_name = (getattr(type(experts)._apply_gate, "__qualname__", "_apply_gate")
+                       if plan.has_gate else _act_label(experts.act_fn))  # fmt: skip
         return dataclasses.replace(
-            plan, reason=f"the module's gate does not compute {plan.activation} as gmjit does")
+            plan, reason=f"the module's {theirs_name} does not compute {plan.activation} as gmjit "
+                         "does")  # fmt: skip
     return dataclasses.replace(plan, verified=True)
 
 

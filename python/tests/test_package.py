@@ -50,7 +50,7 @@ def test_engine_errors_other_than_arguments_are_gmjit_errors():
         pytest.skip("a driver is present")
     assert gmjit.devices() == []
     layer = gmjit._C.Layer(4, 256, 128, 0, 0, 7.0, 1.702, False, False, False, True)
-    fake = [(i + 1) << 12 for i in range(5)]  # well-formed addresses never dereferenced
+    fake = [(i + 1) << 40 for i in range(5)]  # aligned, 1 TiB apart (no overlap), never read
     with pytest.raises(gmjit.Error, match="no_device"):
         gmjit._C.forward(layer, 16, 0, fake[0], fake[1], fake[2], 0, fake[3], 0, 0, fake[4], 0, 0)
 
@@ -72,7 +72,7 @@ def test_fp8_entry_points_check_the_recipe_then_need_a_device():
     if gmjit.driver_available():
         pytest.skip("a driver is present")
     layer = gmjit._C.Layer(2, 128, 128, 0, 0, 7.0, 1.702, False, False, False, True)
-    fake = [(i + 1) << 12 for i in range(7)]  # well-formed addresses never dereferenced
+    fake = [(i + 1) << 40 for i in range(7)]  # aligned, 1 TiB apart (no overlap), never read
     with pytest.raises(gmjit.Error, match="no_device"):
         gmjit._C.forward_fp8(layer, 1, 16, 0, *fake[:6], 0, 0, 0, fake[6], 0, 0)
     with pytest.raises(gmjit.Error, match="no_device"):
@@ -80,7 +80,7 @@ def test_fp8_entry_points_check_the_recipe_then_need_a_device():
     with pytest.raises(ValueError, match="'recipe': is BF16"):
         gmjit._C.quantize_weights(layer, 0, 0, *fake[:6], 0)
     # The transposed copies (FP8 data gradients): four more addresses, by keyword or position.
-    transposed = [(i + 8) << 12 for i in range(4)]
+    transposed = [(i + 8) << 40 for i in range(4)]
     with pytest.raises(gmjit.Error, match="no_device"):
         gmjit._C.quantize_weights(layer, 1, 0, *fake[:6], 0, *transposed)
     with pytest.raises(gmjit.Error, match="no_device"):

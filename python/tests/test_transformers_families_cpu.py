@@ -67,13 +67,9 @@ VARIANTS = {
 EAGER_FP32 = {"openai_privacy_filter.OpenAIPrivacyFilterExperts"}
 # Classes that cannot be built tiny, with the reason (none in transformers 5.17).
 SKIPS: dict[str, str] = {}
-# Defects of gmjit.transformers, per test: strict xfails (they fail loudly once fixed).
-LFM2_REASON = ("gmjit.transformers._act_name knows activation modules only: Lfm2MoeExperts.act_fn "
-               "is the function F.silu, so the plan falls back with 'gate activation function has "
-               "no gmjit equivalent', which names neither the function nor the fact that gmjit "
-               "runs SiLU")  # fmt: skip
-XFAILS = {"test_the_plan_is_taken_or_the_fallback_names_its_cause": {
-    "lfm2_moe.Lfm2MoeExperts": LFM2_REASON}}
+# Defects of gmjit.transformers, per test: strict xfails (they fail loudly once fixed). None
+# today (Lfm2-MoE's plain-function F.silu gate was one until _act_name learnt functions).
+XFAILS: dict[str, dict[str, str]] = {}
 
 
 def _interface_forward_code():
@@ -263,6 +259,9 @@ def test_output_matches_the_eager_experts(case, caplog, monkeypatch):
     m.config._experts_implementation = "gmjit"
     with caplog.at_level(logging.WARNING, logger="gmjit.transformers"):
         ours = m(x, idx, w)
-    assert any(plan.reason in r.getMessage() for r in caplog.records)
+    # The plan follows the cast: the reason is now the float32 weights' (or still its own).
+    reason = gt.plan_for(m).reason
+    assert reason is not None
+    assert any(reason in r.getMessage() for r in caplog.records)
     scale = theirs.abs().max().item()
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5 * scale)
