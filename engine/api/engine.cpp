@@ -80,7 +80,8 @@ namespace {
 std::unique_ptr<cache::DiskCache> open_disk_cache(const EngineOptions& options) {
   cache::DiskCacheConfig config = cache::DiskCacheConfig::from_environment();
   if (!options.use_disk_cache) config.disabled = true;
-  config.warn = [](std::string_view message) { log(LogLevel::warn, "cache: {}", message); };
+  // The cache's messages start with "gmjit cache:" already.
+  config.warn = [](std::string_view message) { log(LogLevel::warn, "{}", message); };
   return std::make_unique<cache::DiskCache>(std::move(config));
 }
 
