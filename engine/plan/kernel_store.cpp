@@ -6,6 +6,7 @@
 
 #include "codegen/embedded_templates.hpp"
 #include "codegen/nvrtc_compiler.hpp"
+#include "engine/plan/compile_slots.hpp"
 #include "engine/runtime/log.hpp"
 #include "engine/runtime/nvtx.hpp"
 #include "gmjit/error.hpp"
@@ -166,8 +167,11 @@ std::shared_ptr<const CompiledKernel> KernelStore::load_or_compile(
       return kernel;
     }
   }
-  NvtxRange range("gmjit compile kernel");
-  codegen::CompiledCubin compiled = codegen::compile_to_cubin(source, arch, key.hex());
+  codegen::CompiledCubin compiled = [&] {
+    const CompileSlots::Lease slot(CompileSlots::process());
+    NvtxRange range("gmjit compile kernel");
+    return codegen::compile_to_cubin(source, arch, key.hex());
+  }();
   ++counters_.kernels_compiled;
   counters_.nvrtc_microseconds += static_cast<std::uint64_t>(compiled.seconds * 1e6);
   log(LogLevel::info, "compiled {} for {} in {:.3f} s ({} bytes)", source.entry, arch,

@@ -4,6 +4,7 @@
 // reported to everyone waiting and forgotten, so a later call retries.
 #include <future>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 namespace gmjit::engine {
@@ -14,28 +15,28 @@ class OnceMap {
   // `built` (optional) is set to true when this call ran `build`.
   template <typename Build>
   Value get_or_build(const Key& key, Build&& build, bool* built = nullptr) {
-    std::promise<Value> promise;
     std::shared_future<Value> future;
-    bool owner = false;
+    std::optional<std::promise<Value>> promise;  // only the first asker makes one
     {
       std::lock_guard lock(mutex_);
-      auto [it, inserted] = entries_.try_emplace(key);
-      if (inserted) {
-        it->second = promise.get_future().share();
-        owner = true;
+      auto it = entries_.find(key);
+      if (it == entries_.end()) {
+        promise.emplace();
+        it = entries_.emplace(key, promise->get_future().share()).first;
       }
       future = it->second;
     }
+    const bool owner = promise.has_value();
     if (built != nullptr) *built = owner;
     if (owner) {
       try {
-        promise.set_value(build());
+        promise->set_value(build());
       } catch (...) {
         {
           std::lock_guard lock(mutex_);
           entries_.erase(key);
         }
-        promise.set_exception(std::current_exception());
+        promise->set_exception(std::current_exception());
       }
     }
     return future.get();

@@ -57,9 +57,10 @@ struct DeviceRegistry::Impl {
 DeviceRegistry::DeviceRegistry() : impl_(std::make_unique<Impl>()) {}
 
 DeviceRegistry& DeviceRegistry::instance() {
-  // libcuda is never dlclose'd, so releasing primary contexts at static destruction is safe.
-  static DeviceRegistry registry;
-  return registry;
+  // Never destroyed: an engine that outlives static destruction (a static one, the Python
+  // package's) still holds raw pointers to these contexts; the driver frees them at exit.
+  static DeviceRegistry* registry = new DeviceRegistry;
+  return *registry;
 }
 
 int DeviceRegistry::device_count() {

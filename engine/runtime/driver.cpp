@@ -69,8 +69,10 @@ LoadResult load_driver() {
 }
 
 const LoadResult& loaded() {
-  static const LoadResult result = load_driver();
-  return result;
+  // Never destroyed, like the contexts made through it (DeviceRegistry), which call it when
+  // released.
+  static const LoadResult* result = new LoadResult(load_driver());
+  return *result;
 }
 
 }  // namespace

@@ -1,0 +1,49 @@
+#pragma once
+// A bound on the NVRTC compiles running at once in this process. Each plan compiles its kernels
+// in parallel, so threads (or a job's ranks sharing a node) building several cold plans together
+// would otherwise start dozens at once, each taking a core and tens of MB. Waiting for a slot is
+// safe anywhere a compile may run: a compile holds one slot and waits for nothing else.
+#include <condition_variable>
+#include <cstddef>
+#include <mutex>
+#include <optional>
+#include <string>
+
+namespace gmjit::engine {
+
+class CompileSlots {
+ public:
+  explicit CompileSlots(std::size_t capacity) : capacity_(capacity < 1 ? 1 : capacity) {}
+  CompileSlots(const CompileSlots&) = delete;
+  CompileSlots& operator=(const CompileSlots&) = delete;
+
+  // The process's slots: GMJIT_COMPILE_THREADS, else the hardware threads.
+  static CompileSlots& process();
+
+  // The capacity that `env` (GMJIT_COMPILE_THREADS, null when unset) asks for on a machine with
+  // `hardware` threads (0: unknown); `warning` says why a set value was ignored.
+  static std::size_t capacity_from(const char* env, unsigned hardware,
+                                   std::optional<std::string>* warning = nullptr);
+
+  // Holds one slot from construction to destruction.
+  class Lease {
+   public:
+    explicit Lease(CompileSlots& slots);
+    ~Lease();
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+
+   private:
+    CompileSlots& slots_;
+  };
+
+  std::size_t capacity() const noexcept { return capacity_; }
+
+ private:
+  const std::size_t capacity_;
+  std::mutex mutex_;
+  std::condition_variable freed_;
+  std::size_t in_use_ = 0;
+};
+
+}  // namespace gmjit::engine
