@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check, run on an H200 through the device tool (not by CI, which has no GPU):
-# build, GPU tests, CPU tests, bench on every preset, torch reference; a short table last.
-# Needs .devcarry/ (git-ignored) with include/xxhash.h, include/dlpack/dlpack.h and
-# torch_reference.py, since that machine lacks those headers.
+# build, GPU tests, CPU tests, bench on the presets (beside torch's numbers when
+# GMJIT_TORCH_REFERENCE names a `benchmarks/side_by_side.py --reference-json` file); a short
+# table last. Needs .devcarry/ (git-ignored) with include/xxhash.h and include/dlpack/dlpack.h,
+# since that machine lacks those headers.
 set -uo pipefail
 # $OUT keeps what is worth fetching back (at most 8 files); other logs go to $LOGS.
 OUT=${OUT:-/tmp/gmjit-gpu-out}
@@ -36,9 +37,8 @@ build-gpu/cli/gmjit doctor
 if [ -z "${GMJIT_SKIP_TORCH:-}" ]; then
   PYTHONUNBUFFERED=1 python3 benchmarks/torch_saved_bytes.py >"$OUT/saved_bytes.json" \
     2>"$LOGS/saved_bytes.log" || tail -5 "$LOGS/saved_bytes.log"
-  PYTHONUNBUFFERED=1 python3 .devcarry/torch_reference.py ${GMJIT_TORCH_ARGS:---compile} \
-    --json "$OUT/torch.json" >"$LOGS/torch.log" 2>&1 || tail -20 "$LOGS/torch.log"
 fi
+[ -n "${GMJIT_TORCH_REFERENCE:-}" ] && cp "$GMJIT_TORCH_REFERENCE" "$OUT/torch.json"
 # GMJIT_PRESETS entries are "preset" or "preset@recipe" (a --recipe name, e.g. mixtral@fp8-block).
 for entry in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
   preset=${entry%@*}

@@ -4,7 +4,7 @@
 For each shape it times, with CUDA events (median of --reps after --warmup):
   * gmjit:          gmjit.torch.grouped_mlp
   * torch eager:    the same layer from torch._grouped_mm (bias rows gathered per expert, the
-                    activation, the router probabilities), as benchmarks/torch_reference.py
+                    activation, the router probabilities), as `gmjit bench`'s presets
   * torch.compile:  that eager function under torch.compile(dynamic=False) (Inductor fuses the
                     elementwise passes), the strongest torch baseline
 forward (no grad) and forward+backward (gradients of x, w1, w2 and the biases; --probs-grad adds
@@ -18,8 +18,8 @@ the weights, so each row reports the weight bytes read (every expert that has to
 E·(F1·H + H·F)·2 bytes in bf16, plus the biases), the achieved GB/s and its share of the HBM
 peak (--hbm-peak-gbs, 4800 for an H200), and the ratios to torch eager and torch.compile.
 
-At the end: the issue's targets as a markdown table (printed, in the JSON's "summary" and in
---md): forward and forward+backward ≥ 1.1× torch.compile on every shape, balanced and ragged,
+At the end: the project's targets (docs/PERFORMANCE.md) as a markdown table (printed, in the
+JSON's "summary" and in --md): forward and forward+backward ≥ 1.1× torch.compile on every shape, balanced and ragged,
 mixtral forward ≥ 720 TFLOP/s; decode ≥ 90 % of the HBM peak and ≥ 1.5× torch eager.
 
 Each case also records the GPU's mean SM clock and power while it ran, and how often the power
@@ -89,7 +89,7 @@ QUICK = [
 DECODE_SHAPES = "mixtral,deepseek,qwen3-30b-a3b,gpt-oss"
 DECODE_TOKENS = "1,4,16"
 
-# The issue's targets (#13).
+# The project's targets (docs/PERFORMANCE.md, "Targets").
 FWD_VS_COMPILE = 1.1  # forward, every shape, balanced and ragged
 FWD_BWD_VS_COMPILE = 1.1  # forward+backward, every shape, balanced and ragged
 TFLOPS_TARGETS = {"mixtral": 720.0}  # gmjit forward TFLOP/s (balanced and ragged)
@@ -196,6 +196,25 @@ def case_name(s: Shape, ragged: bool, decode: bool) -> str:
     if decode:
         return f"{s.name}-decode{s.tokens_per_expert}"
     return s.name + ("-ragged" if ragged else "")
+
+
+def reference_records(rows: list[dict], meta: dict) -> list[dict]:
+    """torch's numbers per shape in the form `gmjit bench --reference` reads: eager and
+    torch.compile TFLOP/s of the forward and forward+backward, for the non-decode rows."""
+    out = []
+    for row in rows:
+        if row.get("decode") or "torch" not in row:
+            continue
+        eager, compiled = row["torch"], row.get("compile", {})
+        rec = {"shape": row["base_shape"], "ragged": row["ragged"], "experts": row["experts"],
+               "tokens": row["tokens"], "hidden": row["hidden"], "ffn": row["ffn"],
+               "activation": row["activation"], "torch": meta["torch"], "gpu": meta["gpu"]}  # fmt: skip
+        for key, res in (("", eager), ("_compiled", compiled)):
+            for k in ("forward", "fwd_bwd"):
+                if f"{k}_tflops" in res:
+                    rec[f"{k}{key}_tflops"] = res[f"{k}_tflops"]
+        out.append(rec)
+    return out
 
 
 def run(s: Shape, ragged: bool, a, decode: bool = False) -> dict:
@@ -376,7 +395,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def summarize(rows: list[dict], a, meta: dict) -> dict:
-    """The issue's targets, cell by cell: a markdown table and the same as data."""
+    """The targets, cell by cell: a markdown table and the same as data."""
 
     def verdict(value, target):
         return None if value is None else value >= target
@@ -601,6 +620,8 @@ def main() -> None:
     ap.add_argument("--json", default="side_by_side.json")
     ap.add_argument("--md", default="side_by_side.md", help="the targets table, markdown")
     ap.add_argument("--png", default="side_by_side.png")
+    ap.add_argument("--reference-json", metavar="FILE",
+                    help="also write torch's numbers per shape for `gmjit bench --reference`")  # fmt: skip
     ap.add_argument("--dry-run-cpu", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.dry_run_cpu:
@@ -676,6 +697,9 @@ def main() -> None:
         if a.md:
             with open(a.md, "w") as f:
                 f.write(summary["markdown"])
+        if a.reference_json:
+            with open(a.reference_json, "w") as f:
+                json.dump(reference_records(rows, meta), f, indent=1)
         return summary
 
     def skip(s: Shape, ragged: bool, decode: bool, why: str) -> dict:

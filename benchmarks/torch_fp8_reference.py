@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """torch's FP8 grouped MLP forward on the bench presets: the baseline beside `gmjit bench --recipe
-fp8-block` in the same run (issue: FP8 training recipes).
+fp8-block` in the same run (docs/PERFORMANCE.md, the FP8 entries).
 
 The layer as torch 2.11 can run it in FP8 on Hopper: torch._scaled_grouped_mm (E4M3 operands,
 rowwise scales: one per token row of the activations, one per output channel of each expert's

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Activation memory torch keeps for the backward of the grouped MLP, in bytes per token.
 
-Runs the layer of ../shared/bench/torch_reference.py (x -> _grouped_mm -> SwiGLU * probs ->
+Runs the torch layer of benchmarks/side_by_side.py (x -> _grouped_mm -> SwiGLU * probs ->
 _grouped_mm) with gradients for x, W1 and W2, eagerly and under torch.compile, and measures the
 device memory still allocated after the forward, minus the output, per token. gmjit's
 grad-enabled forward keeps only FC1's bf16 pre-activation: 2 * F1 bytes per token.

@@ -1,4 +1,4 @@
-// The kernels of the fp8_block recipe's plans (which ones, their names and the Cfg fields the
+// The kernels of the FP8 recipes' plans (which ones, their names and the Cfg fields the
 // operation fixes); the families sm90_fp8_gemm and fp8_quantize (codegen/families/) emit them.
 #include "codegen/fp8_forward.hpp"
 

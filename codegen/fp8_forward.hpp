@@ -1,5 +1,5 @@
 #pragma once
-// Codegen for the FP8 block recipe on Hopper (sm_90a): the forward (quantize x, FC1 with the
+// Codegen for the FP8 recipes on Hopper (sm_90a): the forward (quantize x, FC1 with the
 // activation and the quantization of FC2's input in its epilogue, FC2) and the weight quantizers.
 // Templates: kernel_templates/fp8_quantize.cuh, sm90_fp8_mlp_fwd.cuh.
 #include <string>

@@ -1,5 +1,5 @@
 #pragma once
-// Hopper (sm_90a) FP8 grouped weight gradient of the fp8_block recipe: out_g[M, N] (+)=
+// Hopper (sm_90a) FP8 grouped weight gradient of the FP8 recipes: out_g[M, N] (+)=
 // Σ_t dequant(a)_tᵀ dequant(b)_t over expert g's token rows (dW2 = dyᵀ (a ⊙ p), dW1 = dhᵀ x), from
 // E4M3 operands quantized along tokens (QuantizeTokenBlocks in fp8_quantize.cuh): aᵀ [M, ld] and
 // bᵀ [N, ld] in the token-padded layout (each expert's rows start at a multiple of 128, its last

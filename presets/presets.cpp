@@ -18,7 +18,7 @@ Preset make(std::string name, std::int64_t experts, std::int64_t tokens_per_expe
   preset.layer.hidden = hidden;
   preset.layer.ffn = ffn;
   preset.layer.activation.kind = Activation::swiglu;
-  preset.layer.router_probs = true;  // as torch_reference.py: (act(h) * p) W2ᵀ
+  preset.layer.router_probs = true;  // as side_by_side.py's torch layer: (act(h) * p) W2ᵀ
   preset.tokens_per_expert = tokens_per_expert;
   return preset;
 }

@@ -1,5 +1,6 @@
 #pragma once
-// Named benchmark layers (docs/DESIGN.md §9 shapes) and the token count each is run with.
+// Named benchmark layers (docs/DESIGN.md §9's shapes and more real models') and the token count
+// each is run with.
 #include <cstdint>
 #include <optional>
 #include <string>

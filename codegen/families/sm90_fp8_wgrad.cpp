@@ -1,4 +1,4 @@
-// Family sm90_fp8_wgrad: the fp8_block recipe's weight gradients dW2 and dW1 on the FP8 tensor
+// Family sm90_fp8_wgrad: the FP8 recipes' weight gradients dW2 and dW1 on the FP8 tensor
 // cores (GroupedWgradFp8Sm90, sm90_fp8_wgrad.cuh, Sm90Fp8WgradParams): 128 x 256 (or 128 x 128)
 // tiles of the gradient, 128 tokens per K block, persistent with one block per SM. sm_90a only (the
 // FP8 backward's emitter checks the widths). Bound by engine/families/sm90_fp8_wgrad.cpp.

@@ -1,4 +1,4 @@
-// Family sm90_fp8_wgrad (codegen/families/sm90_fp8_wgrad.cpp): the fp8_block weight gradients,
+// Family sm90_fp8_wgrad (codegen/families/sm90_fp8_wgrad.cpp): the FP8 recipes' weight gradients,
 // Sm90Fp8WgradParams: uint8 TMA maps over the token-padded operands aᵀ [M, ld] and bᵀ [N, ld]
 // (box {128 tokens, the tile's rows}), then the FP8 wgrad block.
 #include <cstddef>

@@ -39,7 +39,9 @@ typedef enum gmjit_glu_layout {
  * FP8_BLOCK: E4M3 operands, x scaled per 1 x 128 block along K and the weights per 128 x 128
  * block (fp32 scales and accumulation); Hopper (sm_90a) only, hidden and ffn multiples of 128,
  * the halves GLU layout. FP8_BLOCK_POW2: the same with every scale rounded up to a power of two.
- * The backward of an FP8 forward is the BF16 backward. */
+ * FP8_TENSOR: per-tensor current scaling (one scale for x, one per expert matrix of the weights).
+ * The backward of an FP8 forward is BF16 through gmjit_backward, FP8 (data and weight gradients)
+ * through gmjit_backward_ex with the transposed quantized weights. */
 typedef enum gmjit_recipe {
   GMJIT_RECIPE_BF16 = 0,
   GMJIT_RECIPE_FP8_BLOCK = 1,
@@ -71,7 +73,8 @@ typedef struct gmjit_forward_args {
 
 /* The weights of an FP8 recipe, as gmjit_quantize_weights writes them: E4M3 data ([E, F1, H]
  * and [E, H, F]; DLPack dtype float8_e4m3fn, code 10 in DLPack >= 1.1, or uint8 holding the
- * E4M3 bytes) and fp32 scales, one per 128 x 128 block ([E, F1/128, H/128], [E, H/128, F/128]).
+ * E4M3 bytes) and fp32 scales, one per 128 x 128 block ([E, F1/128, H/128], [E, H/128, F/128])
+ * with the block recipes, one per expert matrix ([E]) with FP8_TENSOR.
  * F1 = 2 * ffn for GLU activations, else ffn. */
 typedef struct gmjit_fp8_weights {
   const DLTensor* w1_fp8;

@@ -5,7 +5,7 @@
 // converting nine tensors through DLPack on every call (a Python __dlpack__ call and a capsule
 // each) would cost more CPU than the rest of the call. `dlpack_refs` converts DLPack tensors the
 // same way the C API does; the CPU-cost benchmark times both (docs/DECISIONS.md, "Python
-// binding").
+// package").
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>

@@ -1,4 +1,4 @@
-// The bench puts torch_reference.py's numbers and the ratios beside ours.
+// The bench puts torch's numbers (side_by_side.py --reference-json) and the ratios beside ours.
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -1,0 +1,40 @@
+"""benchmarks/side_by_side.py --reference-json: torch's numbers per shape in the form that
+`gmjit bench --reference` reads (benchmarks/harness.cpp add_reference)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _side_by_side():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import side_by_side
+    finally:
+        sys.path.pop(0)
+    return side_by_side
+
+
+def test_reference_records_hold_eager_and_compiled_tflops_per_shape_and_skip_decode_rows():
+    sbs = _side_by_side()
+    base = {"experts": 8, "tokens": 32768, "hidden": 4096, "ffn": 14336, "activation": "swiglu"}
+    rows = [
+        {**base, "base_shape": "mixtral", "ragged": False, "decode": False,
+         "torch": {"forward_tflops": 550.0, "fwd_bwd_tflops": 507.0},
+         "compile": {"forward_tflops": 649.0, "fwd_bwd_tflops": 604.0},
+         "gmjit": {"forward_tflops": 680.0}},
+        {**base, "base_shape": "mixtral", "ragged": True, "decode": False,
+         "torch": {"forward_tflops": 500.0, "fwd_bwd_error": "out of memory"}},
+        {**base, "base_shape": "mixtral", "ragged": False, "decode": True,
+         "torch": {"forward_tflops": 1.0}},
+    ]  # fmt: skip
+    meta = {"torch": "2.11.0", "gpu": "NVIDIA H200"}
+    balanced, ragged = sbs.reference_records(rows, meta)
+    assert balanced == {**base, "shape": "mixtral", "ragged": False, "torch": "2.11.0",
+                        "gpu": "NVIDIA H200", "forward_tflops": 550.0, "fwd_bwd_tflops": 507.0,
+                        "forward_compiled_tflops": 649.0, "fwd_bwd_compiled_tflops": 604.0}  # fmt: skip
+    assert ragged["ragged"] is True and ragged["forward_tflops"] == 500.0
+    assert "fwd_bwd_tflops" not in ragged and "forward_compiled_tflops" not in ragged
