@@ -10,9 +10,12 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "benchmarks/harness.hpp"
 #include "benchmarks/plot.hpp"
 #include "cli/commands.hpp"
+#include "gmjit/error.hpp"
 
 namespace gmjit::cli {
 namespace {
@@ -23,6 +26,25 @@ std::string self_executable() {
   if (n <= 0) return "gmjit";
   path[n] = '\0';
   return path;
+}
+
+// A bench --json report for `gmjit plot`; errors name the file and what was expected.
+nlohmann::json load_report(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(Status::invalid_argument, fmt::format("plot '{}': cannot open", path));
+  nlohmann::json report;
+  try {
+    report = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& error) {
+    throw Error(Status::invalid_argument,
+                fmt::format("plot '{}': not valid JSON: {}", path, error.what()));
+  }
+  try {
+    bench::check_plot_report(report);
+  } catch (const Error& error) {
+    throw Error(error.status(), fmt::format("plot '{}': {}", path, error.what()));
+  }
+  return report;
 }
 
 struct BenchState {
@@ -99,9 +121,7 @@ Subcommand add_plot_command(CLI::App& app) {
   plot->add_option("-o,--output", state->output, "PNG to write")->capture_default_str();
   return {plot, [state] {
             std::vector<nlohmann::json> reports;
-            for (const auto& path : state->inputs) {
-              reports.push_back(nlohmann::json::parse(std::ifstream(path)));
-            }
+            for (const auto& path : state->inputs) reports.push_back(load_report(path));
             if (!bench::write_plot(reports, state->output)) return 1;
             std::printf("wrote %s\n", state->output.c_str());
             return 0;

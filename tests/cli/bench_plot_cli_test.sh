@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# `gmjit bench` and `gmjit plot` through the executable, no GPU (bench --no-gpu on the tiny
+# preset, about a second). Usage: bench_plot_cli_test.sh GMJIT CASE; each CASE is its own ctest.
+# Exit 77: skipped (gnuplot missing).
+set -euo pipefail
+gmjit="$1"
+case_name="$2"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+unset GMJIT_CACHE_DIR GMJIT_CACHE_SHARED_DIR GMJIT_CACHE_DISABLE GMJIT_CACHE_READONLY \
+  GMJIT_CACHE_MAXSIZE
+fail() { echo "FAIL ($case_name): $*" >&2; exit 1; }
+
+# A refusal: non-zero, stderr names what was wrong, and nothing ran first (stdout is empty).
+# Arguments: what stderr must contain, then the command.
+expect_refusal() {
+  local needle="$1"
+  shift
+  if "$@" >"$work/out" 2>"$work/err"; then
+    fail "'$*' exited 0: $(cat "$work/out")"
+  fi
+  grep -qF -- "$needle" "$work/err" || fail "'$*': stderr lacks \"$needle\": $(cat "$work/err")"
+  [ ! -s "$work/out" ] || fail "'$*' was not refused up front: $(cat "$work/out")"
+}
+
+# A failure after running: non-zero and stderr names the problem.
+expect_failure() {
+  local needle="$1"
+  shift
+  if "$@" >"$work/out" 2>"$work/err"; then
+    fail "'$*' exited 0: $(cat "$work/out")"
+  fi
+  grep -qF -- "$needle" "$work/err" || fail "'$*': stderr lacks \"$needle\": $(cat "$work/err")"
+}
+
+# The kernels_compiled of one phase of a bench --json report (printed with two-space indents).
+phase_kernels() {  # report, phase
+  sed -n "/\"$2\": {/,/}/p" "$1" | sed -n 's/.*"kernels_compiled": \([0-9]*\).*/\1/p'
+}
+
+report() {  # file, arch, preset: a bench report with GPU timings (the plot's multiplot branch)
+  cat >"$1" <<JSON
+{"schema": "gmjit-bench/1", "preset": "$3", "arch": "$2",
+ "phases": {"compile": {"seconds": 1.0}, "disk_hit": {"seconds": 0.01},
+            "memory_hit": {"seconds": 0.000001}},
+ "forward": {"ran": true, "tflops": 100.0}, "fwd_bwd": {"tflops": 90.0}}
+JSON
+}
+
+bench=("$gmjit" bench --preset tiny --no-gpu)
+
+case "$case_name" in
+plot_runs_no_code_from_reports_or_paths)
+  command -v gnuplot >/dev/null || { echo "skipped: gnuplot is not installed"; exit 77; }
+  report "$work/evil.json" "x'; system 'touch $work/pwned-arch'; print '" tiny
+  expect_failure "'$work/evil.json': arch" "$gmjit" plot "$work/evil.json" -o "$work/e.png"
+  [ ! -e "$work/pwned-arch" ] || fail "the report's arch ran a shell command"
+  report "$work/evil2.json" sm_90a "x'; system 'touch $work/pwned-preset'; print '"
+  expect_failure "'$work/evil2.json': preset" "$gmjit" plot "$work/evil2.json" -o "$work/e.png"
+  [ ! -e "$work/pwned-preset" ] || fail "the report's preset ran a shell command"
+
+  report "$work/ok.json" sm_90a tiny
+  odd="o.png'; system 'touch pwned-output'; print '"
+  (cd "$work" && "$gmjit" plot ok.json -o "$odd" >/dev/null) || fail "plot -o \"$odd\""
+  [ ! -e "$work/pwned-output" ] || fail "plot's output path ran a shell command"
+  [ -s "$work/$odd" ] || fail "plot did not write \"$odd\""
+  (cd "$work" && "$gmjit" plot ok.json -o "it's.png" >/dev/null) || fail "plot -o \"it's.png\""
+  [ -s "$work/it's.png" ] || fail "plot did not write \"it's.png\""
+  mkdir "$work/t'mp"
+  TMPDIR="$work/t'mp" "$gmjit" plot "$work/ok.json" -o "$work/q.png" >/dev/null ||
+    fail "plot with a quote in TMPDIR"
+
+  odd="b.png'; system 'touch pwned-bench'; print '"
+  (cd "$work" && "${bench[@]}" --plot "$odd" >"$work/out" 2>&1) || fail "bench: $(cat "$work/out")"
+  [ ! -e "$work/pwned-bench" ] || fail "bench --plot's path ran a shell command"
+  [ -s "$work/$odd" ] || fail "bench did not write \"$odd\""
+  ;;
+
+*)
+  fail "unknown case"
+  ;;
+esac
+echo "ok"
