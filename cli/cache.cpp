@@ -1,3 +1,5 @@
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -6,8 +8,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -44,12 +44,37 @@ void print_stats(const cache::CacheStats& s) {
   }
 }
 
+// Errors name the file: a stream would open a folder and fail later in a read with a message
+// that names neither.
 std::vector<std::byte> read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(Status::invalid_argument, fmt::format("import '{}': cannot open", path));
-  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> bytes(chars.size());
-  if (!chars.empty()) std::memcpy(bytes.data(), chars.data(), chars.size());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw Error(Status::invalid_argument,
+                fmt::format("import '{}': cannot open: {}", path, std::strerror(errno)));
+  }
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    const bool folder = S_ISDIR(info.st_mode);
+    ::close(fd);
+    throw Error(Status::invalid_argument,
+                fmt::format("import '{}': expected a bundle file, not {}", path,
+                            folder ? "a directory" : "something other than a regular file"));
+  }
+  std::vector<std::byte> bytes;
+  std::byte buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      ::close(fd);
+      throw Error(Status::invalid_argument,
+                  fmt::format("import '{}': cannot read: {}", path, std::strerror(error)));
+    }
+    if (n == 0) break;
+    bytes.insert(bytes.end(), buffer, buffer + n);
+  }
+  ::close(fd);
   return bytes;
 }
 

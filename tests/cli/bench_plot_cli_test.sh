@@ -76,6 +76,16 @@ plot_runs_no_code_from_reports_or_paths)
   [ -s "$work/$odd" ] || fail "bench did not write \"$odd\""
   ;;
 
+plot_and_cache_errors_name_the_file)
+  echo "not json" >"$work/bad.json"
+  expect_refusal "'$work/bad.json': not valid JSON" "$gmjit" plot "$work/bad.json" -o "$work/p.png"
+  echo "[1, 2]" >"$work/list.json"
+  expect_refusal "'$work/list.json': expected a gmjit bench --json report" "$gmjit" plot \
+    "$work/list.json" -o "$work/p.png"
+  expect_refusal "import '$work': expected a bundle file, not a directory" \
+    env GMJIT_CACHE_DIR="$work/c" "$gmjit" cache import "$work"
+  ;;
+
 *)
   fail "unknown case"
   ;;
