@@ -2,8 +2,11 @@
 // This is the only CLI file that includes it; the other commands use presets/ alone.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <span>
@@ -47,6 +50,24 @@ nlohmann::json load_report(const std::string& path) {
   return report;
 }
 
+// Fails before any work when `path` cannot be a file to write: its folder is missing, or it
+// is a folder. `option` names the option in the message.
+void check_output_path(const char* option, const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path file(path);
+  const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  std::error_code error;
+  if (!fs::is_directory(folder, error)) {
+    throw Error(Status::invalid_argument,
+                fmt::format("{} '{}': expected a file in an existing folder; '{}' is not a folder",
+                            option, path, folder.string()));
+  }
+  if (fs::is_directory(file, error)) {
+    throw Error(Status::invalid_argument,
+                fmt::format("{} '{}': is a folder; expected a file to write", option, path));
+  }
+}
+
 struct BenchState {
   LayerOptions layer;
   std::string json_path;
@@ -57,6 +78,8 @@ struct BenchState {
 };
 
 int run_bench(BenchState& s) {
+  if (!s.json_path.empty()) check_output_path("--json", s.json_path);
+  if (!s.plot_path.empty()) check_output_path("--plot", s.plot_path);
   s.options.preset = resolve_layer(s.layer);
   s.options.grad = s.layer.grad ? GradMode::grad : GradMode::no_grad;
   if (!s.layer.arch.empty()) s.options.arch = s.layer.arch;
@@ -71,12 +94,24 @@ int run_bench(BenchState& s) {
     unsetenv("GMJIT_CACHE_SHARED_DIR");
   }
   const nlohmann::json report = bench::run_bench(s.options, self_executable());
-  if (!s.plot_path.empty() && bench::write_plot(std::span(&report, 1), s.plot_path)) {
-    std::printf("  wrote %s\n", s.plot_path.c_str());
-  }
+  // The report first: it holds the measurements, the plot only draws them.
   if (!s.json_path.empty()) {
-    std::ofstream(s.json_path) << report.dump(2) << "\n";
+    std::ofstream out(s.json_path);
+    out << report.dump(2) << "\n";
+    out.close();
+    if (!out) {
+      throw Error(Status::internal, fmt::format("--json '{}': cannot write the report: {}",
+                                                s.json_path, std::strerror(errno)));
+    }
     std::printf("  wrote %s\n", s.json_path.c_str());
+  }
+  if (!s.plot_path.empty()) {
+    if (!bench::write_plot(std::span(&report, 1), s.plot_path)) {
+      throw Error(Status::internal,
+                  fmt::format("--plot '{}': the plot was not drawn (gnuplot's problem above)",
+                              s.plot_path));
+    }
+    std::printf("  wrote %s\n", s.plot_path.c_str());
   }
   return 0;
 }
@@ -120,6 +155,7 @@ Subcommand add_plot_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   plot->add_option("-o,--output", state->output, "PNG to write")->capture_default_str();
   return {plot, [state] {
+            check_output_path("--output", state->output);
             std::vector<nlohmann::json> reports;
             for (const auto& path : state->inputs) reports.push_back(load_report(path));
             if (!bench::write_plot(reports, state->output)) return 1;

@@ -76,6 +76,21 @@ plot_runs_no_code_from_reports_or_paths)
   [ -s "$work/$odd" ] || fail "bench did not write \"$odd\""
   ;;
 
+bench_fails_when_it_cannot_write_its_outputs)
+  expect_refusal "--json '/nonexistent/dir/r.json'" "${bench[@]}" --json /nonexistent/dir/r.json
+  expect_refusal "--plot '/nonexistent/dir/p.png'" "${bench[@]}" --plot /nonexistent/dir/p.png
+  expect_refusal "--json '$work'" "${bench[@]}" --json "$work"
+  report "$work/ok.json" sm_90a tiny
+  expect_refusal "'/nonexistent/dir/p.png'" "$gmjit" plot "$work/ok.json" -o /nonexistent/dir/p.png
+  if [ -w /dev/full ]; then  # the write itself fails (ENOSPC)
+    expect_failure "--json '/dev/full'" "${bench[@]}" --json /dev/full
+  fi
+  # gnuplot missing when the plot is drawn: the report is still written, the run fails.
+  expect_failure "--plot '$work/p.png'" env PATH=/nonexistent "${bench[@]}" \
+    --json "$work/r.json" --plot "$work/p.png"
+  [ -s "$work/r.json" ] || fail "the JSON report was not written before the plot failed"
+  ;;
+
 plot_and_cache_errors_name_the_file)
   echo "not json" >"$work/bad.json"
   expect_refusal "'$work/bad.json': not valid JSON" "$gmjit" plot "$work/bad.json" -o "$work/p.png"
