@@ -69,6 +69,26 @@ std::string make_temp_cache_dir() {
 
 }  // namespace
 
+void check_bench_options(const BenchOptions& o) {
+  const auto fail = [](const std::string& message) {
+    throw Error(Status::invalid_argument, message);
+  };
+  // The timings are medians of `repeats` runs after `warmup` ones.
+  if (o.repeats < 1) fail(fmt::format("--repeats: expected at least 1, got {}", o.repeats));
+  if (o.warmup < 0) fail(fmt::format("warmup: expected at least 0, got {}", o.warmup));
+  if (!o.pattern.empty() && o.pattern != "recompute") {
+    fail(fmt::format("--pattern: expected recompute, got '{}'", o.pattern));
+  }
+  if (o.pattern == "recompute") {
+    if (o.steps < 1) fail(fmt::format("--steps: expected at least 1, got {}", o.steps));
+    // The pattern's calls are BF16 (recompute.cpp); the report would record another recipe.
+    if (o.recipe != "bf16") {
+      fail(fmt::format("--pattern recompute runs the bf16 recipe only; got --recipe {}", o.recipe));
+    }
+  }
+  recipe_by_name(o.recipe);  // throws for an unknown name
+}
+
 void add_reference(const std::string& path, nlohmann::json& report) {
   std::ifstream in(path);
   if (!in)
@@ -104,6 +124,7 @@ void add_reference(const std::string& path, nlohmann::json& report) {
 }
 
 int run_disk_hit_child(const BenchOptions& options) {
+  check_bench_options(options);
   // Driver start-up is the same for every CUDA program; report it apart from our cost.
   auto start = Clock::now();
   double cuinit_s = 0;
@@ -122,6 +143,7 @@ int run_disk_hit_child(const BenchOptions& options) {
 }
 
 nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
+  check_bench_options(input);
   BenchOptions options = input;
   std::string why_no_gpu;
   bool have_gpu = !options.skip_gpu && Engine::driver_available(&why_no_gpu);

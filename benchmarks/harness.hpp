@@ -29,6 +29,11 @@ struct BenchOptions {
   std::optional<std::string> reference_json;
 };
 
+// Throws Error(invalid_argument) naming the `gmjit bench` option for options no phase could run
+// with (repeats or steps below 1, a --pattern recompute with another recipe than bf16). run_bench
+// and run_disk_hit_child call it first; the command calls it before printing anything.
+void check_bench_options(const BenchOptions& options);
+
 // Runs every phase this machine can, prints a table to stdout and returns the JSON report
 // (schema in docs/BENCH.md).
 nlohmann::json run_bench(const BenchOptions& options, const std::string& self_executable);

@@ -85,6 +85,7 @@ int run_bench(BenchState& s) {
   if (!s.layer.arch.empty()) s.options.arch = s.layer.arch;
   if (!s.layer.cache_dir.empty()) s.options.cache_dir = s.layer.cache_dir;
   if (!s.reference_json.empty()) s.options.reference_json = s.reference_json;
+  bench::check_bench_options(s.options);  // before anything is printed or created
   if (s.child_disk_hit) return bench::run_disk_hit_child(s.options);
   // The compile phase means an empty cache: a shared layer would serve it. (Its disk-hit path
   // is what the disk-hit phase measures; `gmjit compile --specs` times it against a layer.)
@@ -132,11 +133,15 @@ Subcommand add_bench_command(CLI::App& app) {
   bench->add_option("--recipe", s.options.recipe, std::string(bench::kRecipeNames))
       ->check(CLI::IsMember({"bf16", "fp8-block", "fp8-block-pow2", "fp8-tensor"}))
       ->capture_default_str();
-  bench->add_option("--repeats", s.options.repeats, "timed forward repeats")->capture_default_str();
+  bench->add_option("--repeats", s.options.repeats, "timed forward repeats")
+      ->check(positive_number(1'000'000))
+      ->capture_default_str();
   bench->add_flag("--no-gpu", s.options.skip_gpu, "run only the phases that need no GPU");
   bench->add_option("--pattern", s.options.pattern, "also run a call pattern: recompute")
       ->check(CLI::IsMember({"recompute"}));
-  bench->add_option("--steps", s.options.steps, "steps of --pattern")->capture_default_str();
+  bench->add_option("--steps", s.options.steps, "steps of --pattern")
+      ->check(positive_number(1'000'000))
+      ->capture_default_str();
   bench->add_option("--reference", s.reference_json,
                     "torch_reference.py --json output: print and record the ratios");
   bench->add_flag("--child-disk-hit", s.child_disk_hit)->group("");  // internal: the fresh process

@@ -1,5 +1,6 @@
 #pragma once
 // Subcommands of the `gmjit` command, each in its own file.
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -9,6 +10,10 @@
 #include "presets/presets.hpp"
 
 namespace gmjit::cli {
+
+// A CLI11 check for a whole number in [1, max], decimal only: CLI11's own conversion reads 010
+// as octal and clamps 99999999999999999999 to INT64_MAX. The message names the option.
+CLI::Validator positive_number(std::int64_t max);
 
 // Layer selection shared by bench and compile: a preset, optionally overridden dim by dim.
 struct LayerOptions {

@@ -1,9 +1,26 @@
+#include <charconv>
+#include <cstdint>
+#include <string>
+#include <system_error>
+
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
 #include "gmjit/error.hpp"
 
 namespace gmjit::cli {
+
+CLI::Validator positive_number(std::int64_t max) {
+  return CLI::Validator(
+      [max](std::string& input) -> std::string {
+        std::int64_t value = 0;
+        const char* end = input.data() + input.size();
+        const auto [stop, error] = std::from_chars(input.data(), end, value);
+        if (error == std::errc() && stop == end && value >= 1 && value <= max) return {};
+        return fmt::format("expected a whole number from 1 to {}, got '{}'", max, input);
+      },
+      "POSITIVE");
+}
 
 void add_layer_options(CLI::App& command, LayerOptions& o) {
   std::vector<std::string> names;

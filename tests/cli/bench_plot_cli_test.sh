@@ -91,6 +91,17 @@ bench_fails_when_it_cannot_write_its_outputs)
   [ -s "$work/r.json" ] || fail "the JSON report was not written before the plot failed"
   ;;
 
+bench_rejects_non_positive_counts)
+  expect_refusal "--repeats" "${bench[@]}" --repeats 0
+  expect_refusal "--repeats" "${bench[@]}" --repeats -1
+  expect_refusal "--steps" "${bench[@]}" --pattern recompute --steps -3
+  expect_refusal "--steps" "${bench[@]}" --pattern recompute --steps 0
+  ;;
+
+bench_rejects_recompute_with_a_non_bf16_recipe)
+  expect_refusal "--recipe fp8-block" "${bench[@]}" --pattern recompute --recipe fp8-block
+  ;;
+
 plot_and_cache_errors_name_the_file)
   echo "not json" >"$work/bad.json"
   expect_refusal "'$work/bad.json': not valid JSON" "$gmjit" plot "$work/bad.json" -o "$work/p.png"
