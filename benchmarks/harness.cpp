@@ -12,6 +12,7 @@
 
 #include "benchmarks/gpu_forward.hpp"
 #include "benchmarks/recompute.hpp"
+#include "codegen/arch_limits.hpp"
 
 namespace gmjit::bench {
 namespace {
@@ -87,6 +88,10 @@ void check_bench_options(const BenchOptions& o) {
     }
   }
   recipe_by_name(o.recipe);  // throws for an unknown name
+  if (o.arch && codegen::find_arch(*o.arch) == nullptr) {
+    fail(fmt::format("--arch '{}' is not supported; expected one of {}", *o.arch,
+                     codegen::supported_arch_names()));
+  }
 }
 
 void add_reference(const std::string& path, nlohmann::json& report) {
@@ -125,6 +130,9 @@ void add_reference(const std::string& path, nlohmann::json& report) {
 
 int run_disk_hit_child(const BenchOptions& options) {
   check_bench_options(options);
+  if (!options.arch) {  // the parent passes the arch it compiled for
+    throw Error(Status::invalid_argument, "--child-disk-hit: expected --arch");
+  }
   // Driver start-up is the same for every CUDA program; report it apart from our cost.
   auto start = Clock::now();
   double cuinit_s = 0;
@@ -157,6 +165,12 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   }
   if (options.skip_gpu) why_no_gpu = "--no-gpu was given";
   if (!options.arch) options.arch = have_gpu ? devices[0].arch : std::string("sm_90a");
+  if (codegen::find_arch(*options.arch) == nullptr) {
+    throw Error(Status::unsupported,
+                fmt::format("GPU 0's arch '{}' is not supported (expected one of {}); give "
+                            "--arch and --no-gpu to time the compile phases alone",
+                            *options.arch, codegen::supported_arch_names()));
+  }
   const std::string cache_dir = options.cache_dir ? *options.cache_dir : make_temp_cache_dir();
   setenv("GMJIT_CACHE_DIR", cache_dir.c_str(), 1);  // this process and the child share it
   const bool temporary_cache = !options.cache_dir;

@@ -112,6 +112,14 @@ plot_and_cache_errors_name_the_file)
     env GMJIT_CACHE_DIR="$work/c" "$gmjit" cache import "$work"
   ;;
 
+bench_child_disk_hit_requires_arch)
+  expect_refusal "--arch" "$gmjit" bench --child-disk-hit --preset tiny
+  ;;
+
+bench_checks_arch_up_front)
+  expect_refusal "--arch 'sm_99' is not supported" "${bench[@]}" --arch sm_99
+  ;;
+
 *)
   fail "unknown case"
   ;;
