@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -13,6 +14,8 @@
 #include "benchmarks/gpu_forward.hpp"
 #include "benchmarks/recompute.hpp"
 #include "codegen/arch_limits.hpp"
+#include "codegen/grouped_mlp.hpp"
+#include "engine/api/validate.hpp"
 
 namespace gmjit::bench {
 namespace {
@@ -88,6 +91,25 @@ void check_bench_options(const BenchOptions& o) {
     }
   }
   recipe_by_name(o.recipe);  // throws for an unknown name
+  // The engine's checks, here before anything is compiled, named by the options that set them.
+  try {
+    codegen::check_supported(o.preset.layer);
+  } catch (const Error& error) {
+    fail(
+        fmt::format("the layer {} ({}; set by --preset, --experts, --hidden, --ffn, "
+                    "--activation): {}",
+                    o.preset.name, o.preset.layer.describe(), error.what()));
+  }
+  const std::int64_t experts = o.preset.layer.experts, per_expert = o.preset.tokens_per_expert;
+  if (per_expert < 1) {
+    fail(fmt::format("--tokens-per-expert: expected at least 1, got {}", per_expert));
+  }
+  if (per_expert > std::numeric_limits<std::int64_t>::max() / experts) {
+    fail(fmt::format("--tokens-per-expert {} times {} experts is too many tokens", per_expert,
+                     experts));
+  }
+  engine::validate_token_count("--tokens-per-expert (times --experts)", per_expert * experts,
+                               experts);
   if (o.arch && codegen::find_arch(*o.arch) == nullptr) {
     fail(fmt::format("--arch '{}' is not supported; expected one of {}", *o.arch,
                      codegen::supported_arch_names()));

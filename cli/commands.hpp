@@ -2,6 +2,7 @@
 // Subcommands of the `gmjit` command, each in its own file.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,8 @@ CLI::Validator positive_number(std::int64_t max);
 // Layer selection shared by bench and compile: a preset, optionally overridden dim by dim.
 struct LayerOptions {
   std::string preset = std::string(bench::kDefaultPreset);
-  std::int64_t experts = 0, hidden = 0, ffn = 0, tokens_per_expert = 0;
+  // Unset: the preset's. Given: a positive number (positive_number), whatever the preset says.
+  std::optional<std::int64_t> experts, hidden, ffn, tokens_per_expert;
   std::string activation;
   bool no_probs = false;
   bool ragged = false;

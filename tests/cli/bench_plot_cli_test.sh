@@ -102,6 +102,21 @@ bench_rejects_recompute_with_a_non_bf16_recipe)
   expect_refusal "--recipe fp8-block" "${bench[@]}" --pattern recompute --recipe fp8-block
   ;;
 
+bench_rejects_bad_layer_sizes_naming_the_option)
+  expect_refusal "--experts" "${bench[@]}" --experts 0
+  expect_refusal "--experts" "${bench[@]}" --experts -1
+  expect_refusal "--experts" "${bench[@]}" --experts 99999999999999999999
+  expect_refusal "--experts" "${bench[@]}" --experts 0x10
+  expect_refusal "--experts" "${bench[@]}" --experts 5000
+  expect_refusal "--hidden" "${bench[@]}" --hidden 0
+  expect_refusal "--hidden" "${bench[@]}" --hidden 100
+  expect_refusal "--ffn" "${bench[@]}" --ffn -8
+  expect_refusal "--tokens-per-expert" "${bench[@]}" --tokens-per-expert -5
+  expect_refusal "--tokens-per-expert" "${bench[@]}" --tokens-per-expert 0
+  expect_refusal "--tokens-per-expert" "${bench[@]}" --tokens-per-expert 99999999999
+  expect_refusal "--experts" "$gmjit" bench --child-disk-hit --arch sm_90a --experts 0
+  ;;
+
 plot_and_cache_errors_name_the_file)
   echo "not json" >"$work/bad.json"
   expect_refusal "'$work/bad.json': not valid JSON" "$gmjit" plot "$work/bad.json" -o "$work/p.png"
