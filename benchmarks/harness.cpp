@@ -7,12 +7,15 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "benchmarks/gpu_forward.hpp"
 #include "benchmarks/recompute.hpp"
+#include "cache/disk_cache.hpp"
 #include "codegen/arch_limits.hpp"
 #include "codegen/grouped_mlp.hpp"
 #include "engine/api/validate.hpp"
@@ -63,6 +66,22 @@ nlohmann::json disk_hit_in_child(const BenchOptions& options, const std::string&
   return nlohmann::json::parse(output);
 }
 
+// The phases time this process's and its child's use of one cache, from empty: a shared layer
+// would serve the compile phase, and a read-only or disabled cache would make the disk-hit
+// phase a recompile. (A shared layer's disk-hit path: `gmjit compile --specs` times it.)
+void use_own_cache() {
+  constexpr std::pair<const char*, const char*> kVariables[] = {
+      {"GMJIT_CACHE_SHARED_DIR", "the compile phase needs an empty cache"},
+      {"GMJIT_CACHE_READONLY", "the compile phase writes the cache the disk-hit phase reads"},
+      {"GMJIT_CACHE_DISABLE", "the disk-hit phase reads the cache the compile phase writes"}};
+  for (const auto& [name, why] : kVariables) {
+    if (const char* value = std::getenv(name); value != nullptr && value[0] != '\0') {
+      std::printf("  (ignoring %s=%s: %s)\n", name, value, why);
+      unsetenv(name);
+    }
+  }
+}
+
 std::string make_temp_cache_dir() {
   std::string pattern = (std::filesystem::temp_directory_path() / "gmjit-bench-XXXXXX").string();
   if (mkdtemp(pattern.data()) == nullptr) {
@@ -110,6 +129,17 @@ void check_bench_options(const BenchOptions& o) {
   }
   engine::validate_token_count("--tokens-per-expert (times --experts)", per_expert * experts,
                                experts);
+  if (o.cache_dir) {
+    const std::filesystem::path dir(*o.cache_dir);
+    std::error_code error;
+    if (!dir.is_absolute()) {
+      fail(fmt::format("--cache-dir '{}': expected an absolute path", *o.cache_dir));
+    }
+    if (std::filesystem::exists(dir, error) && !std::filesystem::is_directory(dir, error)) {
+      fail(fmt::format("--cache-dir '{}': expected a folder (or a path to create one), not a file",
+                       *o.cache_dir));
+    }
+  }
   if (o.arch && codegen::find_arch(*o.arch) == nullptr) {
     fail(fmt::format("--arch '{}' is not supported; expected one of {}", *o.arch,
                      codegen::supported_arch_names()));
@@ -193,9 +223,17 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
                             "--arch and --no-gpu to time the compile phases alone",
                             *options.arch, codegen::supported_arch_names()));
   }
+  use_own_cache();
   const std::string cache_dir = options.cache_dir ? *options.cache_dir : make_temp_cache_dir();
   setenv("GMJIT_CACHE_DIR", cache_dir.c_str(), 1);  // this process and the child share it
   const bool temporary_cache = !options.cache_dir;
+  if (const cache::DiskCacheConfig config = cache::DiskCacheConfig::from_environment();
+      config.disabled) {
+    std::string why;
+    for (const std::string& line : config.environment_warnings) why += "; " + line;
+    throw Error(Status::invalid_argument,
+                fmt::format("--cache-dir '{}': the cache would be disabled{}", cache_dir, why));
+  }
 
   const LayerSpec& layer = options.preset.layer;
   std::printf("gmjit bench: %s (%s), %lld tokens/expert, %s, %s, recipe %s\n",
@@ -229,9 +267,24 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   engine.prepare(layer, recipe, options.grad, *options.arch);
   const double compile_s = seconds_since(start);
   const EngineCounters after_compile = engine.counters();
+  if (after_compile.kernels_compiled == 0) {
+    throw Error(Status::invalid_argument,
+                fmt::format("the compile phase compiled nothing: the cache {} already holds this "
+                            "layer's kernels, so there is no compile to time; give --cache-dir "
+                            "an empty or new folder, or leave it out for a fresh one",
+                            cache_dir));
+  }
 
   const nlohmann::json child = disk_hit_in_child(options, self);
   const double disk_s = child.at("seconds").get<double>();
+  if (const auto compiled = child.at("kernels_compiled").get<std::uint64_t>(); compiled != 0) {
+    throw Error(Status::internal,
+                fmt::format("the disk-hit phase compiled {} kernel(s) in a fresh process instead "
+                            "of reading them from the cache {}, so it would time a recompile; "
+                            "is GMJIT_CACHE_MAXSIZE too small for them, or the folder not "
+                            "writable?",
+                            compiled, cache_dir));
+  }
 
   constexpr int kLookups = 1000;
   std::vector<double> lookup_s;

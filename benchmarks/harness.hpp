@@ -17,7 +17,7 @@ struct BenchOptions {
   GradMode grad = GradMode::no_grad;
   std::string recipe = "bf16";           // a name of recipe_by_name (presets.hpp)
   std::optional<std::string> arch;       // default: the GPU's, else sm_90a
-  std::optional<std::string> cache_dir;  // default: a fresh temporary directory
+  std::optional<std::string> cache_dir;  // absolute; default: a fresh temporary directory
   int warmup = 3;
   int repeats = 20;
   bool skip_gpu = false;
@@ -35,7 +35,10 @@ struct BenchOptions {
 void check_bench_options(const BenchOptions& options);
 
 // Runs every phase this machine can, prints a table to stdout and returns the JSON report
-// (schema in docs/BENCH.md).
+// (schema in docs/BENCH.md). The phases need a cache of their own: it unsets (saying so)
+// GMJIT_CACHE_SHARED_DIR, GMJIT_CACHE_READONLY and GMJIT_CACHE_DISABLE in this process, and
+// fails when the compile phase compiled nothing (a warm cache_dir) or the disk-hit child
+// compiled anything (no disk hit to time).
 nlohmann::json run_bench(const BenchOptions& options, const std::string& self_executable);
 
 // Adds "reference" (torch's forward and fwd+bwd TFLOP/s for the report's preset, from

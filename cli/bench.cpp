@@ -2,6 +2,7 @@
 // This is the only CLI file that includes it; the other commands use presets/ alone.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -68,6 +69,18 @@ void check_output_path(const char* option, const std::string& path) {
   }
 }
 
+// GMJIT_CACHE_DIR must be absolute (a relative one disables the cache), so --cache-dir is made
+// absolute here: from this folder, or from HOME for a '~/' the shell left alone
+// (--cache-dir=~/c).
+std::string absolute_cache_dir(const std::string& dir) {
+  const char* home = std::getenv("HOME");
+  if ((dir == "~" || dir.starts_with("~/")) && home != nullptr && home[0] == '/') {
+    return (std::filesystem::path(home) / dir.substr(std::min<std::size_t>(dir.size(), 2)))
+        .string();
+  }
+  return std::filesystem::absolute(dir).string();
+}
+
 struct BenchState {
   LayerOptions layer;
   std::string json_path;
@@ -83,17 +96,10 @@ int run_bench(BenchState& s) {
   s.options.preset = resolve_layer(s.layer);
   s.options.grad = s.layer.grad ? GradMode::grad : GradMode::no_grad;
   if (!s.layer.arch.empty()) s.options.arch = s.layer.arch;
-  if (!s.layer.cache_dir.empty()) s.options.cache_dir = s.layer.cache_dir;
+  if (!s.layer.cache_dir.empty()) s.options.cache_dir = absolute_cache_dir(s.layer.cache_dir);
   if (!s.reference_json.empty()) s.options.reference_json = s.reference_json;
   bench::check_bench_options(s.options);  // before anything is printed or created
   if (s.child_disk_hit) return bench::run_disk_hit_child(s.options);
-  // The compile phase means an empty cache: a shared layer would serve it. (Its disk-hit path
-  // is what the disk-hit phase measures; `gmjit compile --specs` times it against a layer.)
-  if (const char* shared = std::getenv("GMJIT_CACHE_SHARED_DIR"); shared && shared[0] != '\0') {
-    std::printf("  (ignoring GMJIT_CACHE_SHARED_DIR=%s: the compile phase needs an empty cache)\n",
-                shared);
-    unsetenv("GMJIT_CACHE_SHARED_DIR");
-  }
   const nlohmann::json report = bench::run_bench(s.options, self_executable());
   // The report first: it holds the measurements, the plot only draws them.
   if (!s.json_path.empty()) {

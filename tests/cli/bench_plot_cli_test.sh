@@ -98,6 +98,26 @@ bench_rejects_non_positive_counts)
   expect_refusal "--steps" "${bench[@]}" --pattern recompute --steps 0
   ;;
 
+bench_measures_a_real_compile_and_a_real_disk_hit)
+  # A relative --cache-dir and GMJIT_CACHE_READONLY: the phases still use a writable cache.
+  (cd "$work" && GMJIT_CACHE_READONLY=1 "${bench[@]}" --cache-dir b1 --json r1.json \
+    >"$work/out" 2>&1) || fail "relative --cache-dir: $(cat "$work/out")"
+  [ -d "$work/b1" ] || fail "--cache-dir b1 was not used as $work/b1"
+  [ "$(phase_kernels "$work/r1.json" compile)" -gt 0 ] || fail "compile phase: $(cat "$work/r1.json")"
+  [ "$(phase_kernels "$work/r1.json" disk_hit)" = 0 ] || fail "disk-hit compiled: $(cat "$work/r1.json")"
+  GMJIT_CACHE_DISABLE=1 "${bench[@]}" --json "$work/r2.json" >"$work/out" 2>&1 ||
+    fail "GMJIT_CACHE_DISABLE: $(cat "$work/out")"
+  [ "$(phase_kernels "$work/r2.json" disk_hit)" = 0 ] || fail "disk-hit compiled: $(cat "$work/r2.json")"
+  # A warm --cache-dir: the compile phase would compile nothing.
+  (cd "$work" && expect_failure "--cache-dir" "${bench[@]}" --cache-dir b1)
+  grep -qF "compiled nothing" "$work/err" || fail "warm --cache-dir: $(cat "$work/err")"
+  touch "$work/afile"
+  expect_refusal "--cache-dir '$work/afile'" "${bench[@]}" --cache-dir "$work/afile"
+  # A cache too small to keep the kernels: the disk-hit child compiles, which is no disk hit.
+  expect_failure "disk-hit" env GMJIT_CACHE_MAXSIZE=1 "${bench[@]}"
+  grep -qF "compiled" "$work/err" || fail "small cache: $(cat "$work/err")"
+  ;;
+
 bench_rejects_recompute_with_a_non_bf16_recipe)
   expect_refusal "--recipe fp8-block" "${bench[@]}" --pattern recompute --recipe fp8-block
   ;;
