@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 
 #include "benchmarks/gpu_forward.hpp"
 #include "benchmarks/recompute.hpp"
+#include "benchmarks/temp_dir.hpp"
 #include "cache/disk_cache.hpp"
 #include "codegen/arch_limits.hpp"
 #include "codegen/grouped_mlp.hpp"
@@ -80,14 +82,6 @@ void use_own_cache() {
       unsetenv(name);
     }
   }
-}
-
-std::string make_temp_cache_dir() {
-  std::string pattern = (std::filesystem::temp_directory_path() / "gmjit-bench-XXXXXX").string();
-  if (mkdtemp(pattern.data()) == nullptr) {
-    throw Error(Status::internal, "could not create a temporary cache directory");
-  }
-  return pattern;
 }
 
 }  // namespace
@@ -224,9 +218,12 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
                             *options.arch, codegen::supported_arch_names()));
   }
   use_own_cache();
-  const std::string cache_dir = options.cache_dir ? *options.cache_dir : make_temp_cache_dir();
+  // Removed on every way out of this function, a failed phase too.
+  std::optional<TempDir> temporary;
+  if (!options.cache_dir) temporary.emplace("gmjit-bench-");
+  const std::string cache_dir = temporary ? temporary->path().string() : *options.cache_dir;
   setenv("GMJIT_CACHE_DIR", cache_dir.c_str(), 1);  // this process and the child share it
-  const bool temporary_cache = !options.cache_dir;
+  const bool temporary_cache = temporary.has_value();
   if (const cache::DiskCacheConfig config = cache::DiskCacheConfig::from_environment();
       config.disabled) {
     std::string why;
@@ -359,10 +356,6 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   if (options.reference_json && report.contains("fwd_bwd"))
     add_reference(*options.reference_json, report);
   if (options.pattern == "recompute") run_recompute_pattern(options, have_gpu, report);
-  if (temporary_cache) {
-    std::error_code ec;
-    std::filesystem::remove_all(cache_dir, ec);
-  }
   return report;
 }
 

@@ -118,6 +118,30 @@ bench_measures_a_real_compile_and_a_real_disk_hit)
   grep -qF "compiled" "$work/err" || fail "small cache: $(cat "$work/err")"
   ;;
 
+bench_and_plot_leave_no_temporary_folder)
+  mkdir "$work/tmp"
+  export TMPDIR="$work/tmp"
+  leftovers() { [ -z "$(ls -A "$work/tmp")" ] || fail "left behind after $1: $(ls -A "$work/tmp")"; }
+  expect_failure "--hidden" "${bench[@]}" --hidden 100
+  leftovers "--hidden 100"
+  expect_failure "--arch" "${bench[@]}" --arch sm_99
+  leftovers "--arch sm_99"
+  expect_failure "--experts" "${bench[@]}" --experts -1
+  leftovers "--experts -1"
+  expect_failure "disk-hit" env GMJIT_CACHE_MAXSIZE=1 "${bench[@]}"  # fails after the compile
+  leftovers "a failed disk-hit phase"
+  if command -v gnuplot >/dev/null; then
+    # A link planted under plot's old guessable name (gmjit-plot-<pid>) is not written through.
+    report "$work/ok.json" sm_90a tiny
+    mkdir "$work/victim"
+    bash -c 'ln -s "$3" "$TMPDIR/gmjit-plot-$$" && exec "$0" plot "$1" -o "$2"' \
+      "$gmjit" "$work/ok.json" "$work/p.png" "$work/victim" >/dev/null || fail "plot"
+    [ -z "$(ls -A "$work/victim")" ] || fail "plot wrote through a planted link: $(ls "$work/victim")"
+    find "$work/tmp" -mindepth 1 -maxdepth 1 ! -type l | grep -q . &&
+      fail "plot left $(ls -A "$work/tmp")"
+  fi
+  ;;
+
 bench_rejects_recompute_with_a_non_bf16_recipe)
   expect_refusal "--recipe fp8-block" "${bench[@]}" --pattern recompute --recipe fp8-block
   ;;
