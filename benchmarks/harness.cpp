@@ -1,9 +1,11 @@
 #include "benchmarks/harness.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -134,17 +136,48 @@ void check_bench_options(const BenchOptions& o) {
                        *o.cache_dir));
     }
   }
+  if (o.reference_json) load_reference(*o.reference_json);
   if (o.arch && codegen::find_arch(*o.arch) == nullptr) {
     fail(fmt::format("--arch '{}' is not supported; expected one of {}", *o.arch,
                      codegen::supported_arch_names()));
   }
 }
 
-void add_reference(const std::string& path, nlohmann::json& report) {
+nlohmann::json load_reference(const std::string& path) {
+  const auto fail = [&](const std::string& what) {
+    throw Error(Status::invalid_argument, fmt::format("--reference '{}': {}", path, what));
+  };
   std::ifstream in(path);
-  if (!in)
-    throw Error(Status::invalid_argument, fmt::format("--reference: cannot read '{}'", path));
-  const nlohmann::json all = nlohmann::json::parse(in);
+  if (!in) fail(fmt::format("cannot open: {}", std::strerror(errno)));
+  nlohmann::json all;
+  try {
+    all = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& error) {
+    fail(fmt::format("not valid JSON: {}", error.what()));
+  }
+  if (!all.is_array()) fail("expected a list of shapes (torch_reference.py --json output)");
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const nlohmann::json& r = all[i];
+    if (!r.is_object()) fail(fmt::format("[{}]: expected an object, got {}", i, r.dump()));
+    const auto expect = [&](const char* key, bool ok, const char* what) {
+      if (r.contains(key) && !ok) {
+        fail(fmt::format("[{}].{}: expected {}, got {}", i, key, what, r.at(key).dump()));
+      }
+    };
+    if (!r.contains("shape")) fail(fmt::format("[{}].shape: is required", i));
+    expect("shape", r.at("shape").is_string(), "a string");
+    expect("ragged", r.contains("ragged") && r.at("ragged").is_boolean(), "true or false");
+    expect("torch", r.contains("torch") && r.at("torch").is_string(), "a string");
+    for (const char* key : {"forward_tflops", "fwd_bwd_tflops", "forward_compiled_tflops",
+                            "fwd_bwd_compiled_tflops"}) {
+      expect(key, r.contains(key) && r.at(key).is_number(), "a number");
+    }
+  }
+  return all;
+}
+
+void add_reference(const std::string& path, nlohmann::json& report) {
+  const nlohmann::json all = load_reference(path);
   for (const auto& r : all) {
     // torch_reference.py --ragged records "ragged": true beside the shape's name.
     const std::string shape = r.value("shape", "") + (r.value("ragged", false) ? "-ragged" : "");
@@ -345,6 +378,10 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
     report["forward"] = {{"ran", false}, {"skipped_reason", why_no_gpu}};
     std::printf("  skipped: forward, fwd+bwd and CPU-cost timings (no GPU: %s)\n",
                 why_no_gpu.c_str());
+    if (options.reference_json) {
+      std::printf("  (--reference %s not used: no GPU timings to compare)\n",
+                  options.reference_json->c_str());
+    }
   }
   const EngineCounters c = engine.counters();
   report["counters"] = {{"plans_built", c.plans_built},

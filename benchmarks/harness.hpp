@@ -41,6 +41,11 @@ void check_bench_options(const BenchOptions& options);
 // compiled anything (no disk hit to time).
 nlohmann::json run_bench(const BenchOptions& options, const std::string& self_executable);
 
+// torch_reference.py --json output: a list of objects with a string "shape" and numbers for the
+// keys add_reference reads. Throws Error(invalid_argument) naming --reference, the file and the
+// entry's field. check_bench_options loads it, so a bad file fails before any timing.
+nlohmann::json load_reference(const std::string& torch_json_path);
+
 // Adds "reference" (torch's forward and fwd+bwd TFLOP/s for the report's preset, from
 // torch_reference.py --json, and our ratios to them) to a report that has GPU timings, and prints
 // them. torch_reference.py names its shapes as our presets.

@@ -142,6 +142,17 @@ bench_and_plot_leave_no_temporary_folder)
   fi
   ;;
 
+bench_validates_reference_before_timing)
+  expect_refusal "--reference '/nonexistent/ref.json'" "${bench[@]}" --reference /nonexistent/ref.json
+  echo "not json" >"$work/bad.json"
+  expect_refusal "--reference '$work/bad.json': not valid JSON" "${bench[@]}" --reference "$work/bad.json"
+  echo '{"shape": "tiny"}' >"$work/obj.json"
+  expect_refusal "--reference '$work/obj.json': expected a list" "${bench[@]}" \
+    --reference "$work/obj.json"
+  echo '[{"shape": "tiny", "forward_tflops": "fast"}]' >"$work/field.json"
+  expect_refusal "[0].forward_tflops" "${bench[@]}" --reference "$work/field.json"
+  ;;
+
 bench_rejects_recompute_with_a_non_bf16_recipe)
   expect_refusal "--recipe fp8-block" "${bench[@]}" --pattern recompute --recipe fp8-block
   ;;
