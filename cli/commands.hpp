@@ -48,7 +48,8 @@ struct CompileOptions {
   std::vector<std::string> arches{"sm_90a"};
   std::string grad = "both";
   std::string recipe = "bf16";
-  std::string specs;  // a JSON file of layer specs (cli/specs.hpp); replaces --preset/--grad
+  std::string
+      specs;  // a JSON file of layer specs (cli/specs.hpp); excludes --preset/--grad/--recipe
 };
 void add_compile_options(CLI::App& command, CompileOptions& options);
 int run_compile(const CompileOptions& options);

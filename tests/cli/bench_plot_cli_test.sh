@@ -153,6 +153,15 @@ bench_validates_reference_before_timing)
   expect_refusal "[0].forward_tflops" "${bench[@]}" --reference "$work/field.json"
   ;;
 
+compile_specs_excludes_preset_grad_and_recipe)
+  echo '[{"experts": 4, "hidden": 256, "ffn": 128, "grad": "no_grad"}]' >"$work/s.json"
+  export GMJIT_CACHE_DIR="$work/cache"
+  expect_refusal "--recipe" "$gmjit" compile --specs "$work/s.json" --recipe fp8-block
+  expect_refusal "--grad" "$gmjit" compile --specs "$work/s.json" --grad on
+  expect_refusal "--preset" "$gmjit" compile --specs "$work/s.json" --preset tiny
+  [ ! -e "$work/cache" ] || fail "a refused compile touched the cache"
+  ;;
+
 bench_rejects_recompute_with_a_non_bf16_recipe)
   expect_refusal "--recipe fp8-block" "${bench[@]}" --pattern recompute --recipe fp8-block
   ;;
