@@ -54,12 +54,13 @@ struct CompileOptions {
 void add_compile_options(CLI::App& command, CompileOptions& options);
 int run_compile(const CompileOptions& options);
 
+// Unset optionals were not given; each applies to one action only (run_cache refuses the rest).
 struct CacheCommand {
-  std::string action;  // stats | list | clear | prune | export | import
-  std::string file;    // export / import: the bundle
+  std::string action;               // stats | list | clear | prune | export | import
+  std::optional<std::string> file;  // export / import: the bundle
   bool json = false;
-  std::string max_size;
-  std::string older_than;
+  std::optional<std::string> max_size;    // prune
+  std::optional<std::string> older_than;  // prune
 };
 void add_cache_options(CLI::App& command, CacheCommand& options);
 int run_cache(const CacheCommand& options);
