@@ -195,6 +195,11 @@ bench_child_disk_hit_requires_arch)
   expect_refusal "--arch" "$gmjit" bench --child-disk-hit --preset tiny
   ;;
 
+unknown_subcommand_is_named)
+  expect_refusal "unknown subcommand 'bogus'" "$gmjit" bogus
+  grep -qF "doctor, bench, compile, plot, cache" "$work/err" || fail "$(cat "$work/err")"
+  ;;
+
 bench_checks_arch_up_front)
   expect_refusal "--arch 'sm_99' is not supported" "${bench[@]}" --arch sm_99
   ;;
