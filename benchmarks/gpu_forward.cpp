@@ -6,12 +6,15 @@
 #include <functional>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "benchmarks/layer_tensors.hpp"
 #include "codegen/nvrtc_compiler.hpp"
 #include "engine/runtime/device_buffer.hpp"
 #include "engine/runtime/device_context.hpp"
 #include "engine/runtime/driver.hpp"
 #include "engine/runtime/loaded_kernel.hpp"
+#include "gmjit/error.hpp"
 
 namespace gmjit::bench {
 namespace {
@@ -28,6 +31,10 @@ struct Event {
 };
 
 double median_ms(int warmup, int repeats, const std::function<void()>& run) {
+  if (repeats < 1) {  // no median to take (check_bench_options refuses this up front)
+    throw Error(Status::invalid_argument,
+                fmt::format("--repeats: expected at least 1, got {}", repeats));
+  }
   for (int i = 0; i < warmup; ++i) run();
   check_driver(driver().cuCtxSynchronize(), "cuCtxSynchronize");
   std::vector<double> times;

@@ -1,17 +1,28 @@
 #include "benchmarks/harness.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "benchmarks/gpu_forward.hpp"
 #include "benchmarks/recompute.hpp"
+#include "benchmarks/temp_dir.hpp"
+#include "cache/disk_cache.hpp"
+#include "codegen/arch_limits.hpp"
+#include "codegen/grouped_mlp.hpp"
+#include "engine/api/validate.hpp"
 
 namespace gmjit::bench {
 namespace {
@@ -59,21 +70,114 @@ nlohmann::json disk_hit_in_child(const BenchOptions& options, const std::string&
   return nlohmann::json::parse(output);
 }
 
-std::string make_temp_cache_dir() {
-  std::string pattern = (std::filesystem::temp_directory_path() / "gmjit-bench-XXXXXX").string();
-  if (mkdtemp(pattern.data()) == nullptr) {
-    throw Error(Status::internal, "could not create a temporary cache directory");
+// The phases time this process's and its child's use of one cache, from empty: a shared layer
+// would serve the compile phase, and a read-only or disabled cache would make the disk-hit
+// phase a recompile. (A shared layer's disk-hit path: `gmjit compile --specs` times it.)
+void use_own_cache() {
+  constexpr std::pair<const char*, const char*> kVariables[] = {
+      {"GMJIT_CACHE_SHARED_DIR", "the compile phase needs an empty cache"},
+      {"GMJIT_CACHE_READONLY", "the compile phase writes the cache the disk-hit phase reads"},
+      {"GMJIT_CACHE_DISABLE", "the disk-hit phase reads the cache the compile phase writes"}};
+  for (const auto& [name, why] : kVariables) {
+    if (const char* value = std::getenv(name); value != nullptr && value[0] != '\0') {
+      std::printf("  (ignoring %s=%s: %s)\n", name, value, why);
+      unsetenv(name);
+    }
   }
-  return pattern;
 }
 
 }  // namespace
 
-void add_reference(const std::string& path, nlohmann::json& report) {
+void check_bench_options(const BenchOptions& o) {
+  const auto fail = [](const std::string& message) {
+    throw Error(Status::invalid_argument, message);
+  };
+  // The timings are medians of `repeats` runs after `warmup` ones.
+  if (o.repeats < 1) fail(fmt::format("--repeats: expected at least 1, got {}", o.repeats));
+  if (o.warmup < 0) fail(fmt::format("warmup: expected at least 0, got {}", o.warmup));
+  if (!o.pattern.empty() && o.pattern != "recompute") {
+    fail(fmt::format("--pattern: expected recompute, got '{}'", o.pattern));
+  }
+  if (o.pattern == "recompute") {
+    if (o.steps < 1) fail(fmt::format("--steps: expected at least 1, got {}", o.steps));
+    // The pattern's calls are BF16 (recompute.cpp); the report would record another recipe.
+    if (o.recipe != "bf16") {
+      fail(fmt::format("--pattern recompute runs the bf16 recipe only; got --recipe {}", o.recipe));
+    }
+  }
+  recipe_by_name(o.recipe);  // throws for an unknown name
+  // The engine's checks, here before anything is compiled, named by the options that set them.
+  try {
+    codegen::check_supported(o.preset.layer);
+  } catch (const Error& error) {
+    fail(
+        fmt::format("the layer {} ({}; set by --preset, --experts, --hidden, --ffn, "
+                    "--activation): {}",
+                    o.preset.name, o.preset.layer.describe(), error.what()));
+  }
+  const std::int64_t experts = o.preset.layer.experts, per_expert = o.preset.tokens_per_expert;
+  if (per_expert < 1) {
+    fail(fmt::format("--tokens-per-expert: expected at least 1, got {}", per_expert));
+  }
+  if (per_expert > std::numeric_limits<std::int64_t>::max() / experts) {
+    fail(fmt::format("--tokens-per-expert {} times {} experts is too many tokens", per_expert,
+                     experts));
+  }
+  engine::validate_token_count("--tokens-per-expert (times --experts)", per_expert * experts,
+                               experts);
+  if (o.cache_dir) {
+    const std::filesystem::path dir(*o.cache_dir);
+    std::error_code error;
+    if (!dir.is_absolute()) {
+      fail(fmt::format("--cache-dir '{}': expected an absolute path", *o.cache_dir));
+    }
+    if (std::filesystem::exists(dir, error) && !std::filesystem::is_directory(dir, error)) {
+      fail(fmt::format("--cache-dir '{}': expected a folder (or a path to create one), not a file",
+                       *o.cache_dir));
+    }
+  }
+  if (o.reference_json) load_reference(*o.reference_json);
+  if (o.arch && codegen::find_arch(*o.arch) == nullptr) {
+    fail(fmt::format("--arch '{}' is not supported; expected one of {}", *o.arch,
+                     codegen::supported_arch_names()));
+  }
+}
+
+nlohmann::json load_reference(const std::string& path) {
+  const auto fail = [&](const std::string& what) {
+    throw Error(Status::invalid_argument, fmt::format("--reference '{}': {}", path, what));
+  };
   std::ifstream in(path);
-  if (!in)
-    throw Error(Status::invalid_argument, fmt::format("--reference: cannot read '{}'", path));
-  const nlohmann::json all = nlohmann::json::parse(in);
+  if (!in) fail(fmt::format("cannot open: {}", std::strerror(errno)));
+  nlohmann::json all;
+  try {
+    all = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& error) {
+    fail(fmt::format("not valid JSON: {}", error.what()));
+  }
+  if (!all.is_array()) fail("expected a list of shapes (torch_reference.py --json output)");
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const nlohmann::json& r = all[i];
+    if (!r.is_object()) fail(fmt::format("[{}]: expected an object, got {}", i, r.dump()));
+    const auto expect = [&](const char* key, bool ok, const char* what) {
+      if (r.contains(key) && !ok) {
+        fail(fmt::format("[{}].{}: expected {}, got {}", i, key, what, r.at(key).dump()));
+      }
+    };
+    if (!r.contains("shape")) fail(fmt::format("[{}].shape: is required", i));
+    expect("shape", r.at("shape").is_string(), "a string");
+    expect("ragged", r.contains("ragged") && r.at("ragged").is_boolean(), "true or false");
+    expect("torch", r.contains("torch") && r.at("torch").is_string(), "a string");
+    for (const char* key : {"forward_tflops", "fwd_bwd_tflops", "forward_compiled_tflops",
+                            "fwd_bwd_compiled_tflops"}) {
+      expect(key, r.contains(key) && r.at(key).is_number(), "a number");
+    }
+  }
+  return all;
+}
+
+void add_reference(const std::string& path, nlohmann::json& report) {
+  const nlohmann::json all = load_reference(path);
   for (const auto& r : all) {
     // torch_reference.py --ragged records "ragged": true beside the shape's name.
     const std::string shape = r.value("shape", "") + (r.value("ragged", false) ? "-ragged" : "");
@@ -104,6 +208,10 @@ void add_reference(const std::string& path, nlohmann::json& report) {
 }
 
 int run_disk_hit_child(const BenchOptions& options) {
+  check_bench_options(options);
+  if (!options.arch) {  // the parent passes the arch it compiled for
+    throw Error(Status::invalid_argument, "--child-disk-hit: expected --arch");
+  }
   // Driver start-up is the same for every CUDA program; report it apart from our cost.
   auto start = Clock::now();
   double cuinit_s = 0;
@@ -122,6 +230,7 @@ int run_disk_hit_child(const BenchOptions& options) {
 }
 
 nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
+  check_bench_options(input);
   BenchOptions options = input;
   std::string why_no_gpu;
   bool have_gpu = !options.skip_gpu && Engine::driver_available(&why_no_gpu);
@@ -135,9 +244,26 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   }
   if (options.skip_gpu) why_no_gpu = "--no-gpu was given";
   if (!options.arch) options.arch = have_gpu ? devices[0].arch : std::string("sm_90a");
-  const std::string cache_dir = options.cache_dir ? *options.cache_dir : make_temp_cache_dir();
+  if (codegen::find_arch(*options.arch) == nullptr) {
+    throw Error(Status::unsupported,
+                fmt::format("GPU 0's arch '{}' is not supported (expected one of {}); give "
+                            "--arch and --no-gpu to time the compile phases alone",
+                            *options.arch, codegen::supported_arch_names()));
+  }
+  use_own_cache();
+  // Removed on every way out of this function, a failed phase too.
+  std::optional<TempDir> temporary;
+  if (!options.cache_dir) temporary.emplace("gmjit-bench-");
+  const std::string cache_dir = temporary ? temporary->path().string() : *options.cache_dir;
   setenv("GMJIT_CACHE_DIR", cache_dir.c_str(), 1);  // this process and the child share it
-  const bool temporary_cache = !options.cache_dir;
+  const bool temporary_cache = temporary.has_value();
+  if (const cache::DiskCacheConfig config = cache::DiskCacheConfig::from_environment();
+      config.disabled) {
+    std::string why;
+    for (const std::string& line : config.environment_warnings) why += "; " + line;
+    throw Error(Status::invalid_argument,
+                fmt::format("--cache-dir '{}': the cache would be disabled{}", cache_dir, why));
+  }
 
   const LayerSpec& layer = options.preset.layer;
   std::printf("gmjit bench: %s (%s), %lld tokens/expert, %s, %s, recipe %s\n",
@@ -171,9 +297,24 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   engine.prepare(layer, recipe, options.grad, *options.arch);
   const double compile_s = seconds_since(start);
   const EngineCounters after_compile = engine.counters();
+  if (after_compile.kernels_compiled == 0) {
+    throw Error(Status::invalid_argument,
+                fmt::format("the compile phase compiled nothing: the cache {} already holds this "
+                            "layer's kernels, so there is no compile to time; give --cache-dir "
+                            "an empty or new folder, or leave it out for a fresh one",
+                            cache_dir));
+  }
 
   const nlohmann::json child = disk_hit_in_child(options, self);
   const double disk_s = child.at("seconds").get<double>();
+  if (const auto compiled = child.at("kernels_compiled").get<std::uint64_t>(); compiled != 0) {
+    throw Error(Status::internal,
+                fmt::format("the disk-hit phase compiled {} kernel(s) in a fresh process instead "
+                            "of reading them from the cache {}, so it would time a recompile; "
+                            "is GMJIT_CACHE_MAXSIZE too small for them, or the folder not "
+                            "writable?",
+                            compiled, cache_dir));
+  }
 
   constexpr int kLookups = 1000;
   std::vector<double> lookup_s;
@@ -237,6 +378,10 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
     report["forward"] = {{"ran", false}, {"skipped_reason", why_no_gpu}};
     std::printf("  skipped: forward, fwd+bwd and CPU-cost timings (no GPU: %s)\n",
                 why_no_gpu.c_str());
+    if (options.reference_json) {
+      std::printf("  (--reference %s not used: no GPU timings to compare)\n",
+                  options.reference_json->c_str());
+    }
   }
   const EngineCounters c = engine.counters();
   report["counters"] = {{"plans_built", c.plans_built},
@@ -248,10 +393,6 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   if (options.reference_json && report.contains("fwd_bwd"))
     add_reference(*options.reference_json, report);
   if (options.pattern == "recompute") run_recompute_pattern(options, have_gpu, report);
-  if (temporary_cache) {
-    std::error_code ec;
-    std::filesystem::remove_all(cache_dir, ec);
-  }
   return report;
 }
 

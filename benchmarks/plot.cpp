@@ -1,13 +1,21 @@
 #include "benchmarks/plot.hpp"
 
-#include <unistd.h>
+#include <spawn.h>
+#include <sys/wait.h>
 
+#include <cerrno>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
+#include <cstring>
 #include <fstream>
+#include <vector>
 
 #include <fmt/format.h>
+
+#include "benchmarks/temp_dir.hpp"
+#include "codegen/arch_limits.hpp"
+#include "gmjit/error.hpp"
+
+extern char** environ;
 
 namespace gmjit::bench {
 namespace {
@@ -21,30 +29,115 @@ double number_at(const nlohmann::json& j, std::initializer_list<const char*> pat
   return at->is_number() ? at->get<double>() : 0.0;
 }
 
-std::string histogram(const std::string& file, const std::string& title, const std::string& ylabel,
+// `data` names a gnuplot variable holding the data file's path (set from the script's arguments).
+std::string histogram(const char* data, const char* title, const char* ylabel,
                       std::initializer_list<const char*> series) {
   std::string out = fmt::format("set title '{}'\nset ylabel '{}'\nplot ", title, ylabel);
   int column = 2;
   for (const char* name : series) {
-    out += fmt::format("{}'{}' using {}{} title '{}'", column == 2 ? "" : ", ", file, column,
+    out += fmt::format("{}{} using {}{} title '{}'", column == 2 ? "" : ", ", data, column,
                        column == 2 ? ":xtic(1)" : "", name);
     ++column;
   }
   return out + "\n";
 }
 
+// The script holds no text from a report or the command line: the PNG path (ARG1), the arch
+// (ARG2) and the data folder (ARG3) reach it as `gnuplot -c` arguments, string values that
+// gnuplot never parses as commands.
+std::string script(bool gpu) {
+  std::string out = fmt::format(
+      "set terminal pngcairo size {},480 noenhanced\nset output ARG1\n"
+      "phases = ARG3.'/phases.dat'\nforward = ARG3.'/forward.dat'\n"
+      "fwd_bwd = ARG3.'/fwd_bwd.dat'\n",
+      gpu ? 1500 : 700);
+  out +=
+      "set style data histograms\nset style histogram clustered gap 1\n"
+      "set style fill solid 0.85 border -1\nset grid ytics\nset key below horizontal\n";
+  if (gpu) out += "set multiplot layout 1,3 title 'gmjit bench ('.ARG2.')'\n";
+  out += "set logscale y\nset format y '%g'\n" +
+         histogram("phases", "plan ready: cold compile, restarted process, warm (log)", "seconds",
+                   {"compile", "disk-hit", "memory-hit"});
+  if (gpu) {
+    out += "unset logscale y\nset format y '%g'\nset yrange [0:*]\n" +
+           histogram("forward", "forward", "TFLOP/s", {"gmjit", "torch eager", "torch.compile"}) +
+           histogram("fwd_bwd", "forward + backward", "TFLOP/s",
+                     {"gmjit", "torch eager", "torch.compile"}) +
+           "unset multiplot\n";
+  }
+  return out;
+}
+
+std::string shown(const nlohmann::json& value) {
+  constexpr std::size_t kShown = 80;
+  const std::string text = value.dump();
+  return text.size() <= kShown ? text : text.substr(0, kShown) + "...";
+}
+
+// Runs gnuplot without a shell. Returns whether it exited 0; says why not on stderr.
+bool run_gnuplot(const std::vector<std::string>& arguments, const std::string& png_path) {
+  std::vector<char*> argv;
+  for (const std::string& argument : arguments) argv.push_back(const_cast<char*>(argument.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int error = ::posix_spawnp(&pid, "gnuplot", nullptr, nullptr, argv.data(), environ);
+  if (error != 0) {
+    std::fprintf(stderr, "gmjit: plot: cannot run gnuplot (%s); is it installed and on PATH?\n",
+                 std::strerror(error));
+    return false;
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) {
+      std::fprintf(stderr, "gmjit: plot: waiting for gnuplot: %s\n", std::strerror(errno));
+      return false;
+    }
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  std::fprintf(stderr, "gmjit: plot: gnuplot failed drawing '%s' (%s %d)\n", png_path.c_str(),
+               WIFEXITED(status) ? "exit status" : "signal",
+               WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+  return false;
+}
+
 }  // namespace
 
+void check_plot_report(const nlohmann::json& report) {
+  if (!report.is_object()) {
+    throw Error(
+        Status::invalid_argument,
+        fmt::format("expected a gmjit bench --json report (a JSON object), got {}", shown(report)));
+  }
+  if (report.contains("arch")) {
+    const nlohmann::json& arch = report.at("arch");
+    if (!arch.is_string() || codegen::find_arch(arch.get<std::string>()) == nullptr) {
+      throw Error(Status::invalid_argument,
+                  fmt::format("arch: expected one of {}, got {}", codegen::supported_arch_names(),
+                              shown(arch)));
+    }
+  }
+  if (report.contains("preset")) {
+    const nlohmann::json& preset = report.at("preset");
+    bool ok = preset.is_string() && !preset.get<std::string>().empty();
+    for (const char c : ok ? preset.get<std::string>() : std::string()) {
+      ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '-' || c == '_' || c == '.' || c == '+');
+    }
+    if (!ok) {
+      throw Error(Status::invalid_argument,
+                  fmt::format("preset: expected a name of letters, digits and - _ . +, got {}",
+                              shown(preset)));
+    }
+  }
+}
+
 bool write_plot(std::span<const nlohmann::json> reports, const std::string& png_path) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / fmt::format("gmjit-plot-{}", ::getpid());
-  fs::create_directories(dir);
-  const std::string phases = (dir / "phases.dat").string();
-  const std::string forward = (dir / "forward.dat").string();
-  const std::string fwd_bwd = (dir / "fwd_bwd.dat").string();
+  for (const nlohmann::json& report : reports) check_plot_report(report);
+  const TempDir dir("gmjit-plot-");
   bool gpu = false;
   {
-    std::ofstream p(phases), f(forward), b(fwd_bwd);
+    std::ofstream p(dir.path() / "phases.dat"), f(dir.path() / "forward.dat"),
+        b(dir.path() / "fwd_bwd.dat");
     for (const auto& r : reports) {
       const std::string shape = r.value("preset", "layer");
       p << shape << ' ' << number_at(r, {"phases", "compile", "seconds"}) << ' '
@@ -59,34 +152,18 @@ bool write_plot(std::span<const nlohmann::json> reports, const std::string& png_
         << number_at(r, {"reference", "fwd_bwd_tflops"}) << ' '
         << number_at(r, {"reference", "fwd_bwd_compiled_tflops"}) << '\n';
     }
-  }
-  const std::string arch = reports.empty() ? "" : reports.front().value("arch", "");
-  {
-    std::ofstream script(dir / "plot.gp");
-    script << fmt::format("set terminal pngcairo size {},480 noenhanced\nset output '{}'\n",
-                          gpu ? 1500 : 700, png_path)
-           << "set style data histograms\nset style histogram clustered gap 1\n"
-           << "set style fill solid 0.85 border -1\nset grid ytics\nset key below horizontal\n"
-           << (gpu ? fmt::format("set multiplot layout 1,3 title 'gmjit bench ({})'\n", arch) : "")
-           << "set logscale y\nset format y '%g'\n"
-           << histogram(phases, "plan ready: cold compile, restarted process, warm (log)",
-                        "seconds", {"compile", "disk-hit", "memory-hit"});
-    if (gpu) {
-      script << "unset logscale y\nset format y '%g'\nset yrange [0:*]\n"
-             << histogram(forward, "forward", "TFLOP/s", {"gmjit", "torch eager", "torch.compile"})
-             << histogram(fwd_bwd, "forward + backward", "TFLOP/s",
-                          {"gmjit", "torch eager", "torch.compile"})
-             << "unset multiplot\n";
+    std::ofstream s(dir.path() / "plot.gp");
+    s << script(gpu);
+    for (std::ofstream* file : {&p, &f, &b, &s}) file->close();
+    if (!p || !f || !b || !s) {
+      std::fprintf(stderr, "gmjit: plot: cannot write the data files in %s\n", dir.path().c_str());
+      return false;
     }
   }
-  const std::string command = fmt::format("gnuplot '{}' 2>&1", (dir / "plot.gp").string());
-  const int status = std::system(command.c_str());
-  fs::remove_all(dir);
-  if (status != 0) {
-    std::fprintf(stderr, "gmjit: plot: gnuplot failed or is not installed (status %d)\n", status);
-    return false;
-  }
-  return true;
+  const std::string arch = reports.empty() ? "" : reports.front().value("arch", "");
+  return run_gnuplot(
+      {"gnuplot", "-c", (dir.path() / "plot.gp").string(), png_path, arch, dir.path().string()},
+      png_path);
 }
 
 }  // namespace gmjit::bench

@@ -9,7 +9,13 @@
 
 namespace gmjit::bench {
 
-// Returns false (after saying why on stderr) when gnuplot is missing or fails.
+// Throws Error(invalid_argument) naming the field when `report` is not a bench report the plot
+// can draw: an object whose "arch" (if any) is a supported arch and whose "preset" (if any) is a
+// name of letters, digits and - _ . + (it becomes a column of gnuplot's data file).
+void check_plot_report(const nlohmann::json& report);
+
+// Checks every report first (check_plot_report). Returns false (after saying why on stderr) when
+// gnuplot is missing or fails.
 bool write_plot(std::span<const nlohmann::json> reports, const std::string& png_path);
 
 }  // namespace gmjit::bench

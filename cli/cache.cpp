@@ -1,3 +1,5 @@
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -6,8 +8,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -44,12 +44,37 @@ void print_stats(const cache::CacheStats& s) {
   }
 }
 
+// Errors name the file: a stream would open a folder and fail later in a read with a message
+// that names neither.
 std::vector<std::byte> read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(Status::invalid_argument, fmt::format("import '{}': cannot open", path));
-  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> bytes(chars.size());
-  if (!chars.empty()) std::memcpy(bytes.data(), chars.data(), chars.size());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw Error(Status::invalid_argument,
+                fmt::format("import '{}': cannot open: {}", path, std::strerror(errno)));
+  }
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    const bool folder = S_ISDIR(info.st_mode);
+    ::close(fd);
+    throw Error(Status::invalid_argument,
+                fmt::format("import '{}': expected a bundle file, not {}", path,
+                            folder ? "a directory" : "something other than a regular file"));
+  }
+  std::vector<std::byte> bytes;
+  std::byte buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      ::close(fd);
+      throw Error(Status::invalid_argument,
+                  fmt::format("import '{}': cannot read: {}", path, std::strerror(error)));
+    }
+    if (n == 0) break;
+    bytes.insert(bytes.end(), buffer, buffer + n);
+  }
+  ::close(fd);
   return bytes;
 }
 
@@ -126,7 +151,30 @@ void add_cache_options(CLI::App& command, CacheCommand& o) {
   command.add_option("--older-than", o.older_than, "prune: drop entries unused this long (7d)");
 }
 
+namespace {
+
+// What does not apply to the action is an error, not ignored: `cache clear --older-than 7d`
+// removed every entry, and `cache prune 1K` pruned to the default size.
+void check_arguments(const CacheCommand& o) {
+  const auto refuse = [&](const std::string& what) {
+    throw Error(Status::invalid_argument, fmt::format("cache {}: {}", o.action, what));
+  };
+  if (o.file && o.action != "export" && o.action != "import") {
+    refuse(
+        fmt::format("unexpected argument '{}': a FILE is only for export and import{}", *o.file,
+                    o.action == "prune" ? " (prune takes --max-size SIZE, --older-than AGE)" : ""));
+  }
+  if (o.action != "prune") {
+    if (o.max_size) refuse("--max-size applies to 'cache prune' only");
+    if (o.older_than) refuse("--older-than applies to 'cache prune' only");
+  }
+}
+
+}  // namespace
+
 int run_cache(const CacheCommand& o) {
+  check_arguments(o);  // before the cache is opened: nothing is created or removed
+  const std::string file = o.file.value_or("");
   cache::DiskCacheConfig config = cache::DiskCacheConfig::from_environment();
   config.warn = [](std::string_view line) {  // lines start with "gmjit cache:" already
     std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
@@ -141,7 +189,7 @@ int run_cache(const CacheCommand& o) {
   }
   nlohmann::json out;
   cache::PruneResult pruned;  // clear and prune
-  if ((o.action == "export" || o.action == "import") && o.file.empty()) {
+  if ((o.action == "export" || o.action == "import") && file.empty()) {
     throw Error(Status::invalid_argument,
                 fmt::format("cache {}: expected a bundle FILE argument", o.action));
   }
@@ -195,63 +243,63 @@ int run_cache(const CacheCommand& o) {
     std::uint64_t skipped = 0;
     const std::vector<cache::RawEntry> entries = disk.read_valid_entries(&skipped);
     const std::vector<std::byte> bytes = cache::bundle::encode(entries);
-    write_file_atomically(o.file, bytes);
+    write_file_atomically(file, bytes);
     out = {{"exported", entries.size()},
            {"skipped_bad", skipped},
            {"bytes", bytes.size()},
-           {"file", o.file},
+           {"file", file},
            {"directory", disk.directory().string()}};
     if (!o.json) {
       std::printf("exported %zu entries (%llu bad ones skipped) from %s to %s (%.2f MiB)\n",
                   entries.size(), static_cast<unsigned long long>(skipped),
-                  disk.directory().c_str(), o.file.c_str(),
+                  disk.directory().c_str(), file.c_str(),
                   static_cast<double>(bytes.size()) / (1 << 20));
     }
   } else if (o.action == "import") {
     const cache::bundle::ImportResult result =
-        cache::bundle::import_into(disk, read_whole_file(o.file));
+        cache::bundle::import_into(disk, read_whole_file(file));
     if (!result.ok()) {
       throw Error(Status::invalid_argument, fmt::format("import '{}': {}; {} entries published",
-                                                        o.file, result.error, result.published));
+                                                        file, result.error, result.published));
     }
     out = {{"imported", result.present},
            {"published", result.published},
            {"evicted", result.evicted},
-           {"file", o.file},
+           {"file", file},
            {"directory", disk.directory().string()}};
     if (!o.json) {
       if (result.evicted == 0) {
         std::printf("imported %llu entries from %s into %s\n",
-                    static_cast<unsigned long long>(result.present), o.file.c_str(),
+                    static_cast<unsigned long long>(result.present), file.c_str(),
                     disk.directory().c_str());
       } else {
         std::printf(
             "imported %llu of %llu entries from %s into %s; %llu were evicted again by the "
             "size bound (GMJIT_CACHE_MAXSIZE, %llu bytes): raise it to keep them all\n",
             static_cast<unsigned long long>(result.present),
-            static_cast<unsigned long long>(result.present + result.evicted), o.file.c_str(),
+            static_cast<unsigned long long>(result.present + result.evicted), file.c_str(),
             disk.directory().c_str(), static_cast<unsigned long long>(result.evicted),
             static_cast<unsigned long long>(disk.stats().max_bytes));
       }
     }
   } else {  // prune
     std::uint64_t max_bytes = disk.stats().max_bytes;
-    if (!o.max_size.empty()) {
-      const auto parsed = cache::parse_size(o.max_size);
+    if (o.max_size) {
+      const auto parsed = cache::parse_size(*o.max_size);
       if (!parsed) {
         throw Error(
             Status::invalid_argument,
-            fmt::format("--max-size '{}': expected bytes or a size like 512M or 2G", o.max_size));
+            fmt::format("--max-size '{}': expected bytes or a size like 512M or 2G", *o.max_size));
       }
       max_bytes = *parsed;
     }
     std::optional<std::int64_t> older_than;
-    if (!o.older_than.empty()) {
-      older_than = cache::parse_duration_seconds(o.older_than);
+    if (o.older_than) {
+      older_than = cache::parse_duration_seconds(*o.older_than);
       if (!older_than) {
         throw Error(Status::invalid_argument,
                     fmt::format("--older-than '{}': expected a duration like 90s, 30m, 12h or 7d",
-                                o.older_than));
+                                *o.older_than));
       }
     }
     pruned = disk.prune(max_bytes, older_than);

@@ -1,6 +1,8 @@
 #pragma once
 // Subcommands of the `gmjit` command, each in its own file.
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,10 +12,15 @@
 
 namespace gmjit::cli {
 
+// A CLI11 check for a whole number in [1, max], decimal only: CLI11's own conversion reads 010
+// as octal and clamps 99999999999999999999 to INT64_MAX. The message names the option.
+CLI::Validator positive_number(std::int64_t max);
+
 // Layer selection shared by bench and compile: a preset, optionally overridden dim by dim.
 struct LayerOptions {
   std::string preset = std::string(bench::kDefaultPreset);
-  std::int64_t experts = 0, hidden = 0, ffn = 0, tokens_per_expert = 0;
+  // Unset: the preset's. Given: a positive number (positive_number), whatever the preset says.
+  std::optional<std::int64_t> experts, hidden, ffn, tokens_per_expert;
   std::string activation;
   bool no_probs = false;
   bool ragged = false;
@@ -41,17 +48,19 @@ struct CompileOptions {
   std::vector<std::string> arches{"sm_90a"};
   std::string grad = "both";
   std::string recipe = "bf16";
-  std::string specs;  // a JSON file of layer specs (cli/specs.hpp); replaces --preset/--grad
+  std::string
+      specs;  // a JSON file of layer specs (cli/specs.hpp); excludes --preset/--grad/--recipe
 };
 void add_compile_options(CLI::App& command, CompileOptions& options);
 int run_compile(const CompileOptions& options);
 
+// Unset optionals were not given; each applies to one action only (run_cache refuses the rest).
 struct CacheCommand {
-  std::string action;  // stats | list | clear | prune | export | import
-  std::string file;    // export / import: the bundle
+  std::string action;               // stats | list | clear | prune | export | import
+  std::optional<std::string> file;  // export / import: the bundle
   bool json = false;
-  std::string max_size;
-  std::string older_than;
+  std::optional<std::string> max_size;    // prune
+  std::optional<std::string> older_than;  // prune
 };
 void add_cache_options(CLI::App& command, CacheCommand& options);
 int run_cache(const CacheCommand& options);

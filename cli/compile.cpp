@@ -13,22 +13,27 @@ namespace gmjit::cli {
 void add_compile_options(CLI::App& command, CompileOptions& o) {
   std::vector<std::string> names;
   for (const auto& preset : bench::presets()) names.push_back(preset.name);
-  command.add_option("--preset", o.presets, "named layer(s)")
-      ->check(CLI::IsMember(names))
-      ->capture_default_str();
+  auto* preset = command.add_option("--preset", o.presets, "named layer(s)")
+                     ->check(CLI::IsMember(names))
+                     ->capture_default_str();
   command.add_option("--arch", o.arches, "target arch(es): " + codegen::supported_arch_names())
       ->capture_default_str();
-  command.add_option("--grad", o.grad, "on|off|both")
-      ->check(CLI::IsMember({"on", "off", "both"}))
-      ->capture_default_str();
-  command.add_option("--recipe", o.recipe, std::string(bench::kRecipeNames))
-      ->check(CLI::IsMember({"bf16", "fp8-block", "fp8-block-pow2", "fp8-tensor"}))
-      ->capture_default_str();
+  auto* grad = command.add_option("--grad", o.grad, "on|off|both")
+                   ->check(CLI::IsMember({"on", "off", "both"}))
+                   ->capture_default_str();
+  auto* recipe = command.add_option("--recipe", o.recipe, std::string(bench::kRecipeNames))
+                     ->check(CLI::IsMember({"bf16", "fp8-block", "fp8-block-pow2", "fp8-tensor"}))
+                     ->capture_default_str();
+  // A spec file's entries name their own layer, grad and recipe: with them, these options would
+  // be silently ignored, so giving both is an error.
   command
       .add_option("--specs", o.specs,
-                  "JSON list of layer specs (every MoE layer of a model); replaces --preset "
-                  "and --grad, --arch is the default for entries without \"arches\"")
-      ->check(CLI::ExistingFile);
+                  "JSON list of layer specs (every MoE layer of a model); excludes --preset, "
+                  "--grad and --recipe, --arch is the default for entries without \"arches\"")
+      ->check(CLI::ExistingFile)
+      ->excludes(preset)
+      ->excludes(grad)
+      ->excludes(recipe);
 }
 
 int run_compile(const CompileOptions& o) {

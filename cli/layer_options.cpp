@@ -1,3 +1,9 @@
+#include <charconv>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <system_error>
+
 #include <fmt/format.h>
 
 #include "cli/commands.hpp"
@@ -5,16 +11,35 @@
 
 namespace gmjit::cli {
 
+CLI::Validator positive_number(std::int64_t max) {
+  return CLI::Validator(
+      [max](std::string& input) -> std::string {
+        std::int64_t value = 0;
+        const char* end = input.data() + input.size();
+        const auto [stop, error] = std::from_chars(input.data(), end, value);
+        if (error == std::errc() && stop == end && value >= 1 && value <= max) return {};
+        if (max == std::numeric_limits<std::int64_t>::max()) {
+          return fmt::format("expected a positive whole number, got '{}'", input);
+        }
+        return fmt::format("expected a whole number from 1 to {}, got '{}'", max, input);
+      },
+      "POSITIVE");
+}
+
 void add_layer_options(CLI::App& command, LayerOptions& o) {
   std::vector<std::string> names;
   for (const auto& preset : bench::presets()) names.push_back(preset.name);
   command.add_option("--preset", o.preset, "named layer")
       ->check(CLI::IsMember(names))
       ->capture_default_str();
-  command.add_option("--experts", o.experts, "override E");
-  command.add_option("--hidden", o.hidden, "override H");
-  command.add_option("--ffn", o.ffn, "override F");
-  command.add_option("--tokens-per-expert", o.tokens_per_expert, "override tokens per expert");
+  // The engine's own limits (experts, widths, tokens per launch) are checked before the bench
+  // runs (check_bench_options); here only what a size is.
+  const CLI::Validator size = positive_number(std::numeric_limits<std::int64_t>::max());
+  command.add_option("--experts", o.experts, "override E")->check(size);
+  command.add_option("--hidden", o.hidden, "override H")->check(size);
+  command.add_option("--ffn", o.ffn, "override F")->check(size);
+  command.add_option("--tokens-per-expert", o.tokens_per_expert, "override tokens per expert")
+      ->check(size);
   command.add_option("--activation", o.activation, "swiglu|geglu|clamped_swiglu|srelu|gelu|relu");
   command.add_flag("--no-probs", o.no_probs, "no router probabilities");
   command.add_flag("--ragged", o.ragged,
@@ -25,10 +50,10 @@ void add_layer_options(CLI::App& command, LayerOptions& o) {
 
 bench::Preset resolve_layer(const LayerOptions& o) {
   bench::Preset preset = *bench::find_preset(o.preset);
-  if (o.experts) preset.layer.experts = o.experts;
-  if (o.hidden) preset.layer.hidden = o.hidden;
-  if (o.ffn) preset.layer.ffn = o.ffn;
-  if (o.tokens_per_expert) preset.tokens_per_expert = o.tokens_per_expert;
+  if (o.experts) preset.layer.experts = *o.experts;
+  if (o.hidden) preset.layer.hidden = *o.hidden;
+  if (o.ffn) preset.layer.ffn = *o.ffn;
+  if (o.tokens_per_expert) preset.tokens_per_expert = *o.tokens_per_expert;
   if (o.no_probs) preset.layer.router_probs = false;
   if (!o.activation.empty()) {
     bool found = false;

@@ -1,6 +1,7 @@
 // The `gmjit` command: doctor, bench, compile, plot, cache.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -26,6 +27,23 @@ int main(int argc, char** argv) {
   auto* cache = app.add_subcommand("cache", "inspect and maintain the persistent kernel cache");
   gmjit::cli::add_cache_options(*cache, cache_command);
 
+  // The app takes no positional argument, so a first word that is not an option names a
+  // subcommand; CLI11 would report an unknown one as "A subcommand is required".
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const CLI::App* command : app.get_subcommands([](CLI::App*) { return true; })) {
+      known += (known.empty() ? "" : ", ") + command->get_name();
+      found = found || command->check_name(argv[1]);
+    }
+    if (!found) {
+      std::fprintf(stderr,
+                   "gmjit: unknown subcommand '%s'; expected one of %s\n"
+                   "Run with --help for more information.\n",
+                   argv[1], known.c_str());
+      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    }
+  }
   CLI11_PARSE(app, argc, argv);
   try {
     if (doctor->parsed()) return gmjit::cli::run_doctor();

@@ -2,9 +2,13 @@
 #include "presets/presets.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <set>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -49,7 +53,12 @@ float number(const json& entry, const std::string& where, const char* field, flo
   if (!entry.contains(field)) return fallback;
   const json& value = entry.at(field);
   if (!value.is_number()) fail(where + "." + field, "a number", &value);
-  return value.get<float>();
+  // Converting a double beyond float's range to float is undefined behaviour.
+  const double number = value.get<double>();
+  if (!std::isfinite(number) || std::fabs(number) > std::numeric_limits<float>::max()) {
+    fail(where + "." + field, "a number within float's range (at most 3.4e38 either way)", &value);
+  }
+  return static_cast<float>(number);
 }
 
 std::string text(const json& entry, const std::string& where, const char* field,
@@ -65,7 +74,7 @@ std::string text(const json& entry, const std::string& where, const char* field,
   fail(where + "." + field, choices, &value);
 }
 
-GradientSet gradient_set(const json& value, const std::string& where) {
+GradientSet gradient_set(const json& value, const std::string& where, const LayerSpec& layer) {
   if (!value.is_array() || value.empty()) {
     fail(where, "a non-empty list of dx, dw1, db1, dw2, db2", &value);
   }
@@ -82,6 +91,9 @@ GradientSet gradient_set(const json& value, const std::string& where) {
                  : name == "db2" ? &set.db2
                                  : nullptr;
     if (flag == nullptr) fail(at, "one of dx, dw1, db1, dw2, db2", &item);
+    // A bias gradient of a layer without that bias would be a plan no call can use.
+    if (flag == &set.db1 && !layer.fc1_bias) fail(at, "db1 needs \"fc1_bias\": true");
+    if (flag == &set.db2 && !layer.fc2_bias) fail(at, "db2 needs \"fc2_bias\": true");
     *flag = true;
   }
   return set;
@@ -122,6 +134,13 @@ CompileSpec parse_entry(const json& entry, std::size_t index,
                     Activation::srelu, Activation::gelu, Activation::relu}) {
     if (activation == activation_name(kind)) layer.activation.kind = kind;
   }
+  // The engine ignores them for other activations (canonical()): a spec giving them is wrong.
+  for (const char* field : {"limit", "alpha"}) {
+    if (entry.contains(field) && layer.activation.kind != Activation::clamped_swiglu) {
+      fail(where + "." + field,
+           fmt::format("only for activation clamped_swiglu, not {}", activation));
+    }
+  }
   layer.activation.limit = number(entry, where, "limit", layer.activation.limit);
   layer.activation.alpha = number(entry, where, "alpha", layer.activation.alpha);
   layer.activation.layout =
@@ -146,7 +165,8 @@ CompileSpec parse_entry(const json& entry, std::size_t index,
       fail(where + ".backward", "nothing: grad is \"no_grad\", so no backward is prepared");
     }
     for (std::size_t j = 0; j < sets.size(); ++j) {
-      spec.backward.push_back(gradient_set(sets[j], fmt::format("{}.backward[{}]", where, j)));
+      spec.backward.push_back(
+          gradient_set(sets[j], fmt::format("{}.backward[{}]", where, j), layer));
     }
   } else if (spec.grad) {
     // The backward a grad-enabled forward is usually followed by.
@@ -174,6 +194,56 @@ CompileSpec parse_entry(const json& entry, std::size_t index,
   return spec;
 }
 
+// A parser callback that fails on an object's second copy of a key: the JSON parser keeps the
+// last one silently, so {"hidden": 256, ..., "hidden": 512} would compile a layer nobody meant.
+// The error names the object as parse_entry's errors do (specs[i], also inside {"layers": ...}).
+class DuplicateKeyCheck {
+ public:
+  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
+    using Event = json::parse_event_t;
+    if (event == Event::object_start || event == Event::array_start || event == Event::value) {
+      if (!frames_.empty() && !frames_.back().object) ++frames_.back().elements;
+    }
+    if (event == Event::object_start || event == Event::array_start) {
+      frames_.push_back({event == Event::object_start, {}, 0, {}});
+    } else if (event == Event::object_end || event == Event::array_end) {
+      frames_.pop_back();
+    } else if (event == Event::key) {
+      Frame& object = frames_.back();
+      std::string key = parsed.get<std::string>();
+      if (!object.keys.insert(key).second) {
+        fail(path(), fmt::format("duplicate field '{}' (each field may appear once)", key));
+      }
+      object.key = std::move(key);
+    }
+    return true;
+  }
+
+ private:
+  struct Frame {
+    bool object = false;
+    std::set<std::string> keys;  // objects: the keys seen so far
+    std::size_t elements = 0;    // arrays: the elements begun so far
+    std::string key;             // objects: the key whose value is being read
+  };
+
+  // The innermost object, e.g. "specs[1]" or "specs[0].backward".
+  std::string path() const {
+    std::string out = "specs";
+    for (std::size_t i = 0; i + 1 < frames_.size(); ++i) {
+      const Frame& frame = frames_[i];
+      if (!frame.object) {
+        out += fmt::format("[{}]", frame.elements - 1);
+      } else if (!(i == 0 && frame.key == "layers")) {
+        out += "." + frame.key;
+      }
+    }
+    return out;
+  }
+
+  std::vector<Frame> frames_;
+};
+
 }  // namespace
 
 std::vector<CompileSpec> parse_specs(const json& document,
@@ -181,6 +251,7 @@ std::vector<CompileSpec> parse_specs(const json& document,
   const json* list = &document;
   if (document.is_object() && document.contains("layers")) list = &document.at("layers");
   if (!list->is_array()) fail("specs", "a JSON list of layer specs (or {\"layers\": [...]})");
+  if (list->empty()) fail("specs", "no layers: expected at least one layer spec");
   std::vector<CompileSpec> specs;
   for (std::size_t i = 0; i < list->size(); ++i) {
     specs.push_back(parse_entry((*list)[i], i, default_arches));
@@ -194,9 +265,11 @@ std::vector<CompileSpec> load_specs(const std::string& path,
   if (!in) fail("--specs '" + path + "'", "cannot open the file");
   json document;
   try {
-    document = json::parse(in);
+    document = json::parse(in, DuplicateKeyCheck());
   } catch (const json::parse_error& error) {
     fail("--specs '" + path + "'", std::string("not valid JSON: ") + error.what());
+  } catch (const Error& error) {  // a duplicate key
+    throw Error(error.status(), fmt::format("--specs '{}': {}", path, error.what()));
   }
   try {
     return parse_specs(document, default_arches);

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "gmjit/error.hpp"
 
 namespace gmjit::cli {
@@ -112,6 +114,86 @@ TEST(Specs, FileErrorsNameTheFile) {
     EXPECT_NE(std::string(error.what()).find("'/nonexistent/specs.json': cannot open"),
               std::string::npos);
   }
+}
+
+TEST(Specs, NoLayersIsAnError) {
+  EXPECT_NE(error_of(json::array()).find("specs: no layers"), std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"layers": []})")).find("specs: no layers"), std::string::npos);
+}
+
+TEST(Specs, LimitAndAlphaAreOnlyForClampedSwiglu) {
+  EXPECT_NE(error_of(json::parse(R"([{"experts": 8, "hidden": 256, "ffn": 128, "limit": 5}])"))
+                .find("specs[0].limit: only for activation clamped_swiglu, not swiglu"),
+            std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"([{"experts": 8, "hidden": 256, "ffn": 128,
+                                      "activation": "relu", "alpha": 1.0}])"))
+                .find("specs[0].alpha: only for activation clamped_swiglu, not relu"),
+            std::string::npos);
+  const std::vector<CompileSpec> specs = parse_specs(
+      json::parse(R"([{"experts": 8, "hidden": 256, "ffn": 128, "activation": "clamped_swiglu",
+                       "limit": 5, "alpha": 1.0}])"),
+      kDefaultArches);
+  EXPECT_FLOAT_EQ(specs.at(0).layer.activation.limit, 5.0f);
+}
+
+TEST(Specs, BiasGradientsNeedTheirBias) {
+  EXPECT_NE(error_of(json::parse(R"([{"experts": 8, "hidden": 256, "ffn": 128,
+                                      "backward": [["dx", "db1"]]}])"))
+                .find("specs[0].backward[0][1]: db1 needs \"fc1_bias\": true"),
+            std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"([{"experts": 8, "hidden": 256, "ffn": 128, "fc1_bias": true,
+                                      "backward": [["dx"], ["db2"]]}])"))
+                .find("specs[0].backward[1][0]: db2 needs \"fc2_bias\": true"),
+            std::string::npos);
+  const std::vector<CompileSpec> specs =
+      parse_specs(json::parse(R"([{"experts": 8, "hidden": 256, "ffn": 128, "fc1_bias": true,
+                                   "backward": [["dx", "db1"]]}])"),
+                  kDefaultArches);
+  EXPECT_TRUE(specs.at(0).backward.at(0).db1);
+}
+
+// Converting a double beyond float's range to float is undefined behaviour.
+TEST(Specs, NumbersBeyondFloatRangeAreErrors) {
+  for (const char* value : {"1e300", "-1e300", "3.5e38"}) {
+    for (const char* field : {"limit", "alpha"}) {
+      const json document = json::parse(fmt::format(R"([{{"experts": 8, "hidden": 256, "ffn": 128,
+                            "activation": "clamped_swiglu", "{}": {}}}])",
+                                                    field, value));
+      EXPECT_NE(
+          error_of(document).find(fmt::format("specs[0].{}: expected a number within", field)),
+          std::string::npos)
+          << field << " = " << value;
+    }
+  }
+}
+
+TEST(Specs, ADuplicateFieldInTheFileIsAnError) {
+  const stdfs::path file =
+      stdfs::temp_directory_path() / ("gmjit-specs-dup-" + std::to_string(::getpid()) + ".json");
+  const auto error_in = [&](const char* text) -> std::string {
+    std::ofstream(file) << text;
+    try {
+      load_specs(file.string(), kDefaultArches);
+    } catch (const Error& error) {
+      return error.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_NE(error_in(R"([{"experts": 8, "hidden": 256, "ffn": 128},
+                         {"experts": 8, "hidden": 256, "ffn": 128, "hidden": 512}])")
+                .find("specs[1]: duplicate field 'hidden'"),
+            std::string::npos);
+  EXPECT_NE(error_in(R"({"layers": [{"experts": 8, "hidden": 256, "ffn": 128}], "layers": []})")
+                .find("specs: duplicate field 'layers'"),
+            std::string::npos);
+  EXPECT_NE(error_in(R"({"layers": [{"experts": 8, "hidden": 256, "ffn": 128,
+                                     "experts": 4}]})")
+                .find("specs[0]: duplicate field 'experts'"),
+            std::string::npos);
+  EXPECT_EQ(error_in(R"([{"experts": 8, "hidden": 256, "ffn": 128},
+                         {"experts": 8, "hidden": 256, "ffn": 128}])"),
+            "(no error)");
+  stdfs::remove(file);
 }
 
 class SpecsCompile : public ::testing::Test {
