@@ -155,7 +155,8 @@ nlohmann::json load_reference(const std::string& path) {
   } catch (const nlohmann::json::parse_error& error) {
     fail(fmt::format("not valid JSON: {}", error.what()));
   }
-  if (!all.is_array()) fail("expected a list of shapes (torch_reference.py --json output)");
+  if (!all.is_array())
+    fail("expected a list of shapes (benchmarks/side_by_side.py --reference-json output)");
   for (std::size_t i = 0; i < all.size(); ++i) {
     const nlohmann::json& r = all[i];
     if (!r.is_object()) fail(fmt::format("[{}]: expected an object, got {}", i, r.dump()));
@@ -179,7 +180,7 @@ nlohmann::json load_reference(const std::string& path) {
 void add_reference(const std::string& path, nlohmann::json& report) {
   const nlohmann::json all = load_reference(path);
   for (const auto& r : all) {
-    // torch_reference.py --ragged records "ragged": true beside the shape's name.
+    // side_by_side.py records "ragged": true beside the shape's name.
     const std::string shape = r.value("shape", "") + (r.value("ragged", false) ? "-ragged" : "");
     if (shape != report.at("preset").get<std::string>()) continue;
     const double fwd = report.at("forward").at("tflops").get<double>();

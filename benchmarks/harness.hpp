@@ -25,7 +25,7 @@ struct BenchOptions {
   // launches too, else plan builds and compiles only), reporting the engine's counters.
   std::string pattern;
   int steps = 8;
-  // torch_reference.py --json output from the same machine: adds the ratios to the report.
+  // side_by_side.py --reference-json output from the same machine: adds the ratios to the report.
   std::optional<std::string> reference_json;
 };
 
@@ -41,14 +41,14 @@ void check_bench_options(const BenchOptions& options);
 // compiled anything (no disk hit to time).
 nlohmann::json run_bench(const BenchOptions& options, const std::string& self_executable);
 
-// torch_reference.py --json output: a list of objects with a string "shape" and numbers for the
-// keys add_reference reads. Throws Error(invalid_argument) naming --reference, the file and the
+// side_by_side.py --reference-json output: a list of objects with a string "shape" and numbers for
+// the keys add_reference reads. Throws Error(invalid_argument) naming --reference, the file and the
 // entry's field. check_bench_options loads it, so a bad file fails before any timing.
 nlohmann::json load_reference(const std::string& torch_json_path);
 
 // Adds "reference" (torch's forward and fwd+bwd TFLOP/s for the report's preset, from
-// torch_reference.py --json, and our ratios to them) to a report that has GPU timings, and prints
-// them. torch_reference.py names its shapes as our presets.
+// side_by_side.py --reference-json, and our ratios to them) to a report that has GPU timings, and
+// prints them. side_by_side.py names its shapes as our presets.
 void add_reference(const std::string& torch_json_path, nlohmann::json& report);
 
 // The child side of the disk-hit phase: prepares the plan in this fresh process and prints

@@ -88,7 +88,7 @@ LayerTensors::LayerTensors(engine::DeviceContext& device, const LayerSpec& l, st
   b.probs = forward.probs;
   b.b2 = forward.b2;  // dprobs reads ⟨dy, b2⟩
   b.saved_preact = forward.saved_preact;
-  // As torch autograd in torch_reference.py: gradients of x, W1 and W2.
+  // As torch autograd in benchmarks/side_by_side.py: gradients of x, W1 and W2.
   b.dx = tensor(DType::bf16, {T, H});
   b.dw1 = tensor(DType::f32, {E, F1, H});
   b.dw2 = tensor(DType::f32, {E, H, F});

@@ -148,8 +148,9 @@ Subcommand add_bench_command(CLI::App& app) {
   bench->add_option("--steps", s.options.steps, "steps of --pattern")
       ->check(positive_number(1'000'000))
       ->capture_default_str();
-  bench->add_option("--reference", s.reference_json,
-                    "torch_reference.py --json output: print and record the ratios");
+  bench->add_option(
+      "--reference", s.reference_json,
+      "benchmarks/side_by_side.py --reference-json output: print and record the ratios");
   bench->add_flag("--child-disk-hit", s.child_disk_hit)->group("");  // internal: the fresh process
   return {bench, [state] { return run_bench(*state); }};
 }
