@@ -85,12 +85,14 @@ std::string translation_unit(const Instantiation& inst) {
 }
 
 std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_rows_per_column) {
-  // Widest first (more reuse of each A tile): 2880 = 15 x 192. A GLU FC1 tile's block_n / 2
-  // output columns leave in groups of 64, so 192 and 64 serve only 1 B row per column.
+  // Widest first (more reuse of each A tile): 2880 = 15 x 192. A GLU FC1 tile (2 B rows per
+  // column) emits block_n / 2 output columns, which must be whole interleave groups of 32:
+  // gpt-oss's F = 2880 = 30 x 96 takes 192-row tiles (a 128-row one reuses each A tile 2/3 as
+  // often).
   // block_m stays 128 (one m64 tile per consumer warpgroup): two m64 tiles 192 wide would need
   // 192 accumulators per thread, over the 128 that the consumers' 232 registers allow.
   for (int block_n : {256, 192, 128, 64}) {
-    if (block_n / b_rows_per_column % 64 != 0) continue;
+    if (block_n / b_rows_per_column % (b_rows_per_column == 1 ? 64 : 32) != 0) continue;
     if (out_columns % (block_n / b_rows_per_column) != 0) continue;
     TileConfig tile;
     tile.block_m = 128;

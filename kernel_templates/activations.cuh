@@ -37,27 +37,32 @@ __device__ __forceinline__ constexpr int lin_col(int c, int ffn) {
   return L == GluLayout::kHalves ? ffn + c : (c >> 5) * 64 + (c & 31) + 32;
 }
 
-// The pre-activation (or its gradient) columns of an output 64-column group [c0, c0 + 64) as
-// 64-column blocks, for stores through a warp's staging buffer: block b starts at column col(b, c0,
-// F); output chunk jj's (8 columns) gate values go to chunk gate_slot(jj) of block gate_block(jj),
-// its lin values to lin_slot(jj) of lin_block(jj). Halves: the gate block then the lin block F
-// columns on; interleaved32: the 128 contiguous columns (gate 0-31, lin 0-31, gate 32-63, lin
-// 32-63); no GLU: one block.
-template <bool kGlu, GluLayout kLayout>
+// The pre-activation (or its gradient) columns of an output group of kW 8-column chunks (kW = 8:
+// [c0, c0 + 64); kW = 4: [c0, c0 + 32), the last group of a 96-column GLU tile) as blocks for
+// stores through a warp's staging buffer: block b starts at column col(b, c0, F); output chunk
+// jj's gate values go to chunk gate_slot(jj) of block gate_block(jj), its lin values to
+// lin_slot(jj) of lin_block(jj). Halves: the gate block then the lin block F columns on, each
+// kW chunks wide; interleaved32: 64-column blocks (gate 0-31, lin 0-31; one per 4 chunks); no
+// GLU: one block of kW chunks.
+template <bool kGlu, GluLayout kLayout, int kW = 8>
 struct PreactBlocks {
+  static_assert(kW == 8 || kW == 4, "an output group is 8 or 4 chunks of 8 columns");
   static constexpr bool kHalves = kLayout == GluLayout::kHalves;
-  static constexpr int kBlocks = kGlu ? 2 : 1;
+  static constexpr bool kInterleaved = kGlu && !kHalves;
+  static constexpr int kBlocks = kInterleaved ? kW / 4 : (kGlu ? 2 : 1);
+  static constexpr int kBlockCols = kInterleaved ? 64 : 8 * kW;
   __device__ static constexpr int col(int b, int c0, int ffn) {
     if constexpr (!kGlu) return c0;
     return kHalves ? c0 + b * ffn : (c0 >> 5) * 64 + 64 * b;
   }
-  __device__ static constexpr int gate_block(int jj) { return kGlu && !kHalves ? jj / 4 : 0; }
-  __device__ static constexpr int gate_slot(int jj) { return kGlu && !kHalves ? jj % 4 : jj; }
+  __device__ static constexpr int gate_block(int jj) { return kInterleaved ? jj / 4 : 0; }
+  __device__ static constexpr int gate_slot(int jj) { return kInterleaved ? jj % 4 : jj; }
   __device__ static constexpr int lin_block(int jj) { return kHalves ? 1 : jj / 4; }
   __device__ static constexpr int lin_slot(int jj) { return kHalves ? jj : jj % 4 + 4; }
 
   // One row half's values of the group (packed bf16x2 gate / lin per chunk, as the fragments
-  // hold them) to out [rows, ld] through `ws` (sm90::WarpStage: put, then flush of rows 0-7).
+  // hold them; entries [0, kW) used) to out [rows, ld] through `ws` (sm90::WarpStage: put, then
+  // flush of rows 0-7).
   template <class Stage>
   __device__ static __forceinline__ void store_half(const Stage& ws, unsigned short* out,
                                                     long long ld, long long row0, long long row_end,
@@ -66,11 +71,11 @@ struct PreactBlocks {
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) {
 #pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {
+      for (int jj = 0; jj < kW; ++jj) {
         if (gate_block(jj) == b) ws.put(gate_slot(jj), 0, gate[jj]);
         if (kGlu && lin_block(jj) == b) ws.put(lin_slot(jj), 0, lin[jj]);
       }
-      ws.template flush<8>(out, ld, row0, row_end, col(b, c0, ffn));
+      ws.template flush<8, kBlockCols>(out, ld, row0, row_end, col(b, c0, ffn));
     }
   }
 };

@@ -121,26 +121,31 @@ struct WarpStage {
     __syncwarp();
   }
 
-  // Writes the block to out[row0 + r][col0 .. col0 + 64) for rows row0 + r < row_end.
-  // kRows = 8: only the staged rows 0-7 (the fragments' half 0).
-  template <int kRows = 16>
+  // Writes the block to out[row0 + r][col0 .. col0 + kCols) for rows row0 + r < row_end.
+  // kRows = 8: only the staged rows 0-7 (the fragments' half 0). kCols = 32: the staged chunks
+  // 0-3 only (a GLU tile of 96 output columns ends in such a group).
+  template <int kRows = 16, int kCols = 64>
   __device__ __forceinline__ void flush(unsigned short* out, long long ld, long long row0,
                                         long long row_end, int col0) const {
-    flush_bytes<kRows>(reinterpret_cast<unsigned char*>(out), 2 * ld, row0, row_end, 2LL * col0);
+    flush_bytes<kRows, 2 * kCols>(reinterpret_cast<unsigned char*>(out), 2 * ld, row0, row_end,
+                                  2LL * col0);
   }
 
-  // The staged kRows (16 or 8) rows x 128 bytes to out + (row0 + r) * ld + col0 (byte units)
-  // for rows row0 + r < row_end: what flush does for bf16, and the FP8 epilogues for 128 E4M3
-  // columns.
-  template <int kRows = 16>
+  // The staged kRows (16 or 8) rows x kBytes (128 or 64) to out + (row0 + r) * ld + col0 (byte
+  // units) for rows row0 + r < row_end: what flush does for bf16, and the FP8 epilogues for 128
+  // E4M3 columns.
+  template <int kRows = 16, int kBytes = 128>
   __device__ __forceinline__ void flush_bytes(unsigned char* out, long long ld, long long row0,
                                               long long row_end, long long col0) const {
     static_assert(kRows == 16 || kRows == 8, "a staged block has 16 rows, or its first 8");
+    static_assert(kBytes == 128 || kBytes == 64, "a staged row is 128 bytes, or its first 64");
+    constexpr int kSegments = kBytes / 16;        // 16-byte stores per row
+    constexpr int kRowsPerPass = 32 / kSegments;  // rows one warp store covers
     const int lane = static_cast<int>(threadIdx.x) & 31;
     __syncwarp();
 #pragma unroll
-    for (int i = 0; i < kRows / 4; ++i) {
-      const int r = (lane >> 3) + 4 * i, c = lane & 7;
+    for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+      const int r = lane / kSegments + kRowsPerPass * i, c = lane % kSegments;
       unsigned int v0, v1, v2, v3;
       asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
                    : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)

@@ -12,7 +12,8 @@
 //   block_n                  int    GEMM columns (B rows) per tile: 64, 128, 192 or 256; for GLU
 //                                   the tile holds block_n/2 gate rows then their block_n/2 lin
 //                                   rows, so it covers block_n/2 output columns, and block_n must
-//                                   be 128 or 256 (the epilogue stores 64 columns at a time).
+//                                   be 128, 192 or 256 (the epilogue stores 64 columns at a
+//                                   time, and 32 for the last ones of a 96-column tile).
 //                                   block_m * block_n <= 32768 (128 accumulators per thread)
 //   block_k                  int    must be 64 (one 128-byte swizzle row)
 //   stages                   int    TMA ring depth, 2..16; 4 for 128 x 256 (smem must fit 227 KiB)
@@ -58,10 +59,12 @@ struct Fc1Sm90 {
   static constexpr int num_n = kNOut / block_n_out;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
+  static constexpr int kChunks = kGlu ? S::regs / 8 : S::regs / 4;  // output n8 chunks per m64
   static_assert(kNOut % block_n_out == 0, "ffn must be a multiple of the output tile width");
-  static_assert(!kGlu || Cfg::block_n == 128 || Cfg::block_n == 256,
-                "GLU FC1 needs block_n 128 or 256: its tile emits block_n / 2 output columns and "
-                "the epilogue stores them 64 at a time");
+  static_assert(kChunks % 4 == 0, "output chunks leave in groups of 8 (a 96-column tile: 8 + 4)");
+  static_assert(!kGlu || Cfg::block_n == 128 || Cfg::block_n == 192 || Cfg::block_n == 256,
+                "GLU FC1 needs block_n 128, 192 or 256: its tile emits block_n / 2 output "
+                "columns, 64 or 32 at a time");
 
   // GLU: gate rows of output columns [c0, c0 + block_n/2) to smem rows [0, block_n/2), their lin
   // rows after them (4-D map {K, inner, 2, outer}; see tensor_maps.hpp). So accumulator n8 chunk
@@ -85,20 +88,15 @@ struct Fc1Sm90 {
   }
 
   // Thread rows: (m, h) -> row0 + m*64 + (warp%4)*16 + lane/4 + 8h; output n8 chunk j holds
-  // columns 8j + 2*(lane%4) + {0, 1}. Groups of 8 chunks (64 columns) go out through the warp's
-  // staging buffer as 128-byte row segments, and so does preact (training only).
+  // columns 8j + 2*(lane%4) + {0, 1}. Groups of 8 chunks (64 columns; a 96-column GLU tile ends
+  // in a group of 4) go out through the warp's staging buffer as 128-byte (64-byte) row
+  // segments, and so does preact (training only).
   __device__ static __forceinline__ void store(const Sm90GemmParams& p,
                                                float (&acc)[S::mt][S::regs], const RowTile& rt,
                                                int tile_n, long long row0,
                                                const sm90::WarpStage& ws) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
-    const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3, wrow = wq * 16 + (lane >> 2);
-    const ActParams ap{Cfg::act_limit, Cfg::act_alpha};
-    unsigned short* out = static_cast<unsigned short*>(p.plain.out);
-    unsigned short* pre = static_cast<unsigned short*>(p.plain.preact_out);
-    const unsigned short* bias = Cfg::has_bias ? static_cast<const unsigned short*>(p.plain.bias) +
-                                                     static_cast<long long>(rt.expert) * kN
-                                               : nullptr;
+    const int wrow = ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16 + (lane >> 2);
     float prob[S::mt][2];
 #pragma unroll
     for (int m = 0; m < S::mt; ++m)
@@ -107,72 +105,89 @@ struct Fc1Sm90 {
         const long long row = row0 + m * 64 + wrow + h * 8;
         prob[m][h] = Cfg::has_probs && row < rt.row_end ? p.plain.probs[row] : 1.0f;
       }
-    constexpr int kChunks = kGlu ? S::regs / 8 : S::regs / 4;  // output n8 chunks
 #pragma unroll
     for (int m = 0; m < S::mt; ++m) {
 #pragma unroll
-      for (int cc = 0; cc < kChunks / 8; ++cc) {
-        const int c0 = tile_n * block_n_out + cc * 64;  // first output column of the group
-        // Pre-activation (gate, lin; bias added) and the activation times p of chunk jj, row
-        // half h, from the bias of the chunk's columns.
-        struct Bias {
-          float g0 = 0.0f, g1 = 0.0f, l0 = 0.0f, l1 = 0.0f;
-        };
-        auto bias_of = [&](int jj) {
-          Bias b;
-          const int oc = c0 + jj * 8 + (lane & 3) * 2;
-          if constexpr (Cfg::has_bias) {
-            load_bf16x2(bias + (kGlu ? gate_col<kLayout>(oc, Cfg::ffn) : oc), b.g0, b.g1);
-            if constexpr (kGlu) load_bf16x2(bias + lin_col<kLayout>(oc, Cfg::ffn), b.l0, b.l1);
-          }
-          return b;
-        };
-        auto values = [&](int jj, int h, const Bias& b, unsigned int& pg, unsigned int& pl) {
-          const int j = cc * 8 + jj;
-          float a0, a1;
-          if constexpr (kGlu) {
-            const float g0 = acc[m][4 * j + 2 * h] + b.g0, g1 = acc[m][4 * j + 2 * h + 1] + b.g1;
-            const float* l = &acc[m][4 * (j + kChunks) + 2 * h];
-            const float l0 = l[0] + b.l0, l1 = l[1] + b.l1;
-            pg = pack_bf16x2(g0, g1);
-            pl = pack_bf16x2(l0, l1);
-            a0 = glu_fwd<Cfg::act>(g0, l0, ap);
-            a1 = glu_fwd<Cfg::act>(g1, l1, ap);
-          } else {
-            const float h0 = acc[m][4 * j + 2 * h] + b.g0, h1 = acc[m][4 * j + 2 * h + 1] + b.g1;
-            pg = pack_bf16x2(h0, h1);
-            pl = 0u;
-            a0 = act_fwd<Cfg::act>(h0, ap);
-            a1 = act_fwd<Cfg::act>(h1, ap);
-          }
-          return pack_bf16x2(a0 * prob[m][h], a1 * prob[m][h]);
-        };
-        const long long wrow0 = row0 + m * 64 + wq * 16;
-        if constexpr (!Cfg::save_preact) {
+      for (int cc = 0; cc < kChunks / 8; ++cc)
+        store_group<8>(p, acc[m], prob[m], rt, tile_n * block_n_out + cc * 64, cc * 8,
+                       row0 + m * 64, ws);
+      if constexpr (kChunks % 8 != 0)
+        store_group<4>(p, acc[m], prob[m], rt, tile_n * block_n_out + kChunks / 8 * 64,
+                       kChunks / 8 * 8, row0 + m * 64, ws);
+    }
+  }
+
+  // Output chunks [j0, j0 + kW) of one m64 tile (rows from mrow0): kW = 8 (64 columns from c0),
+  // or 4 (32 columns, the last group of a GLU tile of 96 output columns).
+  template <int kW>
+  __device__ static __forceinline__ void store_group(const Sm90GemmParams& p, float (&acc)[S::regs],
+                                                     const float (&prob)[2], const RowTile& rt,
+                                                     int c0, int j0, long long mrow0,
+                                                     const sm90::WarpStage& ws) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const long long wrow0 = mrow0 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16;
+    const ActParams ap{Cfg::act_limit, Cfg::act_alpha};
+    unsigned short* out = static_cast<unsigned short*>(p.plain.out);
+    unsigned short* pre = static_cast<unsigned short*>(p.plain.preact_out);
+    const unsigned short* bias = Cfg::has_bias ? static_cast<const unsigned short*>(p.plain.bias) +
+                                                     static_cast<long long>(rt.expert) * kN
+                                               : nullptr;
+    // Pre-activation (gate, lin; bias added) and the activation times p of chunk jj, row half
+    // h, from the bias of the chunk's columns.
+    struct Bias {
+      float g0 = 0.0f, g1 = 0.0f, l0 = 0.0f, l1 = 0.0f;
+    };
+    auto bias_of = [&](int jj) {
+      Bias b;
+      const int oc = c0 + jj * 8 + (lane & 3) * 2;
+      if constexpr (Cfg::has_bias) {
+        load_bf16x2(bias + (kGlu ? gate_col<kLayout>(oc, Cfg::ffn) : oc), b.g0, b.g1);
+        if constexpr (kGlu) load_bf16x2(bias + lin_col<kLayout>(oc, Cfg::ffn), b.l0, b.l1);
+      }
+      return b;
+    };
+    auto values = [&](int jj, int h, const Bias& b, unsigned int& pg, unsigned int& pl) {
+      const int j = j0 + jj;
+      float a0, a1;
+      if constexpr (kGlu) {
+        const float g0 = acc[4 * j + 2 * h] + b.g0, g1 = acc[4 * j + 2 * h + 1] + b.g1;
+        const float* l = &acc[4 * (j + kChunks) + 2 * h];
+        const float l0 = l[0] + b.l0, l1 = l[1] + b.l1;
+        pg = pack_bf16x2(g0, g1);
+        pl = pack_bf16x2(l0, l1);
+        a0 = glu_fwd<Cfg::act>(g0, l0, ap);
+        a1 = glu_fwd<Cfg::act>(g1, l1, ap);
+      } else {
+        const float h0 = acc[4 * j + 2 * h] + b.g0, h1 = acc[4 * j + 2 * h + 1] + b.g1;
+        pg = pack_bf16x2(h0, h1);
+        pl = 0u;
+        a0 = act_fwd<Cfg::act>(h0, ap);
+        a1 = act_fwd<Cfg::act>(h1, ap);
+      }
+      return pack_bf16x2(a0 * prob[h], a1 * prob[h]);
+    };
+    if constexpr (!Cfg::save_preact) {
 #pragma unroll
-          for (int jj = 0; jj < 8; ++jj) {
-            const Bias b = bias_of(jj);
+      for (int jj = 0; jj < kW; ++jj) {
+        const Bias b = bias_of(jj);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              unsigned int pg, pl;  // unused: no pre-activation saved
-              ws.put(jj, h, values(jj, h, b, pg, pl));
-            }
-          }
-          ws.flush(out, kNOut, wrow0, rt.row_end, c0);
-        } else {
-          // Training: per row half, the activation then the pre-activation's one or two
-          // 64-column blocks (PreactBlocks), each through the buffer's rows 0-7.
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            unsigned int pg[8], pl[8];
-#pragma unroll
-            for (int jj = 0; jj < 8; ++jj)
-              ws.put(jj, 0, values(jj, h, bias_of(jj), pg[jj], pl[jj]));
-            ws.flush<8>(out, kNOut, wrow0 + 8 * h, rt.row_end, c0);
-            PreactBlocks<kGlu, kLayout>::store_half(ws, pre, kN, wrow0 + 8 * h, rt.row_end, c0,
-                                                    Cfg::ffn, pg, pl);
-          }
+        for (int h = 0; h < 2; ++h) {
+          unsigned int pg, pl;  // unused: no pre-activation saved
+          ws.put(jj, h, values(jj, h, b, pg, pl));
         }
+      }
+      ws.template flush<16, 8 * kW>(out, kNOut, wrow0, rt.row_end, c0);
+    } else {
+      // Training: per row half, the activation then the pre-activation's blocks (PreactBlocks),
+      // each through the buffer's rows 0-7.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        unsigned int pg[8], pl[8];
+#pragma unroll
+        for (int jj = 0; jj < kW; ++jj) ws.put(jj, 0, values(jj, h, bias_of(jj), pg[jj], pl[jj]));
+        ws.template flush<8, 8 * kW>(out, kNOut, wrow0 + 8 * h, rt.row_end, c0);
+        PreactBlocks<kGlu, kLayout, kW>::store_half(ws, pre, kN, wrow0 + 8 * h, rt.row_end, c0,
+                                                    Cfg::ffn, pg, pl);
       }
     }
   }

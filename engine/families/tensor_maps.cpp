@@ -68,12 +68,12 @@ CUresult encode_bf16(TensorMapEncodeTiledFn encode, unsigned char (&out)[128], c
 
 CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOperands& o,
                                gmjit::kt::Sm90GemmParams& params) {
-  // Box dims are limited to 256; the GLU B tiles hold block_n / 2 columns of each half, 64 at a
-  // time (the kernels take block_n 64 or 192 only with the plain B layout).
+  // Box dims are limited to 256; the GLU B tiles hold block_n / 2 rows of each half, whole
+  // interleave groups of 32 (block_n 128, 192 or 256).
   const bool glu = o.layout != Sm90BLayout::kPlain;
   if (encode == nullptr || o.k <= 0 || o.k % 64 != 0 || o.experts <= 0 || o.n_total <= 0 ||
       o.tokens < 0 || (o.block_m != 128 && o.block_m != 256) || o.block_n <= 0 || o.block_n > 256 ||
-      o.block_n % (glu ? 128 : 64) != 0)
+      o.block_n % 64 != 0 || (glu && o.block_n < 128))
     return CUDA_ERROR_INVALID_VALUE;
   const cuuint64_t row_bytes = static_cast<cuuint64_t>(o.k) * 2;
 

@@ -111,8 +111,9 @@ TEST(GroupedMlpEmit, Sm90aTakesHopperKernelsForEveryMultipleOf64) {
       EXPECT_EQ(sm90_block_n(fwd[1]), w.block_n) << w.columns;
       if (act == Activation::relu) {
         EXPECT_EQ(sm90_block_n(fwd[0]), w.block_n) << w.columns;
-      } else {  // GLU: block_n / 2 output columns, a multiple of 64
-        EXPECT_EQ(sm90_block_n(fwd[0]), w.columns % 128 == 0 ? 256 : 128) << w.columns;
+      } else {  // GLU: block_n / 2 output columns, the widest of 128, 96 and 64 dividing F
+        const int glu_block_n = w.columns % 128 == 0 ? 256 : w.columns % 96 == 0 ? 192 : 128;
+        EXPECT_EQ(sm90_block_n(fwd[0]), glu_block_n) << w.columns;
       }
       GradientSet all;
       all.db1 = all.db2 = true;
@@ -137,12 +138,14 @@ TEST(GroupedMlpEmit, Sm90TilesFitTheirSharedMemoryAndRegisters) {
       EXPECT_EQ(tile->block_m, 128) << columns;  // 192 columns: 96 accumulators, one m64 tile
       EXPECT_LE(detail::sm90_smem_bytes(*tile), 232448) << columns;
       EXPECT_EQ(columns % (tile->block_n / rows_per_column), 0) << columns;
-      EXPECT_EQ(tile->block_n / rows_per_column % 64, 0) << columns;
+      // Whole 64-column output groups, or (GLU) whole 32-row interleave groups of each half.
+      EXPECT_EQ(tile->block_n / rows_per_column % (rows_per_column == 1 ? 64 : 32), 0) << columns;
     }
   }
   EXPECT_FALSE(detail::sm90_tile_dividing(2880 + 8, 1).has_value());
   EXPECT_EQ(detail::sm90_tile_dividing(2880, 1)->block_n, 192);
-  EXPECT_EQ(detail::sm90_tile_dividing(2880, 2)->block_n, 128);
+  EXPECT_EQ(detail::sm90_tile_dividing(2880, 2)->block_n, 192);  // 96 gate + 96 lin rows
+  EXPECT_EQ(detail::sm90_tile_dividing(320, 2)->block_n, 128);
 }
 
 TEST(GroupedMlpEmit, RejectsDimsTheKernelsCannotServe) {
@@ -178,10 +181,10 @@ TEST(GroupedMlpEmit, GptOssWidthsTakeHopperKernelsWithWholeTiles) {
   layer.ffn = 2880;
   layer.activation.kind = Activation::clamped_swiglu;
   const auto kernels = emit_grouped_mlp_forward({layer, false, "sm_90a", false});
-  // GLU FC1 emits 64 columns per 128-row B tile; FC2: 2880 = 15 x 192.
+  // GLU FC1 emits 96 columns per 192-row B tile (96 gate + 96 lin); FC2: 2880 = 15 x 192.
   EXPECT_EQ(kernels[0].launch.operands, LaunchShape::Operands::tensor_maps);
   EXPECT_EQ(kernels[1].launch.operands, LaunchShape::Operands::tensor_maps);
-  EXPECT_EQ(kernels[0].launch.block_n, 128u);
+  EXPECT_EQ(kernels[0].launch.block_n, 192u);
   EXPECT_EQ(kernels[1].launch.block_n, 192u);
   EXPECT_EQ(kernels[1].entry, "gmjit_fc2_fwd_e8_h2880_f2880_sm90");
   GradientSet all;
