@@ -102,6 +102,7 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
     const std::vector<const TensorRef*> zeroed = gradients_to_zero(args);
     if (zeroed.empty()) return;
     engine::DeviceContext& device = engine::DeviceRegistry::instance().get(context.device.ordinal);
+    device.check_stream(cu_stream);
     engine::ScopedContext scope(device.context());
     zero_gradients(zeroed, cu_stream);
     return;
@@ -111,6 +112,7 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
   const engine::PlanKey key =
       engine::PlanKey::make_backward(layer, recipe, gradients, context.device.ordinal, fp8_dgrad);
   engine::DevicePlan& plan = impl_->device_plan(key, layer, stream);
+  plan.device->check_stream(cu_stream);
 
   engine::NvtxRange range("gmjit backward");
   if (engine::log_enabled(engine::LogLevel::debug)) {

@@ -62,9 +62,10 @@ ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, cons
   if (tokens == 0) return context;
   const engine::PlanKey key = engine::PlanKey::make(spec, recipe, grad, args.x.device.ordinal);
   engine::DevicePlan& plan = impl_->device_plan(key, spec, stream);
+  auto cu_stream = static_cast<CUstream>(stream);
+  plan.device->check_stream(cu_stream);
 
   engine::NvtxRange range("gmjit forward");
-  auto cu_stream = static_cast<CUstream>(stream);
   if (engine::log_enabled(engine::LogLevel::debug)) {
     engine::log(engine::LogLevel::debug, "forward {} T={} on cuda:{} stream {}", spec.describe(),
                 tokens, plan.device->ordinal(), stream);

@@ -16,6 +16,8 @@ void Engine::quantize_weights(const LayerSpec& spec, const Recipe& recipe,
   const engine::PlanKey key =
       engine::PlanKey::make_weight_quantizer(spec, recipe, device.ordinal, transposed);
   engine::DevicePlan& plan = impl_->device_plan(key, spec, stream);
+  const auto cu_stream = static_cast<CUstream>(stream);
+  plan.device->check_stream(cu_stream);
   engine::NvtxRange range("gmjit quantize weights");
   engine::ScopedContext scope(plan.device->context());
   engine::CallTensors call;
@@ -30,7 +32,6 @@ void Engine::quantize_weights(const LayerSpec& spec, const Recipe& recipe,
   call.w1t_scales = static_cast<float*>(args.w1t_scales.data);
   call.w2t_fp8 = args.w2t_fp8.data;
   call.w2t_scales = static_cast<float*>(args.w2t_scales.data);
-  const auto cu_stream = static_cast<CUstream>(stream);
   // fp8_tensor: one amax slot per expert matrix of W1, then of W2, zeroed here.
   const bool per_tensor = recipe.kind() == RecipeKind::fp8_tensor;
   const std::size_t slots = per_tensor ? 2 * static_cast<std::size_t>(spec.experts) : 0;

@@ -35,6 +35,25 @@ DeviceContext::~DeviceContext() {
   if (context_ != nullptr) driver().cuDevicePrimaryCtxRelease(device_);
 }
 
+void DeviceContext::check_stream(CUstream stream) const {
+  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) return;
+  const DriverApi& api = driver();
+  CUcontext owner = nullptr;
+  check_driver(api.cuStreamGetCtx(stream, &owner), "cuStreamGetCtx (stream: not a valid stream?)");
+  if (owner == context_) return;
+  CUdevice owner_device = -1;
+  {
+    const ScopedContext scope(owner);
+    check_driver(api.cuCtxGetDevice(&owner_device), "cuCtxGetDevice (the stream's context)");
+  }
+  if (owner_device == device_) return;
+  // Its kernels would run on the stream's device, on pointers of this one.
+  throw Error(Status::invalid_argument,
+              fmt::format("stream: expected a stream of cuda:{} (the tensors' device) or a default "
+                          "stream, got a stream of cuda:{}",
+                          ordinal_, static_cast<int>(owner_device)));
+}
+
 ScopedContext::ScopedContext(CUcontext context) {
   check_driver(driver().cuCtxPushCurrent(context), "cuCtxPushCurrent");
 }

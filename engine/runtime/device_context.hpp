@@ -23,6 +23,11 @@ class DeviceContext {
   CUcontext context() const { return context_; }
   const DeviceInfo& info() const { return info_; }
 
+  // Throws Status::invalid_argument unless `stream` runs on this device: a default stream (null,
+  // legacy, per-thread: they follow the pushed context, this device's) or a stream of any context
+  // of this device. One driver query when the stream is of the primary context (PyTorch's are).
+  void check_stream(CUstream stream) const;
+
  private:
   int ordinal_;
   CUdevice device_ = 0;

@@ -38,20 +38,21 @@ LoadResult load_driver() {
   DriverApi& api = result.api;
   const int requested_version = 12080;
   const char* missing = nullptr;  // the first entry point the driver lacks
-  auto resolve = [&](const char* name, auto& slot) {
+  auto resolve = [&](const char* name, auto& slot, int version) {
     if (missing != nullptr) return;
     void* fn = nullptr;
     CUdriverProcAddressQueryResult status{};
-    if (get_proc(name, &fn, requested_version, CU_GET_PROC_ADDRESS_DEFAULT, &status) !=
-            CUDA_SUCCESS ||
+    if (get_proc(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
         fn == nullptr) {
       missing = name;
       return;
     }
     slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(fn);
   };
-#define GMJIT_DRIVER_FUNCTION(name) resolve(#name, api.name);
+#define GMJIT_DRIVER_FUNCTION(name) resolve(#name, api.name, requested_version);
+#define GMJIT_DRIVER_FUNCTION_AT(name, version) resolve(#name, api.name, version);
 #include "engine/runtime/driver_functions.inc"
+#undef GMJIT_DRIVER_FUNCTION_AT
 #undef GMJIT_DRIVER_FUNCTION
   if (missing != nullptr) {
     result.error = fmt::format("the CUDA driver lacks {} (driver too old?)", missing);

@@ -9,7 +9,9 @@ namespace gmjit::engine {
 
 struct DriverApi {
 #define GMJIT_DRIVER_FUNCTION(name) decltype(&::name) name = nullptr;
+#define GMJIT_DRIVER_FUNCTION_AT(name, version) GMJIT_DRIVER_FUNCTION(name)
 #include "engine/runtime/driver_functions.inc"
+#undef GMJIT_DRIVER_FUNCTION_AT
 #undef GMJIT_DRIVER_FUNCTION
   int version = 0;  // cuDriverGetVersion, e.g. 13000
 };

@@ -88,7 +88,8 @@ typedef struct gmjit_engine gmjit_engine;
 gmjit_status gmjit_engine_create(gmjit_engine** out);
 void gmjit_engine_destroy(gmjit_engine* engine);
 
-/* stream: a CUstream of the tensors' device, or NULL for that device's default stream. */
+/* stream: a CUstream of the tensors' device (one of another device: GMJIT_INVALID_ARGUMENT), or
+   NULL for that device's default stream. */
 gmjit_status gmjit_forward(gmjit_engine* engine, const gmjit_layer* layer,
                            const gmjit_forward_args* args, int grad, void* stream);
 

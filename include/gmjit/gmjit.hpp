@@ -15,7 +15,8 @@ namespace gmjit {
 
 enum class GradMode : std::uint8_t { no_grad, grad };
 
-// A CUstream of the tensors' device (not checked); nullptr means that device's default stream.
+// A CUstream of the tensors' device (one of another device is rejected); nullptr means that
+// device's default stream.
 // Warm calls do nothing a CUDA graph capture forbids (no synchronisation, no blocking
 // allocation, no host reads of device data), so they may be captured on any stream. An Engine
 // must outlive the work it queued and every graph captured through it: it unloads its kernels

@@ -6,6 +6,7 @@
 #include "engine/runtime/driver.hpp"
 #include "gmjit/gmjit.h"
 #include "tests/gpu/gpu_fixture.hpp"
+#include "tests/gpu/training_layer.hpp"
 
 namespace gmjit::testing {
 namespace {
@@ -106,6 +107,64 @@ TEST(ForwardRuntime, TensorsOnAMissingDeviceAreRejected) {
   } catch (const Error& error) {
     EXPECT_EQ(error.status(), Status::no_device);
   }
+}
+
+TEST(ForwardRuntime, DefaultStreamHandlesRunOnTheTensorsDevice) {
+  GMJIT_REQUIRE_GPU();
+  const LayerSpec layer = runtime_layer();
+  const HostLayer host = make_host_layer(layer, {100, 0, 57, 300}, 457, 11);
+  const Reference ref = reference_forward(host);
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  for (CUstream stream : {CUstream{nullptr}, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD}) {
+    DeviceLayer device(host, GradMode::no_grad);
+    engine.forward(layer, Recipe::bf16(), device.args, GradMode::no_grad, stream);
+    synchronize_device();
+    const auto y = DeviceLayer::download(device.y, host.tokens * layer.hidden);
+    EXPECT_EQ(count_non_finite(y), 0) << stream;
+    EXPECT_LT(relative_error(y, ref.y), 1e-2) << stream;
+  }
+}
+
+// The stream decides where kernels run: one of another device would run them there, on this
+// device's pointers. Rejected by name before anything is queued.
+TEST(ForwardRuntime, AStreamOfAnotherDeviceIsRejectedBeforeAnythingRuns) {
+  GMJIT_REQUIRE_GPU();
+  if (Engine::devices().size() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const LayerSpec layer = runtime_layer();
+  const HostLayer host = make_host_layer(layer, {8, 8, 8, 8}, 32, 13);
+  DeviceLayer device(host, GradMode::grad);
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  CUstream other = nullptr;
+  {
+    engine::ScopedContext context(engine::DeviceRegistry::instance().get(1).context());
+    engine::check_driver(engine::driver().cuStreamCreate(&other, CU_STREAM_NON_BLOCKING),
+                         "cuStreamCreate");
+  }
+  auto expect_rejected = [&](auto&& call, const char* what) {
+    try {
+      call();
+      ADD_FAILURE() << what << ": a stream of cuda:1 was accepted for tensors on cuda:0";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::invalid_argument) << what;
+      const std::string message = e.what();
+      EXPECT_NE(message.find("stream"), std::string::npos) << message;
+      EXPECT_NE(message.find("cuda:1"), std::string::npos) << message;
+    }
+  };
+  expect_rejected(
+      [&] { engine.forward(layer, Recipe::bf16(), device.args, GradMode::grad, other); },
+      "forward");
+  synchronize_device();
+  const auto y = DeviceLayer::download(device.y, host.tokens * layer.hidden);
+  EXPECT_EQ(count_non_finite(y), static_cast<std::int64_t>(y.size())) << "y was written";
+  TrainingLayer t(host);
+  const ForwardContext context =
+      engine.forward(layer, Recipe::bf16(), t.device.args, GradMode::grad);  // default stream
+  expect_rejected([&] { engine.backward(context, Recipe::bf16(), t.grads, other); }, "backward");
+  synchronize_device();
+  const auto dx = DeviceLayer::download(t.dx, host.tokens * layer.hidden);
+  EXPECT_EQ(count_non_finite(dx), static_cast<std::int64_t>(dx.size())) << "dx was written";
+  engine::driver().cuStreamDestroy(other);
 }
 
 }  // namespace
