@@ -36,7 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from gmjit.torch import layouts
-from gmjit.torch._op import FP8_BLOCK, MAX_EXPERTS, MAX_WIDTH, grouped_mlp, quantize_weights
+from gmjit.torch._checks import FP8_BLOCK, MAX_EXPERTS, MAX_WIDTH
+from gmjit.torch._op import grouped_mlp, quantize_weights
 
 logger = logging.getLogger("gmjit.transformers")
 

@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import reference
-from gmjit.torch import GroupedMLP, _op, grouped_mlp, quantize_weights
+from gmjit.torch import GroupedMLP, _checks, _op, grouped_mlp, quantize_weights
 from test_fake_engine import StandIn, at_offset, view
 
 BF, F32, FP8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
@@ -369,7 +369,7 @@ def test_dynamo_fullgraph_traces_the_fp8_module_without_graph_breaks():
 # ---------------------------------------------------------------------------------------------
 # The plumbing against a stand-in engine
 
-PER_TENSOR = _op.FP8_TENSOR
+PER_TENSOR = _checks.FP8_TENSOR
 
 
 def fake_quantize(w: torch.Tensor, code: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -524,7 +524,7 @@ ALL_RECIPES = ["fp8_block", "fp8_block_pow2", "fp8_tensor"]
 def test_grad_call_quantizes_with_transposes_for_fp8_data_gradients(fp8_engine, path, recipe):
     t = inputs()
     y = grouped_mlp(**t, recipe=recipe)
-    code = _op.RECIPES[recipe]
+    code = _checks.RECIPES[recipe]
     assert fp8_engine.calls == [("quantize", code, True), ("forward_fp8", code, True)]
     dy = torch.randn_like(y)
     y.backward(dy)
@@ -548,7 +548,7 @@ def test_grad_call_quantizes_with_transposes_for_fp8_data_gradients(fp8_engine, 
 @pytest.mark.parametrize("recipe", ["fp8_block", "fp8_tensor"])
 def test_given_4_tuple_gives_bf16_data_gradients_from_w1_and_w2(fp8_engine, path, recipe):
     t = inputs()
-    code = _op.RECIPES[recipe]
+    code = _checks.RECIPES[recipe]
     with torch.no_grad():
         q = quantize_weights(t["w1"], t["w2"], recipe)
     assert len(q) == 4
@@ -571,7 +571,7 @@ def test_given_4_tuple_gives_bf16_data_gradients_from_w1_and_w2(fp8_engine, path
 @pytest.mark.parametrize("recipe", ALL_RECIPES)
 def test_given_8_tuple_reaches_the_backward(fp8_engine, path, recipe):
     t = inputs()
-    code = _op.RECIPES[recipe]
+    code = _checks.RECIPES[recipe]
     with torch.no_grad():
         q = quantize_weights(t["w1"], t["w2"], recipe, transposed=True)
     assert len(q) == 8 and all(not v.requires_grad for v in q)
@@ -860,7 +860,7 @@ def test_module_quantizes_again_when_its_recipe_is_switched(fp8_engine, monkeypa
         for recipe in ("fp8_block_pow2", "fp8_tensor", "fp8_block"):
             m.recipe = recipe
             y = m(x, split)
-            code = _op.RECIPES[recipe]
+            code = _checks.RECIPES[recipe]
             assert fp8_engine.calls[-2][:2] == ("quantize", code)  # not the other recipe's scales
             torch.testing.assert_close(m._fp8_cache[1][1], fake_quantize(m.w1, code)[1])
             ref = reference.grouped_mlp(x, split, *(dequantize(*fake_quantize(w, code)).to(BF)

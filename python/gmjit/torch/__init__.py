@@ -7,7 +7,8 @@ and torch.ops.gmjit.grouped_mlp_backward; `grouped_mlp` is the function to call.
 """
 
 from gmjit.torch import layouts
-from gmjit.torch._op import ACTIVATIONS, GLU_LAYOUTS, RECIPES, grouped_mlp, quantize_weights
+from gmjit.torch._checks import ACTIVATIONS, GLU_LAYOUTS, RECIPES
+from gmjit.torch._op import grouped_mlp, quantize_weights
 from gmjit.torch.expert_parallel import ExpertParallelMoE
 from gmjit.torch.module import GroupedMLP
 

@@ -35,8 +35,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from gmjit.torch._op import (GLU_ACTIVATIONS, GLU_LAYOUTS, _check_fp8_layer, _parse_options,
-                             _parse_recipe)
+from gmjit.torch._checks import (GLU_ACTIVATIONS, GLU_LAYOUTS, _check_fp8_layer,
+                                 _parse_options, _parse_recipe)
 
 __all__ = ["ExpertParallelMoE", "all_to_all", "torch_experts", "grouped_mm_experts"]
 

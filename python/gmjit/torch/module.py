@@ -9,14 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from gmjit.torch import layouts
-from gmjit.torch._op import (
-    GLU_ACTIVATIONS,
-    _check_fp8_layer,
-    _parse_options,
-    _parse_recipe,
-    grouped_mlp,
-    quantize_weights,
-)
+from gmjit.torch._checks import GLU_ACTIVATIONS, _check_fp8_layer, _parse_options, _parse_recipe
+from gmjit.torch._op import grouped_mlp, quantize_weights
 
 
 def _quantize_off_gpu() -> bool:
