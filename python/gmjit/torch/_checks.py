@@ -259,15 +259,7 @@ def _check_quantize_call(w1: Tensor, w2: Tensor, recipe: str) -> int:
 def _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales) -> Optional[tuple[Tensor, ...]]:
     """The custom ops' transposed FP8 weights as one tuple, or None when absent; partly given is
     an error (the engine checks their shapes)."""
-    given = (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
-    present = [t is not None for t in given]
-    if not any(present):
-        return None
-    if not all(present):
-        missing = ", ".join(n for n, p in zip(FP8_TRANSPOSED_NAMES, present) if not p)
-        raise ValueError(f"grouped_mlp: the transposed FP8 weights come all four or none; "
-                         f"{missing} missing")  # fmt: skip
-    return given
+    return _fp8_of(FP8_TRANSPOSED_NAMES, (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales))
 
 
 def _fp8_of(names: Sequence[str], given: Sequence[Optional[Tensor]]) -> Optional[tuple]:
