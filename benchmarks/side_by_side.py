@@ -148,7 +148,11 @@ def torch_layer(s: Shape, offs: torch.Tensor, rows_expert: torch.Tensor):
     return forward
 
 
-def time_ms(fn, warmup: int, reps: int) -> float:
+def time_ms(fn, warmup: int, reps: int, queued: bool = True) -> float:
+    """Median milliseconds of one call. queued: the reps are issued back to back, each between
+    its own pair of events, so the host's launch work overlaps the previous rep's GPU work (as
+    in a training or decoding loop, where the host runs ahead); synced: the host waits after
+    every rep, so each rep's time also holds the host's work before its first kernel starts."""
     for _ in range(warmup):
         fn()
     if not torch.cuda.is_available():  # --dry-run-cpu
@@ -159,15 +163,16 @@ def time_ms(fn, warmup: int, reps: int) -> float:
             times.append((time.perf_counter() - start) * 1e3)
         return statistics.median(times)
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(reps)]  # fmt: skip
+    for start, end in pairs:
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        if not queued:
+            end.synchronize()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in pairs)
 
 
 class HardLimit(BaseException):
@@ -305,7 +310,7 @@ def run(s: Shape, ragged: bool, a, decode: bool = False) -> dict:
                 res["max_rel_diff_vs_torch"] = float(f"{err:.3g}")
             out = None
             res["first_call_s"] = round(time.perf_counter() - started, 2)
-            ms_f = time_ms(fwd, warmup, reps)
+            ms_f = time_ms(fwd, warmup, reps, a.timing == "queued")
             res["forward_ms"] = round(ms_f, 4)
             res["forward_tflops"] = round(flops / ms_f / 1e9, 1)
             if decode:
@@ -319,7 +324,7 @@ def run(s: Shape, ragged: bool, a, decode: bool = False) -> dict:
             free_memory()
         if grad and "error" not in res:
             try:
-                ms_fb = time_ms(fwd_bwd, warmup, reps)
+                ms_fb = time_ms(fwd_bwd, warmup, reps, a.timing == "queued")
                 res["fwd_bwd_ms"] = round(ms_fb, 4)
                 res["fwd_bwd_tflops"] = round(3 * flops / ms_fb / 1e9, 1)
             except Exception as e:  # noqa: BLE001
@@ -422,7 +427,8 @@ def summarize(rows: list[dict], a, meta: dict) -> dict:
     out_rows, dec_rows, met, cells = [], [], 0, 0
     lines = [
         f"gmjit vs torch {meta['torch']} on {meta['gpu']}, bf16, router probs; median of "
-        f"{meta['reps']} after {meta['warmup']} warm-up ({meta['decode_reps']} for decode). "
+        f"{meta['reps']} after {meta['warmup']} warm-up ({meta['decode_reps']} for decode), "
+        f"{meta.get('timing', 'synced')} timing. "
         "Ratios: torch's time over gmjit's; the TFLOP/s target "
         + ", ".join(f"{k} ≥ {v:.0f}" for k, v in TFLOPS_TARGETS.items())
         + " is checked on both loads.",
@@ -600,6 +606,10 @@ def main() -> None:
     ap.add_argument("--probs-grad", action="store_true", help="router probabilities need grad")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--timing", choices=("queued", "synced"), default="queued",
+                    help="queued: reps back to back, the host's launch work hidden behind the "
+                    "GPU's (default); synced: the host waits after every rep, so its launch "
+                    "work before the first kernel counts (the method before session 8)")
     ap.add_argument("--decode", action=argparse.BooleanOptionalAction, default=None,
                     help="decode rows (default: on in the full run, off with --quick/--shapes)")
     ap.add_argument("--decode-only", action="store_true", help="only the decode rows")
@@ -673,7 +683,8 @@ def main() -> None:
         if hasattr(torch._dynamo.config, limit):
             setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
     meta = {"torch": torch.__version__, "gpu": device_name(), "reps": a.reps,
-            "warmup": a.warmup, "decode_reps": a.decode_reps, "probs_grad": a.probs_grad,
+            "warmup": a.warmup, "timing": a.timing, "decode_reps": a.decode_reps,
+            "probs_grad": a.probs_grad,
             "compile": not a.no_compile,
             "decode_compile": not (a.no_compile or a.no_decode_compile),
             "hbm_peak_gbs": a.hbm_peak_gbs, "time_budget_s": a.time_budget_s}  # fmt: skip
