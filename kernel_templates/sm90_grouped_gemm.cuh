@@ -322,19 +322,6 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
       Epi::zero_rows(p, ti.tile_n, ti.row_begin, ti.row_end, tid - 128, 256);
       continue;
     }
-    // A warpgroup whose rows all lie past the tile's end (a tile of at most 64 rows: decode, an
-    // expert's last tile) issues no MMAs and stores nothing: it only waits for and releases each
-    // stage. Half the tensor-core work per stage leaves the ring's slots sooner to the loads.
-    if (ti.row_begin + wg * S::mt * 64 >= ti.row_end) {
-#pragma unroll 1
-      for (int kt = 0; kt < kKTiles; ++kt) {
-        if (kt > 0) mbar_wait(full + 8 * stage, phase);
-        __syncwarp();  // every lane has read the tile info before the slot is released
-        if (lane == 0) mbar_arrive(empty + 8 * stage);
-        if (++stage == S::stages) stage = 0, phase ^= 1u;
-      }
-      continue;
-    }
     int prev = 0;
 #pragma unroll 1
     for (int kt = 0; kt < kKTiles; ++kt) {
