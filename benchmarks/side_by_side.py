@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """gmjit beside torch on identical tensors: one process, one GPU, the same bf16 inputs.
 
-For each shape it times, with CUDA events (median of --reps after --warmup):
+For each shape it times, with CUDA events (median of --reps after --warmup; the reps are issued
+back to back, so the host's launch work hides behind the GPU's as in a training or decoding
+loop; --timing synced waits after every rep, which also counts the host's work before the
+first kernel):
   * gmjit:          gmjit.torch.grouped_mlp
   * torch eager:    the same layer from torch._grouped_mm (bias rows gathered per expert, the
                     activation, the router probabilities), as `gmjit bench`'s presets
