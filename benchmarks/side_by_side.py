@@ -57,7 +57,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from gpu_monitor import GpuMonitor, cuda_device_id  # benchmarks/, next to this script
+from expert_loads import expert_tokens  # benchmarks/, next to this script
+from gpu_monitor import GpuMonitor, cuda_device_id
 
 GLU = ("swiglu", "geglu", "clamped_swiglu")
 
@@ -98,20 +99,6 @@ FWD_BWD_VS_COMPILE = 1.1  # forward+backward, every shape, balanced and ragged
 TFLOPS_TARGETS = {"mixtral": 720.0}  # gmjit forward TFLOP/s (balanced and ragged)
 DECODE_HBM_SHARE = 0.90  # weight bytes streamed / time, as a share of the HBM peak
 DECODE_VS_EAGER = 1.5  # decode forward vs torch eager
-
-
-def expert_tokens(experts: int, tokens_per_expert: int, ragged: bool) -> list[int]:
-    """Tokens per expert; ragged: presets/presets.cpp's expert_tokens (every 7th expert empty,
-    the others weighted (1 + (37e + 11) mod 16)^2, the rest to the first heaviest)."""
-    total = experts * tokens_per_expert
-    if not ragged:
-        return [tokens_per_expert] * experts
-    weight = [0 if e % 7 == 0 else (1 + (37 * e + 11) % 16) ** 2 for e in range(experts)]
-    if sum(weight) == 0:
-        return [total] + [0] * (experts - 1)
-    tokens = [total * w // sum(weight) for w in weight]
-    tokens[weight.index(max(weight))] += total - sum(tokens)
-    return tokens
 
 
 def activation(h: torch.Tensor, s: Shape) -> torch.Tensor:

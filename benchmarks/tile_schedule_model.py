@@ -27,6 +27,8 @@ import argparse
 import heapq
 from dataclasses import dataclass
 
+from expert_loads import expert_tokens  # benchmarks/, next to this script
+
 BLOCK_M = 128
 GROUP_M = 8  # codegen/emit_common.cpp sm90_tile_dividing
 GLU = ("swiglu", "geglu", "clamped_swiglu")
@@ -39,19 +41,6 @@ class Layer:
     hidden: int
     ffn: int
     glu: bool
-
-
-def expert_tokens(experts: int, tokens_per_expert: int, ragged: bool) -> list[int]:
-    """side_by_side.py's split (presets/presets.cpp's ragged load)."""
-    total = experts * tokens_per_expert
-    if not ragged:
-        return [tokens_per_expert] * experts
-    weight = [0 if e % 7 == 0 else (1 + (37 * e + 11) % 16) ** 2 for e in range(experts)]
-    if sum(weight) == 0:
-        return [total] + [0] * (experts - 1)
-    tokens = [total * w // sum(weight) for w in weight]
-    tokens[weight.index(max(weight))] += total - sum(tokens)
-    return tokens
 
 
 def row_tiles(split: list[int], block_m: int = BLOCK_M) -> list[tuple[int, int]]:

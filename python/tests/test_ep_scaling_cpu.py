@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from benchmark_scripts import load
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -52,11 +53,7 @@ def test_report_of_a_runs_file_merges_cold_and_warm(tmp_path):
             "fwd_bwd_tok_s_per_gpu": 6e5, "train_tok_s_per_gpu": 2.5e5,
             "phases_ms": {"router": 0.1, "dispatch": 1.0, "experts": 0.5, "combine": 1.25}}  # fmt: skip
     runs.write_text(json.dumps(cold) + "\n" + json.dumps(warm) + "\n")
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import ep_scaling
-    finally:
-        sys.path.pop(0)
+    ep_scaling = load("ep_scaling")
     row = ep_scaling.table([cold, warm]).splitlines()[2]
     assert row == ("| 8 | 8 | 1.500e+06 | 6.000e+05 | 2.500e+05 | 0.100 / 1.000 / 0.500 / 1.250 "
                    "| 12.50 (96) | 0.75 (96, 0) |")  # fmt: skip

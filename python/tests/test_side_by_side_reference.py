@@ -3,19 +3,11 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmark_scripts import load
 
 
 def _side_by_side():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import side_by_side
-    finally:
-        sys.path.pop(0)
-    return side_by_side
+    return load("side_by_side")
 
 
 def test_reference_records_hold_eager_and_compiled_tflops_per_shape_and_skip_decode_rows():

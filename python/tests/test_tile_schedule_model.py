@@ -3,19 +3,11 @@ schedule (kernel_templates/sm90_grouped_gemm.cuh, expert_schedule.cuh's tile_coo
 
 from __future__ import annotations
 
-import os
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmark_scripts import load
 
 
 def _model():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import tile_schedule_model
-    finally:
-        sys.path.pop(0)
-    return tile_schedule_model
+    return load("tile_schedule_model")
 
 
 def test_tile_coords_walks_group_rows_per_column_and_covers_every_tile_once():
