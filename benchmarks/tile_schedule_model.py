@@ -115,12 +115,11 @@ def replay(layer: Layer, ragged: bool, fc: int, small_cost: float, ctas: int,
     start = schedule(costs, ctas, dynamic)
     end = [s + c for s, c in zip(start, costs)]
     makespan = max(end)
-    order = sorted(range(len(costs)), key=start.__getitem__)
     spreads, sets = [], []
     a_tile, b_tile = BLOCK_M * k * 2, block_n * k * 2
     for i in range(1, samples):
         now = makespan * i / samples
-        live = [t for t in order if start[t] <= now < end[t]]
+        live = [t for t in range(len(costs)) if start[t] <= now < end[t]]
         if not live:
             continue
         spreads.append(max(live) - min(live))
