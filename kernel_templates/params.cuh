@@ -32,7 +32,8 @@ namespace gmjit::kt {
 struct Sm90GemmParams {
   alignas(64) unsigned char tmap_a[128];
   alignas(64) unsigned char tmap_b[128];
-  GroupedGemmParams plain;  // the portable block; plain.a / plain.b are also encoded in the maps
+  GroupedGemmParams plain;     // the portable block; plain.a / plain.b are also encoded in the maps
+  unsigned int* tile_counter;  // zeroed before the launch: tiles are claimed from it; null: static
 };
 
 }  // namespace gmjit::kt
@@ -101,6 +102,7 @@ struct Sm90Fc2DgradParams {
   alignas(64) unsigned char tmap_a[128];
   alignas(64) unsigned char tmap_b[128];
   Fc2DgradParams plain;  // the portable block; plain.dy / plain.w2 are also encoded in the maps
+  unsigned int* tile_counter;  // as in Sm90GemmParams
 };
 
 // GroupedWgradSm90: the portable block WgradParams (`plain`, at byte 256), plus
@@ -109,7 +111,8 @@ struct Sm90Fc2DgradParams {
 struct Sm90WgradParams {
   alignas(64) unsigned char tmap_a[128];
   alignas(64) unsigned char tmap_b[128];
-  WgradParams plain;  // the portable block; plain.a / plain.b are also encoded in the maps
+  WgradParams plain;           // the portable block; plain.a / plain.b are also encoded in the maps
+  unsigned int* tile_counter;  // as in Sm90GemmParams
 };
 
 }  // namespace gmjit::kt

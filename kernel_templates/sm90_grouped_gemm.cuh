@@ -11,9 +11,12 @@
 // Ring protocol: full[s] (1 arrive + TMA transaction bytes) and empty[s] (one arrive per consumer
 // warp after its wgmma reading stage s retired). The producer runs ahead into the next tile while
 // the consumers store, so loads overlap the epilogue.
-// Tiles: t = blockIdx.x, += gridDim.x over num_m * num_n, where num_m is the exact number of
-// row tiles (expert tiles + tail tiles, from the device split sizes); grouped rasterization
-// (group_m row tiles per column sweep) keeps A and B tiles shared in L2. Only the producer warp
+// Tiles: t over num_m * num_n, where num_m is the exact number of row tiles (expert tiles + tail
+// tiles, from the device split sizes); grouped rasterization (group_m row tiles per column sweep)
+// keeps A and B tiles shared in L2. A CTA starts at t = blockIdx.x and then claims its next tile
+// from the launch's zeroed tile counter (TileWalk): tiles of unequal cost (an expert's last rows,
+// a warpgroup with no rows) no longer make the CTAs drift apart, so the tiles in flight stay a
+// narrow window of t that shares L2, and the CTAs finish together. Only the producer warp
 // runs the schedule: it writes each tile's (expert, rows, column tile) into the info slot of the
 // tile's first stage, so the consumers' critical path has no split-size scan. Tail tiles and the
 // final "done" marker take one stage each, with no data (plain arrive on full[s]).
@@ -228,6 +231,41 @@ __device__ __forceinline__ RingOf<Info> init_ring(const P& p) {
   return r;
 }
 
+// The launch's tile counter: `p.tile_counter` where the block has one, else null.
+template <class P, class = void>
+struct TileCounterOf {
+  __device__ static __forceinline__ unsigned int* get(const P&) { return nullptr; }
+};
+template <class P>
+struct TileCounterOf<P, decltype(void(&P::tile_counter))> {
+  __device__ static __forceinline__ unsigned int* get(const P& p) { return p.tile_counter; }
+};
+
+// The tiles one CTA's producer warp takes: blockIdx.x first, then, with a counter (zeroed before
+// the launch), gridDim.x + the tickets it claims, in claim order across the grid; without one,
+// round-robin (t += gridDim.x). The ticket for the next tile is claimed when a tile starts, so
+// its latency hides behind that tile's loads. Warp-collective (next() shuffles).
+class TileWalk {
+ public:
+  __device__ explicit TileWalk(unsigned int* counter) : counter_(counter) {}
+
+  __device__ __forceinline__ int first() const { return static_cast<int>(blockIdx.x); }
+
+  // At the start of tile t, before any `continue`.
+  __device__ __forceinline__ void claim() {
+    if (counter_ != nullptr && (threadIdx.x & 31) == 0) ticket_ = atomicAdd(counter_, 1u);
+  }
+
+  __device__ __forceinline__ int next(int t) const {
+    if (counter_ == nullptr) return t + static_cast<int>(gridDim.x);
+    return static_cast<int>(gridDim.x + __shfl_sync(0xffffffffu, ticket_, 0));
+  }
+
+ private:
+  unsigned int* counter_;
+  unsigned int ticket_ = 0;
+};
+
 // The producer warp: walks the tiles, publishes each tile's info in its first stage and issues
 // the TMA loads of its kKTiles K blocks of kBlockK elements (128 bytes) each. Tail tiles and the
 // final "done" marker take one stage each, with no data (plain arrive on full[s]).
@@ -247,7 +285,9 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
       if (!data) mbar_arrive(r.full + 8 * stage);
     }
   };
-  for (int t = static_cast<int>(blockIdx.x); t < num_tiles; t += static_cast<int>(gridDim.x)) {
+  TileWalk walk(TileCounterOf<P>::get(p));
+  for (int t = walk.first(); t < num_tiles; t = walk.next(t)) {
+    walk.claim();
     int tile_m, tile_n;
     tile_coords(t, num_m, Epi::num_n, Cfg::group_m, tile_m, tile_n);
     const RowTile rt =
@@ -305,6 +345,10 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
   setmaxnreg_inc<S::consumer_regs>();
   const int wg = warp / 4 - 1;
   const WarpStage ws = ring.warp_stage(warp);
+  // A warpgroup without rows in a tile skips it only under dynamic scheduling: with round-robin
+  // tiles the cheaper tiles let CTAs drift apart, which cost ragged prefill more (5-32 %) than
+  // the skip gains in decode (benchmarks/tile_schedule_model.py).
+  const bool skip_idle = TileCounterOf<P>::get(p) != nullptr;
   float acc[S::mt][S::regs];
 #pragma unroll
   for (int m = 0; m < S::mt; ++m)
@@ -320,6 +364,19 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
       if (lane == 0) mbar_arrive(empty + 8 * stage);
       if (++stage == S::stages) stage = 0, phase ^= 1u;
       Epi::zero_rows(p, ti.tile_n, ti.row_begin, ti.row_end, tid - 128, 256);
+      continue;
+    }
+    const long long row0 = ti.row_begin + wg * S::mt * 64;
+    if (skip_idle && row0 >= ti.row_end) {
+      // No row of this warpgroup (a tile of at most 64 rows, decode): release the stages
+      // unread, so the MMA pipe serves the other warpgroup alone.
+#pragma unroll 1
+      for (int kt = 0; kt < kKTiles; ++kt) {
+        if (kt > 0) mbar_wait(full + 8 * stage, phase);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + 8 * stage);
+        if (++stage == S::stages) stage = 0, phase ^= 1u;
+      }
       continue;
     }
     int prev = 0;
@@ -354,7 +411,7 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
     for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
     if (lane == 0) mbar_arrive(empty + 8 * prev);
     const RowTile rt{ti.expert, ti.row_begin, ti.row_end};
-    Epi::store(p, acc, rt, ti.tile_n, ti.row_begin + wg * S::mt * 64, ws);
+    Epi::store(p, acc, rt, ti.tile_n, row0, ws);
   }
 }
 

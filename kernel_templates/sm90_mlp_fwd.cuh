@@ -36,7 +36,7 @@
 //   blockDim = 384 (K::threads), gridDim = (#SMs, 1, 1) (any >= 1 is correct; more
 //   only queues), dynamic smem = K::smem_bytes (set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 //   to it first). The kernel must be `__launch_bounds__(384, 1)`: setmaxnreg needs that
-//   register cap.
+//   register cap. p.tile_counter: zeroed before the launch (dynamic tiles), or null (static).
 //   T == 0: skip the launch (nothing to write).
 
 #include "gmjit/activations.cuh"

@@ -43,7 +43,7 @@ void zero_gradients(const std::vector<const TensorRef*>& zeroed, CUstream stream
 // Where a backward's scratch buffers sit in its workspace block.
 struct BackwardWorkspace {
   engine::WorkspaceLayout layout;
-  std::size_t dpreact, act_scaled, dprobs = 0;
+  std::size_t dpreact, act_scaled, dprobs = 0, tile_counters = 0;
   // FP8 recipes: dy and dh in E4M3, their scales (per 1 x 128 block, or one float per tensor)
   // and fp8_tensor's amax slots.
   std::size_t dy_fp8 = 0, dy_scales = 0, dh_fp8 = 0, dh_scales = 0, amax = 0;
@@ -61,6 +61,7 @@ struct BackwardWorkspace {
     const auto H = static_cast<std::size_t>(layer.hidden);
     const auto F1 = static_cast<std::size_t>(layer.fc1_out());
     dpreact = layout.add(T * F1 * 2);
+    if (T > 0) tile_counters = layout.add(engine::TileCounters::kBytes);  // no call, no kernel
     act_scaled = layout.add(T * static_cast<std::size_t>(layer.ffn) * 2);
     if (layer.router_probs) dprobs = layout.add(T * 4);
     if (recipe == RecipeKind::bf16) return;
@@ -176,8 +177,11 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
                                           static_cast<std::size_t>(tokens), cu_stream),
         "cuMemsetD32Async(dprobs)");
   }
-  for (const auto& kernel : plan.kernels) {
-    engine::bind_and_launch(*kernel, *plan.device, call, cu_stream);
+  const engine::TileCounters counters(workspace.at(parts.tile_counters), plan.kernels.size(),
+                                      cu_stream);
+  for (std::size_t i = 0; i < plan.kernels.size(); ++i) {
+    call.tile_counter = counters.at(i);
+    engine::bind_and_launch(*plan.kernels[i], *plan.device, call, cu_stream);
   }
 }
 

@@ -22,6 +22,7 @@ struct ForwardWorkspace {
   // FP8: x in E4M3 and the scales of x and of the activation (fp32: one per 128 values for
   // fp8_block, one per tensor for fp8_tensor, which also keeps a in bf16 and two amax slots).
   std::size_t x_fp8 = 0, x_scales = 0, act_scales = 0, act_bf16 = 0, amax = 0;
+  std::size_t tile_counters = 0;
 
   ForwardWorkspace(const LayerSpec& spec, GradMode grad, std::int64_t tokens, bool op_by_op,
                    RecipeKind recipe) {
@@ -29,6 +30,7 @@ struct ForwardWorkspace {
     const auto H = static_cast<std::size_t>(spec.hidden), F = static_cast<std::size_t>(spec.ffn);
     const bool fp8 = recipe != RecipeKind::bf16, per_tensor = recipe == RecipeKind::fp8_tensor;
     activation = layout.add(T * F * (fp8 ? 1 : 2));
+    if (T > 0) tile_counters = layout.add(engine::TileCounters::kBytes);  // no call, no kernel
     if (fp8) {
       x_fp8 = layout.add(T * H);
       x_scales = layout.add(per_tensor ? 4 : T * (H / 128) * 4);
@@ -111,8 +113,11 @@ ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, cons
   if (op_by_op) {
     call.preact = grad == GradMode::grad ? args.saved_preact.data : workspace.at(parts.preact);
   }
+  const engine::TileCounters counters(workspace.at(parts.tile_counters), plan.kernels.size(),
+                                      cu_stream);
   for (std::size_t i = 0; i < plan.kernels.size(); ++i) {
     call.linear_is_fc2 = op_by_op && i + 1 == plan.kernels.size();
+    call.tile_counter = counters.at(i);
     engine::bind_and_launch(*plan.kernels[i], *plan.device, call, cu_stream);
   }
   return context;

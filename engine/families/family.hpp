@@ -84,6 +84,9 @@ struct CallTensors {
   // Op by op, the plan is [linear (FC1), activation, linear (FC2)]: both GEMMs have the role
   // `linear`, and this tells the binding which one it is launching.
   bool linear_is_fc2 = false;
+  // The launching kernel's zeroed tile counter (TileCounters); the Hopper kernels claim their
+  // tiles from it.
+  unsigned int* tile_counter = nullptr;
 };
 
 // Room for the largest parameter block, aligned as the Hopper blocks (their tensor maps) need.

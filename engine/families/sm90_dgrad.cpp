@@ -28,6 +28,7 @@ void* bind_sm90_dgrad(const CallTensors& call, const LoadedKernel& kernel, Param
     auto& params = storage.emplace<kt::Sm90Fc2DgradParams>();
     encode_maps(fc2.dy, fc2.tokens, l.hidden, fc2.w2, l.ffn, call, kernel, params);
     params.plain = fc2;
+    params.tile_counter = call.tile_counter;
     return &params;
   }
   // FC1 dgrad: a = dh, b = W1, out = dx, no bias or probs.
@@ -35,6 +36,7 @@ void* bind_sm90_dgrad(const CallTensors& call, const LoadedKernel& kernel, Param
   auto& params = storage.emplace<kt::Sm90GemmParams>();
   encode_maps(fc1.a, fc1.tokens, l.fc1_out(), fc1.b, l.hidden, call, kernel, params);
   params.plain = fc1;
+  params.tile_counter = call.tile_counter;
   return &params;
 }
 

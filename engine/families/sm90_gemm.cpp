@@ -53,6 +53,7 @@ void* bind_sm90_gemm(const CallTensors& call, const LoadedKernel& kernel, ParamS
   auto& params = storage.emplace<kt::Sm90GemmParams>();
   params = encoded_maps(kernel, *call.layer, op);
   params.plain = op.plain;
+  params.tile_counter = call.tile_counter;
   return &params;
 }
 

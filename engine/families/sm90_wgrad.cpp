@@ -15,6 +15,7 @@ void* bind_sm90_wgrad(const CallTensors& call, const LoadedKernel& kernel, Param
                                       params),
                "cuTensorMapEncodeTiled");
   params.plain = op.plain;
+  params.tile_counter = call.tile_counter;
   return &params;
 }
 

@@ -13,7 +13,7 @@ namespace {
 using gmjit::kt::Sm90Fc2DgradParams;
 using gmjit::kt::Sm90GemmParams;
 using gmjit::kt::Sm90WgradParams;
-static_assert(sizeof(Sm90GemmParams) == 320 && alignof(Sm90GemmParams) == 64);
+static_assert(sizeof(Sm90GemmParams) == 384 && alignof(Sm90GemmParams) == 64);
 static_assert(offsetof(Sm90GemmParams, tmap_a) == 0 && offsetof(Sm90GemmParams, tmap_b) == 128);
 static_assert(offsetof(Sm90GemmParams, plain) == 256);
 static_assert(offsetof(Sm90GemmParams, plain.a) == 256 &&
@@ -23,7 +23,8 @@ static_assert(offsetof(Sm90GemmParams, plain.a) == 256 &&
               offsetof(Sm90GemmParams, plain.split_sizes) == 288 &&
               offsetof(Sm90GemmParams, plain.out) == 296 &&
               offsetof(Sm90GemmParams, plain.preact_out) == 304 &&
-              offsetof(Sm90GemmParams, plain.tokens) == 312);
+              offsetof(Sm90GemmParams, plain.tokens) == 312 &&
+              offsetof(Sm90GemmParams, tile_counter) == 320);
 static_assert(sizeof(Sm90Fc2DgradParams) == 384 && alignof(Sm90Fc2DgradParams) == 64);
 static_assert(offsetof(Sm90Fc2DgradParams, tmap_a) == 0 &&
               offsetof(Sm90Fc2DgradParams, tmap_b) == 128);
@@ -37,7 +38,8 @@ static_assert(offsetof(Sm90Fc2DgradParams, plain.dy) == 256 &&
               offsetof(Sm90Fc2DgradParams, plain.dpreact) == 304 &&
               offsetof(Sm90Fc2DgradParams, plain.act_scaled) == 312 &&
               offsetof(Sm90Fc2DgradParams, plain.dprobs) == 320 &&
-              offsetof(Sm90Fc2DgradParams, plain.tokens) == 328);
+              offsetof(Sm90Fc2DgradParams, plain.tokens) == 328 &&
+              offsetof(Sm90Fc2DgradParams, tile_counter) == 352);
 static_assert(sizeof(Sm90WgradParams) == 320 && alignof(Sm90WgradParams) == 64);
 static_assert(offsetof(Sm90WgradParams, tmap_a) == 0 && offsetof(Sm90WgradParams, tmap_b) == 128);
 static_assert(offsetof(Sm90WgradParams, plain) == 256);
@@ -46,7 +48,8 @@ static_assert(offsetof(Sm90WgradParams, plain.a) == 256 &&
               offsetof(Sm90WgradParams, plain.split_sizes) == 272 &&
               offsetof(Sm90WgradParams, plain.out) == 280 &&
               offsetof(Sm90WgradParams, plain.tokens) == 288 &&
-              offsetof(Sm90WgradParams, plain.accumulate) == 296);
+              offsetof(Sm90WgradParams, plain.accumulate) == 296 &&
+              offsetof(Sm90WgradParams, tile_counter) == 304);
 
 // One bf16 map with 128-byte swizzle; dims/strides innermost first (strides in bytes, rank-1 of
 // them), box inner extent 64 elements.

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 
 #include "engine/runtime/capture_mode.hpp"
 #include "engine/runtime/device_context.hpp"
@@ -111,6 +113,28 @@ WorkspaceLease::~WorkspaceLease() {
     log(LogLevel::warn, "cuMemFreeAsync(workspace) failed ({}); the block stays with the pool",
         static_cast<int>(rc));
   }
+}
+
+namespace {
+bool static_tiles_requested() {
+  static const bool requested = [] {
+    const char* value = std::getenv("GMJIT_STATIC_TILES");
+    return value != nullptr && std::string_view(value) == "1";
+  }();
+  return requested;
+}
+}  // namespace
+
+TileCounters::TileCounters(void* slot, std::size_t kernels, CUstream stream)
+    : counters_(static_tiles_requested() ? nullptr : static_cast<unsigned int*>(slot)) {
+  if (counters_ == nullptr) return;
+  if (kernels > kMaxKernels) {
+    throw Error(Status::internal,
+                fmt::format("a plan of {} kernels exceeds the {} tile counters of a call", kernels,
+                            kMaxKernels));
+  }
+  check_driver(driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(slot), 0, kernels, stream),
+               "cuMemsetD32Async(tile counters)");
 }
 
 }  // namespace gmjit::engine

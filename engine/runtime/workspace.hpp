@@ -75,4 +75,25 @@ class WorkspaceLease {
   bool owned_ = false;
 };
 
+// One tile counter per kernel of a plan, in a slot of the call's workspace: the Hopper kernels
+// claim their tiles from it (dynamic tile scheduling), so it must read zero when each launches.
+class TileCounters {
+ public:
+  static constexpr std::size_t kMaxKernels = 16;
+  static constexpr std::size_t kBytes = kMaxKernels * sizeof(unsigned int);
+
+  // Zeroes the first `kernels` counters at `slot` (kBytes of workspace) on `stream`; with
+  // GMJIT_STATIC_TILES=1 in the environment (read once) it does nothing and every counter is null:
+  // the kernels walk their tiles round-robin (A/B comparisons).
+  TileCounters(void* slot, std::size_t kernels, CUstream stream);
+
+  // Kernel `index`'s counter, or null.
+  unsigned int* at(std::size_t index) const {
+    return counters_ == nullptr ? nullptr : counters_ + index;
+  }
+
+ private:
+  unsigned int* counters_;
+};
+
 }  // namespace gmjit::engine
