@@ -226,6 +226,39 @@ __device__ __forceinline__ int count_row_tiles(const SplitT* __restrict__ split,
   return tiles + static_cast<int>((tokens - row_base + kBlockM - 1) / kBlockM);
 }
 
+// Whether every row tile is a full expert tile: each expert's rows a multiple of kBlockM, no
+// tail rows. Then every tile of a grouped GEMM costs the same. Warp-collective.
+template <class SplitT, int kExperts, int kBlockM>
+__device__ __forceinline__ bool row_tiles_all_full(const SplitT* __restrict__ split,
+                                                   long long tokens) {
+  long long row_base = 0;
+  bool partial = false;
+  for (int e0 = 0; e0 < kExperts; e0 += 32) {
+    long long beg, end;
+    row_base = chunk_rows<SplitT, kExperts>(split, tokens, e0, row_base, beg, end);
+    partial |= __any_sync(0xffffffffu, (end - beg) % kBlockM != 0);
+  }
+  return !partial && row_base == tokens;
+}
+
+// Whether every expert has the same number of kStep-row steps, ceil(rows / kStep): then every
+// weight-gradient tile costs the same. Warp-collective.
+template <class SplitT, int kExperts, int kStep>
+__device__ __forceinline__ bool expert_steps_equal(const SplitT* __restrict__ split,
+                                                   long long tokens) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  long long row_base = 0, first = 0;
+  bool differ = false;
+  for (int e0 = 0; e0 < kExperts; e0 += 32) {
+    long long beg, end;
+    row_base = chunk_rows<SplitT, kExperts>(split, tokens, e0, row_base, beg, end);
+    const long long steps = (end - beg + kStep - 1) / kStep;
+    if (e0 == 0) first = detail::shfl_idx(steps, 0);
+    differ |= __any_sync(0xffffffffu, e0 + lane < kExperts && steps != first);
+  }
+  return !differ;
+}
+
 // Grouped rasterization: linear tile index t -> (row tile, column tile), walking `group` row tiles
 // before moving to the next column tile, so that the tiles in flight at one time share A row
 // tiles and B column tiles in L2 (without it a wave streams every expert weight tile once per row

@@ -13,10 +13,11 @@
 // the consumers store, so loads overlap the epilogue.
 // Tiles: t over num_m * num_n, where num_m is the exact number of row tiles (expert tiles + tail
 // tiles, from the device split sizes); grouped rasterization (group_m row tiles per column sweep)
-// keeps A and B tiles shared in L2. A CTA starts at t = blockIdx.x and then claims its next tile
-// from the launch's zeroed tile counter (TileWalk): tiles of unequal cost (an expert's last rows,
-// a warpgroup with no rows) no longer make the CTAs drift apart, so the tiles in flight stay a
-// narrow window of t that shares L2, and the CTAs finish together. Only the producer warp
+// keeps A and B tiles shared in L2. A CTA starts at t = blockIdx.x and then, unless every tile is
+// full, claims its next tile from the launch's zeroed tile counter (TileWalk): tiles of unequal
+// cost (an expert's last rows, a warpgroup with no rows) no longer make the CTAs drift apart, so
+// the tiles in flight stay a narrow window of t that shares L2, and the CTAs finish together.
+// Only the producer warp
 // runs the schedule: it writes each tile's (expert, rows, column tile) into the info slot of the
 // tile's first stage, so the consumers' critical path has no split-size scan. Tail tiles and the
 // final "done" marker take one stage each, with no data (plain arrive on full[s]).
@@ -251,9 +252,16 @@ class TileWalk {
 
   __device__ __forceinline__ int first() const { return static_cast<int>(blockIdx.x); }
 
-  // At the start of tile t, before any `continue`.
+  // At the start of tile t, before any `continue`. The lane test reads %laneid: with
+  // `threadIdx.x & 31`, ptxas turns the atomic into a warp-aggregated one whose result it
+  // shuffles at once, stalling the producer for the atomic's round trip at every tile (SASS:
+  // ATOMG then SHFL.IDX of its result); with %laneid it issues a plain ATOMG, waited on in next().
   __device__ __forceinline__ void claim() {
-    if (counter_ != nullptr && (threadIdx.x & 31) == 0) ticket_ = atomicAdd(counter_, 1u);
+    unsigned int lane;
+    asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+    if (counter_ != nullptr && lane == 0) {
+      asm volatile("atom.global.add.u32 %0, [%1], 1;" : "=r"(ticket_) : "l"(counter_) : "memory");
+    }
   }
 
   __device__ __forceinline__ int next(int t) const {
@@ -285,7 +293,11 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
       if (!data) mbar_arrive(r.full + 8 * stage);
     }
   };
-  TileWalk walk(TileCounterOf<P>::get(p));
+  // Tiles of equal cost: round-robin is balanced already and keeps the CTAs in step (measured up
+  // to 9 % faster than claiming on a balanced qwen3 forward, docs/PERFORMANCE.md).
+  const bool equal_tiles =
+      row_tiles_all_full<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
+  TileWalk walk(equal_tiles ? nullptr : TileCounterOf<P>::get(p));
   for (int t = walk.first(); t < num_tiles; t = walk.next(t)) {
     walk.claim();
     int tile_m, tile_n;

@@ -6,8 +6,9 @@
 //   dW1_g = dh_gᵀ x_g         (a = dpreact, b = x, rows = F1, cols = H)
 //
 // Persistent, warp-specialized CTA of 384 threads as in sm90_grouped_gemm.cuh: warp 0 walks the
-// tiles (expert-major; group_m rasterization inside an expert; claimed from p.tile_counter when
-// it is not null, as TileWalk does, since an expert's tiles cost its row count), lane 0 issues TMA
+// tiles (expert-major; group_m rasterization inside an expert; claimed from p.tile_counter, as
+// TileWalk does, when it is not null and the experts' row counts differ, since an expert's tiles
+// cost its row count), lane 0 issues TMA
 // loads of A (block_m / 64 boxes of {64 M, 64 tokens}) and B (block_n / 64 boxes of {64 N, 64
 // tokens}) per 64-token K step; two consumer warpgroups each own block_m / 2 rows of M. The K range
 // is the expert's rows [beg, end) (device split sizes): TMA zero-fills rows past T, and in the last
@@ -218,7 +219,9 @@ struct GroupedWgradSm90 {
       const int num_tiles = Cfg::experts * kPerExpert;
       int cur = -1;
       long long beg = 0, end = 0;
-      TileWalk walk(p.tile_counter);
+      // Experts of equal step counts: round-robin, as produce_tiles does for equal tiles.
+      const bool equal_tiles = expert_steps_equal<SplitT, Cfg::experts, 64>(split, p.plain.tokens);
+      TileWalk walk(equal_tiles ? nullptr : p.tile_counter);
       for (int t = walk.first(); t < num_tiles; t = walk.next(t)) {
         walk.claim();
         const int g = t / kPerExpert;
