@@ -242,13 +242,18 @@ struct TileCounterOf<P, decltype(void(&P::tile_counter))> {
   __device__ static __forceinline__ unsigned int* get(const P& p) { return p.tile_counter; }
 };
 
-// The tiles one CTA's producer warp takes: blockIdx.x first, then, with a counter (zeroed before
-// the launch), gridDim.x + the tickets it claims, in claim order across the grid; without one,
-// round-robin (t += gridDim.x). The ticket for the next tile is claimed when a tile starts, so
-// its latency hides behind that tile's loads. Warp-collective (next() shuffles).
+// The tiles one CTA's producer warp takes: blockIdx.x first, then, when `dynamic` (the block's
+// counter is zeroed before the launch), gridDim.x + the tickets it claims, in claim order across
+// the grid; else round-robin (t += gridDim.x). The ticket for the next tile is claimed when a
+// tile starts, so its latency hides behind that tile's loads, as long as it stays in a register:
+// the counter's address is read from the parameter block at each claim, not kept (the producer
+// has 40 registers; a spilled ticket is stored, so waited for, right after its atomic).
+// Warp-collective (next() shuffles).
+template <class P>
 class TileWalk {
  public:
-  __device__ explicit TileWalk(unsigned int* counter) : counter_(counter) {}
+  __device__ TileWalk(const P& p, bool dynamic)
+      : p_(p), dynamic_(dynamic && TileCounterOf<P>::get(p) != nullptr) {}
 
   __device__ __forceinline__ int first() const { return static_cast<int>(blockIdx.x); }
 
@@ -259,18 +264,22 @@ class TileWalk {
   __device__ __forceinline__ void claim() {
     unsigned int lane;
     asm("mov.u32 %0, %%laneid;" : "=r"(lane));
-    if (counter_ != nullptr && lane == 0) {
-      asm volatile("atom.global.add.u32 %0, [%1], 1;" : "=r"(ticket_) : "l"(counter_) : "memory");
+    if (dynamic_ && lane == 0) {
+      asm volatile("atom.global.add.u32 %0, [%1], 1;"
+                   : "=r"(ticket_)
+                   : "l"(TileCounterOf<P>::get(p_))
+                   : "memory");
     }
   }
 
   __device__ __forceinline__ int next(int t) const {
-    if (counter_ == nullptr) return t + static_cast<int>(gridDim.x);
+    if (!dynamic_) return t + static_cast<int>(gridDim.x);
     return static_cast<int>(gridDim.x + __shfl_sync(0xffffffffu, ticket_, 0));
   }
 
  private:
-  unsigned int* counter_;
+  const P& p_;  // the __grid_constant__ parameter block
+  bool dynamic_;
   unsigned int ticket_ = 0;
 };
 
@@ -297,7 +306,7 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
   // to 9 % faster than claiming on a balanced qwen3 forward, docs/PERFORMANCE.md).
   const bool equal_tiles =
       row_tiles_all_full<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
-  TileWalk walk(equal_tiles ? nullptr : TileCounterOf<P>::get(p));
+  TileWalk<P> walk(p, !equal_tiles);
   for (int t = walk.first(); t < num_tiles; t = walk.next(t)) {
     walk.claim();
     int tile_m, tile_n;
@@ -357,10 +366,6 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
   setmaxnreg_inc<S::consumer_regs>();
   const int wg = warp / 4 - 1;
   const WarpStage ws = ring.warp_stage(warp);
-  // A warpgroup without rows in a tile skips it only under dynamic scheduling: with round-robin
-  // tiles the cheaper tiles let CTAs drift apart, which cost ragged prefill more (5-32 %) than
-  // the skip gains in decode (benchmarks/tile_schedule_model.py).
-  const bool skip_idle = TileCounterOf<P>::get(p) != nullptr;
   float acc[S::mt][S::regs];
 #pragma unroll
   for (int m = 0; m < S::mt; ++m)
@@ -378,8 +383,11 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
       Epi::zero_rows(p, ti.tile_n, ti.row_begin, ti.row_end, tid - 128, 256);
       continue;
     }
-    const long long row0 = ti.row_begin + wg * S::mt * 64;
-    if (skip_idle && row0 >= ti.row_end) {
+    // A warpgroup without rows in a tile skips it only where the launch has a tile counter: with
+    // round-robin tiles the cheaper tiles let CTAs drift apart, which cost ragged prefill more
+    // (5-32 %) than the skip gains in decode (benchmarks/tile_schedule_model.py). The test reads
+    // the parameter block each time; a flag kept in a register took one from the accumulators.
+    if (TileCounterOf<P>::get(p) != nullptr && ti.row_begin + wg * S::mt * 64 >= ti.row_end) {
       // No row of this warpgroup (a tile of at most 64 rows, decode): release the stages
       // unread, so the MMA pipe serves the other warpgroup alone.
 #pragma unroll 1
@@ -423,7 +431,7 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
     for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
     if (lane == 0) mbar_arrive(empty + 8 * prev);
     const RowTile rt{ti.expert, ti.row_begin, ti.row_end};
-    Epi::store(p, acc, rt, ti.tile_n, row0, ws);
+    Epi::store(p, acc, rt, ti.tile_n, ti.row_begin + wg * S::mt * 64, ws);
   }
 }
 

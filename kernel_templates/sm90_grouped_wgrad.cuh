@@ -221,7 +221,7 @@ struct GroupedWgradSm90 {
       long long beg = 0, end = 0;
       // Experts of equal step counts: round-robin, as produce_tiles does for equal tiles.
       const bool equal_tiles = expert_steps_equal<SplitT, Cfg::experts, 64>(split, p.plain.tokens);
-      TileWalk walk(equal_tiles ? nullptr : p.tile_counter);
+      TileWalk<Sm90WgradParams> walk(p, !equal_tiles);
       for (int t = walk.first(); t < num_tiles; t = walk.next(t)) {
         walk.claim();
         const int g = t / kPerExpert;
