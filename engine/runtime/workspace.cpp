@@ -127,12 +127,12 @@ bool static_tiles_requested() {
 
 TileCounters::TileCounters(void* slot, std::size_t kernels, CUstream stream)
     : counters_(static_tiles_requested() ? nullptr : static_cast<unsigned int*>(slot)) {
-  if (counters_ == nullptr) return;
   if (kernels > kMaxKernels) {
     throw Error(Status::internal,
                 fmt::format("a plan of {} kernels exceeds the {} tile counters of a call", kernels,
                             kMaxKernels));
   }
+  if (counters_ == nullptr) return;
   check_driver(driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(slot), 0, kernels, stream),
                "cuMemsetD32Async(tile counters)");
 }
