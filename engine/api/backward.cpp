@@ -57,11 +57,17 @@ struct BackwardWorkspace {
   }
 
   BackwardWorkspace(const LayerSpec& layer, std::int64_t tokens, RecipeKind recipe) {
+    add_scratch(layer, tokens, recipe);
+    // Last: the counters move no other buffer (each starts where it would without them).
+    if (tokens > 0) tile_counters = layout.add(engine::TileCounters::kBytes);
+  }
+
+ private:
+  void add_scratch(const LayerSpec& layer, std::int64_t tokens, RecipeKind recipe) {
     const auto T = static_cast<std::size_t>(tokens);
     const auto H = static_cast<std::size_t>(layer.hidden);
     const auto F1 = static_cast<std::size_t>(layer.fc1_out());
     dpreact = layout.add(T * F1 * 2);
-    if (T > 0) tile_counters = layout.add(engine::TileCounters::kBytes);  // no call, no kernel
     act_scaled = layout.add(T * static_cast<std::size_t>(layer.ffn) * 2);
     if (layer.router_probs) dprobs = layout.add(T * 4);
     if (recipe == RecipeKind::bf16) return;

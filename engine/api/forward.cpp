@@ -30,7 +30,6 @@ struct ForwardWorkspace {
     const auto H = static_cast<std::size_t>(spec.hidden), F = static_cast<std::size_t>(spec.ffn);
     const bool fp8 = recipe != RecipeKind::bf16, per_tensor = recipe == RecipeKind::fp8_tensor;
     activation = layout.add(T * F * (fp8 ? 1 : 2));
-    if (T > 0) tile_counters = layout.add(engine::TileCounters::kBytes);  // no call, no kernel
     if (fp8) {
       x_fp8 = layout.add(T * H);
       x_scales = layout.add(per_tensor ? 4 : T * (H / 128) * 4);
@@ -42,6 +41,8 @@ struct ForwardWorkspace {
     } else if (op_by_op && grad == GradMode::no_grad) {
       preact = layout.add(T * static_cast<std::size_t>(spec.fc1_out()) * 2);
     }
+    // Last: the counters move no other buffer (each starts where it would without them).
+    if (T > 0) tile_counters = layout.add(engine::TileCounters::kBytes);
   }
 };
 
