@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A model of the Hopper forward kernels' persistent tile schedule, on the CPU.
 
-The sm90 grouped GEMMs (kernel_templates/sm90_grouped_gemm.cuh) run one CTA per SM, and CTA c
-takes tiles c, c + #SMs, c + 2·#SMs, ... of a grouped order (expert_schedule.cuh's tile_coords:
+The sm90 grouped GEMMs (kernel_templates/sm90_grouped_gemm.cuh) run one CTA per SM. Until
+session 9 CTA c took tiles c, c + #SMs, c + 2·#SMs, ... of a grouped order (they still do when
+every tile is full; otherwise they claim tiles from a counter, the "dynamic" schedule below) (expert_schedule.cuh's tile_coords:
 `group` row tiles walked before the next column tile), so that the tiles in flight at one time
 share row tiles of A and column tiles of B in L2. That holds while every tile costs the same.
 When some tiles cost less, the CTAs that draw them run ahead and the tiles in flight spread over
@@ -18,7 +19,7 @@ a model, not a measurement: no memory system, only who works on what when.
   python3 benchmarks/tile_schedule_model.py --shape deepseek --ragged --small-tile-cost 0.5
 
 Session 8 (docs/PERFORMANCE.md) uses it to explain why skipping the idle warpgroup's MMAs slowed
-ragged prefill.
+ragged prefill; session 9 built the dynamic schedule it compares against.
 """
 
 from __future__ import annotations
