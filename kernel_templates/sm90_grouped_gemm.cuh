@@ -17,10 +17,10 @@
 // full, claims its next tile from the launch's zeroed tile counter (TileWalk): tiles of unequal
 // cost (an expert's last rows, a warpgroup with no rows) no longer make the CTAs drift apart, so
 // the tiles in flight stay a narrow window of t that shares L2, and the CTAs finish together.
-// Only the producer warp
-// runs the schedule: it writes each tile's (expert, rows, column tile) into the info slot of the
-// tile's first stage, so the consumers' critical path has no split-size scan. Tail tiles and the
-// final "done" marker take one stage each, with no data (plain arrive on full[s]).
+// Only the producer warp runs the schedule: it writes each tile's (expert, rows, column tile)
+// into the info slot of the tile's first stage, so the consumers' critical path has no
+// split-size scan. Tail tiles and the final "done" marker take one stage each, with no data
+// (plain arrive on full[s]).
 
 #include "gmjit/bf16.cuh"
 #include "gmjit/expert_schedule.cuh"

@@ -8,11 +8,11 @@
 // Persistent, warp-specialized CTA of 384 threads as in sm90_grouped_gemm.cuh: warp 0 walks the
 // tiles (expert-major; group_m rasterization inside an expert; claimed from p.tile_counter, as
 // TileWalk does, when it is not null and the experts' row counts differ, since an expert's tiles
-// cost its row count), lane 0 issues TMA
-// loads of A (block_m / 64 boxes of {64 M, 64 tokens}) and B (block_n / 64 boxes of {64 N, 64
-// tokens}) per 64-token K step; two consumer warpgroups each own block_m / 2 rows of M. The K range
-// is the expert's rows [beg, end) (device split sizes): TMA zero-fills rows past T, and in the last
-// K step the consumers zero the rows past `end` (they belong to the next expert) in both A and B
+// cost its row count), lane 0 issues TMA loads of A (block_m / 64 boxes of {64 M, 64 tokens})
+// and B (block_n / 64 boxes of {64 N, 64 tokens}) per 64-token K step; two consumer warpgroups
+// each own block_m / 2 rows of M. The K range is the expert's rows [beg, end) (device split
+// sizes): TMA zero-fills rows past T, and in the last K step the consumers zero the rows past
+// `end` (they belong to the next expert) in both A and B
 // before any wgmma reads the stage (generic-proxy stores + fence.proxy.async + a named barrier
 // over the 256 consumer threads). Experts without rows: zeros (accumulate = 0) or untouched.
 //
@@ -30,9 +30,9 @@
 //   smem_bytes               int    must equal stages * (block_m + block_n) * 128 + 20480
 // Params: Sm90WgradParams; maps from encode_sm90_wgrad_maps (engine/families/tensor_maps.hpp).
 // Launch: blockDim 384, gridDim (#SMs, 1, 1) (persistent; any >= 1 is correct), dynamic smem =
-//   K::smem_bytes, `__launch_bounds__(384, 1)`. p.tile_counter: zeroed before the launch,
-//   or null. T == 0 with accumulate = 0 still
-//   needs the launch (it writes the zeros); T == 0 with accumulate = 1 may skip it.
+//   K::smem_bytes, `__launch_bounds__(384, 1)`. p.tile_counter: zeroed before the launch, or
+//   null. T == 0 with accumulate = 0 still needs the launch (it writes the zeros); T == 0 with
+//   accumulate = 1 may skip it.
 
 #include "gmjit/bf16.cuh"
 #include "gmjit/params.cuh"

@@ -33,9 +33,9 @@
 // Launch (host), K = the kernel struct: persistent, blockDim = 384 (K::threads), gridDim =
 //   (#SMs, 1, 1), dynamic smem = K::smem_bytes (raise the max dynamic smem attribute first),
 //   kernel `__launch_bounds__(384, 1)`. T == 0: skip the launch. p.tile_counter: zeroed before the
-//   launch (dynamic tiles), or null (static). Fc2DgradSm90 with has_probs: the
-//   host zeroes dprobs ([T] fp32) before the launch (partials are atomicAdd-ed). Tail rows
-//   [sum n_g, T) get zeros in dpreact / act_scaled / dx (dprobs keeps the host's zeros).
+//   launch (dynamic tiles), or null (static). Fc2DgradSm90 with has_probs: the host zeroes dprobs
+//   ([T] fp32) before the launch (partials are atomicAdd-ed). Tail rows [sum n_g, T) get zeros in
+//   dpreact / act_scaled / dx (dprobs keeps the host's zeros).
 
 #include "gmjit/activations.cuh"
 #include "gmjit/bf16.cuh"
