@@ -1,0 +1,82 @@
+"""benchmarks/ab_bench.py on the CPU, against a stub `gmjit` that prints bench reports: the
+alternation of the variants, their environments, the case syntax and the best-of-rounds table."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+
+import pytest
+from benchmark_scripts import load
+
+# Prints a report whose times encode the call: forward = 1 + (variant B ? 1 : 0) + call index /
+# 100, fwd+bwd = 10 x that; logs argv and GMJIT_STATIC_TILES to $STUB_LOG.
+STUB = """#!{python}
+import json, os, sys
+log = os.environ["STUB_LOG"]
+calls = open(log).read().count("\\n") if os.path.exists(log) else 0
+with open(log, "a") as f:
+    f.write(json.dumps([sys.argv[1:], os.environ.get("GMJIT_STATIC_TILES")]) + "\\n")
+fwd = 1 + (1 if os.environ.get("STUB_VARIANT") == "B" else 0) + calls / 100
+print("gmjit bench: stub")
+print(f"  forward        {{fwd:.3f}} ms     1.0 TFLOP/s  (stub, median of 20)")
+print(f"  fwd+bwd        {{10 * fwd:.3f}} ms     1.0 TFLOP/s  (grad forward + backward)")
+"""
+
+
+@pytest.fixture
+def stub(tmp_path, monkeypatch):
+    path = tmp_path / "gmjit"
+    path.write_text(STUB.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("STUB_LOG", str(log))
+    return path, log
+
+
+def test_variants_alternate_per_round_with_their_environments(stub, tmp_path, capsys):
+    ab = load("ab_bench")
+    binary, log = stub
+    out = tmp_path / "ab.json"
+    assert ab.main(["--a", str(binary), "--a-env", "GMJIT_STATIC_TILES=1",
+                    "--b", str(binary), "--b-env", "STUB_VARIANT=B", "--rounds", "2",
+                    "--repeats", "5", "--json", str(out),
+                    "mixtral", "deepseek:--tokens-per-expert=16:--ragged"]) == 0  # fmt: skip
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [c[1] for c in calls] == ["1", None] * 4  # A B A B per case
+    assert calls[0][0] == ["bench", "--preset", "mixtral", "--repeats", "5"]
+    assert calls[4][0] == ["bench", "--preset", "deepseek", "--tokens-per-expert", "16",
+                           "--ragged", "--repeats", "5"]  # fmt: skip
+    record = json.loads(out.read_text())
+    assert record["cases"][0]["rounds"]["A"] == [[1.0, 10.0], [1.02, 10.2]]
+    assert record["cases"][0]["rounds"]["B"] == [[2.01, 20.1], [2.03, 20.3]]
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if line.startswith("mixtral"))
+    # Best rounds: A 1.000 / 10.000, B 2.010 / 20.100.
+    assert row.split()[1:] == ["1.000", "2.010", "0.498", "10.000", "20.100", "0.498"]
+
+
+def test_a_report_without_times_names_what_is_missing():
+    ab = load("ab_bench")
+    with pytest.raises(RuntimeError, match="no forward and fwd\\+bwd lines"):
+        ab.times_of("  forward 1.0 ms\n  skipped: fwd+bwd (no GPU)")
+
+
+def test_a_failing_bench_stops_the_run_with_its_stderr(tmp_path):
+    ab = load("ab_bench")
+    failing = tmp_path / "gmjit"
+    failing.write_text("#!/bin/sh\necho 'bench: no such preset' >&2\nexit 2\n")
+    failing.chmod(0o755)
+    with pytest.raises(RuntimeError, match="no such preset"):
+        ab.main(["--a", str(failing), "--b", str(failing), "nosuch"])
+
+
+def test_malformed_cases_and_environments_are_refused():
+    ab = load("ab_bench")
+    with pytest.raises(SystemExit):
+        ab.main(["--a", "x", "--b", "y", ":--ragged"])
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        ab.main(["--a", "x", "--a-env", "NOVALUE", "--b", "y", "mixtral"])
+    assert os.path.basename(ab.__file__) == "ab_bench.py"
