@@ -199,6 +199,31 @@ TEST(GroupedMlpEmit, GptOssWidthsTakeHopperKernelsWithWholeTiles) {
   }
 }
 
+// The data gradients take 256 x 128 tiles where 128 is the widest tile dividing their output
+// (e64: F = 1408), the bytes per FLOP of 128 x 256; other widths keep 128-row tiles.
+TEST(GroupedMlpEmit, DgradTilesOfWidth128AreTwoHundredFiftySixRowsTall) {
+  LayerSpec layer = mixtral();
+  layer.experts = 64;
+  layer.hidden = 2048;  // FC1 dgrad: 128 x 256
+  layer.ffn = 1408;     // FC2 dgrad: 1408 = 11 x 128
+  GradientSet all;
+  int seen = 0;
+  for (const auto& k : emit_grouped_mlp_backward({layer, all, "sm_90a", false})) {
+    if (k.role == KernelRole::fc2_dgrad) {
+      EXPECT_EQ(k.launch.block_m, 256u);
+      EXPECT_EQ(k.launch.block_n, 128u);
+      EXPECT_NE(k.source.find("block_m = 256, block_n = 128"), std::string::npos);
+      EXPECT_EQ(k.launch.dynamic_smem_bytes, 4u * (256 + 128) * 128 + 20480);
+      ++seen;
+    } else if (k.role == KernelRole::fc1_dgrad) {
+      EXPECT_EQ(k.launch.block_m, 128u);
+      EXPECT_EQ(k.launch.block_n, 256u);
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, 2);
+}
+
 TEST(GroupedMlpEmit, InterleavedGluNeedsFfnMultipleOf32) {
   LayerSpec layer = mixtral();
   layer.activation.layout = GluLayout::interleaved32;

@@ -98,6 +98,10 @@ std::vector<Case> cases() {
        false, false, 576, 320},
       {"relu_w64x_h320_f576_accumulate", Activation::relu, GluLayout::halves, true, true, ragged, 6,
        all, true, false, 576, 320},
+      // Widths that only 128 (of 256, 192, 128) divides: FC2 dgrad 896 = 7 x 128, FC1 dgrad
+      // 640 = 5 x 128; dW2 640 x 896, dW1 1792 x 640.
+      {"swiglu_w128x_h640_f896", Activation::swiglu, GluLayout::halves, true, true, ragged, 5, all,
+       false, false, 896, 640},
       // Interleaved GLU dgrad on a 192-wide F tile; dW1 384 x 320.
       {"geglu_interleaved_w64x_h320_f192_tail", Activation::geglu, GluLayout::interleaved32, true,
        true, ragged, 7, all, false, false, 192, 320},
@@ -213,9 +217,40 @@ INSTANTIATE_TEST_SUITE_P(Layers, BackwardMatchesFloat64Reference, ::testing::Val
                          [](const auto& info) { return info.param.name; });
 
 // bf16 weight gradients (what autograd hands back for bf16 weights) are the fp32 ones rounded
-// once: the same kernel writes the same fp32 sums in the weights' dtype, bit for bit. On the
-// Hopper and the portable kernels, the latter with widths that end in partial tiles, and with an
-// empty expert (whose gradient is zero).
+// once: the same kernel writes the same fp32 sums in the weights' dtype, bit for bit.
+void expect_bf16_weight_grads_are_fp32_rounded(const LayerSpec& l,
+                                               const std::vector<std::int64_t>& splits,
+                                               std::int64_t tokens, bool portable) {
+  TrainingLayer t(make_host_layer(l, splits, tokens, 5));
+  Engine engine(EngineOptions{.portable_kernels_only = portable});
+  const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
+  auto run = [&](const BackwardArgs& grads) {
+    const ForwardContext ctx = engine.forward(l, Recipe::bf16(), t.device.args, GradMode::grad);
+    engine.backward(ctx, Recipe::bf16(), grads);
+  };
+  run(t.grads);
+  std::vector<float> dw1(E * F1 * H), dw2(E * H * F);
+  t.dw1.download(std::as_writable_bytes(std::span(dw1)));
+  t.dw2.download(std::as_writable_bytes(std::span(dw2)));
+  engine::DeviceContext& ctx = engine::DeviceRegistry::instance().get(0);
+  engine::DeviceBuffer b1(ctx, E * F1 * H * 2), b2(ctx, E * H * F * 2);
+  b1.fill_bytes(0xFF);
+  b2.fill_bytes(0xFF);
+  BackwardArgs grads = t.grads;
+  const Device dev{Device::Kind::cuda, 0};
+  grads.dw1 = make_tensor(b1.data(), DType::bf16, {E, F1, H}, dev);
+  grads.dw2 = make_tensor(b2.data(), DType::bf16, {E, H, F}, dev);
+  run(grads);
+  for (const auto& [fp32, bf16] : {std::pair{&dw1, &b1}, std::pair{&dw2, &b2}}) {
+    const auto got = DeviceLayer::download(*bf16, static_cast<std::int64_t>(fp32->size()));
+    std::int64_t differ = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) differ += got[i] != to_bf16((*fp32)[i]);
+    EXPECT_EQ(differ, 0) << "portable " << portable << " H " << H << " F " << F;
+  }
+}
+
+// On the Hopper and the portable kernels, the latter with widths that end in partial tiles, and
+// with an empty expert (whose gradient is zero).
 TEST(Bf16WeightGradients, AreTheFp32OnesRoundedOnce) {
   GMJIT_REQUIRE_GPU();
   for (const bool portable : {false, true}) {
@@ -225,34 +260,24 @@ TEST(Bf16WeightGradients, AreTheFp32OnesRoundedOnce) {
       l.hidden = width;
       l.ffn = width == 384 ? 320 : 136;
       l.fc1_bias = l.fc2_bias = l.router_probs = true;
-      TrainingLayer t(make_host_layer(l, {100, 0, 157, 43}, 320, 5));
-      Engine engine(EngineOptions{.portable_kernels_only = portable});
-      const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
-      auto run = [&](const BackwardArgs& grads) {
-        const ForwardContext ctx = engine.forward(l, Recipe::bf16(), t.device.args, GradMode::grad);
-        engine.backward(ctx, Recipe::bf16(), grads);
-      };
-      run(t.grads);
-      std::vector<float> dw1(E * F1 * H), dw2(E * H * F);
-      t.dw1.download(std::as_writable_bytes(std::span(dw1)));
-      t.dw2.download(std::as_writable_bytes(std::span(dw2)));
-      engine::DeviceContext& ctx = engine::DeviceRegistry::instance().get(0);
-      engine::DeviceBuffer b1(ctx, E * F1 * H * 2), b2(ctx, E * H * F * 2);
-      b1.fill_bytes(0xFF);
-      b2.fill_bytes(0xFF);
-      BackwardArgs grads = t.grads;
-      const Device dev{Device::Kind::cuda, 0};
-      grads.dw1 = make_tensor(b1.data(), DType::bf16, {E, F1, H}, dev);
-      grads.dw2 = make_tensor(b2.data(), DType::bf16, {E, H, F}, dev);
-      run(grads);
-      for (const auto& [fp32, bf16] : {std::pair{&dw1, &b1}, std::pair{&dw2, &b2}}) {
-        const auto got = DeviceLayer::download(*bf16, static_cast<std::int64_t>(fp32->size()));
-        std::int64_t differ = 0;
-        for (std::size_t i = 0; i < got.size(); ++i) differ += got[i] != to_bf16((*fp32)[i]);
-        EXPECT_EQ(differ, 0) << "portable " << portable << " width " << width;
-      }
+      expect_bf16_weight_grads_are_fp32_rounded(l, {100, 0, 157, 43}, 320, portable);
     }
   }
+}
+
+// More tiles than CTAs (each CTA writes several, one after the other), experts of 1 to 1000
+// rows (K steps from 1 to 16), and empty experts between them.
+TEST(Bf16WeightGradients, ManyTilesPerCtaAndShortExperts) {
+  GMJIT_REQUIRE_GPU();
+  LayerSpec l;
+  l.experts = 16;
+  l.hidden = 1024;
+  l.ffn = 1024;
+  const std::vector<std::int64_t> splits = {1, 0,    190, 64, 700, 0,   0, 65,
+                                            3, 1000, 128, 0,  33,  257, 2, 511};
+  std::int64_t tokens = 0;
+  for (const std::int64_t n : splits) tokens += n;
+  expect_bf16_weight_grads_are_fp32_rounded(l, splits, tokens + 7, false);
 }
 
 TEST(RecomputeOnGpu, EightStepsBuildTwoForwardPlansAndOneBackwardPlanThenOnlyHit) {
