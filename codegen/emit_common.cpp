@@ -90,7 +90,8 @@ std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_row
   // gpt-oss's F = 2880 = 30 x 96 takes 192-row tiles (a 128-row one reuses each A tile 2/3 as
   // often).
   // block_m stays 128 (one m64 tile per consumer warpgroup): two m64 tiles 192 wide would need
-  // 192 accumulators per thread, over the 128 that the consumers' 232 registers allow.
+  // 192 accumulators per thread, over the 128 that the consumers' 232 registers allow. (The data
+  // gradients raise a 128-wide tile to 256 rows: codegen/families/sm90_dgrad.cpp.)
   for (int block_n : {256, 192, 128, 64}) {
     if (block_n / b_rows_per_column % (b_rows_per_column == 1 ? 64 : 32) != 0) continue;
     if (out_columns % (block_n / b_rows_per_column) != 0) continue;
