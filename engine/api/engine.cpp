@@ -138,11 +138,7 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engin
       sources.insert(sources.end(), emitted.begin(), emitted.end());
     }
   }
-  if (sources.size() > engine::TileCounters::kMaxKernels) {
-    throw Error(Status::internal, fmt::format("a plan of {} kernels exceeds the {} tile counters "
-                                              "a call zeroes",
-                                              sources.size(), engine::TileCounters::kMaxKernels));
-  }
+  engine::TileCounters::check_fits(sources.size());
   const engine::KernelLabels labels{key.options_key, grad};
   // The kernels of a plan compile in parallel: a cold plan costs about its slowest kernel.
   std::vector<std::future<std::shared_ptr<const engine::CompiledKernel>>> pending;

@@ -125,13 +125,17 @@ bool static_tiles_requested() {
 }
 }  // namespace
 
-TileCounters::TileCounters(void* slot, std::size_t kernels, CUstream stream)
-    : counters_(static_tiles_requested() ? nullptr : static_cast<unsigned int*>(slot)) {
+void TileCounters::check_fits(std::size_t kernels) {
   if (kernels > kMaxKernels) {
     throw Error(Status::internal,
                 fmt::format("a plan of {} kernels exceeds the {} tile counters of a call", kernels,
                             kMaxKernels));
   }
+}
+
+TileCounters::TileCounters(void* slot, std::size_t kernels, CUstream stream)
+    : counters_(static_tiles_requested() ? nullptr : static_cast<unsigned int*>(slot)) {
+  check_fits(kernels);
   if (counters_ == nullptr) return;
   check_driver(driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(slot), 0, kernels, stream),
                "cuMemsetD32Async(tile counters)");

@@ -87,6 +87,10 @@ class TileCounters {
   // the kernels walk their tiles round-robin (A/B comparisons).
   TileCounters(void* slot, std::size_t kernels, CUstream stream);
 
+  // Throws Status::internal when a plan of `kernels` kernels would need more counters than a
+  // call has: checked when a plan is built, and again here before the memset it guards.
+  static void check_fits(std::size_t kernels);
+
   // Kernel `index`'s counter, or null.
   unsigned int* at(std::size_t index) const {
     return counters_ == nullptr ? nullptr : counters_ + index;
