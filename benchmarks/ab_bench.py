@@ -13,7 +13,13 @@ compares the best round of each:
 
 A case is a preset, then `gmjit bench` options after colons (`=` joins an option to its value).
 Each run is `gmjit bench --preset P OPTIONS --repeats N`; its "forward" and "fwd+bwd" lines give
-the milliseconds. `--stop-after-s` skips the cases that would start after that many seconds (a
+the milliseconds. With `--python`, the variants are two builds of the torch package instead,
+each a folder put first on PYTHONPATH (`pip install --target DIR`; `-` for the installed one),
+a case is a side_by_side.py shape with layer_step.py's options (`e64:--ragged`), and each run is
+`layer_step.py SHAPE OPTIONS --time --iters N`: the path the targets table times (bf16 weight
+gradients), where `gmjit bench` writes fp32 ones.
+
+  python3 benchmarks/ab_bench.py --python --a /tmp/old-site --b - deepseek e64:--ragged `--stop-after-s` skips the cases that would start after that many seconds (a
 device call has a time limit), `--json` keeps every round.
 """
 
@@ -31,11 +37,27 @@ from dataclasses import dataclass, field
 LINE = re.compile(r"^\s*(forward|fwd\+bwd)\s+([0-9.]+) ms")
 
 
+LAYER_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layer_step.py")
+
+
 @dataclass
 class Variant:
     name: str
-    binary: str
+    binary: str  # a gmjit binary, or with --python a PYTHONPATH folder ("-": none)
     env: dict[str, str]
+    python: bool = False
+
+    def command(self, case: Case, repeats: int) -> tuple[list[str], dict[str, str]]:
+        """The run's argv and environment."""
+        env = {**os.environ, **self.env}
+        if not self.python:
+            return [self.binary, "bench", "--preset", case.preset, *case.options, "--repeats",
+                    str(repeats)], env  # fmt: skip
+        if self.binary != "-":
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (self.binary, env.get("PYTHONPATH"))
+                                                if p)  # fmt: skip
+        return [sys.executable, LAYER_STEP, case.preset, *case.options, "--time", "--iters",
+                str(repeats)], env  # fmt: skip
 
 
 @dataclass
@@ -78,9 +100,8 @@ def times_of(output: str) -> tuple[float, float]:
 
 
 def run_once(variant: Variant, case: Case, repeats: int) -> tuple[float, float]:
-    argv = [variant.binary, "bench", "--preset", case.preset, *case.options,
-            "--repeats", str(repeats)]  # fmt: skip
-    run = subprocess.run(argv, env={**os.environ, **variant.env}, capture_output=True, text=True)
+    argv, env = variant.command(case, repeats)
+    run = subprocess.run(argv, env=env, capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({run.returncode}):\n{run.stderr[-2000:]}")
     return times_of(run.stdout)
@@ -105,19 +126,22 @@ def table(cases: list[Case], a: Variant, b: Variant) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cases", nargs="+", type=parse_case, help="preset[:option[=value]]...")
-    ap.add_argument("--a", required=True, help="gmjit binary of variant A")
-    ap.add_argument("--b", required=True, help="gmjit binary of variant B")
+    ap.add_argument("--a", required=True, help="gmjit binary of variant A (--python: a folder)")
+    ap.add_argument("--b", required=True, help="gmjit binary of variant B (--python: a folder)")
+    ap.add_argument("--python", action="store_true",
+                    help="compare two builds of the torch package through layer_step.py")
     ap.add_argument("--a-env", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--rounds", type=int, default=2, help="runs per variant and case")
-    ap.add_argument("--repeats", type=int, default=20, help="gmjit bench --repeats")
+    ap.add_argument("--repeats", type=int, default=20,
+                    help="gmjit bench --repeats (--python: layer_step.py --iters)")
     ap.add_argument("--stop-after-s", type=float, default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.repeats < 1:
         ap.error("--rounds and --repeats must be at least 1")
-    a = Variant("A", args.a, parse_env(args.a_env, "--a-env"))
-    b = Variant("B", args.b, parse_env(args.b_env, "--b-env"))
+    a = Variant("A", args.a, parse_env(args.a_env, "--a-env"), args.python)
+    b = Variant("B", args.b, parse_env(args.b_env, "--b-env"), args.python)
     start = time.monotonic()
     done: list[Case] = []
     for case in args.cases:

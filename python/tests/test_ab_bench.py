@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 
 import pytest
@@ -80,3 +81,53 @@ def test_malformed_cases_and_environments_are_refused():
     with pytest.raises(SystemExit, match="NAME=VALUE"):
         ab.main(["--a", "x", "--a-env", "NOVALUE", "--b", "y", "mixtral"])
     assert os.path.basename(ab.__file__) == "ab_bench.py"
+
+
+# layer_step.py's stand-in for --python: logs its argv and PYTHONPATH, and reports 2 ms
+# (forward) and 20 ms (fwd+bwd) when the old folder is on the path, else 1 and 10.
+STEP_STUB = """import json, os, sys
+path = os.environ.get("PYTHONPATH", "")
+with open(os.environ["STUB_LOG"], "a") as f:
+    f.write(json.dumps([sys.argv[1:], path]) + "\\n")
+ms = 2.0 if "old-site" in path else 1.0
+print(f"  forward        {ms:.4f} ms  (stub)")
+print(f"  fwd+bwd        {10 * ms:.4f} ms  (stub)")
+"""
+
+
+def test_python_variants_run_layer_step_with_their_folder_first_on_the_path(
+        tmp_path, monkeypatch, capsys):  # fmt: skip
+    ab = load("ab_bench")
+    step = tmp_path / "layer_step.py"
+    step.write_text(STEP_STUB)
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("STUB_LOG", str(log))
+    monkeypatch.setenv("PYTHONPATH", "/existing")
+    monkeypatch.setattr(ab, "LAYER_STEP", str(step))
+    assert ab.main(["--python", "--a", "/tmp/old-site", "--b", "-", "--rounds", "1",
+                    "--repeats", "7", "e64:--ragged"]) == 0  # fmt: skip
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert calls == [
+        [["e64", "--ragged", "--time", "--iters", "7"], os.pathsep.join(["/tmp/old-site", "/existing"])],
+        [["e64", "--ragged", "--time", "--iters", "7"], "/existing"],
+    ]  # fmt: skip
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("e64"))
+    assert row.split()[1:] == ["2.000", "1.000", "2.000", "20.000", "10.000", "2.000"]
+
+
+def test_layer_step_times_a_shape_on_the_cpu_stub_and_names_unknown_shapes():
+    pytest.importorskip("torch")
+    pytest.importorskip("gmjit.torch")
+    ab = load("ab_bench")
+
+    def step(*args):
+        return subprocess.run([sys.executable, ab.LAYER_STEP, *args, "--dry-run-cpu"],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    run = step("small-gpt-oss", "--ragged", "--time", "--iters", "1")
+    assert run.returncode == 0, run.stderr[-2000:]
+    forward, fwd_bwd = ab.times_of(run.stdout)
+    assert forward > 0 and fwd_bwd > 0
+    assert step("small-swiglu", "--iters", "1").returncode == 0  # the profiling form
+    unknown = step("nosuch")
+    assert unknown.returncode != 0 and "small-swiglu" in unknown.stderr
