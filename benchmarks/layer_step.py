@@ -8,8 +8,8 @@ comparing two builds of the package.
   python3 benchmarks/ab_bench.py --python --a /tmp/old-site --b - e64:--ragged deepseek
 
 With --time it prints "forward X ms" and "fwd+bwd Y ms" (`gmjit bench`'s line format, which
-ab_bench.py reads): the best of 3 rounds of --iters steps back to back after 3 warm-up steps,
-CUDA events around each round. Without it, it runs --iters forward+backward steps and exits (a
+ab_bench.py reads): side_by_side.py's timing, the median of --iters steps issued back to back
+after 3 warm-up steps. Without it, it runs --iters forward+backward steps and exits (a
 short target for ncu). --dry-run-cpu runs the script's own logic on CPU tensors with the engine
 calls stubbed (side_by_side.py's stub; numbers meaningless).
 """
@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import torch
 
-from side_by_side import GLU, QUICK, SHAPES, expert_tokens, stub_gmjit_engine
+from side_by_side import GLU, QUICK, SHAPES, expert_tokens, stub_gmjit_engine, time_ms
 
 
 def make_layer(name: str, ragged: bool, tokens_per_expert: int | None, device: torch.device):
@@ -58,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("shape", help="a side_by_side.py shape: " + ", ".join(s.name for s in SHAPES))
     ap.add_argument("--ragged", action="store_true", help="side_by_side.py's ragged loads")
     ap.add_argument("--tokens-per-expert", type=int, default=None)
-    ap.add_argument("--iters", type=int, default=10, help="steps per round (or in all)")
+    ap.add_argument("--iters", type=int, default=10, help="timed steps (without --time: steps in all)")
     ap.add_argument("--time", action="store_true", help="print forward and fwd+bwd ms")
     ap.add_argument("--dry-run-cpu", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -90,30 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         return 0
     for label, step in (("forward", forward), ("fwd+bwd", forward_backward)):
-        for _ in range(3):
-            step()
-        best = float("inf")
-        for _ in range(3):
-            best = min(best, round_ms(step, a.iters, a.dry_run_cpu))
-        print(f"  {label:14} {best:.4f} ms  (best of 3 rounds of {a.iters}, back to back)")
+        ms = time_ms(step, warmup=3, reps=a.iters)
+        print(f"  {label:14} {ms:.4f} ms  (median of {a.iters}, back to back)")
     return 0
-
-
-def round_ms(step, iters: int, on_cpu: bool) -> float:
-    """Mean ms per step over `iters` steps issued back to back."""
-    if on_cpu:
-        started = time.perf_counter()
-        for _ in range(iters):
-            step()
-        return (time.perf_counter() - started) * 1e3 / iters
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    begin.record()
-    for _ in range(iters):
-        step()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) / iters
 
 
 if __name__ == "__main__":
