@@ -1,5 +1,7 @@
 #include "codegen/emit_common.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "codegen/arch_limits.hpp"
@@ -99,8 +101,7 @@ std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_row
     tile.block_m = 128;
     tile.block_n = block_n;
     tile.block_k = 64;
-    // 64-row B: a deeper ring of the small stages keeps as many bytes in flight as 4 of 128 x 256.
-    tile.stages = block_n == 64 ? 8 : 4;
+    tile.stages = 0;  // sm90_kernel fills the arch's shared memory (deepest_sm90_ring)
     tile.group_m = 8;
     return tile;
   }
@@ -108,7 +109,7 @@ std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_row
 }
 
 int sm90_smem_bytes(const TileConfig& t) {
-  return t.stages * (t.block_m + t.block_n) * 128 + 20480;
+  return t.stages * (t.block_m + t.block_n) * 128 + kSm90FixedSmemBytes;
 }
 
 std::string sm90_tile_fields(const TileConfig& t) {
@@ -144,6 +145,13 @@ TileConfig fit_tile(TileConfig tile, std::string_view arch, int (*smem_bytes)(co
           fmt::format("no portable tile fits the {} bytes of shared memory of {}", limit, arch));
     }
   }
+  return tile;
+}
+
+TileConfig deepest_sm90_ring(TileConfig tile, std::string_view arch) {
+  const int stage_bytes = (tile.block_m + tile.block_n) * 128;
+  const int ring_bytes = arch_limits(arch).max_dynamic_smem_bytes - kSm90FixedSmemBytes;
+  tile.stages = std::clamp(ring_bytes / stage_bytes, 2, kMaxSm90Stages);
   return tile;
 }
 
@@ -211,9 +219,10 @@ std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols)
   return sm90_tile_dividing(cols, 1);
 }
 
-KernelSource sm90_kernel(const families::KernelRequest& request, const TileConfig& tile,
+KernelSource sm90_kernel(const families::KernelRequest& request, const TileConfig& chosen,
                          std::string_view header, std::string_view kernel,
                          std::string_view params) {
+  const TileConfig tile = deepest_sm90_ring(chosen, request.arch);
   check_sm90_fits(tile, request.arch);
   KernelSource k;
   k.role = request.role;

@@ -35,12 +35,20 @@ struct Instantiation {
 };
 std::string translation_unit(const Instantiation& inst);
 
-// Hopper (TMA + wgmma) kernels: 128-row tiles of 256, 192, 128 or 64 B rows, block_k 64, 4 stages
-// (8 for 64 rows) — 128 x 256 and 128 x 128 with 4 stages measured best on the H200 for every
-// docs/DESIGN.md §9 shape. The widest B tile whose output columns (block_n / b_rows_per_column,
-// a multiple of 64) divide `out_columns`, or nullopt.
+// Hopper (TMA + wgmma) kernels: 128-row tiles of 256, 192, 128 or 64 B rows, block_k 64. The
+// widest B tile whose output columns (block_n / b_rows_per_column, a multiple of 64) divide
+// `out_columns`, or nullopt. Its ring depth is left to deepest_sm90_ring (stages = 0).
 std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_rows_per_column);
+// Shared memory of a Hopper kernel besides its ring: 1 KiB to align the ring, 1 KiB of mbarriers
+// and tile-info slots, 18 KiB of epilogue staging (sm90_grouped_gemm.cuh, TileShape).
+inline constexpr int kSm90FixedSmemBytes = 20480;
+inline constexpr int kMaxSm90Stages = 8;
 int sm90_smem_bytes(const TileConfig& tile);  // the templates static_assert the same formula
+// `tile` with as many stages as the arch's shared memory holds (2 to kMaxSm90Stages): 4 of
+// 128 x 256 or 256 x 128, 5 of 128 x 192, 6 of 128 x 128, 8 of 128 x 64 on sm_90a. The mainloops
+// of the backward wait for operands (docs/PERFORMANCE.md, session 10), so a tile takes every
+// stage that fits.
+TileConfig deepest_sm90_ring(TileConfig tile, std::string_view arch);
 std::string sm90_tile_fields(const TileConfig& tile);
 // Persistent grid (one block per SM), 384 threads, operands as TMA descriptors.
 void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t experts);
@@ -79,10 +87,11 @@ bool sm90_allowed(const families::KernelRequest& request);
 // The Hopper tile of a kernel whose output is rows x cols per expert, if any (the dgrad kernels'
 // rows are tokens, which tile freely: they pass any multiple of 128).
 std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols);
-// The Hopper kernel `header`'s template `kernel` taking `params`, on `tile`: the tile checked
-// against the arch (check_sm90_fits), entry + "_sm90", Cfg = request.fields + sm90_tile_fields,
-// launch bounds (384, 1) and the persistent launch of set_sm90_launch.
-KernelSource sm90_kernel(const families::KernelRequest& request, const TileConfig& tile,
+// The Hopper kernel `header`'s template `kernel` taking `params`, on `chosen` with the deepest
+// ring that fits (deepest_sm90_ring), checked against the arch (check_sm90_fits): entry +
+// "_sm90", Cfg = request.fields + sm90_tile_fields, launch bounds (384, 1) and the persistent
+// launch of set_sm90_launch.
+KernelSource sm90_kernel(const families::KernelRequest& request, const TileConfig& chosen,
                          std::string_view header, std::string_view kernel, std::string_view params);
 
 // The FP8 recipes' kernels (codegen/fp8_forward.cpp, fp8_backward.cpp): the entry-name suffix

@@ -133,19 +133,42 @@ TEST(GroupedMlpEmit, Sm90aTakesHopperKernelsForEveryMultipleOf64) {
 TEST(GroupedMlpEmit, Sm90TilesFitTheirSharedMemoryAndRegisters) {
   for (std::int64_t columns : {64, 128, 192, 256, 320, 576, 2880}) {
     for (int rows_per_column : {1, 2}) {
-      const auto tile = detail::sm90_tile_dividing(columns, rows_per_column);
-      ASSERT_TRUE(tile.has_value()) << columns << " " << rows_per_column;
-      EXPECT_EQ(tile->block_m, 128) << columns;  // 192 columns: 96 accumulators, one m64 tile
-      EXPECT_LE(detail::sm90_smem_bytes(*tile), 232448) << columns;
-      EXPECT_EQ(columns % (tile->block_n / rows_per_column), 0) << columns;
+      const auto chosen = detail::sm90_tile_dividing(columns, rows_per_column);
+      ASSERT_TRUE(chosen.has_value()) << columns << " " << rows_per_column;
+      const TileConfig tile = detail::deepest_sm90_ring(*chosen, "sm_90a");
+      EXPECT_EQ(tile.block_m, 128) << columns;  // 192 columns: 96 accumulators, one m64 tile
+      EXPECT_LE(detail::sm90_smem_bytes(tile), 232448) << columns;
+      EXPECT_EQ(columns % (tile.block_n / rows_per_column), 0) << columns;
       // Whole 64-column output groups, or (GLU) whole 32-row interleave groups of each half.
-      EXPECT_EQ(tile->block_n / rows_per_column % (rows_per_column == 1 ? 64 : 32), 0) << columns;
+      EXPECT_EQ(tile.block_n / rows_per_column % (rows_per_column == 1 ? 64 : 32), 0) << columns;
     }
   }
   EXPECT_FALSE(detail::sm90_tile_dividing(2880 + 8, 1).has_value());
   EXPECT_EQ(detail::sm90_tile_dividing(2880, 1)->block_n, 192);
   EXPECT_EQ(detail::sm90_tile_dividing(2880, 2)->block_n, 192);  // 96 gate + 96 lin rows
   EXPECT_EQ(detail::sm90_tile_dividing(320, 2)->block_n, 128);
+}
+
+// The ring takes every stage the arch's shared memory holds, up to 8: one more would not fit.
+TEST(GroupedMlpEmit, Sm90RingsTakeEveryStageThatFits) {
+  struct Case {
+    int block_m, block_n, stages;
+  };
+  for (const Case c : {Case{128, 256, 4}, Case{256, 128, 4}, Case{128, 192, 5}, Case{128, 128, 6},
+                       Case{128, 64, 8}}) {
+    TileConfig chosen;
+    chosen.block_m = c.block_m;
+    chosen.block_n = c.block_n;
+    chosen.block_k = 64;
+    const TileConfig tile = detail::deepest_sm90_ring(chosen, "sm_90a");
+    EXPECT_EQ(tile.stages, c.stages) << c.block_m << " x " << c.block_n;
+    EXPECT_LE(detail::sm90_smem_bytes(tile), 232448) << c.block_m << " x " << c.block_n;
+    TileConfig deeper = tile;
+    ++deeper.stages;
+    if (tile.stages < detail::kMaxSm90Stages) {
+      EXPECT_GT(detail::sm90_smem_bytes(deeper), 232448) << c.block_m << " x " << c.block_n;
+    }
+  }
 }
 
 TEST(GroupedMlpEmit, RejectsDimsTheKernelsCannotServe) {
@@ -195,7 +218,7 @@ TEST(GroupedMlpEmit, GptOssWidthsTakeHopperKernelsWithWholeTiles) {
       continue;
     }
     EXPECT_EQ(k.launch.block_n, 192u) << k.entry;  // dgrad: F or H columns; wgrad: F or H
-    EXPECT_EQ(k.launch.dynamic_smem_bytes, 4u * (128 + 192) * 128 + 20480) << k.entry;
+    EXPECT_EQ(k.launch.dynamic_smem_bytes, 5u * (128 + 192) * 128 + 20480) << k.entry;  // 5 stages
   }
 }
 
