@@ -95,6 +95,21 @@ struct WarpStage {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(v0), "f"(v1) : "memory");
   }
 
+  // After put_f32x2 of j in [0, 4) for both halves (a block of 8 rows x 64 fp32 columns: row
+  // lane/4, columns 32 * half + 8 * j + 2 * (lane%4) + {0, 1}): this lane's row, columns
+  // 16 * (lane%4) + [0, 16), i.e. the quad's values in row order.
+  __device__ __forceinline__ void get_row_f32x16(float (&v)[16]) const {
+    const int lane = static_cast<int>(threadIdx.x) & 31, q = lane & 3;
+    const unsigned int a = buf + ((lane >> 2) + 8 * (q >> 1)) * kRowBytes + 64 * (q & 1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=f"(v[4 * i]), "=f"(v[4 * i + 1]), "=f"(v[4 * i + 2]), "=f"(v[4 * i + 3])
+                   : "r"(a + 16 * i)
+                   : "memory");
+    }
+  }
+
   // out[row0 + r][col0 .. col0 + 32) += the staged 16 x 32 fp32 block (all 16 rows).
   __device__ __forceinline__ void flush_add_f32(float* out, long long ld, long long row0,
                                                 long long col0) const {

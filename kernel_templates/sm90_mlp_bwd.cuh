@@ -63,6 +63,17 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 }  // namespace sm90
 
+// Word w (0-3) of a 16-byte vector.
+__device__ __forceinline__ unsigned int word_of(const uint4& v, int w) {
+  return w == 0 ? v.x : (w == 1 ? v.y : (w == 2 ? v.z : v.w));
+}
+
+// 16 bf16 (8 packed pairs) to out[0, 16): two 16-byte stores (out 32-byte aligned).
+__device__ __forceinline__ void store_16(unsigned short* out, const unsigned int (&w)[8]) {
+  reinterpret_cast<uint4*>(out)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+  reinterpret_cast<uint4*>(out)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+}
+
 // ---- FC2 dgrad + activation backward ---------------------------------------------------------
 // The epilogue of FC2 dgrad on a tile of g = dy · W2_g (kMt m64 tiles per consumer warpgroup,
 // kRegs accumulators each, wgmma's fragment layout), shared by the BF16 kernel below and the FP8
@@ -73,9 +84,9 @@ struct Fc2DgradEpilogue {
   static constexpr GluLayout kLayout = Cfg::glu_layout;
   static constexpr int kH = Cfg::hidden, kF = Cfg::ffn, kF1 = kGlu ? 2 * kF : kF;
   // Thread rows: (m, h) -> row0 + m*64 + (warp%4)*16 + lane/4 + 8h; n8 chunk j holds columns
-  // 8j + 2*(lane%4) + {0, 1}. act_scaled and dpreact leave through the warp's staging buffer in
-  // 128-byte row segments (64 columns, 8 rows at a time); preact is read from the fragments'
-  // columns.
+  // 8j + 2*(lane%4) + {0, 1}. Per 64 columns and 8 rows the quad of a row regroups g into 16
+  // consecutive columns per lane (the warp's staging buffer), which it reads and writes as
+  // 16-byte row segments (preact, act_scaled, dpreact).
   template <class P, int kRegs>
   __device__ static __forceinline__ void store(const P& p, float (&acc)[kMt][kRegs],
                                                const RowTile& rt, int tile_n, long long row0,
@@ -98,57 +109,70 @@ struct Fc2DgradEpilogue {
         prob[h] = Cfg::has_probs && valid[h] ? p.plain.probs[rows[h]] : 1.0f;
         if (!valid[h]) rows[h] = rt.row_begin;  // in-bounds dummy row for the loads below
       }
-      // Per 64-column group and row half h (8 rows of the warp): a ⊙ p, then dpreact's one or
-      // two 64-column blocks (PreactBlocks), each staged in the buffer's rows 0-7 and written
-      // as 128-byte row segments; only one half's dpreact stays in registers.
+      // Per 64-column group and row half h (8 rows of the warp, a row per quad): each lane takes
+      // its fragment row's 16 columns c0 + 16 * (lane%4) + [0, 16), so the pre-activation comes
+      // in and a ⊙ p and dpreact leave as 16-byte row segments (the fragment order's 4-byte
+      // loads asked L2 for half again as many sectors); only g = dy · W2 changes lanes, through
+      // the warp's staging buffer.
 #pragma unroll
       for (int cc = 0; cc < kRegs / 32; ++cc) {
-        const int c0 = tile_n * Cfg::block_n + cc * 64;
+        const int cq = tile_n * Cfg::block_n + cc * 64 + 16 * (lane & 3);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          // All loads of h for the 8 chunks first (the dh stores could alias them).
+          // The loads first (the stores below could alias them).
           const unsigned short* hr = pre + rows[h] * kF1;
-          unsigned int hg[8], hl[8];
+          uint4 xg[2], xl[2];
 #pragma unroll
-          for (int jj = 0; jj < 8; ++jj) {
-            const int c = c0 + jj * 8 + (lane & 3) * 2;
+          for (int s = 0; s < 2; ++s) {
+            xg[s] = *reinterpret_cast<const uint4*>(hr + (kGlu ? gate_col<kLayout>(cq, kF) : cq) +
+                                                    8 * s);
             if constexpr (kGlu) {
-              hg[jj] = *reinterpret_cast<const unsigned int*>(hr + gate_col<kLayout>(c, kF));
-              hl[jj] = *reinterpret_cast<const unsigned int*>(hr + lin_col<kLayout>(c, kF));
+              xl[s] = *reinterpret_cast<const uint4*>(hr + lin_col<kLayout>(cq, kF) + 8 * s);
             } else {
-              hg[jj] = *reinterpret_cast<const unsigned int*>(hr + c);
-              hl[jj] = 0u;
+              xl[s] = make_uint4(0u, 0u, 0u, 0u);
             }
           }
-          unsigned int dg[8], dl[8];  // dpreact (gate, lin) of the 8 chunks, packed bf16x2
+          __syncwarp();  // the previous step's reads of the staging buffer are done
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
             const int j = cc * 8 + jj;
-            const float g0 = acc[m][4 * j + 2 * h], g1 = acc[m][4 * j + 2 * h + 1];
-            const float x0 = bf16x2_lo(hg[jj]), x1 = bf16x2_hi(hg[jj]);
+            ws.put_f32x2(jj & 3, jj >> 2, acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
+          }
+          __syncwarp();
+          float g[16];
+          ws.get_row_f32x16(g);
+          unsigned int ao[8], dgo[8], dlo[8];  // a ⊙ p and dpreact (gate, lin), bf16x2
+#pragma unroll
+          for (int w = 0; w < 8; ++w) {
+            const unsigned int xw = word_of(xg[w / 4], w % 4), lw = word_of(xl[w / 4], w % 4);
+            const float x0 = bf16x2_lo(xw), x1 = bf16x2_hi(xw);
+            const float g0 = g[2 * w], g1 = g[2 * w + 1];
             float a0, a1;
             if constexpr (kGlu) {
-              const float l0 = bf16x2_lo(hl[jj]), l1 = bf16x2_hi(hl[jj]);
+              const float l0 = bf16x2_lo(lw), l1 = bf16x2_hi(lw);
               a0 = glu_fwd<Cfg::act>(x0, l0, ap);
               a1 = glu_fwd<Cfg::act>(x1, l1, ap);
               float dg0, dg1, dl0, dl1;
               glu_bwd<Cfg::act>(x0, l0, g0 * prob[h], ap, dg0, dl0);
               glu_bwd<Cfg::act>(x1, l1, g1 * prob[h], ap, dg1, dl1);
-              dg[jj] = pack_bf16x2(dg0, dg1);
-              dl[jj] = pack_bf16x2(dl0, dl1);
+              dgo[w] = pack_bf16x2(dg0, dg1);
+              dlo[w] = pack_bf16x2(dl0, dl1);
             } else {
               a0 = act_fwd<Cfg::act>(x0, ap);
               a1 = act_fwd<Cfg::act>(x1, ap);
-              dg[jj] = pack_bf16x2(act_bwd<Cfg::act>(x0, g0 * prob[h], ap),
+              dgo[w] = pack_bf16x2(act_bwd<Cfg::act>(x0, g0 * prob[h], ap),
                                    act_bwd<Cfg::act>(x1, g1 * prob[h], ap));
-              dl[jj] = 0u;
+              dlo[w] = 0u;
             }
-            ws.put(jj, 0, pack_bf16x2(a0 * prob[h], a1 * prob[h]));
+            ao[w] = pack_bf16x2(a0 * prob[h], a1 * prob[h]);
             dp[h] += g0 * a0 + g1 * a1;
           }
-          const long long hrow0 = row0 + m * 64 + wq * 16 + 8 * h;
-          ws.flush<8>(as, kF, hrow0, rt.row_end, c0);
-          PreactBlocks<kGlu, kLayout>::store_half(ws, dpre, kF1, hrow0, rt.row_end, c0, kF, dg, dl);
+          if (valid[h]) {
+            store_16(as + rows[h] * kF + cq, ao);
+            unsigned short* dr = dpre + rows[h] * kF1;
+            store_16(dr + (kGlu ? gate_col<kLayout>(cq, kF) : cq), dgo);
+            if constexpr (kGlu) store_16(dr + lin_col<kLayout>(cq, kF), dlo);
+          }
         }
       }
       if constexpr (Cfg::has_probs) {
