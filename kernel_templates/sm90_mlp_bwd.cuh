@@ -109,8 +109,8 @@ struct Fc2DgradEpilogue {
         prob[h] = Cfg::has_probs && valid[h] ? p.plain.probs[rows[h]] : 1.0f;
         if (!valid[h]) rows[h] = rt.row_begin;  // in-bounds dummy row for the loads below
       }
-      // Per 64-column group and row half h (8 rows of the warp, a row per quad): each lane takes
-      // its fragment row's 16 columns c0 + 16 * (lane%4) + [0, 16), so the pre-activation comes
+      // Per 64-column group cc and row half h (8 rows of the warp, a row per quad): each lane
+      // takes its fragment row's 16 columns cq + [0, 16), so the pre-activation comes
       // in and a ⊙ p and dpreact leave as 16-byte row segments (the fragment order's 4-byte
       // loads asked L2 for half again as many sectors); only g = dy · W2 changes lanes, through
       // the warp's staging buffer.
