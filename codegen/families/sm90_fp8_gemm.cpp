@@ -12,12 +12,9 @@ namespace gmjit::codegen::families {
 namespace {
 
 // 128-row tiles. FC1's covers 128 output columns, one activation scale block (GLU: 128 gate
-// then 128 lin B rows); FC2's 256 columns where hidden allows. The ring takes the shared memory
-// the epilogue staging leaves, up to 8 stages.
-struct Fp8Tile {
-  int block_m = 128, block_n = 128, stages = 2;
-  int smem_bytes() const { return stages * (block_m + block_n) * 128 + 20480; }
-};
+// then 128 lin B rows); FC2's 256 columns where hidden allows. An FP8 stage row holds 128 E4M3
+// values in the 128 bytes of a bf16 row of 64, so the ring is the bf16 kernels' rule
+// (deepest_sm90_ring): every stage the epilogue staging leaves room for, up to 8.
 
 // The output columns of a kernel's tile: FC1's are fixed by its epilogue; the others take 256
 // where their width allows.
@@ -52,18 +49,16 @@ Fp8Kernel kernel_for(KernelRole role) {
   }
 }
 
-Fp8Tile tile_for(const KernelRequest& r) {
-  Fp8Tile t;
+TileConfig tile_for(const KernelRequest& r) {
+  TileConfig t;
+  t.block_m = 128;
   t.block_n = block_n_for(r);
-  constexpr int kSmemLimit = 232448;  // sm_90a's per-block dynamic shared memory
-  while (t.stages < 8 && (t.stages + 1) * (t.block_m + t.block_n) * 128 + 20480 <= kSmemLimit)
-    ++t.stages;
-  return t;
+  return detail::deepest_sm90_ring(t, r.arch);
 }
 
 std::optional<KernelSource> emit(const KernelRequest& r) {
   if (r.arch != "sm_90a") return std::nullopt;
-  const Fp8Tile t = tile_for(r);
+  const TileConfig t = tile_for(r);
   const Fp8Kernel kernel = kernel_for(r.role);
   KernelSource k;
   k.role = r.role;
@@ -73,12 +68,12 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
        r.fields + fmt::format("  static constexpr int block_m = {}, block_n = {}, block_k = 128, "
                               "stages = {}, group_m = 8;\n"
                               "  static constexpr int smem_bytes = {};\n",
-                              t.block_m, t.block_n, t.stages, t.smem_bytes()),
+                              t.block_m, t.block_n, t.stages, detail::sm90_smem_bytes(t)),
        k.entry, "384, 1"});
   k.launch.grid = LaunchShape::Grid::persistent;
   k.launch.operands = LaunchShape::Operands::tensor_maps;
   k.launch.threads = 384;
-  k.launch.dynamic_smem_bytes = static_cast<std::uint32_t>(t.smem_bytes());
+  k.launch.dynamic_smem_bytes = static_cast<std::uint32_t>(detail::sm90_smem_bytes(t));
   k.launch.block_m = static_cast<std::uint32_t>(t.block_m);
   k.launch.block_n = static_cast<std::uint32_t>(t.block_n);
   k.launch.experts = static_cast<std::uint32_t>(r.layer.experts);
