@@ -45,9 +45,9 @@ inline constexpr int kSm90FixedSmemBytes = 20480;
 inline constexpr int kMaxSm90Stages = 8;
 int sm90_smem_bytes(const TileConfig& tile);  // the templates static_assert the same formula
 // `tile` with as many stages as the arch's shared memory holds (2 to kMaxSm90Stages): 4 of
-// 128 x 256 or 256 x 128, 5 of 128 x 192, 6 of 128 x 128, 8 of 128 x 64 on sm_90a. The mainloops
-// of the backward wait for operands (docs/PERFORMANCE.md, session 10), so a tile takes every
-// stage that fits.
+// 128 x 256 or 256 x 128, 5 of 128 x 192, 6 of 128 x 128, 8 of 128 x 64 on sm_90a. One rule for
+// every width (BF16 and FP8) instead of a table; the fifth and sixth stages measured neutral
+// (docs/DECISIONS.md).
 TileConfig deepest_sm90_ring(TileConfig tile, std::string_view arch);
 std::string sm90_tile_fields(const TileConfig& tile);
 // Persistent grid (one block per SM), 384 threads, operands as TMA descriptors.
