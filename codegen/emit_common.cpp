@@ -86,26 +86,75 @@ std::string translation_unit(const Instantiation& inst) {
       inst.header, inst.cfg_fields, bounds, inst.entry, inst.params, inst.kernel);
 }
 
+namespace {
+
+// A 128-row Hopper tile of block_n B rows; block_m stays 128 (one m64 tile per consumer
+// warpgroup): two m64 tiles 192 wide would need 192 accumulators per thread, over the 128 that
+// the consumers' 232 registers allow. (The data gradients raise a 128-wide tile to 256 rows:
+// codegen/families/sm90_dgrad.cpp.)
+TileConfig sm90_tile(int block_n) {
+  TileConfig tile;
+  tile.block_m = 128;
+  tile.block_n = block_n;
+  tile.block_k = 64;
+  tile.stages = 0;  // sm90_kernel fills the arch's shared memory (deepest_sm90_ring)
+  tile.group_m = 8;
+  return tile;
+}
+
+}  // namespace
+
 std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_rows_per_column) {
   // Widest first (more reuse of each A tile): 2880 = 15 x 192. A GLU FC1 tile (2 B rows per
   // column) emits block_n / 2 output columns, which must be whole interleave groups of 32:
   // gpt-oss's F = 2880 = 30 x 96 takes 192-row tiles (a 128-row one reuses each A tile 2/3 as
   // often).
-  // block_m stays 128 (one m64 tile per consumer warpgroup): two m64 tiles 192 wide would need
-  // 192 accumulators per thread, over the 128 that the consumers' 232 registers allow. (The data
-  // gradients raise a 128-wide tile to 256 rows: codegen/families/sm90_dgrad.cpp.)
   for (int block_n : {256, 192, 128, 64}) {
     if (block_n / b_rows_per_column % (b_rows_per_column == 1 ? 64 : 32) != 0) continue;
     if (out_columns % (block_n / b_rows_per_column) != 0) continue;
-    TileConfig tile;
-    tile.block_m = 128;
-    tile.block_n = block_n;
-    tile.block_k = 64;
-    tile.stages = 0;  // sm90_kernel fills the arch's shared memory (deepest_sm90_ring)
-    tile.group_m = 8;
-    return tile;
+    return sm90_tile(block_n);
   }
   return std::nullopt;
+}
+
+namespace {
+
+// Tensor-pipe activity of the BF16 forward GEMMs by B tile width (block_n), ncu on one H200 at
+// H = F = 3072 with the width forced (docs/PERFORMANCE.md, session 13): narrower tiles lose far
+// more than their extra operand bytes per FLOP. 64 was not measured; taken as below half of 128
+// (a 128-wide tile with half its columns unused beats it).
+double sm90_width_speed(int block_n) {
+  switch (block_n) {
+    case 256:
+      return 0.90;
+    case 192:
+      return 0.75;
+    case 128:
+      return 0.52;
+    default:
+      return 0.25;
+  }
+}
+
+}  // namespace
+
+std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column) {
+  if (out_columns <= 0 || out_columns % 64 != 0) return std::nullopt;
+  std::optional<TileConfig> best;
+  double best_cost = 0.0;
+  for (int block_n : {256, 192, 128, 64}) {
+    const int out = block_n / b_rows_per_column;
+    // GLU tiles hold whole 32-row interleave groups of each half; the epilogue of a partial last
+    // tile works in whole 64-column groups.
+    if (out % (b_rows_per_column == 1 ? 64 : 32) != 0) continue;
+    if (out_columns % out != 0 && out % 64 != 0) continue;
+    const std::int64_t padded = (out_columns + out - 1) / out * out;
+    const double cost = static_cast<double>(padded) / sm90_width_speed(block_n);
+    if (best && cost >= best_cost) continue;
+    best = sm90_tile(block_n);
+    best_cost = cost;
+  }
+  return best;
 }
 
 int sm90_smem_bytes(const TileConfig& t) {

@@ -22,8 +22,8 @@
 //   smem_bytes               int    must equal stages * (block_m + block_n) * 128 + 20480
 // Fc2DgradSm90 only:
 //   glu_layout, act_limit, act_alpha, has_bias, has_probs   as for Fc2Dgrad
-// Divisibility: Fc2DgradSm90: hidden % 64 == 0, ffn % block_n == 0; Fc1DgradSm90: F1 % 64 == 0,
-// hidden % block_n == 0.
+// Divisibility: hidden and ffn % 64 == 0. A width (F for Fc2DgradSm90, H for Fc1DgradSm90) that
+// block_n does not divide ends in a partial column tile (its columns past the width are skipped).
 //
 // Params / maps (engine/families/tensor_maps.hpp, encode_sm90_dgrad_maps, with Cfg::block_m):
 //   Fc2DgradSm90  Sm90Fc2DgradParams; a = dy [T, H] (K = H), b = w2 as [E * H, F]
@@ -116,6 +116,7 @@ struct Fc2DgradEpilogue {
       // the warp's staging buffer.
 #pragma unroll
       for (int cc = 0; cc < kRegs / 32; ++cc) {
+        if (kF % Cfg::block_n != 0 && tile_n * Cfg::block_n + cc * 64 >= kF) continue;
         const int cq = tile_n * Cfg::block_n + cc * 64 + 16 * (lane & 3);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -226,11 +227,10 @@ struct Fc2DgradEpilogue {
   template <class P>
   __device__ static void zero_rows(const P& p, int tile_n, long long r0, long long r1, int tid,
                                    int nthreads) {
-    const int c0 = tile_n * Cfg::block_n;
-    zero_groups(p.plain.act_scaled, kF, r0, r1, Cfg::block_n / 8, tid, nthreads,
+    const int c0 = tile_n * Cfg::block_n, groups = groups_in(c0, Cfg::block_n, kF);
+    zero_groups(p.plain.act_scaled, kF, r0, r1, groups, tid, nthreads,
                 [=](int g) { return c0 + g * 8; });
-    zero_preact_groups<kGlu, kLayout, kF>(p.plain.dpreact, kF1, r0, r1, c0, Cfg::block_n / 8, tid,
-                                          nthreads);
+    zero_preact_groups<kGlu, kLayout, kF>(p.plain.dpreact, kF1, r0, r1, c0, groups, tid, nthreads);
   }
 };
 
@@ -240,11 +240,13 @@ struct Fc2DgradSm90 {
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kH = Cfg::hidden, kF = Cfg::ffn;
   static constexpr int kK = kH;  // [T, H] · [H, F]
-  static constexpr int num_n = kF / Cfg::block_n;
+  // A width that block_n does not divide ends in a partial column tile: its B columns past F
+  // load as TMA's zeros, and the epilogue skips its 64-column groups past F.
+  static constexpr int num_n = (kF + Cfg::block_n - 1) / Cfg::block_n;
   static constexpr bool kBMnMajor = true;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
-  static_assert(kF % Cfg::block_n == 0, "ffn must be a multiple of block_n");
+  static_assert(kF % 64 == 0, "ffn must be a multiple of 64");
 
   __device__ static __forceinline__ void load_b(const Sm90Fc2DgradParams& p, unsigned int dst,
                                                 unsigned int bar, int expert, int tile_n, int k) {
@@ -277,12 +279,13 @@ struct Fc1DgradSm90 {
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kH = Cfg::hidden;
   static constexpr int kF1 = is_glu(Cfg::act) ? 2 * Cfg::ffn : Cfg::ffn;
-  static constexpr int kK = kF1;  // [T, F1] · [F1, H]
-  static constexpr int num_n = kH / Cfg::block_n;
+  static constexpr int kK = kF1;                          // [T, F1] · [F1, H]
+  static constexpr bool kNTail = kH % Cfg::block_n != 0;  // partial last column tile
+  static constexpr int num_n = (kH + Cfg::block_n - 1) / Cfg::block_n;
   static constexpr bool kBMnMajor = true;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
-  static_assert(kH % Cfg::block_n == 0, "hidden must be a multiple of block_n");
+  static_assert(kH % 64 == 0, "hidden must be a multiple of 64");
 
   __device__ static __forceinline__ void load_b(const Sm90GemmParams& p, unsigned int dst,
                                                 unsigned int bar, int expert, int tile_n, int k) {
@@ -299,6 +302,7 @@ struct Fc1DgradSm90 {
     for (int m = 0; m < S::mt; ++m)
 #pragma unroll
       for (int cc = 0; cc < S::regs / 32; ++cc) {
+        if (kNTail && tile_n * Cfg::block_n + cc * 64 >= kH) continue;
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj)
 #pragma unroll
@@ -313,7 +317,7 @@ struct Fc1DgradSm90 {
   __device__ static void zero_rows(const Sm90GemmParams& p, int tile_n, long long r0, long long r1,
                                    int tid, int nthreads) {
     const int c0 = tile_n * Cfg::block_n;
-    zero_groups(p.plain.out, kH, r0, r1, Cfg::block_n / 8, tid, nthreads,
+    zero_groups(p.plain.out, kH, r0, r1, groups_in(c0, Cfg::block_n, kH), tid, nthreads,
                 [=](int g) { return c0 + g * 8; });
   }
 

@@ -25,8 +25,9 @@
 //   glu_layout               gmjit::kt::GluLayout (ignored for non-GLU activations)
 //   act_limit, act_alpha     float  ClampedSwiGLU parameters (ignored otherwise)
 //   save_preact              bool   write h (bf16, original [T, F1] column layout) to preact_out
-// Divisibility: FC1 K = hidden % 64 == 0, ffn % block_n_out == 0 (block_n_out = block_n/2 for
-// GLU, else block_n); FC2 K = ffn % 64 == 0, hidden % block_n == 0.
+// Divisibility: hidden % 64 == 0, ffn % 64 == 0. The output width (ffn for FC1, hidden for FC2)
+// may end in a partial column tile when block_n_out (block_n/2 for GLU, else block_n) is a
+// multiple of 64; a 96-column GLU tile must divide ffn.
 //
 // Params: Sm90GemmParams (params.cuh), maps encoded by engine/families/tensor_maps.cpp with the
 // same block_m / block_n and the B layout: FC1 GLU halves / interleaved32 -> the 4-D gate/lin map,
@@ -56,11 +57,15 @@ struct Fc1Sm90 {
   static constexpr int kK = Cfg::hidden;
   static constexpr int kNOut = Cfg::ffn;
   static constexpr int block_n_out = kGlu ? Cfg::block_n / 2 : Cfg::block_n;
-  static constexpr int num_n = kNOut / block_n_out;
+  // A width that the tile does not divide ends in a partial column tile: its accumulators past
+  // the width (TMA zeros, or the next expert's B rows) are never stored.
+  static constexpr bool kNTail = kNOut % block_n_out != 0;
+  static constexpr int num_n = (kNOut + block_n_out - 1) / block_n_out;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
   static constexpr int kChunks = kGlu ? S::regs / 8 : S::regs / 4;  // output n8 chunks per m64
-  static_assert(kNOut % block_n_out == 0, "ffn must be a multiple of the output tile width");
+  static_assert(!kNTail || (kNOut % 64 == 0 && block_n_out % 64 == 0),
+                "a partial last column tile needs whole 64-column output groups");
   static_assert(kChunks % 4 == 0, "output chunks leave in groups of 8 (a 96-column tile: 8 + 4)");
   static_assert(!kGlu || Cfg::block_n == 128 || Cfg::block_n == 192 || Cfg::block_n == 256,
                 "GLU FC1 needs block_n 128, 192 or 256: its tile emits block_n / 2 output "
@@ -108,9 +113,11 @@ struct Fc1Sm90 {
 #pragma unroll
     for (int m = 0; m < S::mt; ++m) {
 #pragma unroll
-      for (int cc = 0; cc < kChunks / 8; ++cc)
+      for (int cc = 0; cc < kChunks / 8; ++cc) {
+        if (kNTail && tile_n * block_n_out + cc * 64 >= kNOut) continue;
         store_group<8>(p, acc[m], prob[m], rt, tile_n * block_n_out + cc * 64, cc * 8,
                        row0 + m * 64, ws);
+      }
       if constexpr (kChunks % 8 != 0)
         store_group<4>(p, acc[m], prob[m], rt, tile_n * block_n_out + kChunks / 8 * 64,
                        kChunks / 8 * 8, row0 + m * 64, ws);
@@ -195,12 +202,12 @@ struct Fc1Sm90 {
   // Tail rows: zero this column tile of `out` and the matching pre-activation columns.
   __device__ static void zero_rows(const Sm90GemmParams& p, int tile_n, long long r0, long long r1,
                                    int tid, int nthreads) {
-    const int c0 = tile_n * block_n_out;
-    zero_groups(p.plain.out, kNOut, r0, r1, block_n_out / 8, tid, nthreads,
+    const int c0 = tile_n * block_n_out, groups = groups_in(c0, block_n_out, kNOut);
+    zero_groups(p.plain.out, kNOut, r0, r1, groups, tid, nthreads,
                 [=](int g) { return c0 + g * 8; });
     if constexpr (Cfg::save_preact)
-      zero_preact_groups<kGlu, kLayout, Cfg::ffn>(p.plain.preact_out, kN, r0, r1, c0,
-                                                  block_n_out / 8, tid, nthreads);
+      zero_preact_groups<kGlu, kLayout, Cfg::ffn>(p.plain.preact_out, kN, r0, r1, c0, groups, tid,
+                                                  nthreads);
   }
 
   __device__ static void run(const Sm90GemmParams& p) {
@@ -217,10 +224,11 @@ struct Fc2Sm90 {
   static constexpr int kK = Cfg::ffn;
   static constexpr int kNOut = Cfg::hidden;
   static constexpr int block_n_out = Cfg::block_n;
-  static constexpr int num_n = kNOut / block_n_out;
+  static constexpr bool kNTail = kNOut % block_n_out != 0;  // partial last column tile
+  static constexpr int num_n = (kNOut + block_n_out - 1) / block_n_out;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
-  static_assert(kNOut % block_n_out == 0, "hidden must be a multiple of block_n");
+  static_assert(kNOut % 64 == 0, "hidden must be a multiple of 64");
 
   __device__ static __forceinline__ void load_b(const Sm90GemmParams& p, unsigned int dst,
                                                 unsigned int bar, int expert, int tile_n, int k) {
@@ -249,6 +257,7 @@ struct Fc2Sm90 {
     for (int m = 0; m < S::mt; ++m) {
 #pragma unroll
       for (int cc = 0; cc < S::regs / 32; ++cc) {
+        if (kNTail && tile_n * Cfg::block_n + cc * 64 >= kNOut) continue;
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
           const int j = cc * 8 + jj;
@@ -270,7 +279,7 @@ struct Fc2Sm90 {
   __device__ static void zero_rows(const Sm90GemmParams& p, int tile_n, long long r0, long long r1,
                                    int tid, int nthreads) {
     const int c0 = tile_n * block_n_out;
-    zero_groups(p.plain.out, kNOut, r0, r1, block_n_out / 8, tid, nthreads,
+    zero_groups(p.plain.out, kNOut, r0, r1, groups_in(c0, block_n_out, kNOut), tid, nthreads,
                 [=](int g) { return c0 + g * 8; });
   }
 

@@ -1,8 +1,8 @@
 // Family sm90_dgrad: the Hopper (TMA + wgmma) data gradients (sm90_mlp_bwd.cuh): FC2 dgrad with
 // the activation backward (Fc2DgradSm90, Sm90Fc2DgradParams) and FC1 dgrad (Fc1DgradSm90,
 // Sm90GemmParams). Applies on sm_90a (not portable_only) where hidden and ffn are multiples of
-// 64 and a Hopper tile divides the output width; sm80_dgrad serves the rest. Bound by
-// engine/families/sm90_dgrad.cpp.
+// 64 (the last column tile may be partial: detail::sm90_column_tile); sm80_dgrad serves the rest.
+// Bound by engine/families/sm90_dgrad.cpp.
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 
@@ -12,11 +12,9 @@ namespace {
 std::optional<KernelSource> emit(const KernelRequest& r) {
   if (!detail::sm90_allowed(r)) return std::nullopt;
   const bool fc2 = r.role == KernelRole::fc2_dgrad;
-  // Rows are tokens: any multiple of 128 stands for "rows tile freely" here.
-  std::optional<TileConfig> tile =
-      detail::sm90_output_tile(128, fc2 ? r.layer.ffn : r.layer.hidden);
+  std::optional<TileConfig> tile = detail::sm90_column_tile(fc2 ? r.layer.ffn : r.layer.hidden, 1);
   if (!tile) return std::nullopt;
-  // Where only 128 divides the width (e64's F = 1408), 256 x 128 tiles: 128 x 128 ones read half
+  // Where 128 is the width chosen (narrow layers), 256 x 128 tiles: 128 x 128 ones read half
   // again as many operand bytes per FLOP as 128 x 256, and their consumers waited for data in 38 %
   // of ncu's samples (e64's FC2 dgrad); 256 x 128 reads as few as 128 x 256 (FC2 dgrad 1.23 ->
   // 1.01 ms). Each consumer warpgroup then holds two m64 tiles of 64 accumulators.

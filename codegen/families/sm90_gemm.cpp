@@ -1,7 +1,7 @@
 // Family sm90_gemm: the Hopper (TMA + wgmma) grouped GEMM of the forward, Fc1Sm90 / Fc2Sm90
 // (sm90_mlp_fwd.cuh, Sm90GemmParams), persistent with one block per SM. Applies on sm_90a (not
-// portable_only) where hidden and ffn are multiples of 64 and a Hopper tile divides the output
-// width; sm80_gemm serves the rest. Bound by engine/families/sm90_gemm.cpp.
+// portable_only) where hidden and ffn are multiples of 64 (the last column tile may be partial:
+// detail::sm90_column_tile); sm80_gemm serves the rest. Bound by engine/families/sm90_gemm.cpp.
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 
@@ -13,7 +13,7 @@ std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole ro
   if (!hopper_widths(layer)) return std::nullopt;
   const bool fc1 = role == KernelRole::fc1_forward;
   const bool glu_fc1 = fc1 && is_glu(layer.activation.kind);
-  return detail::sm90_tile_dividing(fc1 ? layer.ffn : layer.hidden, glu_fc1 ? 2 : 1);
+  return detail::sm90_column_tile(fc1 ? layer.ffn : layer.hidden, glu_fc1 ? 2 : 1);
 }
 
 namespace families {

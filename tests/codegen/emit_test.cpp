@@ -89,18 +89,17 @@ int sm90_block_n(const KernelSource& k) {
 }
 
 TEST(GroupedMlpEmit, Sm90aTakesHopperKernelsForEveryMultipleOf64) {
-  // Output width -> widest dividing tile: 256, then 192, 128, 64 (GLU FC1: 256 or 128 B rows).
-  struct Width {
-    std::int64_t columns;
-    int block_n;
-  };
-  for (const Width w : {Width{2880, 192}, Width{192, 192}, Width{576, 192}, Width{320, 64},
-                        Width{640, 128}, Width{768, 256}, Width{64, 64}}) {
+  // The forward GEMMs and the data gradients take sm90_column_tile's width (the last column tile
+  // may be partial), the weight gradients the widest tile dividing their columns.
+  for (std::int64_t columns : {2880, 192, 576, 320, 640, 768, 64}) {
+    const int dividing = detail::sm90_tile_dividing(columns, 1)->block_n;
+    const int partial = detail::sm90_column_tile(columns, 1)->block_n;
+    const int glu = detail::sm90_column_tile(columns, 2)->block_n;
     for (Activation act : {Activation::relu, Activation::swiglu}) {
       LayerSpec layer = mixtral();
       layer.activation.kind = act;
-      layer.hidden = w.columns;  // FC2 out, FC1 dgrad out, the wgrad_w1 columns
-      layer.ffn = w.columns;     // FC1 out, FC2 dgrad out, the wgrad_w2 columns
+      layer.hidden = columns;  // FC2 out, FC1 dgrad out, the wgrad_w1 columns
+      layer.ffn = columns;     // FC1 out, FC2 dgrad out, the wgrad_w2 columns
       layer.fc1_bias = layer.fc2_bias = layer.router_probs = true;
       const auto fwd = emit_grouped_mlp_forward({layer, true, "sm_90a", false});
       for (const auto& k : fwd) {
@@ -108,24 +107,20 @@ TEST(GroupedMlpEmit, Sm90aTakesHopperKernelsForEveryMultipleOf64) {
         EXPECT_TRUE(k.entry.ends_with("_sm90")) << k.entry;
         EXPECT_EQ(static_cast<int>(k.launch.block_n), sm90_block_n(k)) << k.entry;
       }
-      EXPECT_EQ(sm90_block_n(fwd[1]), w.block_n) << w.columns;
-      if (act == Activation::relu) {
-        EXPECT_EQ(sm90_block_n(fwd[0]), w.block_n) << w.columns;
-      } else {  // GLU: block_n / 2 output columns, the widest of 128, 96 and 64 dividing F
-        const int glu_block_n = w.columns % 128 == 0 ? 256 : w.columns % 96 == 0 ? 192 : 128;
-        EXPECT_EQ(sm90_block_n(fwd[0]), glu_block_n) << w.columns;
-      }
+      EXPECT_EQ(sm90_block_n(fwd[1]), partial) << columns;
+      EXPECT_EQ(sm90_block_n(fwd[0]), act == Activation::relu ? partial : glu) << columns;
       GradientSet all;
       all.db1 = all.db2 = true;
       for (const auto& k : emit_grouped_mlp_backward({layer, all, "sm_90a", false})) {
         if (k.role == KernelRole::bgrad_b1 || k.role == KernelRole::bgrad_b2) continue;
         EXPECT_EQ(k.launch.operands, LaunchShape::Operands::tensor_maps) << k.entry;
         EXPECT_TRUE(k.entry.ends_with("_sm90")) << k.entry;
-        EXPECT_EQ(sm90_block_n(k), w.block_n) << k.entry;
+        const bool wgrad = k.role == KernelRole::wgrad_w1 || k.role == KernelRole::wgrad_w2;
+        EXPECT_EQ(sm90_block_n(k), wgrad ? dividing : partial) << k.entry;
       }
       const KernelSource linear =
-          emit_grouped_linear({8, 1024, w.columns, true, true, DType::i64, "sm_90a", false});
-      EXPECT_EQ(sm90_block_n(linear), w.block_n) << linear.entry;
+          emit_grouped_linear({8, 1024, columns, true, true, DType::i64, "sm_90a", false});
+      EXPECT_EQ(sm90_block_n(linear), partial) << linear.entry;
     }
   }
 }
@@ -133,20 +128,39 @@ TEST(GroupedMlpEmit, Sm90aTakesHopperKernelsForEveryMultipleOf64) {
 TEST(GroupedMlpEmit, Sm90TilesFitTheirSharedMemoryAndRegisters) {
   for (std::int64_t columns : {64, 128, 192, 256, 320, 576, 2880}) {
     for (int rows_per_column : {1, 2}) {
-      const auto chosen = detail::sm90_tile_dividing(columns, rows_per_column);
-      ASSERT_TRUE(chosen.has_value()) << columns << " " << rows_per_column;
-      const TileConfig tile = detail::deepest_sm90_ring(*chosen, "sm_90a");
-      EXPECT_EQ(tile.block_m, 128) << columns;  // 192 columns: 96 accumulators, one m64 tile
-      EXPECT_LE(detail::sm90_smem_bytes(tile), 232448) << columns;
-      EXPECT_EQ(columns % (tile.block_n / rows_per_column), 0) << columns;
-      // Whole 64-column output groups, or (GLU) whole 32-row interleave groups of each half.
-      EXPECT_EQ(tile.block_n / rows_per_column % (rows_per_column == 1 ? 64 : 32), 0) << columns;
+      for (bool partial : {false, true}) {
+        const auto chosen = partial ? detail::sm90_column_tile(columns, rows_per_column)
+                                    : detail::sm90_tile_dividing(columns, rows_per_column);
+        ASSERT_TRUE(chosen.has_value()) << columns << " " << rows_per_column;
+        const TileConfig tile = detail::deepest_sm90_ring(*chosen, "sm_90a");
+        EXPECT_EQ(tile.block_m, 128) << columns;  // 192 columns: 96 accumulators, one m64 tile
+        EXPECT_LE(detail::sm90_smem_bytes(tile), 232448) << columns;
+        const int out = tile.block_n / rows_per_column;
+        // Whole output tiles, or a partial last one of whole 64-column groups.
+        EXPECT_TRUE(columns % out == 0 || (partial && out % 64 == 0)) << columns;
+        // Whole 64-column output groups, or (GLU) whole 32-row interleave groups of each half.
+        EXPECT_EQ(out % (rows_per_column == 1 ? 64 : 32), 0) << columns;
+      }
     }
   }
   EXPECT_FALSE(detail::sm90_tile_dividing(2880 + 8, 1).has_value());
+  EXPECT_FALSE(detail::sm90_column_tile(2880 + 8, 1).has_value());
   EXPECT_EQ(detail::sm90_tile_dividing(2880, 1)->block_n, 192);
   EXPECT_EQ(detail::sm90_tile_dividing(2880, 2)->block_n, 192);  // 96 gate + 96 lin rows
   EXPECT_EQ(detail::sm90_tile_dividing(320, 2)->block_n, 128);
+}
+
+// 192-wide tiles ran at 0.73-0.78 of the tensor pipe where 256-wide ones ran at 0.90 (same
+// layer): a partial last 256-wide tile is worth its padding up to a fifth of the width, a
+// narrower exact tile beyond that.
+TEST(GroupedMlpEmit, Sm90ColumnTilesTradePaddingForWidth) {
+  EXPECT_EQ(detail::sm90_column_tile(2880, 1)->block_n, 256);  // 12 tiles, the last 64 wide
+  EXPECT_EQ(detail::sm90_column_tile(2880, 2)->block_n, 256);  // 23 tiles of 128 outputs
+  EXPECT_EQ(detail::sm90_column_tile(1408, 1)->block_n, 256);  // 6 tiles, the last 128 wide
+  EXPECT_EQ(detail::sm90_column_tile(4096, 1)->block_n, 256);
+  EXPECT_EQ(detail::sm90_column_tile(576, 1)->block_n, 192);  // 256: a third more columns
+  EXPECT_EQ(detail::sm90_column_tile(192, 1)->block_n, 192);
+  EXPECT_EQ(detail::sm90_column_tile(192, 2)->block_n, 192);  // 96 outputs, exact
 }
 
 // The ring takes every stage the arch's shared memory holds, up to 8: one more would not fit.
@@ -198,17 +212,17 @@ TEST(GroupedMlpEmit, WidthsThatAreNotMultiplesOf64TakeThePortableKernelsWithPart
   }
 }
 
-TEST(GroupedMlpEmit, GptOssWidthsTakeHopperKernelsWithWholeTiles) {
+TEST(GroupedMlpEmit, GptOssWidthsTakeHopperKernelsWithPartialLastTiles) {
   LayerSpec layer = mixtral();
   layer.hidden = 2880;  // a multiple of 64, not of 128
   layer.ffn = 2880;
   layer.activation.kind = Activation::clamped_swiglu;
   const auto kernels = emit_grouped_mlp_forward({layer, false, "sm_90a", false});
-  // GLU FC1 emits 96 columns per 192-row B tile (96 gate + 96 lin); FC2: 2880 = 15 x 192.
+  // GLU FC1 emits 128 columns per 256-row B tile (2880 = 22.5 x 128); FC2: 2880 = 11.25 x 256.
   EXPECT_EQ(kernels[0].launch.operands, LaunchShape::Operands::tensor_maps);
   EXPECT_EQ(kernels[1].launch.operands, LaunchShape::Operands::tensor_maps);
-  EXPECT_EQ(kernels[0].launch.block_n, 192u);
-  EXPECT_EQ(kernels[1].launch.block_n, 192u);
+  EXPECT_EQ(kernels[0].launch.block_n, 256u);
+  EXPECT_EQ(kernels[1].launch.block_n, 256u);
   EXPECT_EQ(kernels[1].entry, "gmjit_fc2_fwd_e8_h2880_f2880_sm90");
   GradientSet all;
   all.db1 = all.db2 = true;
@@ -217,18 +231,23 @@ TEST(GroupedMlpEmit, GptOssWidthsTakeHopperKernelsWithWholeTiles) {
       EXPECT_TRUE(k.role == KernelRole::bgrad_b1 || k.role == KernelRole::bgrad_b2) << k.entry;
       continue;
     }
-    EXPECT_EQ(k.launch.block_n, 192u) << k.entry;  // dgrad: F or H columns; wgrad: F or H
-    EXPECT_EQ(k.launch.dynamic_smem_bytes, 5u * (128 + 192) * 128 + 20480) << k.entry;  // 5 stages
+    // The data gradients: 256 wide, the last column tile partial (4 stages); the weight
+    // gradients: 2880 = 15 x 192 (5 stages).
+    const bool wgrad = k.role == KernelRole::wgrad_w1 || k.role == KernelRole::wgrad_w2;
+    const unsigned block_n = wgrad ? 192u : 256u, stages = wgrad ? 5u : 4u;
+    EXPECT_EQ(k.launch.block_n, block_n) << k.entry;
+    EXPECT_EQ(k.launch.dynamic_smem_bytes, stages * (128 + block_n) * 128 + 20480) << k.entry;
   }
 }
 
-// The data gradients take 256 x 128 tiles where 128 is the widest tile dividing their output
-// (e64: F = 1408), the bytes per FLOP of 128 x 256; other widths keep 128-row tiles.
+// The data gradients take 256 x 128 tiles where 128 is the width chosen (a 128-column output),
+// the bytes per FLOP of 128 x 256; other widths keep 128-row tiles (e64's F = 1408 takes 6 tiles
+// of 256, the last one 128 wide).
 TEST(GroupedMlpEmit, DgradTilesOfWidth128AreTwoHundredFiftySixRowsTall) {
   LayerSpec layer = mixtral();
   layer.experts = 64;
   layer.hidden = 2048;  // FC1 dgrad: 128 x 256
-  layer.ffn = 1408;     // FC2 dgrad: 1408 = 11 x 128
+  layer.ffn = 128;      // FC2 dgrad: 256 x 128
   GradientSet all;
   int seen = 0;
   for (const auto& k : emit_grouped_mlp_backward({layer, all, "sm_90a", false})) {
