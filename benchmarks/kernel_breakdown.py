@@ -22,8 +22,8 @@ from collections import defaultdict
 
 import torch
 
-from layer_step import make_layer
-from side_by_side import stub_gmjit_engine, torch_layer
+from layer_step import engine_device, make_layer
+from side_by_side import torch_layer
 
 
 def kernels(step, iters: int, cuda: bool) -> list[tuple[str, float]]:
@@ -84,13 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.iters < 1:
         ap.error("--iters must be at least 1")
-    if a.dry_run_cpu:
-        stub_gmjit_engine()
-    elif not torch.cuda.is_available():
-        sys.exit("kernel_breakdown.py needs a CUDA GPU (or --dry-run-cpu)")
+    device = engine_device(a.dry_run_cpu, "kernel_breakdown.py")
     from gmjit.torch import grouped_mlp
 
-    device = torch.device("cpu" if a.dry_run_cpu else "cuda")
     cuda = not a.dry_run_cpu
     results = {}
     for spec in a.shapes:

@@ -52,6 +52,17 @@ def make_layer(name: str, ragged: bool, tokens_per_expert: int | None, device: t
     return s, layer, dy
 
 
+def engine_device(dry_run_cpu: bool, script: str) -> torch.device:
+    """The device a script's layer lives on: the GPU, or (--dry-run-cpu) the CPU with the engine
+    calls stubbed; exits when neither is possible."""
+    if dry_run_cpu:
+        stub_gmjit_engine()
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        sys.exit(f"{script} needs a CUDA GPU (or --dry-run-cpu)")
+    return torch.device("cuda")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("shape", help="a side_by_side.py shape: " + ", ".join(s.name for s in SHAPES))
@@ -63,13 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.iters < 1:
         ap.error("--iters must be at least 1")
-    if a.dry_run_cpu:
-        stub_gmjit_engine()
-    elif not torch.cuda.is_available():
-        sys.exit("layer_step.py needs a CUDA GPU (or --dry-run-cpu)")
+    device = engine_device(a.dry_run_cpu, "layer_step.py")
     from gmjit.torch import grouped_mlp
 
-    device = torch.device("cpu" if a.dry_run_cpu else "cuda")
     s, layer, dy = make_layer(a.shape, a.ragged, a.tokens_per_expert, device)
 
     def forward():
