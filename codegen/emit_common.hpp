@@ -91,8 +91,8 @@ int widest_dividing(std::int64_t extent, std::initializer_list<int> candidates);
 // Whether a Hopper family may serve `request` at all: sm_90a, not portable_only, and hidden and
 // ffn that suit the Hopper kernels (hopper_widths).
 bool sm90_allowed(const families::KernelRequest& request);
-// The Hopper tile of a kernel whose output is rows x cols per expert, if any (the dgrad kernels'
-// rows are tokens, which tile freely: they pass any multiple of 128).
+// The Hopper tile of a weight gradient whose output is rows x cols per expert, if any: rows a
+// multiple of 64, the widest tile dividing cols (sm90_tile_dividing).
 std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols);
 // The Hopper kernel `header`'s template `kernel` taking `params`, on `chosen` with the deepest
 // ring that fits (deepest_sm90_ring), checked against the arch (check_sm90_fits): entry +
