@@ -75,6 +75,7 @@ def print_breakdown(title: str, times: dict[str, float], top: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("shapes", nargs="+", help="side_by_side.py shape names, ':ragged' for ragged")
+    ap.add_argument("--tokens-per-expert", type=int, default=None, help="override the shape's")
     ap.add_argument("--iters", type=int, default=5, help="profiled steps per implementation")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--top", type=int, default=12, help="kernels listed per implementation")
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         name, _, load = spec.partition(":")
         if load not in ("", "ragged", "balanced"):
             ap.error(f"shape '{spec}': expected NAME, NAME:ragged or NAME:balanced")
-        s, layer, dy = make_layer(name, load == "ragged", None, device)
+        s, layer, dy = make_layer(name, load == "ragged", a.tokens_per_expert, device)
         split = layer["split_sizes"]
         offs = torch.cumsum(split, 0).to(torch.int32)
         rows_expert = torch.repeat_interleave(

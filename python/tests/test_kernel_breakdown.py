@@ -38,8 +38,9 @@ def test_breakdown_on_the_cpu_stub_writes_both_implementations_per_shape(tmp_pat
     out = tmp_path / "kb.json"
     # A subprocess: the --dry-run-cpu stub replaces the engine calls process-wide.
     run = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "kernel_breakdown.py"),
-                          "small-gpt-oss", "small-swiglu:ragged", "--iters", "1", "--warmup", "1",
-                          "--sequence", "--json", str(out), "--dry-run-cpu"],
+                          "small-gpt-oss", "small-swiglu:ragged", "--tokens-per-expert", "8",
+                          "--iters", "1", "--warmup", "1", "--sequence", "--json", str(out),
+                          "--dry-run-cpu"],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
