@@ -116,8 +116,11 @@ struct Fc2DgradEpilogue {
       // the warp's staging buffer.
 #pragma unroll
       for (int cc = 0; cc < kRegs / 32; ++cc) {
-        if (kF % Cfg::block_n != 0 && tile_n * Cfg::block_n + cc * 64 >= kF) continue;
-        const int cq = tile_n * Cfg::block_n + cc * 64 + 16 * (lane & 3);
+        // Columns past F (a partial last tile) hold g = 0 (TMA's zeros for W2's columns past F):
+        // their loads read group 0's pre-activation, their dprobs terms are 0, nothing is stored.
+        // A predicate, not a `continue`: the branch doubled the unrolled epilogue's code.
+        const bool cols_in = kF % Cfg::block_n == 0 || tile_n * Cfg::block_n + cc * 64 < kF;
+        const int cq = (cols_in ? tile_n * Cfg::block_n + cc * 64 : 0) + 16 * (lane & 3);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           // The loads first (the stores below could alias them).
@@ -168,7 +171,7 @@ struct Fc2DgradEpilogue {
             ao[w] = pack_bf16x2(a0 * prob[h], a1 * prob[h]);
             dp[h] += g0 * a0 + g1 * a1;
           }
-          if (valid[h]) {
+          if (valid[h] && cols_in) {
             store_16(as + rows[h] * kF + cq, ao);
             unsigned short* dr = dpre + rows[h] * kF1;
             store_16(dr + (kGlu ? gate_col<kLayout>(cq, kF) : cq), dgo);

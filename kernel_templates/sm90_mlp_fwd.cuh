@@ -88,7 +88,7 @@ struct Fc1Sm90 {
                             expert * (Cfg::ffn / 32) + c0 / 32);
       }
     } else {
-      sm90::tma_load_2d(dst, p.tmap_b, bar, k, expert * kN + tile_n * Cfg::block_n);
+      sm90::tma_load_3d(dst, p.tmap_b, bar, k, tile_n * Cfg::block_n, expert);
     }
   }
 
@@ -232,7 +232,7 @@ struct Fc2Sm90 {
 
   __device__ static __forceinline__ void load_b(const Sm90GemmParams& p, unsigned int dst,
                                                 unsigned int bar, int expert, int tile_n, int k) {
-    sm90::tma_load_2d(dst, p.tmap_b, bar, k, expert * kN + tile_n * Cfg::block_n);
+    sm90::tma_load_3d(dst, p.tmap_b, bar, k, tile_n * Cfg::block_n, expert);
   }
 
   __device__ static __forceinline__ void store(const Sm90GemmParams& p,

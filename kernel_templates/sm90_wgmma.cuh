@@ -67,6 +67,15 @@ __device__ __forceinline__ void tma_load_2d(unsigned int dst, const void* tmap, 
       : "memory");
 }
 
+__device__ __forceinline__ void tma_load_3d(unsigned int dst, const void* tmap, unsigned int bar,
+                                            int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(dst),
+      "l"(tmap), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
 __device__ __forceinline__ void tma_load_4d(unsigned int dst, const void* tmap, unsigned int bar,
                                             int c0, int c1, int c2, int c3) {
   asm volatile(

@@ -92,10 +92,13 @@ CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOper
 
   const cuuint64_t k = static_cast<cuuint64_t>(o.k), e = static_cast<cuuint64_t>(o.experts);
   if (o.layout == Sm90BLayout::kPlain) {
-    const cuuint64_t dims[2] = {k, e * static_cast<cuuint64_t>(o.n_total)};
-    const cuuint64_t strides[1] = {row_bytes};
-    const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(o.block_n)};
-    return encode_bf16(encode, params.tmap_b, o.b, 2, dims, strides, box);
+    // 3-D, so that a partial last column tile's rows past N read as zeros instead of the next
+    // expert's rows (which a decode call would otherwise stream twice).
+    const cuuint64_t n = static_cast<cuuint64_t>(o.n_total);
+    const cuuint64_t dims[3] = {k, n, e};
+    const cuuint64_t strides[2] = {row_bytes, n * row_bytes};
+    const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(o.block_n), 1};
+    return encode_bf16(encode, params.tmap_b, o.b, 3, dims, strides, box);
   }
   if (o.n_total % 64 != 0) return CUDA_ERROR_INVALID_VALUE;  // 2F with F % 32 == 0
   const cuuint64_t f = static_cast<cuuint64_t>(o.n_total / 2);

@@ -7,8 +7,8 @@
 // out-of-bounds elements zero-filled. The kernel's smem layout and coordinates depend on these
 // exact shapes: change them only together with the template.
 //   A  [tokens, K]            2-D {K, tokens}, box {64, 64} (block_m / 64 boxes per stage)
-//   B  kPlain                 2-D {K, E*N} over [E, N, K], box {64, block_n} (block_n 64, 128,
-//                             192 or 256; the GLU layouts: 128, 192 or 256)
+//   B  kPlain                 3-D {K, N, E} over [E, N, K], box {64, block_n, 1} (block_n 64,
+//                             128, 192 or 256; the GLU layouts: 128, 192 or 256)
 //      kGluHalves             4-D {K, F, 2, E} (gate = rows [0, F), lin = rows [F, 2F)),
 //                             box {64, block_n/2, 1, 1}
 //      kGluInterleaved32      4-D {K, 32, 2, E*F/32} (blocks of 32 gate rows then 32 lin rows),
