@@ -17,6 +17,8 @@
 // full, claims its next tile from the launch's zeroed tile counter (TileWalk): tiles of unequal
 // cost (an expert's last rows, a warpgroup with no rows) no longer make the CTAs drift apart, so
 // the tiles in flight stay a narrow window of t that shares L2, and the CTAs finish together.
+// An Epi with kClaimEqualTiles (the data gradients) claims full tiles too on walks of 24 waves or
+// more (produce_tiles says why).
 // Only the producer warp runs the schedule: it writes each tile's (expert, rows, column tile)
 // into the info slot of the tile's first stage, so the consumers' critical path has no
 // split-size scan. Tail tiles and the final "done" marker take one stage each, with no data
@@ -206,6 +208,17 @@ struct BMnMajor<Epi, decltype(void(Epi::kBMnMajor))> {
   static constexpr bool value = Epi::kBMnMajor;
 };
 
+// Optional: `static constexpr bool kClaimEqualTiles = true` when the tiles are claimed from the
+// launch's counter even where all of them cost the same (see produce_tiles).
+template <class Epi, class = void>
+struct ClaimEqualTiles {
+  static constexpr bool value = false;
+};
+template <class Epi>
+struct ClaimEqualTiles<Epi, decltype(void(Epi::kClaimEqualTiles))> {
+  static constexpr bool value = Epi::kClaimEqualTiles;
+};
+
 // The shared-memory ring of a Hopper mainloop (BF16 or FP8, grouped GEMM or weight gradient):
 // `stages` slots of stage_bytes (1024-byte aligned), their full/empty mbarriers and a tile-info
 // slot (Info) per stage.
@@ -317,10 +330,16 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
       if (!data) mbar_arrive(r.full + 8 * stage);
     }
   };
-  // Tiles of equal cost: round-robin is balanced already and keeps the CTAs in step (measured up
-  // to 9 % faster than claiming on a balanced qwen3 forward, docs/PERFORMANCE.md).
+  // Tiles of equal cost: round-robin is balanced already (measured up to 9 % faster than claiming
+  // on a balanced qwen3 forward, docs/PERFORMANCE.md), unless the Epi claims them anyway on a
+  // long walk: over many waves round-robin CTAs drift apart, and the data gradients' CTAs that
+  // share a weight tile then read it at different times, from DRAM twice (deepseek at 31 and 108
+  // waves; 16 experts at 14 waves did not). On short walks claiming only costs (1-2 %, qwen3).
+  constexpr int kClaimMinWaves = 24;
+  const bool claim_anyway =
+      ClaimEqualTiles<Epi>::value && num_tiles >= kClaimMinWaves * static_cast<int>(gridDim.x);
   const bool equal_tiles =
-      row_tiles_all_full<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
+      !claim_anyway && row_tiles_all_full<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
   TileWalk<P> walk(p, !equal_tiles);
   for (int t = walk.first(); t < num_tiles; t = walk.next(t)) {
     walk.claim();

@@ -247,6 +247,8 @@ struct Fc2DgradSm90 {
   // load as TMA's zeros, and the epilogue skips its 64-column groups past F.
   static constexpr int num_n = (kF + Cfg::block_n - 1) / Cfg::block_n;
   static constexpr bool kBMnMajor = true;
+  // Over many waves round-robin CTAs drift apart and read each W tile twice (deepseek, ncu).
+  static constexpr bool kClaimEqualTiles = true;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
   static_assert(kF % 64 == 0, "ffn must be a multiple of 64");
@@ -286,6 +288,8 @@ struct Fc1DgradSm90 {
   static constexpr bool kNTail = kH % Cfg::block_n != 0;  // partial last column tile
   static constexpr int num_n = (kH + Cfg::block_n - 1) / Cfg::block_n;
   static constexpr bool kBMnMajor = true;
+  // Over many waves round-robin CTAs drift apart and read each W tile twice (deepseek, ncu).
+  static constexpr bool kClaimEqualTiles = true;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
   static_assert(kH % 64 == 0, "hidden must be a multiple of 64");
