@@ -19,8 +19,10 @@ a case is a side_by_side.py shape with layer_step.py's options (`e64:--ragged`),
 `layer_step.py SHAPE OPTIONS --time --iters N`: the path the targets table times (bf16 weight
 gradients), where `gmjit bench` writes fp32 ones.
 
-  python3 benchmarks/ab_bench.py --python --a /tmp/old-site --b - deepseek e64:--ragged `--stop-after-s` skips the cases that would start after that many seconds (a
-device call has a time limit), `--json` keeps every round.
+  python3 benchmarks/ab_bench.py --python --a /tmp/old-site --b - deepseek e64:--ragged
+
+`--stop-after-s` skips the cases that would start after that many seconds (a device call has a
+time limit), `--json` keeps every round.
 """
 
 from __future__ import annotations

@@ -40,7 +40,8 @@ def kernels(step, iters: int, cuda: bool) -> list[tuple[str, float]]:
     for ev in prof.events():
         if str(getattr(ev, "device_type", "")).endswith("CUDA") and ev.name:
             us = getattr(ev, "device_time", None)
-            found.append((ev.time_range.start, ev.name, (us if us is not None else ev.cuda_time) / 1e3))
+            ms = (us if us is not None else ev.cuda_time) / 1e3
+            found.append((ev.time_range.start, ev.name, ms))
     return [(name, ms) for _, name, ms in sorted(found)]
 
 
@@ -57,7 +58,10 @@ def print_sequence(launched: list[tuple[str, float]], iters: int) -> None:
     step = launched[len(launched) - len(launched) // iters :]
     ids: dict[str, int] = {}
     for name, ms in step:
-        label = short(name, 60) if len(name) <= 60 else f"#{ids.setdefault(name, len(ids) + 1)} {short(name, 50)}"
+        if len(name) <= 60:
+            label = short(name, 60)
+        else:  # a long template name: numbered by first use
+            label = f"#{ids.setdefault(name, len(ids) + 1)} {short(name, 50)}"
         print(f"    {ms:8.3f} ms  {label}")
 
 
@@ -80,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--top", type=int, default=12, help="kernels listed per implementation")
     ap.add_argument("--json", help="write the per-kernel times here")
-    ap.add_argument("--sequence", action="store_true", help="also print one step's kernels in order")
+    ap.add_argument("--sequence", action="store_true",
+                    help="also print one step's kernels in order")
     ap.add_argument("--dry-run-cpu", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.iters < 1:

@@ -102,23 +102,6 @@ TileConfig sm90_tile(int block_n) {
   return tile;
 }
 
-}  // namespace
-
-std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_rows_per_column) {
-  // Widest first (more reuse of each A tile): 2880 = 15 x 192. A GLU FC1 tile (2 B rows per
-  // column) emits block_n / 2 output columns, which must be whole interleave groups of 32:
-  // gpt-oss's F = 2880 = 30 x 96 takes 192-row tiles (a 128-row one reuses each A tile 2/3 as
-  // often).
-  for (int block_n : {256, 192, 128, 64}) {
-    if (block_n / b_rows_per_column % (b_rows_per_column == 1 ? 64 : 32) != 0) continue;
-    if (out_columns % (block_n / b_rows_per_column) != 0) continue;
-    return sm90_tile(block_n);
-  }
-  return std::nullopt;
-}
-
-namespace {
-
 // Tensor-pipe activity of the BF16 forward GEMMs by B tile width (block_n), ncu on one H200 at
 // H = F = 3072 with the width forced (docs/PERFORMANCE.md, session 13): narrower tiles lose far
 // more than their extra operand bytes per FLOP. 64 was not measured; taken as below half of 128
@@ -137,6 +120,19 @@ double sm90_width_speed(int block_n) {
 }
 
 }  // namespace
+
+std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_rows_per_column) {
+  // Widest first (more reuse of each A tile): 2880 = 15 x 192. A GLU FC1 tile (2 B rows per
+  // column) emits block_n / 2 output columns, which must be whole interleave groups of 32:
+  // gpt-oss's F = 2880 = 30 x 96 takes 192-row tiles (a 128-row one reuses each A tile 2/3 as
+  // often).
+  for (int block_n : {256, 192, 128, 64}) {
+    if (block_n / b_rows_per_column % (b_rows_per_column == 1 ? 64 : 32) != 0) continue;
+    if (out_columns % (block_n / b_rows_per_column) != 0) continue;
+    return sm90_tile(block_n);
+  }
+  return std::nullopt;
+}
 
 std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column) {
   if (out_columns <= 0 || out_columns % 64 != 0) return std::nullopt;

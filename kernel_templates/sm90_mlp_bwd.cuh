@@ -83,6 +83,7 @@ struct Fc2DgradEpilogue {
   static constexpr bool kGlu = is_glu(Cfg::act);
   static constexpr GluLayout kLayout = Cfg::glu_layout;
   static constexpr int kH = Cfg::hidden, kF = Cfg::ffn, kF1 = kGlu ? 2 * kF : kF;
+  static constexpr bool kNTail = kF % Cfg::block_n != 0;  // partial last column tile
   // Thread rows: (m, h) -> row0 + m*64 + (warp%4)*16 + lane/4 + 8h; n8 chunk j holds columns
   // 8j + 2*(lane%4) + {0, 1}. Per 64 columns and 8 rows the quad of a row regroups g into 16
   // consecutive columns per lane (the warp's staging buffer), which it reads and writes as
@@ -119,7 +120,7 @@ struct Fc2DgradEpilogue {
         // Columns past F (a partial last tile) hold g = 0 (TMA's zeros for W2's columns past F):
         // their loads read group 0's pre-activation, their dprobs terms are 0, nothing is stored.
         // A predicate, not a `continue`: the branch doubled the unrolled epilogue's code.
-        const bool cols_in = kF % Cfg::block_n == 0 || tile_n * Cfg::block_n + cc * 64 < kF;
+        const bool cols_in = !kNTail || tile_n * Cfg::block_n + cc * 64 < kF;
         const int cq = (cols_in ? tile_n * Cfg::block_n + cc * 64 : 0) + 16 * (lane & 3);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
