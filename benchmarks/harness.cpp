@@ -10,6 +10,8 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -84,6 +86,17 @@ void use_own_cache() {
       unsetenv(name);
     }
   }
+  // NVRTC 12.9 and later keep their own compile cache in the driver's compute cache wherever a
+  // driver is loaded: on a GPU machine a kernel compiled before (by an earlier run, a test) then
+  // "compiles" in 0.03 s, and the compile phase would not be cold. Off for this process and the
+  // disk-hit child (gmjit loads cubins, so the driver's PTX JIT cache it also governs is unused).
+  if (const char* value = std::getenv("CUDA_CACHE_DISABLE");
+      value != nullptr && value[0] != '\0' && std::string_view(value) != "1") {
+    std::printf(
+        "  (ignoring CUDA_CACHE_DISABLE=%s: the compile phase must not hit NVRTC's cache)\n",
+        value);
+  }
+  setenv("CUDA_CACHE_DISABLE", "1", 1);
 }
 
 }  // namespace
@@ -290,6 +303,7 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   report["recipe"] = options.recipe;
   const Recipe recipe = recipe_by_name(options.recipe);
   report["nvrtc"] = nvrtc_version();
+  report["nvrtc_own_cache"] = "off";  // use_own_cache: CUDA_CACHE_DISABLE=1
 
   Engine engine;
   std::printf("  compiling (empty cache)...\n");

@@ -105,9 +105,13 @@ bench_measures_a_real_compile_and_a_real_disk_hit)
   [ -d "$work/b1" ] || fail "--cache-dir b1 was not used as $work/b1"
   [ "$(phase_kernels "$work/r1.json" compile)" -gt 0 ] || fail "compile phase: $(cat "$work/r1.json")"
   [ "$(phase_kernels "$work/r1.json" disk_hit)" = 0 ] || fail "disk-hit compiled: $(cat "$work/r1.json")"
-  GMJIT_CACHE_DISABLE=1 "${bench[@]}" --json "$work/r2.json" >"$work/out" 2>&1 ||
+  # GMJIT_CACHE_DISABLE, and NVRTC's own compile cache asked for (CUDA_CACHE_DISABLE=0): both
+  # ignored, so that the compile phase is cold on a GPU machine too.
+  GMJIT_CACHE_DISABLE=1 CUDA_CACHE_DISABLE=0 "${bench[@]}" --json "$work/r2.json" >"$work/out" 2>&1 ||
     fail "GMJIT_CACHE_DISABLE: $(cat "$work/out")"
   [ "$(phase_kernels "$work/r2.json" disk_hit)" = 0 ] || fail "disk-hit compiled: $(cat "$work/r2.json")"
+  grep -qF "ignoring CUDA_CACHE_DISABLE=0" "$work/out" || fail "CUDA_CACHE_DISABLE=0 kept: $(cat "$work/out")"
+  grep -qF '"nvrtc_own_cache": "off"' "$work/r2.json" || fail "no nvrtc_own_cache: $(cat "$work/r2.json")"
   # A warm --cache-dir: the compile phase would compile nothing.
   (cd "$work" && expect_failure "--cache-dir" "${bench[@]}" --cache-dir b1)
   grep -qF "compiled nothing" "$work/err" || fail "warm --cache-dir: $(cat "$work/err")"
