@@ -207,5 +207,20 @@ TEST_F(TensorMaps, WeightGradientsReadBothOperandsAlongTokens) {
   EXPECT_EQ(encoded()[1].box, (Box{64, 64}));
 }
 
+// FP8 operands are E4M3 bytes: 128-byte K blocks (one swizzle row), rows along the tokens or
+// the weights' rows.
+TEST_F(TensorMaps, Fp8RowsAreBytesIn128ByteBlocks) {
+  unsigned char map[128];
+  ASSERT_EQ(encode_e4m3_rows(record_encode, map, a_, 0, 7168, 64), CUDA_SUCCESS);
+  ASSERT_EQ(encoded().size(), 1u);
+  const EncodedMap& m = encoded()[0];
+  EXPECT_EQ(m.type, CU_TENSOR_MAP_DATA_TYPE_UINT8);
+  EXPECT_EQ(m.swizzle, CU_TENSOR_MAP_SWIZZLE_128B);
+  EXPECT_EQ(m.oob_fill, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  EXPECT_EQ(m.dims, (Dims{7168, 1}));  // no rows: one, never read
+  EXPECT_EQ(m.strides, (Dims{7168}));
+  EXPECT_EQ(m.box, (Box{128, 64}));
+}
+
 }  // namespace
 }  // namespace gmjit::engine
