@@ -245,7 +245,7 @@ struct Fc2DgradSm90 {
   static constexpr int kH = Cfg::hidden, kF = Cfg::ffn;
   static constexpr int kK = kH;  // [T, H] · [H, F]
   // A width that block_n does not divide ends in a partial column tile: its B columns past F
-  // load as TMA's zeros, and the epilogue skips its 64-column groups past F.
+  // load as TMA's zeros, and the epilogue stores none of its 64-column groups past F.
   static constexpr int num_n = (kF + Cfg::block_n - 1) / Cfg::block_n;
   static constexpr bool kBMnMajor = true;
   // Over many waves round-robin CTAs drift apart and read each W tile twice (deepseek, ncu).

@@ -58,7 +58,7 @@ struct Fc1Sm90 {
   static constexpr int kNOut = Cfg::ffn;
   static constexpr int block_n_out = kGlu ? Cfg::block_n / 2 : Cfg::block_n;
   // A width that the tile does not divide ends in a partial column tile: its accumulators past
-  // the width (TMA zeros, or the next expert's B rows) are never stored.
+  // the width (TMA's zeros: B maps hold each expert in its own dimension) are never stored.
   static constexpr bool kNTail = kNOut % block_n_out != 0;
   static constexpr int num_n = (kNOut + block_n_out - 1) / block_n_out;
   static constexpr int threads = S::threads;
