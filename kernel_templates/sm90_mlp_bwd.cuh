@@ -310,7 +310,8 @@ struct Fc1DgradSm90 {
     for (int m = 0; m < S::mt; ++m)
 #pragma unroll
       for (int cc = 0; cc < S::regs / 32; ++cc) {
-        if (kNTail && tile_n * Cfg::block_n + cc * 64 >= kH) continue;
+        // A group past the width stores no row (a predicate: a `continue` doubles the code).
+        const bool cols_in = !kNTail || tile_n * Cfg::block_n + cc * 64 < kH;
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj)
 #pragma unroll
@@ -318,7 +319,8 @@ struct Fc1DgradSm90 {
             const int j = cc * 8 + jj;
             ws.put(jj, h, pack_bf16x2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
           }
-        ws.flush(out, kH, row0 + m * 64 + wq * 16, rt.row_end, tile_n * Cfg::block_n + cc * 64);
+        ws.flush(out, kH, row0 + m * 64 + wq * 16, cols_in ? rt.row_end : 0,
+                 cols_in ? tile_n * Cfg::block_n + cc * 64 : 0);
       }
   }
 

@@ -114,9 +114,12 @@ struct Fc1Sm90 {
     for (int m = 0; m < S::mt; ++m) {
 #pragma unroll
       for (int cc = 0; cc < kChunks / 8; ++cc) {
-        if (kNTail && tile_n * block_n_out + cc * 64 >= kNOut) continue;
-        store_group<8>(p, acc[m], prob[m], rt, tile_n * block_n_out + cc * 64, cc * 8,
-                       row0 + m * 64, ws);
+        // A group past the width (a partial last tile) stores no row and reads column 0's bias:
+        // a predicate, not a `continue`, which doubled FC2 dgrad's unrolled epilogue code.
+        const bool cols_in = !kNTail || tile_n * block_n_out + cc * 64 < kNOut;
+        const RowTile rt_cols{rt.expert, rt.row_begin, cols_in ? rt.row_end : 0};
+        store_group<8>(p, acc[m], prob[m], rt_cols, cols_in ? tile_n * block_n_out + cc * 64 : 0,
+                       cc * 8, row0 + m * 64, ws);
       }
       if constexpr (kChunks % 8 != 0)
         store_group<4>(p, acc[m], prob[m], rt, tile_n * block_n_out + kChunks / 8 * 64,
@@ -257,11 +260,13 @@ struct Fc2Sm90 {
     for (int m = 0; m < S::mt; ++m) {
 #pragma unroll
       for (int cc = 0; cc < S::regs / 32; ++cc) {
-        if (kNTail && tile_n * Cfg::block_n + cc * 64 >= kNOut) continue;
+        // A group past the width stores no row and reads column 0's bias (see Fc1Sm90::store).
+        const bool cols_in = !kNTail || tile_n * Cfg::block_n + cc * 64 < kNOut;
+        const int c0 = cols_in ? tile_n * Cfg::block_n + cc * 64 : 0;
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
           const int j = cc * 8 + jj;
-          const int oc = tile_n * Cfg::block_n + j * 8 + (lane & 3) * 2;
+          const int oc = c0 + jj * 8 + (lane & 3) * 2;
           float b0 = 0.0f, b1 = 0.0f;
           if constexpr (Cfg::has_bias) load_bf16x2(bias + oc, b0, b1);
 #pragma unroll
@@ -271,7 +276,7 @@ struct Fc2Sm90 {
             ws.put(jj, h, pack_bf16x2(y0, y1));
           }
         }
-        ws.flush(out, kNOut, row0 + m * 64 + wq * 16, rt.row_end, tile_n * Cfg::block_n + cc * 64);
+        ws.flush(out, kNOut, row0 + m * 64 + wq * 16, cols_in ? rt.row_end : 0, c0);
       }
     }
   }
