@@ -2,7 +2,7 @@
 // Activation functions of the grouped MLP and their derivatives, in fp32.
 //
 // The forward kernels call act_fwd / glu_fwd in the FC1 epilogue; the backward kernels call
-// act_bwd / glu_bwd on the saved pre-activation. Exponentials go through `ex2.approx`
+// act_fwd_bwd / glu_fwd_bwd on the saved pre-activation. Exponentials go through `ex2.approx`
 // (relative error ~2^-22), far below bf16 resolution, so no libdevice math is needed.
 
 namespace gmjit::kt {
@@ -123,20 +123,9 @@ __device__ __forceinline__ float silu(float x) {
   return x * sigmoid(x);
 }
 
-__device__ __forceinline__ float dsilu(float x) {
-  const float s = sigmoid(x);
-  return s * (1.0f + x * (1.0f - s));
-}
-
 __device__ __forceinline__ float gelu_tanh(float x) {
   const float t = tanh_fast(kGeluK0 * (x + kGeluK1 * x * x * x));
   return 0.5f * x * (1.0f + t);
-}
-
-__device__ __forceinline__ float dgelu_tanh(float x) {
-  const float x2 = x * x;
-  const float t = tanh_fast(kGeluK0 * x * (1.0f + kGeluK1 * x2));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluK0 * (1.0f + 3.0f * kGeluK1 * x2);
 }
 
 __device__ __forceinline__ float relu(float x) {
@@ -159,19 +148,6 @@ __device__ __forceinline__ float act_fwd(float h, ActParams) {
   }
 }
 
-// Non-GLU backward: dh = act'(h) * da.
-template <Act A>
-__device__ __forceinline__ float act_bwd(float h, float da, ActParams) {
-  static_assert(!is_glu(A), "act_bwd is for non-GLU activations; use glu_bwd");
-  if constexpr (A == Act::kSReLU) {
-    return 2.0f * detail::relu(h) * da;
-  } else if constexpr (A == Act::kGeLU) {
-    return detail::dgelu_tanh(h) * da;
-  } else {
-    return h > 0.0f ? da : 0.0f;
-  }
-}
-
 // GLU forward: a = f(gate, lin).
 template <Act A>
 __device__ __forceinline__ float glu_fwd(float gate, float lin, ActParams ap) {
@@ -187,27 +163,59 @@ __device__ __forceinline__ float glu_fwd(float gate, float lin, ActParams ap) {
   }
 }
 
-// GLU backward: given da, returns d(gate) and d(lin). Clamps pass gradient where the input lies
-// inside the closed range (torch.clamp's convention).
+// The backward kernels recompute the activation from the saved pre-activation and need its
+// gradient at the same point: one call gives both, so the exponential (sigmoid / tanh) behind
+// them is evaluated once (as separate calls, the clamps' differing forms kept ptxas from sharing
+// it, and the FC2 dgrad epilogue, unrolled over 128 values a thread, carried it twice).
+struct ActGrad {
+  float a;      // the activation's value, f(gate, lin) or act(h)
+  float dgate;  // da * df/dgate (non-GLU: da * act'(h))
+  float dlin;   // da * df/dlin (non-GLU: 0)
+};
+
+// Non-GLU: value and gradient at h (lin unused).
 template <Act A>
-__device__ __forceinline__ void glu_bwd(float gate, float lin, float da, ActParams ap, float& dgate,
-                                        float& dlin) {
-  static_assert(is_glu(A), "glu_bwd is for GLU activations; use act_bwd");
-  if constexpr (A == Act::kSwiGLU) {
-    dgate = detail::dsilu(gate) * lin * da;
-    dlin = detail::silu(gate) * da;
-  } else if constexpr (A == Act::kGeGLU) {
-    dgate = detail::dgelu_tanh(gate) * lin * da;
-    dlin = detail::gelu_tanh(gate) * da;
+__device__ __forceinline__ ActGrad act_fwd_bwd(float h, float da, ActParams) {
+  static_assert(!is_glu(A), "act_fwd_bwd is for non-GLU activations; use glu_fwd_bwd");
+  if constexpr (A == Act::kSReLU) {
+    const float r = detail::relu(h);
+    return {r * r, 2.0f * r * da, 0.0f};
+  } else if constexpr (A == Act::kGeLU) {
+    const float x2 = h * h;
+    const float t = detail::tanh_fast(detail::kGeluK0 * h * (1.0f + detail::kGeluK1 * x2));
+    const float d = 0.5f * (1.0f + t) + 0.5f * h * (1.0f - t * t) * detail::kGeluK0 *
+                                            (1.0f + 3.0f * detail::kGeluK1 * x2);
+    return {0.5f * h * (1.0f + t), d * da, 0.0f};
   } else {
+    return {detail::relu(h), h > 0.0f ? da : 0.0f, 0.0f};
+  }
+}
+
+// GLU: value and gradients at (gate, lin). Clamps pass gradient where the input lies inside the
+// closed range (torch.clamp's convention).
+template <Act A>
+__device__ __forceinline__ ActGrad glu_fwd_bwd(float gate, float lin, float da, ActParams ap) {
+  static_assert(is_glu(A), "glu_fwd_bwd is for GLU activations; use act_fwd_bwd");
+  if constexpr (A == Act::kSwiGLU) {
+    const float s = detail::sigmoid(gate), silu = gate * s;
+    return {silu * lin, s * (1.0f + gate * (1.0f - s)) * lin * da, silu * da};
+  } else if constexpr (A == Act::kGeGLU) {
+    const float x2 = gate * gate;
+    const float t = detail::tanh_fast(detail::kGeluK0 * gate * (1.0f + detail::kGeluK1 * x2));
+    const float gelu = 0.5f * gate * (1.0f + t);
+    const float dgelu = 0.5f * (1.0f + t) + 0.5f * gate * (1.0f - t * t) * detail::kGeluK0 *
+                                                (1.0f + 3.0f * detail::kGeluK1 * x2);
+    return {gelu * lin, dgelu * lin * da, gelu * da};
+  } else {
+    // min(gate, limit) written as the select whose condition the gradient needs as well.
     const bool g_in = gate <= ap.limit;
     const bool l_in = lin >= -ap.limit && lin <= ap.limit;
     const float g = g_in ? gate : ap.limit;
     const float l = lin < -ap.limit ? -ap.limit : (lin > ap.limit ? ap.limit : lin);
-    const float s = detail::sigmoid(ap.alpha * g);
+    const float s = detail::sigmoid(ap.alpha * g), gs = g * s;
     // d/dg [g * sigmoid(alpha g)] = s + alpha g s (1 - s)
-    dgate = g_in ? (s + ap.alpha * g * s * (1.0f - s)) * (l + 1.0f) * da : 0.0f;
-    dlin = l_in ? g * s * da : 0.0f;
+    return {gs * (l + 1.0f), g_in ? (s + ap.alpha * gs * (1.0f - s)) * (l + 1.0f) * da : 0.0f,
+            l_in ? gs * da : 0.0f};
   }
 }
 

@@ -120,24 +120,19 @@ struct Fc2Dgrad {
             const int c = c0 + j * 8;
             if (kNTail && c >= kF) continue;
             const float g0 = acc[i][j][half * 2], g1 = acc[i][j][half * 2 + 1];
-            float a0, a1;
+            const float x0 = bf16x2_lo(hg[j]), x1 = bf16x2_hi(hg[j]);
+            ActGrad r0, r1;
             if constexpr (kGlu) {
-              const float x0 = bf16x2_lo(hg[j]), x1 = bf16x2_hi(hg[j]);
-              const float l0 = bf16x2_lo(hl[j]), l1 = bf16x2_hi(hl[j]);
-              a0 = glu_fwd<Cfg::act>(x0, l0, ap);
-              a1 = glu_fwd<Cfg::act>(x1, l1, ap);
-              float dg0, dg1, dl0, dl1;
-              glu_bwd<Cfg::act>(x0, l0, g0 * prob, ap, dg0, dl0);
-              glu_bwd<Cfg::act>(x1, l1, g1 * prob, ap, dg1, dl1);
-              store_bf16x2(dh + gate_col<kLayout>(c, kF), dg0, dg1);
-              store_bf16x2(dh + lin_col<kLayout>(c, kF), dl0, dl1);
+              r0 = glu_fwd_bwd<Cfg::act>(x0, bf16x2_lo(hl[j]), g0 * prob, ap);
+              r1 = glu_fwd_bwd<Cfg::act>(x1, bf16x2_hi(hl[j]), g1 * prob, ap);
+              store_bf16x2(dh + gate_col<kLayout>(c, kF), r0.dgate, r1.dgate);
+              store_bf16x2(dh + lin_col<kLayout>(c, kF), r0.dlin, r1.dlin);
             } else {
-              const float x0 = bf16x2_lo(hg[j]), x1 = bf16x2_hi(hg[j]);
-              a0 = act_fwd<Cfg::act>(x0, ap);
-              a1 = act_fwd<Cfg::act>(x1, ap);
-              store_bf16x2(dh + c, act_bwd<Cfg::act>(x0, g0 * prob, ap),
-                           act_bwd<Cfg::act>(x1, g1 * prob, ap));
+              r0 = act_fwd_bwd<Cfg::act>(x0, g0 * prob, ap);
+              r1 = act_fwd_bwd<Cfg::act>(x1, g1 * prob, ap);
+              store_bf16x2(dh + c, r0.dgate, r1.dgate);
             }
+            const float a0 = r0.a, a1 = r1.a;
             store_bf16x2(as + row * kF + c, a0 * prob, a1 * prob);
             dp += g0 * a0 + g1 * a1;
           }

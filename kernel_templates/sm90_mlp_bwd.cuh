@@ -152,23 +152,17 @@ struct Fc2DgradEpilogue {
             const unsigned int xw = word_of(xg[w / 4], w % 4), lw = word_of(xl[w / 4], w % 4);
             const float x0 = bf16x2_lo(xw), x1 = bf16x2_hi(xw);
             const float g0 = g[2 * w], g1 = g[2 * w + 1];
-            float a0, a1;
+            ActGrad r0, r1;
             if constexpr (kGlu) {
-              const float l0 = bf16x2_lo(lw), l1 = bf16x2_hi(lw);
-              a0 = glu_fwd<Cfg::act>(x0, l0, ap);
-              a1 = glu_fwd<Cfg::act>(x1, l1, ap);
-              float dg0, dg1, dl0, dl1;
-              glu_bwd<Cfg::act>(x0, l0, g0 * prob[h], ap, dg0, dl0);
-              glu_bwd<Cfg::act>(x1, l1, g1 * prob[h], ap, dg1, dl1);
-              dgo[w] = pack_bf16x2(dg0, dg1);
-              dlo[w] = pack_bf16x2(dl0, dl1);
+              r0 = glu_fwd_bwd<Cfg::act>(x0, bf16x2_lo(lw), g0 * prob[h], ap);
+              r1 = glu_fwd_bwd<Cfg::act>(x1, bf16x2_hi(lw), g1 * prob[h], ap);
             } else {
-              a0 = act_fwd<Cfg::act>(x0, ap);
-              a1 = act_fwd<Cfg::act>(x1, ap);
-              dgo[w] = pack_bf16x2(act_bwd<Cfg::act>(x0, g0 * prob[h], ap),
-                                   act_bwd<Cfg::act>(x1, g1 * prob[h], ap));
-              dlo[w] = 0u;
+              r0 = act_fwd_bwd<Cfg::act>(x0, g0 * prob[h], ap);
+              r1 = act_fwd_bwd<Cfg::act>(x1, g1 * prob[h], ap);
             }
+            dgo[w] = pack_bf16x2(r0.dgate, r1.dgate);
+            dlo[w] = kGlu ? pack_bf16x2(r0.dlin, r1.dlin) : 0u;
+            const float a0 = r0.a, a1 = r1.a;
             ao[w] = pack_bf16x2(a0 * prob[h], a1 * prob[h]);
             dp[h] += g0 * a0 + g1 * a1;
           }
