@@ -115,17 +115,30 @@ struct Fc2DgradEpilogue {
       // in and a ⊙ p and dpreact leave as 16-byte row segments (the fragment order's 4-byte
       // loads asked L2 for half again as many sectors); only g = dy · W2 changes lanes, through
       // the warp's staging buffer.
-#pragma unroll
+      // Both loops are rolled: unrolled, a thread's 128 activations (block_n 256) made NVRTC
+      // spend 2.3 s on gpt-oss's FC2 dgrad (1.0 s rolled, no measurable run-time cost, session
+      // 15). Selects, never a runtime index, pick the accumulators, so they stay in registers.
+#pragma unroll 1
       for (int cc = 0; cc < kRegs / 32; ++cc) {
+        float frag[32];  // acc[m][32 * cc + i]
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          frag[i] = acc[m][i];
+#pragma unroll
+          for (int c = 1; c < kRegs / 32; ++c) frag[i] = cc == c ? acc[m][32 * c + i] : frag[i];
+        }
         // Columns past F (a partial last tile) hold g = 0 (TMA's zeros for W2's columns past F):
         // their loads read group 0's pre-activation, their dprobs terms are 0, nothing is stored.
-        // A predicate, not a `continue`: the branch doubled the unrolled epilogue's code.
         const bool cols_in = !kNTail || tile_n * Cfg::block_n + cc * 64 < kF;
         const int cq = (cols_in ? tile_n * Cfg::block_n + cc * 64 : 0) + 16 * (lane & 3);
-#pragma unroll
+#pragma unroll 1
         for (int h = 0; h < 2; ++h) {
+          const bool hi = h != 0;
+          const long long row = hi ? rows[1] : rows[0];
+          const float pr = hi ? prob[1] : prob[0];
+          float dsum = 0.0f;
           // The loads first (the stores below could alias them).
-          const unsigned short* hr = pre + rows[h] * kF1;
+          const unsigned short* hr = pre + row * kF1;
           uint4 xg[2], xl[2];
 #pragma unroll
           for (int s = 0; s < 2; ++s) {
@@ -140,8 +153,8 @@ struct Fc2DgradEpilogue {
           __syncwarp();  // the previous step's reads of the staging buffer are done
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
-            const int j = cc * 8 + jj;
-            ws.put_f32x2(jj & 3, jj >> 2, acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
+            ws.put_f32x2(jj & 3, jj >> 2, hi ? frag[4 * jj + 2] : frag[4 * jj],
+                         hi ? frag[4 * jj + 3] : frag[4 * jj + 1]);
           }
           __syncwarp();
           float g[16];
@@ -154,23 +167,28 @@ struct Fc2DgradEpilogue {
             const float g0 = g[2 * w], g1 = g[2 * w + 1];
             ActGrad r0, r1;
             if constexpr (kGlu) {
-              r0 = glu_fwd_bwd<Cfg::act>(x0, bf16x2_lo(lw), g0 * prob[h], ap);
-              r1 = glu_fwd_bwd<Cfg::act>(x1, bf16x2_hi(lw), g1 * prob[h], ap);
+              r0 = glu_fwd_bwd<Cfg::act>(x0, bf16x2_lo(lw), g0 * pr, ap);
+              r1 = glu_fwd_bwd<Cfg::act>(x1, bf16x2_hi(lw), g1 * pr, ap);
             } else {
-              r0 = act_fwd_bwd<Cfg::act>(x0, g0 * prob[h], ap);
-              r1 = act_fwd_bwd<Cfg::act>(x1, g1 * prob[h], ap);
+              r0 = act_fwd_bwd<Cfg::act>(x0, g0 * pr, ap);
+              r1 = act_fwd_bwd<Cfg::act>(x1, g1 * pr, ap);
             }
             dgo[w] = pack_bf16x2(r0.dgate, r1.dgate);
             dlo[w] = kGlu ? pack_bf16x2(r0.dlin, r1.dlin) : 0u;
             const float a0 = r0.a, a1 = r1.a;
-            ao[w] = pack_bf16x2(a0 * prob[h], a1 * prob[h]);
-            dp[h] += g0 * a0 + g1 * a1;
+            ao[w] = pack_bf16x2(a0 * pr, a1 * pr);
+            dsum += g0 * a0 + g1 * a1;
           }
-          if (valid[h] && cols_in) {
-            store_16(as + rows[h] * kF + cq, ao);
-            unsigned short* dr = dpre + rows[h] * kF1;
+          if ((hi ? valid[1] : valid[0]) && cols_in) {
+            store_16(as + row * kF + cq, ao);
+            unsigned short* dr = dpre + row * kF1;
             store_16(dr + (kGlu ? gate_col<kLayout>(cq, kF) : cq), dgo);
             if constexpr (kGlu) store_16(dr + lin_col<kLayout>(cq, kF), dlo);
+          }
+          if (hi) {
+            dp[1] += dsum;
+          } else {
+            dp[0] += dsum;
           }
         }
       }
