@@ -128,6 +128,17 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + t);
 }
 
+// gelu_tanh(x) and its derivative from one tanh (the backward needs both at the same point).
+struct GeluAndSlope {
+  float value, slope;
+};
+__device__ __forceinline__ GeluAndSlope gelu_tanh_and_slope(float x) {
+  const float x2 = x * x;
+  const float t = tanh_fast(kGeluK0 * x * (1.0f + kGeluK1 * x2));
+  return {0.5f * x * (1.0f + t),
+          0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluK0 * (1.0f + 3.0f * kGeluK1 * x2)};
+}
+
 __device__ __forceinline__ float relu(float x) {
   return x > 0.0f ? x : 0.0f;
 }
@@ -165,8 +176,8 @@ __device__ __forceinline__ float glu_fwd(float gate, float lin, ActParams ap) {
 
 // The backward kernels recompute the activation from the saved pre-activation and need its
 // gradient at the same point: one call gives both, so the exponential (sigmoid / tanh) behind
-// them is evaluated once (as separate calls, the clamps' differing forms kept ptxas from sharing
-// it, and the FC2 dgrad epilogue, unrolled over 128 values a thread, carried it twice).
+// them is evaluated once per value (as separate calls, SwiGLU's sigmoid was evaluated three
+// times and clamped SwiGLU's twice: the clamps' differing forms kept them apart).
 struct ActGrad {
   float a;      // the activation's value, f(gate, lin) or act(h)
   float dgate;  // da * df/dgate (non-GLU: da * act'(h))
@@ -181,11 +192,8 @@ __device__ __forceinline__ ActGrad act_fwd_bwd(float h, float da, ActParams) {
     const float r = detail::relu(h);
     return {r * r, 2.0f * r * da, 0.0f};
   } else if constexpr (A == Act::kGeLU) {
-    const float x2 = h * h;
-    const float t = detail::tanh_fast(detail::kGeluK0 * h * (1.0f + detail::kGeluK1 * x2));
-    const float d = 0.5f * (1.0f + t) + 0.5f * h * (1.0f - t * t) * detail::kGeluK0 *
-                                            (1.0f + 3.0f * detail::kGeluK1 * x2);
-    return {0.5f * h * (1.0f + t), d * da, 0.0f};
+    const detail::GeluAndSlope g = detail::gelu_tanh_and_slope(h);
+    return {g.value, g.slope * da, 0.0f};
   } else {
     return {detail::relu(h), h > 0.0f ? da : 0.0f, 0.0f};
   }
@@ -200,12 +208,8 @@ __device__ __forceinline__ ActGrad glu_fwd_bwd(float gate, float lin, float da, 
     const float s = detail::sigmoid(gate), silu = gate * s;
     return {silu * lin, s * (1.0f + gate * (1.0f - s)) * lin * da, silu * da};
   } else if constexpr (A == Act::kGeGLU) {
-    const float x2 = gate * gate;
-    const float t = detail::tanh_fast(detail::kGeluK0 * gate * (1.0f + detail::kGeluK1 * x2));
-    const float gelu = 0.5f * gate * (1.0f + t);
-    const float dgelu = 0.5f * (1.0f + t) + 0.5f * gate * (1.0f - t * t) * detail::kGeluK0 *
-                                                (1.0f + 3.0f * detail::kGeluK1 * x2);
-    return {gelu * lin, dgelu * lin * da, gelu * da};
+    const detail::GeluAndSlope g = detail::gelu_tanh_and_slope(gate);
+    return {g.value * lin, g.slope * lin * da, g.value * da};
   } else {
     // min(gate, limit) written as the select whose condition the gradient needs as well.
     const bool g_in = gate <= ap.limit;
