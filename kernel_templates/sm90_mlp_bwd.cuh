@@ -136,6 +136,7 @@ struct Fc2DgradEpilogue {
           const bool hi = h != 0;
           const long long row = hi ? rows[1] : rows[0];
           const float pr = hi ? prob[1] : prob[0];
+          const bool row_in = hi ? valid[1] : valid[0];
           float dsum = 0.0f;
           // The loads first (the stores below could alias them).
           const unsigned short* hr = pre + row * kF1;
@@ -179,7 +180,7 @@ struct Fc2DgradEpilogue {
             ao[w] = pack_bf16x2(a0 * pr, a1 * pr);
             dsum += g0 * a0 + g1 * a1;
           }
-          if ((hi ? valid[1] : valid[0]) && cols_in) {
+          if (row_in && cols_in) {
             store_16(as + row * kF + cq, ao);
             unsigned short* dr = dpre + row * kF1;
             store_16(dr + (kGlu ? gate_col<kLayout>(cq, kF) : cq), dgo);

@@ -115,7 +115,7 @@ struct Fc1Sm90 {
 #pragma unroll
       for (int cc = 0; cc < kChunks / 8; ++cc) {
         // A group past the width (a partial last tile) stores no row and reads column 0's bias:
-        // a predicate, not a `continue`, which doubled FC2 dgrad's unrolled epilogue code.
+        // a predicate, not a `continue`, which doubles the code of an unrolled epilogue.
         const bool cols_in = !kNTail || tile_n * block_n_out + cc * 64 < kNOut;
         const RowTile rt_cols{rt.expert, rt.row_begin, cols_in ? rt.row_end : 0};
         store_group<8>(p, acc[m], prob[m], rt_cols, cols_in ? tile_n * block_n_out + cc * 64 : 0,
