@@ -26,6 +26,7 @@ import ctypes.util
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -126,9 +127,7 @@ def templates_folder(spec: str, workdir: str, label: str) -> str:
         if not files:
             raise ValueError(f"--{label}: {source} holds no *.cuh template")
         for f in files:
-            with open(f, "rb") as src, open(os.path.join(root, "gmjit", os.path.basename(f)),
-                                            "wb") as dst:  # fmt: skip
-                dst.write(src.read())
+            shutil.copy(f, os.path.join(root, "gmjit"))
         return root
     archive = subprocess.run(["git", "-C", REPO, "archive", spec, "kernel_templates"],
                              capture_output=True)  # fmt: skip
@@ -238,8 +237,8 @@ def ratio(b: float, a: float) -> str:
 
 def print_row(case: str, row: dict, phases: bool) -> None:
     a, b = row["a"], row["b"]
-    status = "" if a["ok"] and b["ok"] else "  FAILED: " + ("A" if not a["ok"] else "") + (
-        "B" if not b["ok"] else "")  # fmt: skip
+    failed = "".join(side for side, r in (("A", a), ("B", b)) if not r["ok"])
+    status = f"  FAILED: {failed}" if failed else ""
     line = (f"{case:24s} {row['kernel'][:58]:58s} {a['seconds']:7.3f} {b['seconds']:7.3f} "
             f"{ratio(b['seconds'], a['seconds'])}  {a['cubin_bytes'] / 1024:6.1f} KB "
             f"{b['cubin_bytes'] / 1024:6.1f} KB{status}")  # fmt: skip
