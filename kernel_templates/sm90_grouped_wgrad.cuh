@@ -65,6 +65,8 @@ struct WgradEpilogue {
     constexpr int kRows = Cfg::block_m / 2, kChunks = Cfg::block_n / kPerChunk;
     const long long r0 = static_cast<long long>(ti.tile_m) * Cfg::block_m + wg * kRows;
     const int rows = kM - r0 < kRows ? static_cast<int>(kM - r0) : kRows;  // partial last M tile
+    // Rolled, like the other zero fills (tail_rows.cuh): rare at run time, costly to compile.
+#pragma unroll 1
     for (int i = static_cast<int>(threadIdx.x) & 127; i < rows * kChunks; i += 128) {
       const long long e = (static_cast<long long>(ti.expert) * kM + r0 + i / kChunks) * kN +
                           ti.tile_n * Cfg::block_n + (i % kChunks) * kPerChunk;
@@ -195,6 +197,7 @@ struct GroupedWgradSm90 {
   __device__ static __forceinline__ void zero_box_rows(unsigned int base, int boxes, int valid,
                                                        int tid, int nthreads) {
     const int chunks = (64 - valid) * 8;  // 16-byte chunks per box
+#pragma unroll 1
     for (int i = tid; i < boxes * chunks; i += nthreads) {
       const int box = i / chunks, c = i % chunks;
       const unsigned int a = base + box * 8192 + valid * 128 + c * 16;

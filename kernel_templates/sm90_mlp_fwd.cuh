@@ -96,43 +96,78 @@ struct Fc1Sm90 {
   // columns 8j + 2*(lane%4) + {0, 1}. Groups of 8 chunks (64 columns; a 96-column GLU tile ends
   // in a group of 4) go out through the warp's staging buffer as 128-byte (64-byte) row
   // segments, and so does preact (training only).
+  // Training (save_preact) rolls the loop over 64-column groups: its epilogue is twice the
+  // inference one, and unrolled NVRTC spent 1.3 s on gpt-oss's (session 16). Selects, never a
+  // runtime index, pick the accumulators, so they stay in registers. Inference keeps the loop
+  // unrolled (the selects fold away): rolled, it ran 0.5 % slower (session 17).
   __device__ static __forceinline__ void store(const Sm90GemmParams& p,
                                                float (&acc)[S::mt][S::regs], const RowTile& rt,
                                                int tile_n, long long row0,
                                                const sm90::WarpStage& ws) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int wrow = ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16 + (lane >> 2);
-    float prob[S::mt][2];
+    constexpr int kGroups = kChunks / 8;  // whole 64-column groups
 #pragma unroll
-    for (int m = 0; m < S::mt; ++m)
+    for (int m = 0; m < S::mt; ++m) {
+      float prob[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const long long row = row0 + m * 64 + wrow + h * 8;
-        prob[m][h] = Cfg::has_probs && row < rt.row_end ? p.plain.probs[row] : 1.0f;
+        prob[h] = Cfg::has_probs && row < rt.row_end ? p.plain.probs[row] : 1.0f;
       }
-#pragma unroll
-    for (int m = 0; m < S::mt; ++m) {
-#pragma unroll
-      for (int cc = 0; cc < kChunks / 8; ++cc) {
-        // A group past the width (a partial last tile) stores no row and reads column 0's bias:
-        // a predicate, not a `continue`, which doubles the code of an unrolled epilogue.
+      auto store_cc = [&](int cc) {
+        Frag<8> f;
+        f.template gather<0, kGroups>(acc[m], cc);
+        // A group past the width (a partial last tile) stores no row and reads column 0's bias.
         const bool cols_in = !kNTail || tile_n * block_n_out + cc * 64 < kNOut;
         const RowTile rt_cols{rt.expert, rt.row_begin, cols_in ? rt.row_end : 0};
-        store_group<8>(p, acc[m], prob[m], rt_cols, cols_in ? tile_n * block_n_out + cc * 64 : 0,
-                       cc * 8, row0 + m * 64, ws);
+        store_group<8>(p, f, prob, rt_cols, cols_in ? tile_n * block_n_out + cc * 64 : 0,
+                       row0 + m * 64, ws);
+      };
+      if constexpr (Cfg::save_preact) {
+#pragma unroll 1
+        for (int cc = 0; cc < kGroups; ++cc) store_cc(cc);
+      } else {
+#pragma unroll
+        for (int cc = 0; cc < kGroups; ++cc) store_cc(cc);
       }
-      if constexpr (kChunks % 8 != 0)
-        store_group<4>(p, acc[m], prob[m], rt, tile_n * block_n_out + kChunks / 8 * 64,
-                       kChunks / 8 * 8, row0 + m * 64, ws);
+      if constexpr (kChunks % 8 != 0) {
+        Frag<4> f;
+        f.template gather<kGroups * 8, 1>(acc[m], 0);
+        store_group<4>(p, f, prob, rt, tile_n * block_n_out + kGroups * 64, row0 + m * 64, ws);
+      }
     }
   }
 
-  // Output chunks [j0, j0 + kW) of one m64 tile (rows from mrow0): kW = 8 (64 columns from c0),
-  // or 4 (32 columns, the last group of a GLU tile of 96 output columns).
+  // A thread's accumulators of kW output chunks: gate (or the only) values, then for GLU the lin
+  // values of the same output columns (kChunks chunks on).
   template <int kW>
-  __device__ static __forceinline__ void store_group(const Sm90GemmParams& p, float (&acc)[S::regs],
+  struct Frag {
+    float gate[4 * kW];
+    float lin[kGlu ? 4 * kW : 1];
+
+    // Chunks [kFirst + 8 * idx, + kW) of one m64 tile, idx < kCount, by selects.
+    template <int kFirst, int kCount>
+    __device__ __forceinline__ void gather(const float (&acc)[S::regs], int idx) {
+#pragma unroll
+      for (int i = 0; i < 4 * kW; ++i) {
+        gate[i] = acc[4 * kFirst + i];
+        if constexpr (kGlu) lin[i] = acc[4 * (kFirst + kChunks) + i];
+#pragma unroll
+        for (int c = 1; c < kCount; ++c) {
+          gate[i] = idx == c ? acc[4 * (kFirst + 8 * c) + i] : gate[i];
+          if constexpr (kGlu) lin[i] = idx == c ? acc[4 * (kFirst + 8 * c + kChunks) + i] : lin[i];
+        }
+      }
+    }
+  };
+
+  // The kW output chunks in `f` (kW = 8: 64 columns from c0; 4: 32 columns, the last group of a
+  // GLU tile of 96 output columns) of one m64 tile (rows from mrow0).
+  template <int kW>
+  __device__ static __forceinline__ void store_group(const Sm90GemmParams& p, const Frag<kW>& f,
                                                      const float (&prob)[2], const RowTile& rt,
-                                                     int c0, int j0, long long mrow0,
+                                                     int c0, long long mrow0,
                                                      const sm90::WarpStage& ws) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const long long wrow0 = mrow0 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16;
@@ -143,7 +178,7 @@ struct Fc1Sm90 {
                                                      static_cast<long long>(rt.expert) * kN
                                                : nullptr;
     // Pre-activation (gate, lin; bias added) and the activation times p of chunk jj, row half
-    // h, from the bias of the chunk's columns.
+    // hi, from the bias of the chunk's columns.
     struct Bias {
       float g0 = 0.0f, g1 = 0.0f, l0 = 0.0f, l1 = 0.0f;
     };
@@ -156,25 +191,25 @@ struct Fc1Sm90 {
       }
       return b;
     };
-    auto values = [&](int jj, int h, const Bias& b, unsigned int& pg, unsigned int& pl) {
-      const int j = j0 + jj;
+    auto values = [&](int jj, bool hi, const Bias& b, unsigned int& pg, unsigned int& pl) {
+      const int i = 4 * jj;
+      const float x0 = (hi ? f.gate[i + 2] : f.gate[i]) + b.g0;
+      const float x1 = (hi ? f.gate[i + 3] : f.gate[i + 1]) + b.g1;
+      const float pr = hi ? prob[1] : prob[0];
+      pg = pack_bf16x2(x0, x1);
       float a0, a1;
       if constexpr (kGlu) {
-        const float g0 = acc[4 * j + 2 * h] + b.g0, g1 = acc[4 * j + 2 * h + 1] + b.g1;
-        const float* l = &acc[4 * (j + kChunks) + 2 * h];
-        const float l0 = l[0] + b.l0, l1 = l[1] + b.l1;
-        pg = pack_bf16x2(g0, g1);
+        const float l0 = (hi ? f.lin[i + 2] : f.lin[i]) + b.l0;
+        const float l1 = (hi ? f.lin[i + 3] : f.lin[i + 1]) + b.l1;
         pl = pack_bf16x2(l0, l1);
-        a0 = glu_fwd<Cfg::act>(g0, l0, ap);
-        a1 = glu_fwd<Cfg::act>(g1, l1, ap);
+        a0 = glu_fwd<Cfg::act>(x0, l0, ap);
+        a1 = glu_fwd<Cfg::act>(x1, l1, ap);
       } else {
-        const float h0 = acc[4 * j + 2 * h] + b.g0, h1 = acc[4 * j + 2 * h + 1] + b.g1;
-        pg = pack_bf16x2(h0, h1);
         pl = 0u;
-        a0 = act_fwd<Cfg::act>(h0, ap);
-        a1 = act_fwd<Cfg::act>(h1, ap);
+        a0 = act_fwd<Cfg::act>(x0, ap);
+        a1 = act_fwd<Cfg::act>(x1, ap);
       }
-      return pack_bf16x2(a0 * prob[h], a1 * prob[h]);
+      return pack_bf16x2(a0 * pr, a1 * pr);
     };
     if constexpr (!Cfg::save_preact) {
 #pragma unroll
@@ -183,18 +218,20 @@ struct Fc1Sm90 {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           unsigned int pg, pl;  // unused: no pre-activation saved
-          ws.put(jj, h, values(jj, h, b, pg, pl));
+          ws.put(jj, h, values(jj, h != 0, b, pg, pl));
         }
       }
       ws.template flush<16, 8 * kW>(out, kNOut, wrow0, rt.row_end, c0);
     } else {
       // Training: per row half, the activation then the pre-activation's blocks (PreactBlocks),
-      // each through the buffer's rows 0-7.
-#pragma unroll
+      // each through the buffer's rows 0-7. Rolled as well (selects on `hi`): it halves the
+      // epilogue's code again.
+#pragma unroll 1
       for (int h = 0; h < 2; ++h) {
         unsigned int pg[8], pl[8];
 #pragma unroll
-        for (int jj = 0; jj < kW; ++jj) ws.put(jj, 0, values(jj, h, bias_of(jj), pg[jj], pl[jj]));
+        for (int jj = 0; jj < kW; ++jj)
+          ws.put(jj, 0, values(jj, h != 0, bias_of(jj), pg[jj], pl[jj]));
         ws.template flush<8, 8 * kW>(out, kNOut, wrow0 + 8 * h, rt.row_end, c0);
         PreactBlocks<kGlu, kLayout, kW>::store_half(ws, pre, kN, wrow0 + 8 * h, rt.row_end, c0,
                                                     Cfg::ffn, pg, pl);
