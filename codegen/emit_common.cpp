@@ -134,13 +134,11 @@ std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_row
   return std::nullopt;
 }
 
-std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column,
-                                           int max_block_n) {
+std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column) {
   if (out_columns <= 0 || out_columns % 64 != 0) return std::nullopt;
   std::optional<TileConfig> best;
   double best_cost = 0.0;
   for (int block_n : {256, 192, 128, 64}) {
-    if (block_n > max_block_n) continue;
     const int out = block_n / b_rows_per_column;
     // GLU tiles hold whole 32-row interleave groups of each half; the epilogue of a partial last
     // tile works in whole 64-column groups.
@@ -163,9 +161,8 @@ std::string sm90_tile_fields(const TileConfig& t) {
   return fmt::format(
       "  static constexpr int block_m = {}, block_n = {}, block_k = {}, stages = {}, group_m = "
       "{};\n"
-      "  static constexpr int smem_bytes = {};\n{}",
-      t.block_m, t.block_n, t.block_k, t.stages, t.group_m, sm90_smem_bytes(t),
-      t.pingpong ? "  static constexpr bool pingpong = true;\n" : "");
+      "  static constexpr int smem_bytes = {};\n",
+      t.block_m, t.block_n, t.block_k, t.stages, t.group_m, sm90_smem_bytes(t));
 }
 
 void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t experts) {

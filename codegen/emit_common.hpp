@@ -45,9 +45,7 @@ std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_row
 // 128 at 0.52), so 2880 columns take 12 tiles of 256 rather than 15 of 192. Partial tiles need
 // whole 64-column output groups; a 96-column GLU tile must divide. nullopt unless out_columns
 // is a multiple of 64.
-// `max_block_n` caps the width (a ping-pong tile of 128 rows holds at most 128 B rows).
-std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column,
-                                           int max_block_n = 256);
+std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column);
 // Shared memory of a Hopper kernel besides its ring: 1 KiB to align the ring, 1 KiB of mbarriers
 // and tile-info slots, 18 KiB of epilogue staging (sm90_grouped_gemm.cuh, TileShape).
 inline constexpr int kSm90FixedSmemBytes = 20480;

@@ -35,8 +35,6 @@ struct TileConfig {
   int warps_n = 2;
   int group_m = 8;     // row tiles per L2 raster group
   int min_blocks = 1;  // second __launch_bounds__ argument
-  // Hopper only: the consumer warpgroups take whole tiles in turns (sm90_grouped_gemm.cuh).
-  bool pingpong = false;
 
   int threads() const { return 32 * warps_m * warps_n; }
   // Must match the templates' formula (they static_assert it): rows padded by 8 bf16.

@@ -32,23 +32,11 @@
 
 namespace gmjit::kt::sm90 {
 
-// Optional Cfg::pingpong (default false): the consumer warpgroups take whole tiles in turns
-// (grouped_gemm's ping-pong consumers) instead of half of every tile.
-template <class Cfg, class = void>
-struct PingPongOf {
-  static constexpr bool value = false;
-};
-template <class Cfg>
-struct PingPongOf<Cfg, decltype(void(Cfg::pingpong))> {
-  static constexpr bool value = Cfg::pingpong;
-};
-
 // The tile shape of the Hopper kernels: tile/pipeline constants derived from a Cfg (block_m,
-// block_n, block_k = 64, stages, optional pingpong).
+// block_n, block_k = 64, stages).
 template <class Cfg>
 struct TileShape {
   static constexpr int block_m = Cfg::block_m, block_n = Cfg::block_n, stages = Cfg::stages;
-  static constexpr bool pingpong = PingPongOf<Cfg>::value;
   static constexpr int block_k = 64;  // one 128-byte swizzle row of bf16
   static constexpr int threads = 384;
   static constexpr int consumer_warps = 8;
@@ -56,10 +44,7 @@ struct TileShape {
   // the producer warpgroup gives back (128 * 40 + 256 * 232 <= 65536).
   static constexpr int producer_regs = 40;
   static constexpr int consumer_regs = 232;
-  // m64 wgmma tiles per consumer warpgroup: half the tile's rows, or all of them (ping-pong).
-  static constexpr int mt = pingpong ? block_m / 64 : block_m / 128;
-  // Arrivals that release a ring stage: every consumer warp, or (ping-pong) one warpgroup's.
-  static constexpr int stage_readers = pingpong ? 4 : consumer_warps;
+  static constexpr int mt = block_m / 128;  // m64 wgmma tiles per consumer warpgroup
   static constexpr int regs = block_n / 2;  // fp32 accumulators per thread per m64 tile
   static constexpr int a_stage_bytes = block_m * 128;
   static constexpr int b_stage_bytes = block_n * 128;
@@ -73,8 +58,7 @@ struct TileShape {
   static constexpr int smem_bytes = stages * (block_m + block_n) * 128 + 2048 + out_stage_bytes;
 
   static_assert(Cfg::block_k == 64, "sm90 kernels use block_k = 64 (128-byte swizzle rows)");
-  static_assert(pingpong ? (block_m == 64 || block_m == 128) : (block_m == 128 || block_m == 256),
-                "block_m must be 128 or 256 (ping-pong: 64 or 128)");
+  static_assert(block_m == 128 || block_m == 256, "block_m must be 128 or 256");
   // Epilogues and B loads work in 64-column groups; wgmma has these N (sm90_wgmma.cuh).
   static_assert(block_n == 64 || block_n == 128 || block_n == 192 || block_n == 256,
                 "block_n must be 64, 128, 192 or 256");
@@ -248,24 +232,8 @@ struct RingOf {
   __device__ __forceinline__ WarpStage warp_stage(int warp) const {
     return WarpStage{full + 1024 + (warp - 4) * 16 * WarpStage::kRowBytes};
   }
-
-  // Ping-pong hand-over to consumer warpgroup w (0, 1): its mbarrier, and a slot for the ring
-  // position (stage, phase) it takes over; past the 48 bytes per stage (at most 16 stages) of
-  // barriers and info slots.
-  __device__ __forceinline__ unsigned int turn(int w) const { return full + 960 + 8 * w; }
-  __device__ __forceinline__ unsigned int baton(int w) const { return full + 976 + 8 * w; }
 };
 using Ring = RingOf<TileInfo>;
-
-// Arrivals that release a ring stage: S::stage_readers where S has it, else every consumer warp.
-template <class S, class = void>
-struct StageReaders {
-  static constexpr int value = S::consumer_warps;
-};
-template <class S>
-struct StageReaders<S, decltype(void(S::stage_readers))> {
-  static constexpr int value = S::stage_readers;
-};
 
 // Lays out the ring, initialises its barriers (thread 0) and prefetches the maps (thread 32);
 // the whole CTA calls it. S: anything with stages, stage_bytes and consumer_warps (TileShape,
@@ -281,9 +249,8 @@ __device__ __forceinline__ RingOf<Info> init_ring(const P& p) {
   if (tid == 0) {
     for (int s = 0; s < S::stages; ++s) {
       mbar_init(r.full + 8 * s, 1);
-      mbar_init(r.empty + 8 * s, StageReaders<S>::value);
+      mbar_init(r.empty + 8 * s, S::consumer_warps);
     }
-    for (int w = 0; w < 2; ++w) mbar_init(r.turn(w), 1);  // used by ping-pong consumers only
     fence_barrier_init();
   } else if (tid == 32) {
     tma_prefetch_map(p.tmap_a);
@@ -408,102 +375,6 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
   post(TileInfo{0, 0, -2, 0}, false);
 }
 
-// One tile's mainloop by one consumer warpgroup: kKTiles stages from (stage, phase), whose first
-// full barrier the caller has waited on; rows from a_row (bytes into the stage's A block). Each
-// stage is released once its wgmma has retired. `issued(stage, phase)` runs once the last K
-// tile's wgmma is issued, with the ring position past the tile (the ping-pong hand-over).
-template <class S, int kKTiles, bool kBMn, class Issued>
-__device__ __forceinline__ void mma_tile(float (&acc)[S::mt][S::regs], const Ring& r,
-                                         unsigned int a_row, int& stage, unsigned int& phase,
-                                         Issued issued) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  int prev = 0;
-#pragma unroll 1
-  for (int kt = 0; kt < kKTiles; ++kt) {
-    if (kt > 0) mbar_wait(r.full + 8 * stage, phase);
-    const unsigned int a_s = r.base + stage * S::stage_bytes + a_row;
-    const unsigned int b_s = r.base + stage * S::stage_bytes + S::a_stage_bytes;
-#pragma unroll
-    for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const unsigned long long db =
-          kBMn ? make_desc_sw128_mn(b_s + 2048 * k, 8192) : make_desc_sw128(b_s + 32 * k);
-#pragma unroll
-      for (int m = 0; m < S::mt; ++m)
-        wgmma_k16<S::regs, 0, kBMn ? 1 : 0>(acc[m], make_desc_sw128(a_s + m * 64 * 128 + 32 * k),
-                                            db, (kt > 0 || k > 0) ? 1 : 0);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
-    // Keep this K tile's wgmma in flight; the previous one has retired, so its stage is free.
-    wgmma_wait<1>();
-    if (kt > 0 && lane == 0) mbar_arrive(r.empty + 8 * prev);
-    prev = stage;
-    if (++stage == S::stages) stage = 0, phase ^= 1u;
-  }
-  issued(stage, phase);
-  wgmma_wait<0>();
-#pragma unroll
-  for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
-  if (lane == 0) mbar_arrive(r.empty + 8 * prev);
-}
-
-// Ping-pong consumers (Cfg::pingpong): each warpgroup takes whole tiles, the two in turns, so
-// that one's epilogue runs while the other's MMAs keep the tensor cores busy. One warpgroup at a
-// time holds the ring: it reads the next tile's info, issues the tile's mainloop, then hands the
-// ring position (stage, phase) to the other one (a slot and an mbarrier per receiver) and runs
-// its epilogue. Handing over the position, not a tile index, keeps the ring protocol unchanged
-// (the producer is the same) and every full-barrier wait exact: the receiver waits only on
-// stages past those the holders before it have waited on.
-template <class Cfg, class Epi, class S, int kKTiles, bool kBMn, class P>
-__device__ __forceinline__ void consume_pingpong(const P& p, const Ring& r, int wg,
-                                                 const WarpStage& ws,
-                                                 float (&acc)[S::mt][S::regs]) {
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31;
-  const int other = 1 - wg;
-  int stage = 0;
-  unsigned int phase = 0, turn_phase = 0;
-  auto hand_over = [&](int st, unsigned int ph) {
-    if ((tid & 127) == 0) {
-      asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(r.baton(other)), "r"(st), "r"(ph)
-                   : "memory");
-      mbar_arrive(r.turn(other));  // release: the slot is visible to the waiter
-    }
-  };
-  auto take_over = [&]() {
-    mbar_wait(r.turn(wg), turn_phase);
-    turn_phase ^= 1u;
-    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];"
-                 : "=r"(stage), "=r"(phase)
-                 : "r"(r.baton(wg))
-                 : "memory");
-  };
-  if (wg == 1) take_over();
-  for (;;) {
-    mbar_wait(r.full + 8 * stage, phase);
-    const TileInfo ti = r.info[stage];
-    if (ti.expert == -2) {
-      hand_over(stage, phase);  // the other warpgroup reads the marker too, then stops
-      break;
-    }
-    if (ti.expert < 0) {
-      __syncwarp();  // every lane has read the slot before it is released
-      if (lane == 0) mbar_arrive(r.empty + 8 * stage);
-      if (++stage == S::stages) stage = 0, phase ^= 1u;
-      hand_over(stage, phase);
-      Epi::zero_rows(p, ti.tile_n, ti.row_begin, ti.row_end, tid & 127, 128);
-    } else {
-      mma_tile<S, kKTiles, kBMn>(acc, r, 0u, stage, phase, hand_over);
-      const RowTile rt{ti.expert, ti.row_begin, ti.row_end};
-      Epi::store(p, acc, rt, ti.tile_n, ti.row_begin, ws);
-    }
-    take_over();
-  }
-}
-
 template <class Cfg, class Epi, class P>
 __device__ __forceinline__ void grouped_gemm(const P& p) {
   using S = TileShape<Cfg>;
@@ -512,7 +383,7 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
   constexpr bool kBMn = BMnMajor<Epi>::value;
 
   const Ring ring = init_ring<S>(p);
-  const unsigned int full = ring.full, empty = ring.empty;
+  const unsigned int base = ring.base, full = ring.full, empty = ring.empty;
   TileInfo* info = ring.info;
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   int stage = 0;
@@ -535,11 +406,6 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
 #pragma unroll
     for (int i = 0; i < S::regs; ++i) acc[m][i] = 0.0f;
 
-  if constexpr (S::pingpong) {
-    consume_pingpong<Cfg, Epi, S, kKTiles, kBMn>(p, ring, wg, ws, acc);
-    return;
-  }
-  // Cooperative consumers: each warpgroup takes half of every tile's rows.
   for (;;) {
     mbar_wait(full + 8 * stage, phase);
     const TileInfo ti = info[stage];
@@ -567,8 +433,37 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
       }
       continue;
     }
-    mma_tile<S, kKTiles, kBMn>(acc, ring, wg * S::mt * 64 * 128, stage, phase,
-                               [](int, unsigned int) {});
+    int prev = 0;
+#pragma unroll 1
+    for (int kt = 0; kt < kKTiles; ++kt) {
+      if (kt > 0) mbar_wait(full + 8 * stage, phase);
+      const unsigned int a_s = base + stage * S::stage_bytes + wg * S::mt * 64 * 128;
+      const unsigned int b_s = base + stage * S::stage_bytes + S::a_stage_bytes;
+#pragma unroll
+      for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const unsigned long long db =
+            kBMn ? make_desc_sw128_mn(b_s + 2048 * k, 8192) : make_desc_sw128(b_s + 32 * k);
+#pragma unroll
+        for (int m = 0; m < S::mt; ++m)
+          wgmma_k16<S::regs, 0, kBMn ? 1 : 0>(acc[m], make_desc_sw128(a_s + m * 64 * 128 + 32 * k),
+                                              db, (kt > 0 || k > 0) ? 1 : 0);
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
+      // Keep this K tile's wgmma in flight; the previous one has retired, so its stage is free.
+      wgmma_wait<1>();
+      if (kt > 0 && lane == 0) mbar_arrive(empty + 8 * prev);
+      prev = stage;
+      if (++stage == S::stages) stage = 0, phase ^= 1u;
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
+    if (lane == 0) mbar_arrive(empty + 8 * prev);
     const RowTile rt{ti.expert, ti.row_begin, ti.row_end};
     Epi::store(p, acc, rt, ti.tile_n, ti.row_begin + wg * S::mt * 64, ws);
   }

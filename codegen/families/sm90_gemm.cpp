@@ -2,25 +2,10 @@
 // (sm90_mlp_fwd.cuh, Sm90GemmParams), persistent with one block per SM. Applies on sm_90a (not
 // portable_only) where hidden and ffn are multiples of 64 (the last column tile may be partial:
 // detail::sm90_column_tile); sm80_gemm serves the rest. Bound by engine/families/sm90_gemm.cpp.
-#include <cstdlib>
-
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 
 namespace gmjit::codegen {
-
-namespace {
-
-// Experiment, off by default: GMJIT_EXPERIMENT_PINGPONG=1 gives the forward GEMMs ping-pong
-// consumers on 128 x 128 tiles (each warpgroup two m64 tiles of at most 128 columns), =2 on
-// 64-row tiles of the usual width (one m64 tile). The kernel's source, so its cache key, differs.
-int pingpong_experiment() {
-  const char* v = std::getenv("GMJIT_EXPERIMENT_PINGPONG");
-  if (v == nullptr || v[0] == '\0' || v[0] == '0') return 0;
-  return v[0] == '2' ? 2 : 1;
-}
-
-}  // namespace
 
 std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole role) {
   // The Hopper kernels need K in whole 64-column TMA boxes and whole output tiles; other widths
@@ -28,14 +13,7 @@ std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole ro
   if (!hopper_widths(layer)) return std::nullopt;
   const bool fc1 = role == KernelRole::fc1_forward;
   const bool glu_fc1 = fc1 && is_glu(layer.activation.kind);
-  const int out = static_cast<int>(fc1 ? layer.ffn : layer.hidden), b_rows = glu_fc1 ? 2 : 1;
-  const int pingpong = pingpong_experiment();
-  std::optional<TileConfig> tile = detail::sm90_column_tile(out, b_rows, pingpong == 1 ? 128 : 256);
-  if (tile && pingpong != 0) {
-    tile->pingpong = true;
-    tile->block_m = pingpong == 1 ? 128 : 64;
-  }
-  return tile;
+  return detail::sm90_column_tile(fc1 ? layer.ffn : layer.hidden, glu_fc1 ? 2 : 1);
 }
 
 namespace families {

@@ -75,8 +75,8 @@ CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOper
   // interleave groups of 32 (block_n 128, 192 or 256).
   const bool glu = o.layout != Sm90BLayout::kPlain;
   if (encode == nullptr || o.k <= 0 || o.k % 64 != 0 || o.experts <= 0 || o.n_total <= 0 ||
-      o.tokens < 0 || (o.block_m != 64 && o.block_m != 128 && o.block_m != 256) || o.block_n <= 0 ||
-      o.block_n > 256 || o.block_n % 64 != 0 || (glu && o.block_n < 128))
+      o.tokens < 0 || (o.block_m != 128 && o.block_m != 256) || o.block_n <= 0 || o.block_n > 256 ||
+      o.block_n % 64 != 0 || (glu && o.block_n < 128))
     return CUDA_ERROR_INVALID_VALUE;
   const cuuint64_t row_bytes = static_cast<cuuint64_t>(o.k) * 2;
 

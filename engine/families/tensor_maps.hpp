@@ -34,7 +34,7 @@ struct Sm90GemmOperands {
   const void* b;     // [experts, n_total, k] bf16, 16-byte aligned
   int experts;
   int n_total;  // B rows per expert: F1 (= 2F for GLU) for FC1, hidden for FC2
-  int block_m;  // Cfg::block_m of the kernel that uses the maps: 128 or 256, 64 (ping-pong)
+  int block_m;  // Cfg::block_m of the kernel that uses the maps
   int block_n;  // Cfg::block_n of the kernel that uses the maps
   Sm90BLayout layout;
 };

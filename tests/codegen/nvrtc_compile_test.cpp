@@ -246,32 +246,6 @@ TEST(NvrtcCompile, GroupedLinearTakesHopperTilesForMultiplesOf64) {
   }
 }
 
-// GMJIT_EXPERIMENT_PINGPONG (codegen/families/sm90_gemm.cpp): the forward GEMMs take ping-pong
-// consumers, 128 x 128 tiles (=1) or 64-row tiles (=2), on full, partial-tile and 96-column
-// GLU widths, with and without the training epilogue.
-TEST(NvrtcCompile, PingPongExperimentForwardKernels) {
-  const Case shapes[] = {
-      {"swiglu_save", "sm_90a", Activation::swiglu, GluLayout::halves, true, true, 1024, 512},
-      {"gpt_oss", "sm_90a", Activation::clamped_swiglu, GluLayout::interleaved32, true, true, 2880,
-       2880},
-      {"relu_w320x576", "sm_90a", Activation::relu, GluLayout::halves, false, false, 320, 576}};
-  for (const char* mode : {"1", "2"}) {
-    ASSERT_EQ(setenv("GMJIT_EXPERIMENT_PINGPONG", mode, 1), 0);
-    for (const Case& c : shapes) {
-      for (const KernelSource& kernel :
-           emit_grouped_mlp_forward({c.layer(8), c.save_preact, c.arch, false})) {
-        SCOPED_TRACE(std::string(mode) + " " + kernel.entry);
-        EXPECT_NE(kernel.source.find("static constexpr bool pingpong = true;"), std::string::npos);
-        EXPECT_NE(kernel.source.find(mode[0] == '1' ? "block_m = 128" : "block_m = 64"),
-                  std::string::npos);
-        EXPECT_EQ(kernel.launch.block_m, mode[0] == '1' ? 128u : 64u);
-        EXPECT_GT(compile_to_cubin(kernel, c.arch, "test").cubin.size(), 1000u);
-      }
-    }
-  }
-  ASSERT_EQ(unsetenv("GMJIT_EXPERIMENT_PINGPONG"), 0);
-}
-
 TEST(NvrtcCompileFailure, CarriesTheLogTheOptionsAndTheKey) {
   KernelSource broken;
   broken.entry = "gmjit_broken";

@@ -147,7 +147,7 @@ TEST_F(TensorMaps, ForwardRefusesShapesItsKernelsCannotRead) {
   with("K not a multiple of 64", [](Sm90GemmOperands& o) { o.k = 2880 + 32; });
   with("negative tokens", [](Sm90GemmOperands& o) { o.tokens = -1; });
   with("no experts", [](Sm90GemmOperands& o) { o.experts = 0; });
-  with("block_m 32", [](Sm90GemmOperands& o) { o.block_m = 32; });  // 64: ping-pong tiles
+  with("block_m 64", [](Sm90GemmOperands& o) { o.block_m = 64; });
   with("block_n 96", [](Sm90GemmOperands& o) { o.block_n = 96; });
   with("block_n 320", [](Sm90GemmOperands& o) { o.block_n = 320; });
   with("GLU with block_n 64", [](Sm90GemmOperands& o) {
