@@ -58,6 +58,9 @@ class Nvrtc:
         path = path or find_nvrtc()
         if path is None:
             raise FileNotFoundError("libnvrtc not found: pass --nvrtc PATH or set CUDA_HOME")
+        # Where a driver is installed, repeated compiles of one source came back from a cache in
+        # 0.03-0.05 s (the H200 host, session 17); every compile must be a real one.
+        os.environ["CUDA_CACHE_DISABLE"] = "1"
         self.lib = ctypes.CDLL(path)
 
     def compile(self, source: bytes, name: str, include_dir: str, arch: str,
