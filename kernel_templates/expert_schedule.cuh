@@ -18,9 +18,6 @@
 // Expert tiles come first, in expert order; then tail tiles cover rows [sum n_g, T), which the
 // kernels zero; tiles past those exit.
 //
-// The once-per-kernel scans over the experts stay rolled (`#pragma unroll 1`): unrolled over
-// E / 32 chunks they cost 0.1-0.15 s of NVRTC per kernel for no run time (session 16).
-//
 // Every warp computes the schedule redundantly (E reads that hit L1/L2, a few shuffles): this
 // costs less than a shared-memory broadcast plus a block barrier before the mainloop.
 
@@ -139,7 +136,6 @@ __device__ __forceinline__ PaddedRows find_padded_row(const SplitT* __restrict__
                                                       long long tokens, long long padded_row) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   long long row_base = 0, padded_base = 0;
-#pragma unroll 1
   for (int e0 = 0; e0 < kExperts; e0 += 32) {
     long long beg, end;
     row_base = chunk_rows<SplitT, kExperts>(split, tokens, e0, row_base, beg, end);
@@ -163,7 +159,6 @@ __device__ __forceinline__ long long padded_expert_begin(const SplitT* __restric
                                                          long long tokens, int g) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   long long row_base = 0, padded = 0;
-#pragma unroll 1
   for (int e0 = 0; e0 < g; e0 += 32) {
     long long beg, end;
     row_base = chunk_rows<SplitT, kExperts>(split, tokens, e0, row_base, beg, end);
@@ -184,8 +179,6 @@ __device__ __forceinline__ RowTile find_row_tile(const SplitT* __restrict__ spli
   const int lane = static_cast<int>(threadIdx.x) & 31;
   long long row_base = 0;  // rows of experts before this chunk (saturated at tokens)
   int tile_base = 0;       // expert tiles before this chunk
-  // Unrolled, unlike the once-per-kernel scans: it runs for every tile (session 17 measured a
-  // 0.5 % slower forward with this loop and FC1's inference epilogue rolled, causes not split).
   for (int e0 = 0; e0 < kExperts; e0 += 32) {
     long long beg, end;
     const long long next_base = chunk_rows<SplitT, kExperts>(split, tokens, e0, row_base, beg, end);
@@ -221,7 +214,6 @@ template <class SplitT, int kExperts, int kBlockM>
 __device__ __forceinline__ int count_row_tiles(const SplitT* __restrict__ split, long long tokens) {
   long long row_base = 0;
   int tiles = 0;
-#pragma unroll 1
   for (int e0 = 0; e0 < kExperts; e0 += 32) {
     long long beg, end;
     const long long next_base = chunk_rows<SplitT, kExperts>(split, tokens, e0, row_base, beg, end);
@@ -241,7 +233,6 @@ __device__ __forceinline__ bool row_tiles_all_full(const SplitT* __restrict__ sp
                                                    long long tokens) {
   long long row_base = 0;
   bool partial = false;
-#pragma unroll 1
   for (int e0 = 0; e0 < kExperts; e0 += 32) {
     long long beg, end;
     row_base = chunk_rows<SplitT, kExperts>(split, tokens, e0, row_base, beg, end);
@@ -258,7 +249,6 @@ __device__ __forceinline__ bool expert_steps_equal(const SplitT* __restrict__ sp
   const int lane = static_cast<int>(threadIdx.x) & 31;
   long long row_base = 0, first = 0;
   bool differ = false;
-#pragma unroll 1
   for (int e0 = 0; e0 < kExperts; e0 += 32) {
     long long beg, end;
     row_base = chunk_rows<SplitT, kExperts>(split, tokens, e0, row_base, beg, end);
