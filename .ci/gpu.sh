@@ -3,7 +3,7 @@
 # build, GPU tests, CPU tests, bench on the presets (beside torch's numbers when
 # GMJIT_TORCH_REFERENCE names a `benchmarks/side_by_side.py --reference-json` file); a short
 # table last. Needs .devcarry/ (git-ignored) with include/xxhash.h and include/dlpack/dlpack.h,
-# since that machine lacks those headers.
+# since that machine lacks those headers (`bash .ci/devcarry.sh` makes it).
 set -uo pipefail
 # $OUT keeps what is worth fetching back (at most 8 files); other logs go to $LOGS.
 OUT=${OUT:-/tmp/gmjit-gpu-out}
