@@ -7,8 +7,9 @@
 //   * TMA, as the Hopper kernels read B: one persistent CTA per SM, a producer thread issuing
 //     2-D boxes of `rows` x 64 elements (128-byte swizzle) into a `stages`-deep ring, and a
 //     consumer thread releasing each stage as soon as it lands (no MMAs: the ceiling of the
-//     access pattern alone), with 256-byte or no L2 promotion; and 1-D bulk copies of the same
-//     bytes, contiguous, as a reference.
+//     access pattern alone), with 256-byte or no L2 promotion, K walks that start where every
+//     tile does or rotated per tile; and 1-D bulk copies of the same bytes, contiguous, as a
+//     reference. Whole waves of tiles (a partial last wave would measure the tail, not the reads).
 // Each figure: the best of 5 after one warm-up, bytes read over time.
 //
 // Build and run on the GPU machine (standalone; not part of the CMake build):
@@ -86,7 +87,8 @@ struct RingShape {
   int rows;    // rows per tile (a TMA box is rows x 64 elements)
   int kboxes;  // boxes per stage, at consecutive K
   int stages;
-  bool bulk;  // 1-D bulk copies of the stage's bytes, contiguous, instead of boxes
+  bool bulk;   // 1-D bulk copies of the stage's bytes, contiguous, instead of boxes
+  int rotate;  // K order of tile t starts at step (t * rotate) % ksteps (0: every tile at 0)
 };
 
 constexpr int kMaxStages = 16;
@@ -115,7 +117,9 @@ __global__ void ring_reads(const __grid_constant__ CUtensorMap map, const char* 
   };
   if (threadIdx.x == 0) {  // producer
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-      for (int ks = 0; ks < ksteps; ++ks, next()) {
+      const int rot = static_cast<int>((static_cast<long long>(t) * shape.rotate) % ksteps);
+      for (int kk = 0; kk < ksteps; ++kk, next()) {
+        const int ks = kk + rot < ksteps ? kk + rot : kk + rot - ksteps;
         mbar_wait(empty + 8 * stage, phase ^ 1u);
         mbar_expect_tx(full + 8 * stage, stage_bytes);
         const unsigned dst = ring + stage * stage_bytes;
@@ -151,6 +155,7 @@ struct RingCase {
   RingShape shape;
   CUtensorMapL2promotion promotion;
   int grid;  // CTAs; 0: one per SM
+  int k;     // row length (elements): the weights' K; rows = 2 GiB / (2 k), whole tiles
 };
 
 }  // namespace
@@ -204,38 +209,41 @@ int main() {
                                          cudaEnableDefault, &found));
   CHECK(cudaFuncSetAttribute(ring_reads, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
   const CUtensorMapL2promotion p256 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-  const std::vector<RingCase> cases = {
-      {{256, 1, 4, false}, p256, 0},  // the B ring of the 128 x 256 Hopper tiles
-      {{256, 1, 4, false}, CU_TENSOR_MAP_L2_PROMOTION_NONE, 0},
-      {{256, 1, 6, false}, p256, 0},
-      {{128, 1, 4, false}, p256, 0},
-      {{128, 2, 4, false}, p256, 0},
-      {{64, 4, 4, false}, p256, 0},
-      {{64, 4, 6, false}, p256, 0},
-      {{64, 1, 8, false}, p256, 0},
-      {{256, 1, 4, true}, p256, 0},
-      {{64, 1, 8, true}, p256, 0},
-      {{128, 1, 4, false}, p256, 2 * sms},
-      {{256, 1, 4, false}, p256, 128},  // mixtral's FC2 in decode: 128 tiles
-      {{256, 1, 5, false}, p256, 128},
+  // Decode streams [E, N, K] weights in tiles of 256 rows over all K, every SM at about the same
+  // K step: the `rotate` cases start tile t's K walk at a different step, as a decode kernel
+  // may (each weight tile is read by one CTA there), to see whether the 2-D boxes' distance from
+  // the 1-D ceiling is where the SMs' concurrent requests land. K: mixtral's FC1 (4096) and
+  // FC2 (14336), qwen3-30b-a3b's FC1 (2048) and FC2 (768).
+  std::vector<RingCase> cases = {
+      {{256, 1, 4, false, 0}, CU_TENSOR_MAP_L2_PROMOTION_NONE, 0, 4096},
+      {{128, 2, 4, false, 0}, p256, 0, 4096},
+      {{256, 1, 4, true, 0}, p256, 0, 4096},
+      {{256, 1, 4, false, 0}, p256, 128, 4096},  // mixtral's FC2 in decode: 128 tiles
   };
+  for (int k : {4096, 2048, 768, 14336})
+    for (int rotate : {0, 1, 37, 5}) cases.push_back({{256, 1, 4, false, rotate}, p256, 0, k});
+  for (int rotate : {0, 1, 37}) cases.push_back({{256, 1, 6, false, rotate}, p256, 0, 2048});
   for (const RingCase& c : cases) {
     CUtensorMap map;
-    const cuuint64_t dims[2] = {kK, static_cast<cuuint64_t>(kRows)};
-    const cuuint64_t strides[1] = {kK * 2};
+    const int grid = c.grid > 0 ? c.grid : sms;
+    // Whole waves of tiles, so that no case pays a partial last wave.
+    const long long tiles = kBytes / (2LL * c.k) / c.shape.rows / grid * grid;
+    const long long rows = tiles * c.shape.rows, bytes = rows * c.k * 2;
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(c.k), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(c.k) * 2};
     const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(c.shape.rows)}, unit[2] = {1, 1};
     CHECK(encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, w, dims, strides, box, unit,
                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, c.promotion,
                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
     const int stage_bytes = c.shape.rows * 128 * c.shape.kboxes;
-    const int grid = c.grid > 0 ? c.grid : sms;
     std::printf(
-        "%s %3d rows x %d boxes, %d stages of %3d KB, L2 promotion %4s, %3d CTAs: %.0f GB/s\n",
-        c.shape.bulk ? "bulk 1-D" : "TMA 2-D ", c.shape.rows, c.shape.kboxes, c.shape.stages,
+        "%s K %5d, %3d rows x %d boxes, %d stages of %3d KB, L2 promotion %4s, %3d CTAs, "
+        "rotate %2d: %.0f GB/s\n",
+        c.shape.bulk ? "bulk 1-D" : "TMA 2-D ", c.k, c.shape.rows, c.shape.kboxes, c.shape.stages,
         stage_bytes / 1024, c.promotion == CU_TENSOR_MAP_L2_PROMOTION_NONE ? "none" : "256B", grid,
-        gbs(kBytes, [&] {
+        c.shape.rotate, gbs(bytes, [&] {
           ring_reads<<<grid, 64, c.shape.stages * stage_bytes + 1024>>>(
-              map, w, static_cast<int>(kRows), kK, c.shape, sink);
+              map, w, static_cast<int>(rows), c.k, c.shape, sink);
           CHECK(cudaGetLastError());
         }));
   }
