@@ -43,14 +43,6 @@ struct Fc2DgradFp8Sm90 {
     return expert * (kN / 128) + tile_n * (Cfg::block_n / 128) + g;
   }
 
-  static constexpr bool kPrefetchEpilogue = true;  // the pre-activation, as in Fc2DgradSm90
-
-  __device__ static __forceinline__ void prefetch_epilogue(const Sm90Fc2DgradParams& p,
-                                                           const RowTile& rt, int tile_n,
-                                                           int lane) {
-    Epilogue::prefetch_epilogue(p, rt, tile_n, lane);
-  }
-
   __device__ static __forceinline__ void store(const Sm90Fc2DgradParams& p,
                                                float (&acc)[S::mt][S::regs], const RowTile& rt,
                                                int tile_n, long long row0,

@@ -219,21 +219,6 @@ struct ClaimEqualTiles<Epi, decltype(void(Epi::kClaimEqualTiles))> {
   static constexpr bool value = Epi::kClaimEqualTiles;
 };
 
-// Optional: `static constexpr bool kPrefetchEpilogue = true` with
-// `prefetch_epilogue(p, rt, tile_n, lane)`: once the producer warp has issued a tile's last
-// loads (the consumers are then up to a ring's depth of K blocks behind), its lanes ask L2 for
-// what the tile's epilogue will load from global memory (FC2 dgrad's pre-activation), so those
-// loads, which the next tile's MMAs wait for, hit L2 instead of DRAM. Called there, not inside
-// the K loop, it adds no register spills to the 40-register producer (ptxas).
-template <class Epi, class = void>
-struct PrefetchEpilogue {
-  static constexpr bool value = false;
-};
-template <class Epi>
-struct PrefetchEpilogue<Epi, decltype(void(Epi::kPrefetchEpilogue))> {
-  static constexpr bool value = Epi::kPrefetchEpilogue;
-};
-
 // The shared-memory ring of a Hopper mainloop (BF16 or FP8, grouped GEMM or weight gradient):
 // `stages` slots of stage_bytes (1024-byte aligned), their full/empty mbarriers and a tile-info
 // slot (Info) per stage.
@@ -384,9 +369,6 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
       }
       __syncwarp();
       if (++stage == S::stages) stage = 0, phase ^= 1u;
-    }
-    if constexpr (PrefetchEpilogue<Epi>::value) {
-      if (rt.expert >= 0) Epi::prefetch_epilogue(p, rt, tile_n, lane);
     }
   }
   mbar_wait(r.empty + 8 * stage, phase ^ 1u);

@@ -208,30 +208,6 @@ struct Fc2DgradEpilogue {
     }
   }
 
-  // From the producer warp (lane 0-31), while the tile's last K blocks load: the tile's
-  // pre-activation rows into L2. The epilogue reads them a 64-column group and row half at a
-  // time, each read waited for before the group's math, so from DRAM each one cost a DRAM round
-  // trip with the tensor cores idle.
-  template <class P>
-  __device__ static __forceinline__ void prefetch_epilogue(const P& p, const RowTile& rt,
-                                                           int tile_n, int lane) {
-    // Few registers: the producer warp runs on 40.
-    const int c0 = tile_n * Cfg::block_n;
-    const unsigned int bytes =
-        2u * static_cast<unsigned int>(kNTail && kF - c0 < Cfg::block_n ? kF - c0 : Cfg::block_n);
-    const int rows = static_cast<int>(rt.row_end - rt.row_begin) - lane;
-    const unsigned short* r =
-        static_cast<const unsigned short*>(p.plain.preact) + (rt.row_begin + lane) * kF1;
-    for (int i = 0; i < rows; i += 32, r += 32 * kF1) {
-      if constexpr (kGlu && kLayout == GluLayout::kInterleaved32) {
-        sm90::prefetch_l2_bulk(r + 2 * c0, 2 * bytes);  // gate and lin columns interleave
-      } else {
-        sm90::prefetch_l2_bulk(r + c0, bytes);  // gate (or the only) columns
-        if constexpr (kGlu) sm90::prefetch_l2_bulk(r + kF + c0, bytes);  // lin columns
-      }
-    }
-  }
-
   // dp_t += <dy_t, b2_g> for this warpgroup's rows [row0, row0 + 64 * mt): a warp per row, each
   // lane a 16-byte vector of dy and b2 per step, all steps of a row in flight at once (the
   // 4-byte loads of a loop over the row were 7 % of gpt-oss's FC2 dgrad samples, session 12).
@@ -297,13 +273,6 @@ struct Fc2DgradSm90 {
   }
 
   using Epilogue = Fc2DgradEpilogue<Cfg, S::mt>;
-  static constexpr bool kPrefetchEpilogue = true;
-
-  __device__ static __forceinline__ void prefetch_epilogue(const Sm90Fc2DgradParams& p,
-                                                           const RowTile& rt, int tile_n,
-                                                           int lane) {
-    Epilogue::prefetch_epilogue(p, rt, tile_n, lane);
-  }
 
   __device__ static __forceinline__ void store(const Sm90Fc2DgradParams& p,
                                                float (&acc)[S::mt][S::regs], const RowTile& rt,

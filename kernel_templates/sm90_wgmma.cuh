@@ -56,12 +56,6 @@ __device__ __forceinline__ void tma_prefetch_map(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(tmap) : "memory");
 }
 
-// Asks L2 for `bytes` (a multiple of 16) of global memory from `src` (16-byte aligned); nothing
-// waits for it.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* src, unsigned int bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
-
 // Loads one box at coordinates (c0 innermost, ...) into shared memory at `dst`; completes on the
 // mbarrier `bar` (transaction bytes = whole box, out-of-bounds elements are zero-filled).
 __device__ __forceinline__ void tma_load_2d(unsigned int dst, const void* tmap, unsigned int bar,
