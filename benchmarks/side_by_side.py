@@ -101,6 +101,26 @@ DECODE_HBM_SHARE = 0.90  # weight bytes streamed / time, as a share of the HBM p
 DECODE_VS_EAGER = 1.5  # decode forward vs torch eager
 
 
+def parse_shape(spec: str) -> Shape:
+    """--shape NAME=E,T,H,F[,ACT[,bias]] -> Shape (exits with the reason on a malformed spec)."""
+    name, _, rest = spec.partition("=")
+    fields = rest.split(",")
+    try:
+        if not name or len(fields) < 4 or len(fields) > 6:
+            raise ValueError("expected NAME=E,T,H,F[,ACT[,bias]]")
+        e, t, h, f = (int(v) for v in fields[:4])
+        if min(e, t, h, f) < 1:
+            raise ValueError("E, T, H and F must be positive")
+        act = fields[4] if len(fields) > 4 else "swiglu"
+        if act not in GLU + ("relu", "srelu", "gelu"):
+            raise ValueError(f"unknown activation {act!r}")
+        if len(fields) > 5 and fields[5] != "bias":
+            raise ValueError(f"the sixth field is 'bias' or nothing, not {fields[5]!r}")
+    except ValueError as err:
+        sys.exit(f"--shape {spec!r}: {err}")
+    return Shape(name, e, t, h, f, act, biases=len(fields) > 5)
+
+
 def activation(h: torch.Tensor, s: Shape) -> torch.Tensor:
     if s.activation in GLU:
         gate, up = h.chunk(2, dim=-1)
@@ -589,6 +609,10 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--shapes", help="comma-separated names (default: all): "
                     + ",".join(s.name for s in SHAPES + QUICK))  # fmt: skip
+    ap.add_argument("--shape", action="append", default=[], metavar="NAME=E,T,H,F[,ACT[,bias]]",
+                    help="an extra shape, usable in --shapes and --decode-shapes: E experts, T "
+                    "tokens per expert, hidden H, ffn F, activation (default swiglu), 'bias' "
+                    "for b1 and b2; repeatable")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="2 small shapes, fewer repeats")
     ap.add_argument("--no-ragged", action="store_true", help="balanced splits only")
     ap.add_argument("--ragged-only", action="store_true")
@@ -629,6 +653,11 @@ def main() -> None:
     elif not torch.cuda.is_available():
         sys.exit("side_by_side.py needs a CUDA GPU")
     by_name = {s.name: s for s in SHAPES + QUICK}
+    for spec in a.shape:
+        extra = parse_shape(spec)
+        if extra.name in by_name:
+            sys.exit(f"--shape {spec!r}: {extra.name!r} names a built-in shape")
+        by_name[extra.name] = extra
     if a.shapes:
         unknown = [n for n in a.shapes.split(",") if n not in by_name]
         if unknown:

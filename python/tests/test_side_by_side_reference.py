@@ -30,3 +30,19 @@ def test_reference_records_hold_eager_and_compiled_tflops_per_shape_and_skip_dec
                         "forward_compiled_tflops": 649.0, "fwd_bwd_compiled_tflops": 604.0}  # fmt: skip
     assert ragged["ragged"] is True and ragged["forward_tflops"] == 500.0
     assert "fwd_bwd_tflops" not in ragged and "forward_compiled_tflops" not in ragged
+
+
+def test_extra_shape_specs_parse_and_malformed_ones_exit_with_the_reason():
+    import pytest
+
+    sbs = _side_by_side()
+    s = sbs.parse_shape("odd=64,512,2000,1000")
+    assert (s.name, s.experts, s.tokens_per_expert, s.hidden, s.ffn) == ("odd", 64, 512, 2000, 1000)
+    assert s.activation == "swiglu" and not s.biases and s.probs
+    g = sbs.parse_shape("oss=32,256,1440,1440,clamped_swiglu,bias")
+    assert g.activation == "clamped_swiglu" and g.biases
+    for bad, reason in [("x=1,2,3", "expected"), ("x=8,0,64,64", "positive"),
+                        ("x=8,8,64,64,tanh", "activation"), ("x=8,8,64,64,relu,b", "sixth"),
+                        ("=8,8,64,64", "expected"), ("x=8,8,a,64", "invalid literal")]:  # fmt: skip
+        with pytest.raises(SystemExit, match=reason):
+            sbs.parse_shape(bad)
