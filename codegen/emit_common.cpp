@@ -134,8 +134,9 @@ std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_row
   return std::nullopt;
 }
 
-std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column) {
-  if (out_columns <= 0 || out_columns % 64 != 0) return std::nullopt;
+std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column,
+                                           int column_multiple) {
+  if (out_columns <= 0 || out_columns % column_multiple != 0) return std::nullopt;
   std::optional<TileConfig> best;
   double best_cost = 0.0;
   for (int block_n : {256, 192, 128, 64}) {
@@ -254,8 +255,9 @@ int widest_dividing(std::int64_t extent, std::initializer_list<int> candidates) 
   return 64;
 }
 
-bool sm90_allowed(const families::KernelRequest& request) {
-  return request.arch == "sm_90a" && !request.portable_only && hopper_widths(request.layer);
+bool sm90_allowed(const families::KernelRequest& request, bool any_width) {
+  return request.arch == "sm_90a" && !request.portable_only &&
+         (any_width || hopper_widths(request.layer));
 }
 
 std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols) {

@@ -42,10 +42,12 @@ std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_row
 // The Hopper tile of a kernel whose last column tile may be partial (the forward GEMMs and the
 // data gradients): of 256, 192, 128 and 64 B rows, the one with the least padded output width
 // per unit of measured tile speed (256 wide ran at 0.90 of the tensor pipe's time, 192 at 0.75,
-// 128 at 0.52), so 2880 columns take 12 tiles of 256 rather than 15 of 192. Partial tiles need
-// whole 64-column output groups; a 96-column GLU tile must divide. nullopt unless out_columns
-// is a multiple of 64.
-std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column);
+// 128 at 0.52), so 2880 columns take 12 tiles of 256 rather than 15 of 192. Partial tiles are
+// whole 64-column output groups wide; a 96-column GLU tile must divide. nullopt unless
+// out_columns is a multiple of column_multiple: 64 where the kernel's epilogue stores whole
+// 64-column groups (the data gradients), 8 where its last group may be partial (the forward).
+std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column,
+                                           int column_multiple = 64);
 // Shared memory of a Hopper kernel besides its ring: 1 KiB to align the ring, 1 KiB of mbarriers
 // and tile-info slots, 18 KiB of epilogue staging (sm90_grouped_gemm.cuh, TileShape).
 inline constexpr int kSm90FixedSmemBytes = 20480;
@@ -88,9 +90,10 @@ KernelSource kernel_source(const families::KernelRequest& request, std::string_v
 // The first of `candidates` that divides `extent`, else 64 (the last tile is then partial).
 int widest_dividing(std::int64_t extent, std::initializer_list<int> candidates);
 
-// Whether a Hopper family may serve `request` at all: sm_90a, not portable_only, and hidden and
-// ffn that suit the Hopper kernels (hopper_widths).
-bool sm90_allowed(const families::KernelRequest& request);
+// Whether a Hopper family may serve `request` at all: sm_90a, not portable_only, and (unless
+// any_width: the forward GEMMs take every width the layer allows) hidden and ffn that suit the
+// Hopper backward kernels (hopper_widths).
+bool sm90_allowed(const families::KernelRequest& request, bool any_width = false);
 // The Hopper tile of a weight gradient whose output is rows x cols per expert, if any: rows a
 // multiple of 64, the widest tile dividing cols (sm90_tile_dividing).
 std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols);

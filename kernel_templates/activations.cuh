@@ -60,14 +60,24 @@ struct PreactBlocks {
   __device__ static constexpr int lin_block(int jj) { return kHalves ? 1 : jj / 4; }
   __device__ static constexpr int lin_slot(int jj) { return kHalves ? jj : jj % 4 + 4; }
 
+  // Of block b, the columns that exist when only `cols` output columns of the group do (a
+  // width's partial last group): interleaved blocks hold 32 gate and 32 lin columns of 32 output
+  // columns each.
+  __device__ static constexpr int block_cols(int b, int cols) {
+    if constexpr (!kInterleaved) return cols;
+    const int out = cols - 32 * b;
+    return out <= 0 ? 0 : 2 * (out < 32 ? out : 32);
+  }
+
   // One row half's values of the group (packed bf16x2 gate / lin per chunk, as the fragments
   // hold them; entries [0, kW) used) to out [rows, ld] through `ws` (sm90::WarpStage: put, then
-  // flush of rows 0-7).
+  // flush of rows 0-7); the group's first `cols` output columns exist.
   template <class Stage>
   __device__ static __forceinline__ void store_half(const Stage& ws, unsigned short* out,
                                                     long long ld, long long row0, long long row_end,
                                                     int c0, int ffn, const unsigned int (&gate)[8],
-                                                    const unsigned int (&lin)[8]) {
+                                                    const unsigned int (&lin)[8],
+                                                    int cols = 8 * kW) {
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) {
 #pragma unroll
@@ -75,7 +85,8 @@ struct PreactBlocks {
         if (gate_block(jj) == b) ws.put(gate_slot(jj), 0, gate[jj]);
         if (kGlu && lin_block(jj) == b) ws.put(lin_slot(jj), 0, lin[jj]);
       }
-      ws.template flush<8, kBlockCols>(out, ld, row0, row_end, col(b, c0, ffn));
+      ws.template flush<8, kBlockCols>(out, ld, row0, row_end, col(b, c0, ffn),
+                                       block_cols(b, cols));
     }
   }
 };

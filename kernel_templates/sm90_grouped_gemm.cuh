@@ -145,19 +145,22 @@ struct WarpStage {
   // Writes the block to out[row0 + r][col0 .. col0 + kCols) for rows row0 + r < row_end.
   // kRows = 8: only the staged rows 0-7 (the fragments' half 0). kCols = 32: the staged chunks
   // 0-3 only (a GLU tile of 96 output columns ends in such a group).
+  // cols (a multiple of 8, <= kCols): the columns from col0 that exist (a width that is not a
+  // multiple of 64 ends in a partial group).
   template <int kRows = 16, int kCols = 64>
   __device__ __forceinline__ void flush(unsigned short* out, long long ld, long long row0,
-                                        long long row_end, int col0) const {
+                                        long long row_end, int col0, int cols = kCols) const {
     flush_bytes<kRows, 2 * kCols>(reinterpret_cast<unsigned char*>(out), 2 * ld, row0, row_end,
-                                  2LL * col0);
+                                  2LL * col0, 2 * cols);
   }
 
   // The staged kRows (16 or 8) rows x kBytes (128 or 64) to out + (row0 + r) * ld + col0 (byte
-  // units) for rows row0 + r < row_end: what flush does for bf16, and the FP8 epilogues for 128
-  // E4M3 columns.
+  // units) for rows row0 + r < row_end and, of each row, the first `bytes` (a multiple of 16):
+  // what flush does for bf16, and the FP8 epilogues for 128 E4M3 columns.
   template <int kRows = 16, int kBytes = 128>
   __device__ __forceinline__ void flush_bytes(unsigned char* out, long long ld, long long row0,
-                                              long long row_end, long long col0) const {
+                                              long long row_end, long long col0,
+                                              int bytes = kBytes) const {
     static_assert(kRows == 16 || kRows == 8, "a staged block has 16 rows, or its first 8");
     static_assert(kBytes == 128 || kBytes == 64, "a staged row is 128 bytes, or its first 64");
     constexpr int kSegments = kBytes / 16;        // 16-byte stores per row
@@ -172,7 +175,7 @@ struct WarpStage {
                    : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
                    : "r"(buf + r * kRowBytes + c * 16)
                    : "memory");
-      if (row0 + r < row_end)
+      if (row0 + r < row_end && c * 16 < bytes)
         asm volatile(
             "st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(out + (row0 + r) * ld + col0 + c * 16),
             "r"(v0), "r"(v1), "r"(v2), "r"(v3)
@@ -378,8 +381,10 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
 template <class Cfg, class Epi, class P>
 __device__ __forceinline__ void grouped_gemm(const P& p) {
   using S = TileShape<Cfg>;
-  static_assert(Epi::kK % 64 == 0, "K must be a multiple of 64");
-  constexpr int kKTiles = Epi::kK / 64;
+  // A reduction length that 64 does not divide ends in a K block whose columns past K read as
+  // TMA's zeros from both maps (their dims are exact).
+  static_assert(Epi::kK % 8 == 0, "K must be a multiple of 8 (16-byte rows)");
+  constexpr int kKTiles = (Epi::kK + 63) / 64;
   constexpr bool kBMn = BMnMajor<Epi>::value;
 
   const Ring ring = init_ring<S>(p);

@@ -25,9 +25,11 @@
 //   glu_layout               gmjit::kt::GluLayout (ignored for non-GLU activations)
 //   act_limit, act_alpha     float  ClampedSwiGLU parameters (ignored otherwise)
 //   save_preact              bool   write h (bf16, original [T, F1] column layout) to preact_out
-// Divisibility: hidden % 64 == 0, ffn % 64 == 0. The output width (ffn for FC1, hidden for FC2)
-// may end in a partial column tile when block_n_out (block_n/2 for GLU, else block_n) is a
-// multiple of 64; a 96-column GLU tile must divide ffn.
+// Divisibility: hidden % 8 == 0, ffn % 8 == 0 (16-byte rows). A reduction length (hidden for FC1,
+// ffn for FC2) that 64 does not divide ends in a K block read partly as TMA's zeros. The output
+// width (ffn for FC1, hidden for FC2) may end in a partial column tile when block_n_out
+// (block_n/2 for GLU, else block_n) is a multiple of 64, whose last 64-column group may be
+// partial too (whole 8-column chunks); a 96-column GLU tile must divide ffn.
 //
 // Params: Sm90GemmParams (params.cuh), maps encoded by engine/families/tensor_maps.cpp with the
 // same block_m / block_n and the B layout: FC1 GLU halves / interleaved32 -> the 4-D gate/lin map,
@@ -60,11 +62,15 @@ struct Fc1Sm90 {
   // A width that the tile does not divide ends in a partial column tile: its accumulators past
   // the width (TMA's zeros: B maps hold each expert in its own dimension) are never stored.
   static constexpr bool kNTail = kNOut % block_n_out != 0;
+  // The width ends inside a 64-column group: its chunks past the width are not stored, and
+  // their bias is not read.
+  static constexpr bool kPartialGroup = kNOut % 64 != 0;
   static constexpr int num_n = (kNOut + block_n_out - 1) / block_n_out;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
   static constexpr int kChunks = kGlu ? S::regs / 8 : S::regs / 4;  // output n8 chunks per m64
-  static_assert(!kNTail || (kNOut % 64 == 0 && block_n_out % 64 == 0),
+  static_assert(kNOut % 8 == 0, "ffn must be a multiple of 8");
+  static_assert(!kNTail || block_n_out % 64 == 0,
                 "a partial last column tile needs whole 64-column output groups");
   static_assert(kChunks % 4 == 0, "output chunks leave in groups of 8 (a 96-column tile: 8 + 4)");
   static_assert(!kGlu || Cfg::block_n == 128 || Cfg::block_n == 192 || Cfg::block_n == 256,
@@ -119,10 +125,11 @@ struct Fc1Sm90 {
         Frag<8> f;
         f.template gather<0, kGroups>(acc[m], cc);
         // A group past the width (a partial last tile) stores no row and reads column 0's bias.
-        const bool cols_in = !kNTail || tile_n * block_n_out + cc * 64 < kNOut;
+        const int c0 = tile_n * block_n_out + cc * 64;
+        const bool cols_in = !kNTail || c0 < kNOut;
         const RowTile rt_cols{rt.expert, rt.row_begin, cols_in ? rt.row_end : 0};
-        store_group<8>(p, f, prob, rt_cols, cols_in ? tile_n * block_n_out + cc * 64 : 0,
-                       row0 + m * 64, ws);
+        store_group<8>(p, f, prob, rt_cols, cols_in ? c0 : 0, row0 + m * 64, ws,
+                       kPartialGroup && kNOut - c0 < 64 ? kNOut - c0 : 64);
       };
       if constexpr (Cfg::save_preact) {
 #pragma unroll 1
@@ -163,12 +170,13 @@ struct Fc1Sm90 {
   };
 
   // The kW output chunks in `f` (kW = 8: 64 columns from c0; 4: 32 columns, the last group of a
-  // GLU tile of 96 output columns) of one m64 tile (rows from mrow0).
+  // GLU tile of 96 output columns) of one m64 tile (rows from mrow0); of them, the first `cols`
+  // exist (fewer than 8 * kW only in a width's partial last group).
   template <int kW>
   __device__ static __forceinline__ void store_group(const Sm90GemmParams& p, const Frag<kW>& f,
                                                      const float (&prob)[2], const RowTile& rt,
                                                      int c0, long long mrow0,
-                                                     const sm90::WarpStage& ws) {
+                                                     const sm90::WarpStage& ws, int cols = 8 * kW) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const long long wrow0 = mrow0 + ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16;
     const ActParams ap{Cfg::act_limit, Cfg::act_alpha};
@@ -186,8 +194,10 @@ struct Fc1Sm90 {
       Bias b;
       const int oc = c0 + jj * 8 + (lane & 3) * 2;
       if constexpr (Cfg::has_bias) {
-        load_bf16x2(bias + (kGlu ? gate_col<kLayout>(oc, Cfg::ffn) : oc), b.g0, b.g1);
-        if constexpr (kGlu) load_bf16x2(bias + lin_col<kLayout>(oc, Cfg::ffn), b.l0, b.l1);
+        if (!kPartialGroup || oc < kNOut) {  // no bias past the width
+          load_bf16x2(bias + (kGlu ? gate_col<kLayout>(oc, Cfg::ffn) : oc), b.g0, b.g1);
+          if constexpr (kGlu) load_bf16x2(bias + lin_col<kLayout>(oc, Cfg::ffn), b.l0, b.l1);
+        }
       }
       return b;
     };
@@ -221,7 +231,7 @@ struct Fc1Sm90 {
           ws.put(jj, h, values(jj, h != 0, b, pg, pl));
         }
       }
-      ws.template flush<16, 8 * kW>(out, kNOut, wrow0, rt.row_end, c0);
+      ws.template flush<16, 8 * kW>(out, kNOut, wrow0, rt.row_end, c0, cols);
     } else {
       // Training: per row half, the activation then the pre-activation's blocks (PreactBlocks),
       // each through the buffer's rows 0-7. Rolled as well (selects on `hi`): it halves the
@@ -232,9 +242,9 @@ struct Fc1Sm90 {
 #pragma unroll
         for (int jj = 0; jj < kW; ++jj)
           ws.put(jj, 0, values(jj, h != 0, bias_of(jj), pg[jj], pl[jj]));
-        ws.template flush<8, 8 * kW>(out, kNOut, wrow0 + 8 * h, rt.row_end, c0);
+        ws.template flush<8, 8 * kW>(out, kNOut, wrow0 + 8 * h, rt.row_end, c0, cols);
         PreactBlocks<kGlu, kLayout, kW>::store_half(ws, pre, kN, wrow0 + 8 * h, rt.row_end, c0,
-                                                    Cfg::ffn, pg, pl);
+                                                    Cfg::ffn, pg, pl, cols);
       }
     }
   }
@@ -265,10 +275,11 @@ struct Fc2Sm90 {
   static constexpr int kNOut = Cfg::hidden;
   static constexpr int block_n_out = Cfg::block_n;
   static constexpr bool kNTail = kNOut % block_n_out != 0;  // partial last column tile
+  static constexpr bool kPartialGroup = kNOut % 64 != 0;    // ... ending inside a 64-column group
   static constexpr int num_n = (kNOut + block_n_out - 1) / block_n_out;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
-  static_assert(kNOut % 64 == 0, "hidden must be a multiple of 64");
+  static_assert(kNOut % 8 == 0, "hidden must be a multiple of 8");
 
   __device__ static __forceinline__ void load_b(const Sm90GemmParams& p, unsigned int dst,
                                                 unsigned int bar, int expert, int tile_n, int k) {
@@ -300,12 +311,15 @@ struct Fc2Sm90 {
         // A group past the width stores no row and reads column 0's bias (see Fc1Sm90::store).
         const bool cols_in = !kNTail || tile_n * Cfg::block_n + cc * 64 < kNOut;
         const int c0 = cols_in ? tile_n * Cfg::block_n + cc * 64 : 0;
+        const int cols = kPartialGroup && kNOut - c0 < 64 ? kNOut - c0 : 64;
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
           const int j = cc * 8 + jj;
           const int oc = c0 + jj * 8 + (lane & 3) * 2;
           float b0 = 0.0f, b1 = 0.0f;
-          if constexpr (Cfg::has_bias) load_bf16x2(bias + oc, b0, b1);
+          if constexpr (Cfg::has_bias) {
+            if (!kPartialGroup || oc < kNOut) load_bf16x2(bias + oc, b0, b1);  // none past it
+          }
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const float y0 = acc[m][4 * j + 2 * h] + b0 * prob[m][h];
@@ -313,7 +327,7 @@ struct Fc2Sm90 {
             ws.put(jj, h, pack_bf16x2(y0, y1));
           }
         }
-        ws.flush(out, kNOut, row0 + m * 64 + wq * 16, cols_in ? rt.row_end : 0, c0);
+        ws.flush(out, kNOut, row0 + m * 64 + wq * 16, cols_in ? rt.row_end : 0, c0, cols);
       }
     }
   }

@@ -1,26 +1,24 @@
 // Family sm90_gemm: the Hopper (TMA + wgmma) grouped GEMM of the forward, Fc1Sm90 / Fc2Sm90
 // (sm90_mlp_fwd.cuh, Sm90GemmParams), persistent with one block per SM. Applies on sm_90a (not
-// portable_only) where hidden and ffn are multiples of 64 (the last column tile may be partial:
-// detail::sm90_column_tile); sm80_gemm serves the rest. Bound by engine/families/sm90_gemm.cpp.
+// portable_only) to every width the layer allows (multiples of 8): K past a multiple of 64 reads
+// as TMA's zeros, the last column tile may be partial (detail::sm90_column_tile) and so may its
+// last 64-column group; sm80_gemm serves other arches. Bound by engine/families/sm90_gemm.cpp.
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 
 namespace gmjit::codegen {
 
 std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole role) {
-  // The Hopper kernels need K in whole 64-column TMA boxes and whole output tiles; other widths
-  // take the portable kernels.
-  if (!hopper_widths(layer)) return std::nullopt;
   const bool fc1 = role == KernelRole::fc1_forward;
   const bool glu_fc1 = fc1 && is_glu(layer.activation.kind);
-  return detail::sm90_column_tile(fc1 ? layer.ffn : layer.hidden, glu_fc1 ? 2 : 1);
+  return detail::sm90_column_tile(fc1 ? layer.ffn : layer.hidden, glu_fc1 ? 2 : 1, 8);
 }
 
 namespace families {
 namespace {
 
 std::optional<KernelSource> emit(const KernelRequest& r) {
-  if (!detail::sm90_allowed(r)) return std::nullopt;
+  if (!detail::sm90_allowed(r, /*any_width=*/true)) return std::nullopt;
   const std::optional<TileConfig> tile = choose_sm90_tile(r.layer, r.role);
   if (!tile) return std::nullopt;
   const bool fc1 = r.role == KernelRole::fc1_forward;

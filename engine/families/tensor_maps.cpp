@@ -72,9 +72,10 @@ CUresult encode_bf16(TensorMapEncodeTiledFn encode, unsigned char (&out)[128], c
 CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOperands& o,
                                gmjit::kt::Sm90GemmParams& params) {
   // Box dims are limited to 256; the GLU B tiles hold block_n / 2 rows of each half, whole
-  // interleave groups of 32 (block_n 128, 192 or 256).
+  // interleave groups of 32 (block_n 128, 192 or 256). K: 16-byte rows; its last 64-column box
+  // may reach past K, where both maps read zeros (exact dims).
   const bool glu = o.layout != Sm90BLayout::kPlain;
-  if (encode == nullptr || o.k <= 0 || o.k % 64 != 0 || o.experts <= 0 || o.n_total <= 0 ||
+  if (encode == nullptr || o.k <= 0 || o.k % 8 != 0 || o.experts <= 0 || o.n_total <= 0 ||
       o.tokens < 0 || (o.block_m != 128 && o.block_m != 256) || o.block_n <= 0 || o.block_n > 256 ||
       o.block_n % 64 != 0 || (glu && o.block_n < 128))
     return CUDA_ERROR_INVALID_VALUE;
@@ -100,7 +101,7 @@ CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOper
     const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(o.block_n), 1};
     return encode_bf16(encode, params.tmap_b, o.b, 3, dims, strides, box);
   }
-  if (o.n_total % 64 != 0) return CUDA_ERROR_INVALID_VALUE;  // 2F with F % 32 == 0
+  if (o.n_total % 16 != 0) return CUDA_ERROR_INVALID_VALUE;  // 2F with F % 8 == 0
   const cuuint64_t f = static_cast<cuuint64_t>(o.n_total / 2);
   if (o.layout == Sm90BLayout::kGluHalves) {
     const cuuint64_t dims[4] = {k, f, 2, e};
@@ -109,6 +110,7 @@ CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOper
     return encode_bf16(encode, params.tmap_b, o.b, 4, dims, strides, box);
   }
   if (o.layout == Sm90BLayout::kGluInterleaved32) {
+    if (f % 32 != 0) return CUDA_ERROR_INVALID_VALUE;  // whole interleave groups
     const cuuint64_t dims[4] = {k, 32, 2, e * f / 32};
     const cuuint64_t strides[3] = {row_bytes, 32 * row_bytes, 64 * row_bytes};
     const cuuint32_t box[4] = {64, 32, 1, static_cast<cuuint32_t>(o.block_n / 64)};

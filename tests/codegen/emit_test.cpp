@@ -194,12 +194,18 @@ TEST(GroupedMlpEmit, RejectsDimsTheKernelsCannotServe) {
   EXPECT_THROW(emit_grouped_mlp_forward({layer, false}), Error);
 }
 
-TEST(GroupedMlpEmit, WidthsThatAreNotMultiplesOf64TakeThePortableKernelsWithPartialTiles) {
+TEST(GroupedMlpEmit, WidthsThatAreNotMultiplesOf64TakeTheHopperForwardAndThePortableBackward) {
   LayerSpec layer = mixtral();
   layer.hidden = 4104;
   layer.ffn = 1416;
-  for (const auto& k : emit_grouped_mlp_forward({layer, true, "sm_90a", false})) {
-    EXPECT_EQ(k.launch.operands, LaunchShape::Operands::pointers) << k.entry;
+  // On sm_90a the forward GEMMs are the Hopper ones (K tails read as TMA's zeros, partial last
+  // tiles and groups): GLU FC1 128 output columns per 256-row tile (1416 = 11 x 128 + 8), FC2
+  // 256 wide (4104 = 16 x 256 + 8).
+  const auto hopper = emit_grouped_mlp_forward({layer, true, "sm_90a", false});
+  ASSERT_EQ(hopper.size(), 2u);
+  for (const auto& k : hopper) {
+    EXPECT_EQ(k.launch.operands, LaunchShape::Operands::tensor_maps) << k.entry;
+    EXPECT_EQ(k.launch.block_n, 256u) << k.entry;
   }
   const auto fwd = emit_grouped_mlp_forward({layer, false, "sm_80", false});
   // GLU FC1: 64 output columns per tile, 1416 = 22 * 64 + 8; FC2: 4104 = 64 * 64 + 8.

@@ -121,6 +121,19 @@ TEST_F(TensorMaps, GluHalvesSplitGateAndLinearRowsPerExpert) {
   EXPECT_EQ(b.box, (Box{64, 96, 1, 1}));
 }
 
+// Widths that are multiples of 8 but not of 64: the dims stay exact, so the last K box reads
+// zeros past K in both maps and a GLU half's rows past F read zeros.
+TEST_F(TensorMaps, WidthsNotMultiplesOf64KeepExactDims) {
+  Sm90GemmOperands ops = forward(Sm90BLayout::kGluHalves, 2 * 1008, 256);
+  ops.k = 1448;
+  kt::Sm90GemmParams params{};
+  ASSERT_EQ(encode_sm90_gemm_maps(record_encode, ops, params), CUDA_SUCCESS);
+  EXPECT_EQ(encoded()[0].dims, (Dims{1448, 100}));
+  EXPECT_EQ(encoded()[0].strides, (Dims{2896}));
+  EXPECT_EQ(encoded()[1].dims, (Dims{1448, 1008, 2, 4}));
+  EXPECT_EQ(encoded()[1].box, (Box{64, 128, 1, 1}));
+}
+
 TEST_F(TensorMaps, GluInterleavedTilesTakeWholeGroupsOf32Rows) {
   kt::Sm90GemmParams params{};
   ASSERT_EQ(encode_sm90_gemm_maps(record_encode, forward(Sm90BLayout::kGluInterleaved32, 5760, 256),
@@ -144,7 +157,8 @@ TEST_F(TensorMaps, ForwardRefusesShapesItsKernelsCannotRead) {
     change(ops);
     cases.push_back({what, ops});
   };
-  with("K not a multiple of 64", [](Sm90GemmOperands& o) { o.k = 2880 + 32; });
+  with("K not a multiple of 8 (rows not 16-byte aligned)",
+       [](Sm90GemmOperands& o) { o.k = 2880 + 4; });
   with("negative tokens", [](Sm90GemmOperands& o) { o.tokens = -1; });
   with("no experts", [](Sm90GemmOperands& o) { o.experts = 0; });
   with("block_m 64", [](Sm90GemmOperands& o) { o.block_m = 64; });
@@ -155,9 +169,13 @@ TEST_F(TensorMaps, ForwardRefusesShapesItsKernelsCannotRead) {
     o.n_total = 5760;
     o.block_n = 64;
   });
-  with("GLU with an odd 2F", [](Sm90GemmOperands& o) {
+  with("interleaved GLU with F not a multiple of 32", [](Sm90GemmOperands& o) {
     o.layout = Sm90BLayout::kGluInterleaved32;
-    o.n_total = 5760 + 32;
+    o.n_total = 5760 + 16;
+  });
+  with("GLU halves with F not a multiple of 8", [](Sm90GemmOperands& o) {
+    o.layout = Sm90BLayout::kGluHalves;
+    o.n_total = 5760 + 8;
   });
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

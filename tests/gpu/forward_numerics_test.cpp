@@ -73,11 +73,12 @@ std::vector<Case> cases() {
        512,
        1024},
   };
-  // Widths that are multiples of 8 but not of 64: K tails and partial column tiles on the
-  // portable kernels (also on sm_90a). Multiples of 64 but not of 128 (gpt-oss's 2880, the w64x
-  // cases) take the Hopper kernels with 192- and 64-wide tiles (GLU FC1: 192 B rows and 96
-  // output columns where 96 divides F, else 128 and 64). Ragged splits with empty experts; small
-  // token counts keep the reference cheap.
+  // Widths that are multiples of 8 but not of 64: K tails and partial column tiles (on sm_90a
+  // the Hopper forward, whose last K block reads TMA's zeros past K and whose last 64-column
+  // group may be partial; the backward's data and weight gradients run the portable kernels).
+  // Multiples of 64 but not of 128 (gpt-oss's 2880, the w64x cases) take the Hopper kernels with
+  // 192- and 64-wide tiles (GLU FC1: 192 B rows and 96 output columns where 96 divides F, else 128
+  // and 64). Ragged splits with empty experts; small token counts keep the reference cheap.
   const std::vector<std::int64_t> short_ragged = {0, 37, 5, 64, 0, 21};
   const std::vector<Case> widths = {
       {"swiglu_w4104x1416", Activation::swiglu, GluLayout::halves, true, true, true, DType::i64,
@@ -104,6 +105,12 @@ std::vector<Case> cases() {
        ragged, 0, GradMode::grad, 320, 576},
       {"relu_w64x_h320_f576_tail", Activation::relu, GluLayout::halves, true, true, true,
        DType::i64, ragged, 11, GradMode::no_grad, 320, 576},
+      // Hopper forward with K tails (1448, 1440: not multiples of 64) and partial last 64-column
+      // groups: interleaved GLU on F = 1056 (its last group 32 columns), halves on F = 1008.
+      {"swiglu_interleaved_w1448x1056", Activation::swiglu, GluLayout::interleaved32, true, true,
+       true, DType::i64, short_ragged, 6, GradMode::grad, 1448, 1056},
+      {"clamped_swiglu_w1440x1008", Activation::clamped_swiglu, GluLayout::halves, true, true, true,
+       DType::i32, short_ragged, 0, GradMode::grad, 1440, 1008},
       // FC1 interleaved GLU on F = 192 (two 96-column output tiles); FC2: 320 = 5 x 64.
       {"geglu_interleaved_w64x_h320_f192", Activation::geglu, GluLayout::interleaved32, true, true,
        true, DType::i64, ragged, 5, GradMode::grad, 320, 192},
