@@ -255,15 +255,16 @@ int widest_dividing(std::int64_t extent, std::initializer_list<int> candidates) 
   return 64;
 }
 
-bool sm90_allowed(const families::KernelRequest& request, bool any_width) {
-  return request.arch == "sm_90a" && !request.portable_only &&
-         (any_width || hopper_widths(request.layer));
+bool sm90_allowed(const families::KernelRequest& request) {
+  return request.arch == "sm_90a" && !request.portable_only;
 }
 
 std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols) {
-  // The wgrad kernel takes rows that block_m does not divide in a partial last M tile.
-  if (rows % 64 != 0) return std::nullopt;
-  return sm90_tile_dividing(cols, 1);
+  // The wgrad kernel takes rows that block_m does not divide in a partial last M tile, and
+  // columns that no tile divides in a partial last N tile.
+  if (rows <= 0 || rows % 8 != 0) return std::nullopt;
+  if (std::optional<TileConfig> dividing = sm90_tile_dividing(cols, 1)) return dividing;
+  return sm90_column_tile(cols, 1, 8);
 }
 
 KernelSource sm90_kernel(const families::KernelRequest& request, const TileConfig& chosen,

@@ -90,12 +90,12 @@ KernelSource kernel_source(const families::KernelRequest& request, std::string_v
 // The first of `candidates` that divides `extent`, else 64 (the last tile is then partial).
 int widest_dividing(std::int64_t extent, std::initializer_list<int> candidates);
 
-// Whether a Hopper family may serve `request` at all: sm_90a, not portable_only, and (unless
-// any_width: the forward GEMMs take every width the layer allows) hidden and ffn that suit the
-// Hopper backward kernels (hopper_widths).
-bool sm90_allowed(const families::KernelRequest& request, bool any_width = false);
-// The Hopper tile of a weight gradient whose output is rows x cols per expert, if any: rows a
-// multiple of 64, the widest tile dividing cols (sm90_tile_dividing).
+// Whether a BF16 Hopper family may serve `request` at all: sm_90a and not portable_only (they
+// take every width the layer allows, multiples of 8).
+bool sm90_allowed(const families::KernelRequest& request);
+// The Hopper tile of a weight gradient whose output is rows x cols per expert (multiples of 8):
+// the widest tile dividing cols (sm90_tile_dividing), else sm90_column_tile's, whose last column
+// tile is partial.
 std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols);
 // The Hopper kernel `header`'s template `kernel` taking `params`, on `chosen` with the deepest
 // ring that fits (deepest_sm90_ring), checked against the arch (check_sm90_fits): entry +

@@ -81,10 +81,6 @@ void check_supported(const LayerSpec& layer) {
   }
 }
 
-bool hopper_widths(const LayerSpec& layer) {
-  return layer.hidden % 64 == 0 && layer.ffn % 64 == 0;
-}
-
 namespace {
 
 // A forward GEMM of `desc`: sm90_gemm or sm80_gemm (codegen/families) by arch and widths.

@@ -78,11 +78,6 @@ std::vector<KernelSource> emit_grouped_mlp_backward(const GroupedMlpBackwardDesc
 // positive multiples of 8 (and ffn of 32 for the interleaved32 GLU layout).
 void check_supported(const LayerSpec& layer);
 
-// Whether hidden and ffn suit the Hopper backward kernels (multiples of 64); other widths run the
-// backward on the portable kernels, whose partial tiles handle any multiple of 8 (the Hopper
-// forward GEMMs take every multiple of 8).
-bool hopper_widths(const LayerSpec& layer);
-
 std::vector<KernelSource> emit_grouped_mlp_forward(const GroupedMlpForwardDesc& desc);
 
 // Op-by-op execution (no fusion rule matched, or fusion off): each op is a kernel of its own.

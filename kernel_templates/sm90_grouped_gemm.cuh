@@ -112,9 +112,11 @@ struct WarpStage {
     }
   }
 
-  // out[row0 + r][col0 .. col0 + 32) += the staged 16 x 32 fp32 block (all 16 rows).
+  // out[row0 + r][col0 .. col0 + 32) += the staged 16 x 32 fp32 block, for rows row0 + r <
+  // row_end and the first `cols` columns (a multiple of 4).
   __device__ __forceinline__ void flush_add_f32(float* out, long long ld, long long row0,
-                                                long long col0) const {
+                                                long long col0, long long row_end = 1LL << 62,
+                                                int cols = 32) const {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     __syncwarp();
     float4 prev[4], v[4];
@@ -122,9 +124,11 @@ struct WarpStage {
     for (int i = 0; i < 4; ++i) {  // the loads first, all in flight
       const int r = (lane >> 3) + 4 * i, c = lane & 7;
       const float* g = out + (row0 + r) * ld + col0 + c * 4;
-      asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
-                   : "=f"(prev[i].x), "=f"(prev[i].y), "=f"(prev[i].z), "=f"(prev[i].w)
-                   : "l"(g));
+      prev[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (row0 + r < row_end && c * 4 < cols)
+        asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(prev[i].x), "=f"(prev[i].y), "=f"(prev[i].z), "=f"(prev[i].w)
+                     : "l"(g));
       asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
                    : "=f"(v[i].x), "=f"(v[i].y), "=f"(v[i].z), "=f"(v[i].w)
                    : "r"(buf + r * kRowBytes + c * 16)
@@ -133,11 +137,12 @@ struct WarpStage {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = (lane >> 3) + 4 * i, c = lane & 7;
-      asm volatile(
-          "st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(out + (row0 + r) * ld + col0 + c * 4),
-          "f"(v[i].x + prev[i].x), "f"(v[i].y + prev[i].y), "f"(v[i].z + prev[i].z),
-          "f"(v[i].w + prev[i].w)
-          : "memory");
+      if (row0 + r < row_end && c * 4 < cols)
+        asm volatile(
+            "st.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(out + (row0 + r) * ld + col0 + c * 4),
+            "f"(v[i].x + prev[i].x), "f"(v[i].y + prev[i].y), "f"(v[i].z + prev[i].z),
+            "f"(v[i].w + prev[i].w)
+            : "memory");
     }
     __syncwarp();
   }

@@ -17,10 +17,13 @@
 // over the 256 consumer threads). Experts without rows: zeros (accumulate = 0) or untouched.
 //
 // Config (all `static constexpr`):
-//   experts, rows, cols      int    E, M, N of out (rows % 64 == 0, cols % block_n == 0); when
-//                                   block_m does not divide rows, the last M tile is partial: its
-//                                   A boxes past M are not loaded and its rows past M not stored
-//                                   (out row m depends only on A column m)
+//   experts, rows, cols      int    E, M, N of out (multiples of 8); when block_m does not
+//                                   divide rows, the last M tile is partial: its A boxes past M
+//                                   are not loaded, a box reaching past M reads zeros there, and
+//                                   its rows past M are not stored (out row m depends only on A
+//                                   column m); when block_n does not divide cols, the last N tile
+//                                   is partial likewise (B's columns past N read as zeros, stores
+//                                   stop at N)
 //   split_int64              bool
 //   block_m                  int    128 or 256
 //   block_n                  int    64, 128, 192 or 256; block_m * block_n <= 32768
@@ -65,11 +68,13 @@ struct WgradEpilogue {
     constexpr int kRows = Cfg::block_m / 2, kChunks = Cfg::block_n / kPerChunk;
     const long long r0 = static_cast<long long>(ti.tile_m) * Cfg::block_m + wg * kRows;
     const int rows = kM - r0 < kRows ? static_cast<int>(kM - r0) : kRows;  // partial last M tile
+    const int cols_left = kN - ti.tile_n * Cfg::block_n;                   // partial last N tile
+    const int chunks = (cols_left < Cfg::block_n ? cols_left : Cfg::block_n) / kPerChunk;
     // Rolled, like the other zero fills (tail_rows.cuh): rare at run time, costly to compile.
 #pragma unroll 1
-    for (int i = static_cast<int>(threadIdx.x) & 127; i < rows * kChunks; i += 128) {
-      const long long e = (static_cast<long long>(ti.expert) * kM + r0 + i / kChunks) * kN +
-                          ti.tile_n * Cfg::block_n + (i % kChunks) * kPerChunk;
+    for (int i = static_cast<int>(threadIdx.x) & 127; i < rows * chunks; i += 128) {
+      const long long e = (static_cast<long long>(ti.expert) * kM + r0 + i / chunks) * kN +
+                          ti.tile_n * Cfg::block_n + (i % chunks) * kPerChunk;
       if constexpr (OutBf16<Cfg>::value) {
         store_zero16(reinterpret_cast<unsigned short*>(p.plain.out) + e);
       } else {
@@ -89,16 +94,22 @@ struct WgradEpilogue {
                                                       const sm90::WarpStage& ws) {
     constexpr bool kBf16 = OutBf16<Cfg>::value;
     constexpr int kChunks = kBf16 ? 8 : 4;  // n8 chunks per staged block (128 bytes a row)
+    // Widths that 64 does not divide: rows past M and columns past N (8-column steps) are not
+    // stored; elsewhere these limits fold to constants.
+    constexpr bool kMTail = kM % 64 != 0, kNTail = kN % 64 != 0;
     const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3;
 #pragma unroll
     for (int m = 0; m < kMt; ++m) {
       if (ti.tile_m * Cfg::block_m + (wg * kMt + m) * 64 >= kM) continue;
-      const long long row0 = static_cast<long long>(ti.expert) * kM +
-                             static_cast<long long>(ti.tile_m) * Cfg::block_m +
+      const long long out_row0 = static_cast<long long>(ti.expert) * kM;
+      const long long row0 = out_row0 + static_cast<long long>(ti.tile_m) * Cfg::block_m +
                              (wg * kMt + m) * 64 + wq * 16;
+      const long long row_end = kMTail && out_row0 + kM < row0 + 16 ? out_row0 + kM : row0 + 16;
 #pragma unroll
       for (int blk = 0; blk < kRegs / 4 / kChunks; ++blk) {
         const long long col0 = ti.tile_n * Cfg::block_n + blk * kChunks * 8;
+        const int cols =
+            kNTail && kN - col0 < kChunks * 8 ? static_cast<int>(kN - col0) : kChunks * 8;
 #pragma unroll
         for (int jj = 0; jj < kChunks; ++jj) {
           const int j = blk * kChunks + jj;
@@ -111,13 +122,13 @@ struct WgradEpilogue {
           }
         }
         if constexpr (kBf16)
-          ws.flush(reinterpret_cast<unsigned short*>(p.plain.out), kN, row0, row0 + 16,
-                   static_cast<int>(col0));
+          ws.flush(reinterpret_cast<unsigned short*>(p.plain.out), kN, row0, row_end,
+                   static_cast<int>(col0), cols);
         else if (p.plain.accumulate)
-          ws.flush_add_f32(p.plain.out, kN, row0, col0);
+          ws.flush_add_f32(p.plain.out, kN, row0, col0, row_end, cols);
         else
-          ws.flush_bytes(reinterpret_cast<unsigned char*>(p.plain.out), 4LL * kN, row0, row0 + 16,
-                         4 * col0);
+          ws.flush_bytes(reinterpret_cast<unsigned char*>(p.plain.out), 4LL * kN, row0, row_end,
+                         4 * col0, 4 * cols);
       }
     }
   }
@@ -179,17 +190,17 @@ struct GroupedWgradSm90 {
   using S = sm90::TileShape<Cfg>;
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kM = Cfg::rows, kN = Cfg::cols;
-  static constexpr int num_m = (kM + Cfg::block_m - 1) / Cfg::block_m, num_n = kN / Cfg::block_n;
+  static constexpr int num_m = (kM + Cfg::block_m - 1) / Cfg::block_m;
+  static constexpr int num_n = (kN + Cfg::block_n - 1) / Cfg::block_n;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
-  static_assert(kM % 64 == 0 && kN % Cfg::block_n == 0,
-                "rows must be a multiple of 64 and cols a multiple of block_n");
+  static_assert(kM % 8 == 0 && kN % 8 == 0, "rows and cols must be multiples of 8");
   using Epilogue = WgradEpilogue<Cfg, S::mt, S::regs>;
 
-  // A boxes (64 M rows of out each) of M tile `tile_m` that lie inside M: all of them except in a
-  // partial last tile.
+  // A boxes (64 M rows of out each) of M tile `tile_m` that start inside M: all of them except in
+  // a partial last tile.
   __device__ static __forceinline__ int a_boxes(int tile_m) {
-    const int left = (kM - tile_m * Cfg::block_m) / 64;
+    const int left = (kM - tile_m * Cfg::block_m + 63) / 64;
     return left < Cfg::block_m / 64 ? left : Cfg::block_m / 64;
   }
 

@@ -10,7 +10,7 @@
 // transposed B. The weight gradients are in sm90_grouped_wgrad.cuh.
 //
 // Config structs (all `static constexpr`), written by codegen:
-//   experts, hidden, ffn     int    E, H, F (multiples of 64)
+//   experts, hidden, ffn     int    E, H, F (multiples of 8)
 //   split_int64              bool   split_sizes are int64 (else int32)
 //   act                      Act    Fc1DgradSm90 only needs is_glu(act) (K = F1 = 2F for GLU)
 //   block_m                  int    128 or 256 rows per tile (each consumer warpgroup owns half)
@@ -22,14 +22,16 @@
 //   smem_bytes               int    must equal stages * (block_m + block_n) * 128 + 20480
 // Fc2DgradSm90 only:
 //   glu_layout, act_limit, act_alpha, has_bias, has_probs   as for Fc2Dgrad
-// Divisibility: hidden and ffn % 64 == 0. A width (F for Fc2DgradSm90, H for Fc1DgradSm90) that
-// block_n does not divide ends in a partial column tile (its columns past the width are skipped).
+// Divisibility: hidden and ffn % 8 == 0. A K (H for Fc2DgradSm90, F1 for Fc1DgradSm90) that 64 does
+// not divide ends in a K block read partly as TMA's zeros. A width (F for Fc2DgradSm90, H for
+// Fc1DgradSm90) that block_n does not divide ends in a partial column tile (its columns past the
+// width are skipped, in 8-column steps where 64 does not divide the width).
 //
 // Params / maps (engine/families/tensor_maps.hpp, encode_sm90_dgrad_maps, with Cfg::block_m):
-//   Fc2DgradSm90  Sm90Fc2DgradParams; a = dy [T, H] (K = H), b = w2 as [E * H, F]
+//   Fc2DgradSm90  Sm90Fc2DgradParams; a = dy [T, H] (K = H), b = w2 as {F, H, E}
 //   Fc1DgradSm90  Sm90GemmParams, plain = {a = dpreact, b = w1, out = dx, split_sizes, tokens;
 //                 rest null};
-//                 a = dpreact [T, F1] (K = F1), b = w1 as [E * F1, H]
+//                 a = dpreact [T, F1] (K = F1), b = w1 as {H, F1, E}
 // Launch (host), K = the kernel struct: persistent, blockDim = 384 (K::threads), gridDim =
 //   (#SMs, 1, 1), dynamic smem = K::smem_bytes (raise the max dynamic smem attribute first),
 //   kernel `__launch_bounds__(384, 1)`. T == 0: skip the launch. p.tile_counter: zeroed before the
@@ -45,14 +47,15 @@ namespace gmjit::kt {
 
 namespace sm90 {
 
-// TMA loads of an MN-major B tile: block_n / 64 boxes {64 columns, 64 K rows} of the 2-D map over
-// [E * K, N], box i at dst + 8 KiB * i (the leading byte offset of make_desc_sw128_mn).
+// TMA loads of an MN-major B tile: block_n / 64 boxes {64 columns, 64 K rows} of the 3-D map
+// {N, K, E}, box i at dst + 8 KiB * i (the leading byte offset of make_desc_sw128_mn). K rows
+// past K and columns past N read as zeros.
 template <int kBlockN>
 __device__ __forceinline__ void load_b_mn(const void* tmap, unsigned int dst, unsigned int bar,
-                                          int col0, int row0) {
+                                          int col0, int k, int expert) {
 #pragma unroll
   for (int i = 0; i < kBlockN / 64; ++i)
-    tma_load_2d(dst + i * 8192, tmap, bar, col0 + i * 64, row0);
+    tma_load_3d(dst + i * 8192, tmap, bar, col0 + i * 64, k, expert);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -68,10 +71,12 @@ __device__ __forceinline__ unsigned int word_of(const uint4& v, int w) {
   return w == 0 ? v.x : (w == 1 ? v.y : (w == 2 ? v.z : v.w));
 }
 
-// 16 bf16 (8 packed pairs) to out[0, 16): two 16-byte stores (out 32-byte aligned).
-__device__ __forceinline__ void store_16(unsigned short* out, const unsigned int (&w)[8]) {
-  reinterpret_cast<uint4*>(out)[0] = make_uint4(w[0], w[1], w[2], w[3]);
-  reinterpret_cast<uint4*>(out)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+// 16 bf16 (8 packed pairs) to out[0, 16): two 16-byte stores (out 32-byte aligned), each of 8
+// columns only where its flag says they exist.
+__device__ __forceinline__ void store_16(unsigned short* out, const unsigned int (&w)[8],
+                                         bool first = true, bool second = true) {
+  if (first) reinterpret_cast<uint4*>(out)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+  if (second) reinterpret_cast<uint4*>(out)[1] = make_uint4(w[4], w[5], w[6], w[7]);
 }
 
 // ---- FC2 dgrad + activation backward ---------------------------------------------------------
@@ -84,6 +89,9 @@ struct Fc2DgradEpilogue {
   static constexpr GluLayout kLayout = Cfg::glu_layout;
   static constexpr int kH = Cfg::hidden, kF = Cfg::ffn, kF1 = kGlu ? 2 * kF : kF;
   static constexpr bool kNTail = kF % Cfg::block_n != 0;  // partial last column tile
+  // ... whose last 64-column group is partial too (F not a multiple of 64): a lane's 16 columns
+  // may lie partly past F, in 8-column halves (F % 8 == 0).
+  static constexpr bool kPartialGroup = kF % 64 != 0;
   // Thread rows: (m, h) -> row0 + m*64 + (warp%4)*16 + lane/4 + 8h; n8 chunk j holds columns
   // 8j + 2*(lane%4) + {0, 1}. Per 64 columns and 8 rows the quad of a row regroups g into 16
   // consecutive columns per lane (the warp's staging buffer), which it reads and writes as
@@ -131,6 +139,10 @@ struct Fc2DgradEpilogue {
         // their loads read group 0's pre-activation, their dprobs terms are 0, nothing is stored.
         const bool cols_in = !kNTail || tile_n * Cfg::block_n + cc * 64 < kF;
         const int cq = (cols_in ? tile_n * Cfg::block_n + cc * 64 : 0) + 16 * (lane & 3);
+        // This lane's two 8-column halves that lie inside F: the others load zeros (past F, the
+        // pre-activation row ends) and store nothing; their g is 0 (W2's columns past F: TMA's
+        // zeros), so they add nothing to dprobs.
+        const bool seg[2] = {!kPartialGroup || cq < kF, !kPartialGroup || cq + 8 < kF};
 #pragma unroll 1
         for (int h = 0; h < 2; ++h) {
           const bool hi = h != 0;
@@ -143,13 +155,12 @@ struct Fc2DgradEpilogue {
           uint4 xg[2], xl[2];
 #pragma unroll
           for (int s = 0; s < 2; ++s) {
+            xg[s] = xl[s] = make_uint4(0u, 0u, 0u, 0u);
+            if (!seg[s]) continue;
             xg[s] = *reinterpret_cast<const uint4*>(hr + (kGlu ? gate_col<kLayout>(cq, kF) : cq) +
                                                     8 * s);
-            if constexpr (kGlu) {
+            if constexpr (kGlu)
               xl[s] = *reinterpret_cast<const uint4*>(hr + lin_col<kLayout>(cq, kF) + 8 * s);
-            } else {
-              xl[s] = make_uint4(0u, 0u, 0u, 0u);
-            }
           }
           __syncwarp();  // the previous step's reads of the staging buffer are done
 #pragma unroll
@@ -181,10 +192,10 @@ struct Fc2DgradEpilogue {
             dsum += g0 * a0 + g1 * a1;
           }
           if (row_in && cols_in) {
-            store_16(as + row * kF + cq, ao);
+            store_16(as + row * kF + cq, ao, seg[0], seg[1]);
             unsigned short* dr = dpre + row * kF1;
-            store_16(dr + (kGlu ? gate_col<kLayout>(cq, kF) : cq), dgo);
-            if constexpr (kGlu) store_16(dr + lin_col<kLayout>(cq, kF), dlo);
+            store_16(dr + (kGlu ? gate_col<kLayout>(cq, kF) : cq), dgo, seg[0], seg[1]);
+            if constexpr (kGlu) store_16(dr + lin_col<kLayout>(cq, kF), dlo, seg[0], seg[1]);
           }
           if (hi) {
             dp[1] += dsum;
@@ -265,11 +276,11 @@ struct Fc2DgradSm90 {
   static constexpr bool kClaimEqualTiles = true;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
-  static_assert(kF % 64 == 0, "ffn must be a multiple of 64");
+  static_assert(kF % 8 == 0, "ffn must be a multiple of 8");
 
   __device__ static __forceinline__ void load_b(const Sm90Fc2DgradParams& p, unsigned int dst,
                                                 unsigned int bar, int expert, int tile_n, int k) {
-    sm90::load_b_mn<Cfg::block_n>(p.tmap_b, dst, bar, tile_n * Cfg::block_n, expert * kK + k);
+    sm90::load_b_mn<Cfg::block_n>(p.tmap_b, dst, bar, tile_n * Cfg::block_n, k, expert);
   }
 
   using Epilogue = Fc2DgradEpilogue<Cfg, S::mt>;
@@ -300,17 +311,18 @@ struct Fc1DgradSm90 {
   static constexpr int kF1 = is_glu(Cfg::act) ? 2 * Cfg::ffn : Cfg::ffn;
   static constexpr int kK = kF1;                          // [T, F1] · [F1, H]
   static constexpr bool kNTail = kH % Cfg::block_n != 0;  // partial last column tile
+  static constexpr bool kPartialGroup = kH % 64 != 0;     // ... ending inside a 64-column group
   static constexpr int num_n = (kH + Cfg::block_n - 1) / Cfg::block_n;
   static constexpr bool kBMnMajor = true;
   // Over many waves round-robin CTAs drift apart and read each W tile twice (deepseek, ncu).
   static constexpr bool kClaimEqualTiles = true;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
-  static_assert(kH % 64 == 0, "hidden must be a multiple of 64");
+  static_assert(kH % 8 == 0, "hidden must be a multiple of 8");
 
   __device__ static __forceinline__ void load_b(const Sm90GemmParams& p, unsigned int dst,
                                                 unsigned int bar, int expert, int tile_n, int k) {
-    sm90::load_b_mn<Cfg::block_n>(p.tmap_b, dst, bar, tile_n * Cfg::block_n, expert * kK + k);
+    sm90::load_b_mn<Cfg::block_n>(p.tmap_b, dst, bar, tile_n * Cfg::block_n, k, expert);
   }
 
   __device__ static __forceinline__ void store(const Sm90GemmParams& p,
@@ -324,7 +336,8 @@ struct Fc1DgradSm90 {
 #pragma unroll
       for (int cc = 0; cc < S::regs / 32; ++cc) {
         // A group past the width stores no row (a predicate: a `continue` doubles the code).
-        const bool cols_in = !kNTail || tile_n * Cfg::block_n + cc * 64 < kH;
+        const int c0 = tile_n * Cfg::block_n + cc * 64;
+        const bool cols_in = !kNTail || c0 < kH;
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj)
 #pragma unroll
@@ -332,8 +345,8 @@ struct Fc1DgradSm90 {
             const int j = cc * 8 + jj;
             ws.put(jj, h, pack_bf16x2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]));
           }
-        ws.flush(out, kH, row0 + m * 64 + wq * 16, cols_in ? rt.row_end : 0,
-                 cols_in ? tile_n * Cfg::block_n + cc * 64 : 0);
+        ws.flush(out, kH, row0 + m * 64 + wq * 16, cols_in ? rt.row_end : 0, cols_in ? c0 : 0,
+                 kPartialGroup && kH - c0 < 64 ? kH - c0 : 64);
       }
   }
 

@@ -18,7 +18,7 @@ namespace families {
 namespace {
 
 std::optional<KernelSource> emit(const KernelRequest& r) {
-  if (!detail::sm90_allowed(r, /*any_width=*/true)) return std::nullopt;
+  if (!detail::sm90_allowed(r)) return std::nullopt;
   const std::optional<TileConfig> tile = choose_sm90_tile(r.layer, r.role);
   if (!tile) return std::nullopt;
   const bool fc1 = r.role == KernelRole::fc1_forward;

@@ -1,7 +1,7 @@
 // Family sm90_wgrad: the Hopper (TMA + wgmma) weight gradients, dW2 and dW1 (GroupedWgradSm90,
-// sm90_grouped_wgrad.cuh, Sm90WgradParams). Applies on sm_90a (not portable_only) where hidden
-// and ffn are multiples of 64, the gradient's rows of 128 and a Hopper tile divides its columns;
-// sm80_wgrad serves the rest. Bound by engine/families/sm90_wgrad.cpp.
+// sm90_grouped_wgrad.cuh, Sm90WgradParams). Applies on sm_90a (not portable_only) to every width
+// the layer allows (multiples of 8; partial last M and N tiles); sm80_wgrad serves other arches.
+// Bound by engine/families/sm90_wgrad.cpp.
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 

@@ -133,12 +133,18 @@ CUresult encode_2d(TensorMapEncodeTiledFn encode, unsigned char (&out)[128], con
 
 CUresult encode_dgrad(TensorMapEncodeTiledFn encode, const Sm90DgradOperands& o,
                       unsigned char (&tmap_a)[128], unsigned char (&tmap_b)[128]) {
-  if (encode == nullptr || o.k <= 0 || o.k % 64 != 0 || o.n <= 0 || o.n % 64 != 0 ||
-      o.experts <= 0 || o.tokens < 0 || (o.block_m != 128 && o.block_m != 256))
+  if (encode == nullptr || o.k <= 0 || o.k % 8 != 0 || o.n <= 0 || o.n % 8 != 0 || o.experts <= 0 ||
+      o.tokens < 0 || (o.block_m != 128 && o.block_m != 256))
     return CUDA_ERROR_INVALID_VALUE;
   const CUresult r = encode_2d(encode, tmap_a, o.a, o.tokens, o.k, 64);  // 64-row A boxes
   if (r != CUDA_SUCCESS) return r;
-  return encode_2d(encode, tmap_b, o.b, static_cast<long long>(o.experts) * o.k, o.n, 64);
+  // B: W [E, K, N] as {N, K, E}, boxes of 64 columns x 64 K rows: K rows past K (a K that 64
+  // does not divide) and columns past N read as zeros, not as the next expert's rows.
+  const cuuint64_t n = static_cast<cuuint64_t>(o.n), k = static_cast<cuuint64_t>(o.k);
+  const cuuint64_t dims[3] = {n, k, static_cast<cuuint64_t>(o.experts)};
+  const cuuint64_t strides[2] = {n * 2, n * k * 2};
+  const cuuint32_t box[3] = {64, 64, 1};
+  return encode_bf16(encode, tmap_b, o.b, 3, dims, strides, box);
 }
 
 }  // namespace
@@ -155,7 +161,8 @@ CUresult encode_sm90_dgrad_maps(TensorMapEncodeTiledFn encode, const Sm90DgradOp
 
 CUresult encode_sm90_wgrad_maps(TensorMapEncodeTiledFn encode, const Sm90WgradOperands& o,
                                 gmjit::kt::Sm90WgradParams& params) {
-  if (encode == nullptr || o.m <= 0 || o.m % 64 != 0 || o.n <= 0 || o.n % 64 != 0 || o.tokens < 0)
+  // m and n: 16-byte rows; boxes reaching past them read zeros (exact dims).
+  if (encode == nullptr || o.m <= 0 || o.m % 8 != 0 || o.n <= 0 || o.n % 8 != 0 || o.tokens < 0)
     return CUDA_ERROR_INVALID_VALUE;
   const CUresult r = encode_2d(encode, params.tmap_a, o.a, o.tokens, o.m, 64);
   if (r != CUDA_SUCCESS) return r;

@@ -56,10 +56,10 @@ CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOper
 struct Sm90DgradOperands {
   const void* a;     // [tokens, k] bf16 (dy for Fc2DgradSm90, dpreact for Fc1DgradSm90)
   long long tokens;  // rows of a (0 allowed)
-  int k;             // hidden for Fc2DgradSm90, F1 for Fc1DgradSm90 (multiple of 64)
+  int k;             // hidden for Fc2DgradSm90, F1 for Fc1DgradSm90 (multiple of 8)
   const void* b;     // [experts, k, n] bf16: w2 [E, H, F] / w1 [E, F1, H]
   int experts;
-  int n;        // ffn for Fc2DgradSm90, hidden for Fc1DgradSm90 (multiple of 64)
+  int n;        // ffn for Fc2DgradSm90, hidden for Fc1DgradSm90 (multiple of 8)
   int block_m;  // Cfg::block_m of the kernel
 };
 
@@ -76,8 +76,8 @@ struct Sm90WgradOperands {
   const void* a;     // [tokens, m] bf16 (dy for dW2, dpreact for dW1)
   const void* b;     // [tokens, n] bf16 (act_scaled for dW2, x for dW1)
   long long tokens;  // rows of a and b (0 allowed)
-  int m;             // rows of each out_g (multiple of 64)
-  int n;             // cols of each out_g (multiple of 64)
+  int m;             // rows of each out_g (multiple of 8)
+  int n;             // cols of each out_g (multiple of 8)
 };
 
 // GroupedWgradSm90: fills params.tmap_a / tmap_b (params.plain, with the same a and b, is the

@@ -194,13 +194,13 @@ TEST(GroupedMlpEmit, RejectsDimsTheKernelsCannotServe) {
   EXPECT_THROW(emit_grouped_mlp_forward({layer, false}), Error);
 }
 
-TEST(GroupedMlpEmit, WidthsThatAreNotMultiplesOf64TakeTheHopperForwardAndThePortableBackward) {
+TEST(GroupedMlpEmit, WidthsThatAreNotMultiplesOf64TakeTheHopperKernelsWithPartialTiles) {
   LayerSpec layer = mixtral();
   layer.hidden = 4104;
   layer.ffn = 1416;
-  // On sm_90a the forward GEMMs are the Hopper ones (K tails read as TMA's zeros, partial last
-  // tiles and groups): GLU FC1 128 output columns per 256-row tile (1416 = 11 x 128 + 8), FC2
-  // 256 wide (4104 = 16 x 256 + 8).
+  // On sm_90a every GEMM is a Hopper one (K tails read as TMA's zeros, partial last tiles and
+  // groups): GLU FC1 128 output columns per 256-row tile (1416 = 11 x 128 + 8), FC2 256 wide
+  // (4104 = 16 x 256 + 8).
   const auto hopper = emit_grouped_mlp_forward({layer, true, "sm_90a", false});
   ASSERT_EQ(hopper.size(), 2u);
   for (const auto& k : hopper) {
@@ -214,8 +214,19 @@ TEST(GroupedMlpEmit, WidthsThatAreNotMultiplesOf64TakeTheHopperForwardAndThePort
   GradientSet all;
   all.db1 = all.db2 = true;
   for (const auto& k : emit_grouped_mlp_backward({layer, all, "sm_90a", false})) {
-    EXPECT_EQ(k.launch.operands, LaunchShape::Operands::pointers) << k.entry;
+    const bool bias_grad = k.role == KernelRole::bgrad_b1 || k.role == KernelRole::bgrad_b2;
+    EXPECT_EQ(k.launch.operands,
+              bias_grad ? LaunchShape::Operands::pointers : LaunchShape::Operands::tensor_maps)
+        << k.entry;
   }
+}
+
+TEST(Sm90Tiles, WeightGradientsTakeADividingTileElseAPartialLastOne) {
+  EXPECT_EQ(detail::sm90_output_tile(2880, 2880)->block_n, 192);   // 15 x 192
+  EXPECT_EQ(detail::sm90_output_tile(1448, 1056)->block_n, 256);   // 4 x 256 + 32
+  EXPECT_EQ(detail::sm90_output_tile(8, 16)->block_n, 128);        // one partial tile
+  EXPECT_FALSE(detail::sm90_output_tile(1004, 1056).has_value());  // rows not a multiple of 8
+  EXPECT_FALSE(detail::sm90_output_tile(1448, 1060).has_value());  // cols not a multiple of 8
 }
 
 TEST(GroupedMlpEmit, GptOssWidthsTakeHopperKernelsWithPartialLastTiles) {

@@ -195,21 +195,21 @@ TEST_F(TensorMaps, TheDriversErrorIsReturnedAndStopsTheEncoding) {
   EXPECT_EQ(encoded().size(), 1u);  // the weight map was not attempted
 }
 
-// dgrad B is W [E, K, N] read N-major: 64 columns x 64 K rows per box, the experts' K rows one
-// after another (the kernel adds expert * K to the row coordinate).
-TEST_F(TensorMaps, DataGradientsReadWeightsAsColumnBlocksOverAllExpertsRows) {
+// dgrad B is W [E, K, N] read N-major: 64 columns x 64 K rows per box, each expert in its own
+// dimension, so K rows past a K that 64 does not divide read zeros.
+TEST_F(TensorMaps, DataGradientsReadWeightsAsColumnBlocksOfEachExpert) {
   const Sm90DgradOperands ops{a_, 100, 2880, b_, 4, 1408, 128};
   kt::Sm90Fc2DgradParams params{};
   ASSERT_EQ(encode_sm90_dgrad_maps(record_encode, ops, params), CUDA_SUCCESS);
   ASSERT_EQ(encoded().size(), 2u);
   EXPECT_EQ(encoded()[0].dims, (Dims{2880, 100}));
   EXPECT_EQ(encoded()[0].box, (Box{64, 64}));
-  EXPECT_EQ(encoded()[1].dims, (Dims{1408, 4ull * 2880}));
-  EXPECT_EQ(encoded()[1].strides, (Dims{1408ull * 2}));
-  EXPECT_EQ(encoded()[1].box, (Box{64, 64}));
+  EXPECT_EQ(encoded()[1].dims, (Dims{1408, 2880, 4}));
+  EXPECT_EQ(encoded()[1].strides, (Dims{1408ull * 2, 1408ull * 2880 * 2}));
+  EXPECT_EQ(encoded()[1].box, (Box{64, 64, 1}));
 
   Sm90DgradOperands bad = ops;
-  bad.n = 1408 + 32;
+  bad.n = 1408 + 4;  // rows not 16-byte aligned
   kt::Sm90GemmParams fc1{};
   EXPECT_EQ(encode_sm90_dgrad_maps(record_encode, bad, fc1), CUDA_ERROR_INVALID_VALUE);
 }

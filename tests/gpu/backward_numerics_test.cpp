@@ -59,8 +59,9 @@ std::vector<Case> cases() {
     portable.portable = true;
     list.push_back(portable);
   }
-  // Widths that are multiples of 8 but not of 64 (portable kernels with K tails and partial
-  // tiles, on every arch), and multiples of 64 but not of 128 (gpt-oss's 2880 and the w64x
+  // Widths that are multiples of 8 but not of 64 (K tails read as zeros, partial last tiles and
+  // 64-column groups: Hopper kernels on sm_90a, portable ones elsewhere), and multiples of 64
+  // but not of 128 (gpt-oss's 2880 and the w64x
   // cases: Hopper dgrad / wgrad with 192- and 64-wide tiles, wgrad rows H or F1 in a partial
   // last 128-row tile); each again on the portable kernels. Small token counts keep the float64
   // reference cheap.
@@ -76,6 +77,12 @@ std::vector<Case> cases() {
        4, all, false, false, 96, 200},
       {"gelu_w8x16", Activation::gelu, GluLayout::halves, true, true, ragged, 2, all, false, false,
        16, 8},
+      // K tails of 1448 / 1440 and 2F = 2112 / 2016; F = 1056 ends in a 32-column interleaved
+      // group, F = 1008 in a 48-column one (halves: a lane's 16 columns half inside F).
+      {"swiglu_interleaved_w1448x1056", Activation::swiglu, GluLayout::interleaved32, true, true,
+       short_ragged, 3, all, false, false, 1056, 1448},
+      {"clamped_swiglu_w1440x1008_accumulate", Activation::clamped_swiglu, GluLayout::halves, true,
+       true, short_ragged, 0, all, true, false, 1008, 1440},
       {"clamped_swiglu_gpt_oss_w2880",
        Activation::clamped_swiglu,
        GluLayout::interleaved32,
