@@ -197,7 +197,7 @@ struct TileInfo {
   int tile_n;
 };
 
-// Epi must provide: SplitT, kK (reduction length, multiple of 64), num_n (column tiles),
+// Epi must provide: SplitT, kK (reduction length, multiple of 8), num_n (column tiles),
 //   load_b(p, dst, bar, expert, tile_n, k): TMA loads of the B tile (block_n rows x 64 at k),
 //   store(p, acc, rt, tile_n, row0, ws): epilogue of one consumer warpgroup, rows from row0,
 //     ws = this warp's output staging buffer,

@@ -5,7 +5,7 @@
 // warp-specialized).
 //
 // Config structs (all `static constexpr`), written by codegen:
-//   experts, hidden, ffn     int    E, H, F (H and F multiples of 64; see divisibility below)
+//   experts, hidden, ffn     int    E, H, F (H and F multiples of 8; see divisibility below)
 //   split_int64              bool   split_sizes are int64 (else int32)
 //   has_bias, has_probs      bool   params.bias / params.probs are used (else ignored)
 //   block_m                  int    rows per tile: 128 or 256 (each consumer warpgroup owns half)

@@ -30,7 +30,7 @@ enum class Sm90BLayout {
 struct Sm90GemmOperands {
   const void* a;     // [tokens, k] bf16, 16-byte aligned
   long long tokens;  // rows of a (0 allowed: the map then covers one row and is never read)
-  int k;             // reduction length: hidden for FC1, ffn for FC2 (multiple of 64)
+  int k;             // reduction length: hidden for FC1, ffn for FC2 (multiple of 8)
   const void* b;     // [experts, n_total, k] bf16, 16-byte aligned
   int experts;
   int n_total;  // B rows per expert: F1 (= 2F for GLU) for FC1, hidden for FC2
