@@ -111,6 +111,9 @@ std::vector<Case> cases() {
        true, DType::i64, short_ragged, 6, GradMode::grad, 1448, 1056},
       {"clamped_swiglu_w1440x1008", Activation::clamped_swiglu, GluLayout::halves, true, true, true,
        DType::i32, short_ragged, 0, GradMode::grad, 1440, 1008},
+      // The inference epilogue (unrolled, no pre-activation) on a partial 48-column group.
+      {"swiglu_w1448x1008_no_grad", Activation::swiglu, GluLayout::halves, true, true, true,
+       DType::i64, short_ragged, 5, GradMode::no_grad, 1448, 1008},
       // FC1 interleaved GLU on F = 192 (two 96-column output tiles); FC2: 320 = 5 x 64.
       {"geglu_interleaved_w64x_h320_f192", Activation::geglu, GluLayout::interleaved32, true, true,
        true, DType::i64, ragged, 5, GradMode::grad, 320, 192},
