@@ -1,7 +1,8 @@
 // The GPU's read-bandwidth ceilings, against which the decode rows of side_by_side.py are read:
 // a decode forward streams each expert's weights once, so it can go no faster than the best way
-// of reading that many bytes on this GPU. Reads a 2 GiB bf16 matrix [262144, 4096] (weights are
-// K-major [E, N, K], a tile reads block_n rows over all K) in three ways:
+// of reading that many bytes on this GPU. Reads a 2 GiB bf16 buffer as a matrix [rows, K] (weights
+// are K-major [E, N, K], a tile reads block_n rows over all K; K = 4096 unless a case says) in
+// three ways:
 //   * a device-to-device copy (bytes read + bytes written), the usual "copy bandwidth";
 //   * plain 16-byte loads (LDG.128) from 1, 2, 4 or 8 CTAs of 512 threads per SM;
 //   * TMA, as the Hopper kernels read B: one persistent CTA per SM, a producer thread issuing
