@@ -134,9 +134,8 @@ std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_row
   return std::nullopt;
 }
 
-std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column,
-                                           int column_multiple) {
-  if (out_columns <= 0 || out_columns % column_multiple != 0) return std::nullopt;
+std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column) {
+  if (out_columns <= 0 || out_columns % 8 != 0) return std::nullopt;
   std::optional<TileConfig> best;
   double best_cost = 0.0;
   for (int block_n : {256, 192, 128, 64}) {
@@ -264,7 +263,7 @@ std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols)
   // columns that no tile divides in a partial last N tile.
   if (rows <= 0 || rows % 8 != 0) return std::nullopt;
   if (std::optional<TileConfig> dividing = sm90_tile_dividing(cols, 1)) return dividing;
-  return sm90_column_tile(cols, 1, 8);
+  return sm90_column_tile(cols, 1);
 }
 
 KernelSource sm90_kernel(const families::KernelRequest& request, const TileConfig& chosen,

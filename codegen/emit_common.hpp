@@ -43,11 +43,9 @@ std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_row
 // data gradients): of 256, 192, 128 and 64 B rows, the one with the least padded output width
 // per unit of measured tile speed (256 wide ran at 0.90 of the tensor pipe's time, 192 at 0.75,
 // 128 at 0.52), so 2880 columns take 12 tiles of 256 rather than 15 of 192. Partial tiles are
-// whole 64-column output groups wide; a 96-column GLU tile must divide. nullopt unless
-// out_columns is a multiple of column_multiple: 64 where the kernel's epilogue stores whole
-// 64-column groups (the data gradients), 8 where its last group may be partial (the forward).
-std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column,
-                                           int column_multiple = 64);
+// whole 64-column output groups wide (the epilogues stop inside the width's last group); a
+// 96-column GLU tile must divide. nullopt unless out_columns is a multiple of 8.
+std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column);
 // Shared memory of a Hopper kernel besides its ring: 1 KiB to align the ring, 1 KiB of mbarriers
 // and tile-info slots, 18 KiB of epilogue staging (sm90_grouped_gemm.cuh, TileShape).
 inline constexpr int kSm90FixedSmemBytes = 20480;

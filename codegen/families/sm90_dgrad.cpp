@@ -13,8 +13,7 @@ namespace {
 std::optional<KernelSource> emit(const KernelRequest& r) {
   if (!detail::sm90_allowed(r)) return std::nullopt;
   const bool fc2 = r.role == KernelRole::fc2_dgrad;
-  std::optional<TileConfig> tile =
-      detail::sm90_column_tile(fc2 ? r.layer.ffn : r.layer.hidden, 1, 8);
+  std::optional<TileConfig> tile = detail::sm90_column_tile(fc2 ? r.layer.ffn : r.layer.hidden, 1);
   if (!tile) return std::nullopt;
   // Where 128 is the width chosen (narrow layers), 256 x 128 tiles: 128 x 128 ones read half
   // again as many operand bytes per FLOP as 128 x 256, and their consumers waited for data in 38 %

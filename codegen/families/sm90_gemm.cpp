@@ -11,7 +11,7 @@ namespace gmjit::codegen {
 std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole role) {
   const bool fc1 = role == KernelRole::fc1_forward;
   const bool glu_fc1 = fc1 && is_glu(layer.activation.kind);
-  return detail::sm90_column_tile(fc1 ? layer.ffn : layer.hidden, glu_fc1 ? 2 : 1, 8);
+  return detail::sm90_column_tile(fc1 ? layer.ffn : layer.hidden, glu_fc1 ? 2 : 1);
 }
 
 namespace families {

@@ -144,7 +144,8 @@ TEST(GroupedMlpEmit, Sm90TilesFitTheirSharedMemoryAndRegisters) {
     }
   }
   EXPECT_FALSE(detail::sm90_tile_dividing(2880 + 8, 1).has_value());
-  EXPECT_FALSE(detail::sm90_column_tile(2880 + 8, 1).has_value());
+  EXPECT_FALSE(detail::sm90_column_tile(2880 + 4, 1).has_value());  // rows not 16-byte aligned
+  EXPECT_EQ(detail::sm90_column_tile(2880 + 8, 1)->block_n, 256);   // a partial last group
   EXPECT_EQ(detail::sm90_tile_dividing(2880, 1)->block_n, 192);
   EXPECT_EQ(detail::sm90_tile_dividing(2880, 2)->block_n, 192);  // 96 gate + 96 lin rows
   EXPECT_EQ(detail::sm90_tile_dividing(320, 2)->block_n, 128);
