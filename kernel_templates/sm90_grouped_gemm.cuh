@@ -115,8 +115,7 @@ struct WarpStage {
   // out[row0 + r][col0 .. col0 + 32) += the staged 16 x 32 fp32 block, for rows row0 + r <
   // row_end and the first `cols` columns (a multiple of 4).
   __device__ __forceinline__ void flush_add_f32(float* out, long long ld, long long row0,
-                                                long long col0, long long row_end = 1LL << 62,
-                                                int cols = 32) const {
+                                                long long col0, long long row_end, int cols) const {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     __syncwarp();
     float4 prev[4], v[4];
