@@ -107,8 +107,30 @@ std::vector<KernelSource> emit_grouped_mlp_forward(const GroupedMlpForwardDesc& 
   const std::string fc2_fields =
       layer_fields(layer) + fmt::format("  static constexpr bool has_bias = {}, has_probs = {};\n",
                                         layer.fc2_bias, layer.router_probs);
-  return {forward_gemm(desc, KernelRole::fc1_forward, fc1_fields, fc1_entry(desc)),
-          forward_gemm(desc, KernelRole::fc2_forward, fc2_fields, fc2_entry(layer))};
+  std::vector<KernelSource> kernels = {
+      forward_gemm(desc, KernelRole::fc1_forward, fc1_fields, fc1_entry(desc)),
+      forward_gemm(desc, KernelRole::fc2_forward, fc2_fields, fc2_entry(layer))};
+  // Without grad, the decode pair where a family serves it (sm_90a): the same operation over a
+  // handful of tokens per expert, which Engine::forward picks by the call's token count.
+  if (desc.decode && !desc.save_preact) {
+    families::KernelRequest fc1{.role = KernelRole::fc1_decode,
+                                .layer = layer,
+                                .arch = desc.arch,
+                                .portable_only = desc.portable_only,
+                                .entry = fc1_entry(desc) + "_decode",
+                                .fields = fc1_fields};
+    std::optional<KernelSource> fc1_decode = families::try_emit_kernel(fc1);
+    families::KernelRequest fc2 = fc1;
+    fc2.role = KernelRole::fc2_decode;
+    fc2.entry = fc2_entry(layer) + "_decode";
+    fc2.fields = fc2_fields;
+    std::optional<KernelSource> fc2_decode = families::try_emit_kernel(fc2);
+    if (fc1_decode && fc2_decode) {
+      kernels.push_back(*std::move(fc1_decode));
+      kernels.push_back(*std::move(fc2_decode));
+    }
+  }
+  return kernels;
 }
 
 KernelSource emit_grouped_linear(const GroupedLinearDesc& d) {

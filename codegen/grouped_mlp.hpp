@@ -22,6 +22,9 @@ struct GroupedMlpForwardDesc {
   // portable_only, the mma.sync kernels.
   std::string arch = "sm_80";
   bool portable_only = false;
+  // Without grad: also emit the decode pair (fc1_decode, fc2_decode) after FC1 and FC2 where a
+  // family serves this arch (decode_gemm: sm_90a, not portable_only).
+  bool decode = false;
 };
 
 // Tile shape of a grouped GEMM; part of the generated source, hence of the kernel key.

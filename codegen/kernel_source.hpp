@@ -85,6 +85,9 @@ enum class KernelRole : std::uint8_t {
   // fp8_tensor's weight gradients: the amax of a ⊙ p and of x (dy's and dh's come with dgrad).
   tensor_amax_act = 39,
   tensor_amax_x_wgrad = 40,
+  // Decode-sized forwards without grad (few tokens per expert): FC1 and FC2 as weight streams.
+  fc1_decode = 41,  // as fc1_forward (no saved pre-activation)
+  fc2_decode = 42,  // as fc2_forward
 };
 
 struct KernelSource {

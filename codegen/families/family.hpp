@@ -48,5 +48,7 @@ std::span<const KernelFamily* const> kernel_families();
 // The kernel of the first family that serves request.role and applies, with
 // KernelSource::family set to its name. Throws Error(Status::internal) when none does.
 KernelSource emit_kernel(const KernelRequest& request);
+// The same, or nullopt where no family applies (a kernel a plan can do without).
+std::optional<KernelSource> try_emit_kernel(const KernelRequest& request);
 
 }  // namespace gmjit::codegen::families

@@ -1,7 +1,10 @@
 #include <array>
 #include <bit>
 #include <chrono>
+#include <cstdlib>
 #include <future>
+
+#include <fmt/format.h>
 
 #include "codegen/fp8_forward.hpp"
 #include "codegen/grouped_mlp.hpp"
@@ -85,13 +88,36 @@ std::unique_ptr<cache::DiskCache> open_disk_cache(const EngineOptions& options) 
   return std::make_unique<cache::DiskCache>(std::move(config));
 }
 
+// `given` with GMJIT_DECODE_TOKENS_PER_EXPERT applied, checked.
+EngineOptions with_environment(EngineOptions given) {
+  if (const char* value = std::getenv("GMJIT_DECODE_TOKENS_PER_EXPERT");
+      value != nullptr && *value != '\0') {
+    char* end = nullptr;
+    const long parsed = std::strtol(value, &end, 10);
+    if (*end != '\0' || parsed < 0 || parsed > (1 << 20)) {
+      throw Error(Status::invalid_argument,
+                  fmt::format("GMJIT_DECODE_TOKENS_PER_EXPERT must be an integer in [0, 2^20], "
+                              "got '{}'",
+                              value));
+    }
+    given.decode_tokens_per_expert = static_cast<int>(parsed);
+  }
+  if (given.decode_tokens_per_expert < 0) {
+    throw Error(Status::invalid_argument,
+                fmt::format("EngineOptions::decode_tokens_per_expert must be 0 or more, got {}",
+                            given.decode_tokens_per_expert));
+  }
+  return given;
+}
+
 }  // namespace
 }  // namespace engine
 
 using engine::LogLevel;
 
-Engine::Impl::Impl(const EngineOptions& options)
-    : options(options), store(engine::open_disk_cache(options), store_counters) {}
+Engine::Impl::Impl(const EngineOptions& given)
+    : options(engine::with_environment(given)),
+      store(engine::open_disk_cache(options), store_counters) {}
 
 std::shared_ptr<const engine::PreparedPlan> Engine::Impl::prepared_plan(
     const engine::PlanKey& device_key, const LayerSpec& layer, const std::string& arch) {
@@ -133,8 +159,8 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engin
         {layer, grad, key.pow2_scales != 0, key.recipe == fp8_tensor, arch});
   } else {
     for (const engine::FusedOp& op : fused) {
-      auto emitted =
-          engine::emit_fused_op(op, ops, layer, grad, arch, options.portable_kernels_only);
+      auto emitted = engine::emit_fused_op(op, ops, layer, grad, arch,
+                                           options.portable_kernels_only, decode_enabled());
       sources.insert(sources.end(), emitted.begin(), emitted.end());
     }
   }

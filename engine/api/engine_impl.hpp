@@ -4,6 +4,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "engine/plan/kernel_store.hpp"
 #include "engine/plan/once_map.hpp"
@@ -45,7 +46,14 @@ struct Engine::Impl {
   engine::DevicePlan& device_plan(const engine::PlanKey& key, const LayerSpec& layer,
                                   StreamHandle stream);
 
-  const EngineOptions options;
+  // The plan's kernels [first, last) that a forward of `tokens` runs (forward.cpp).
+  std::pair<std::size_t, std::size_t> kernels_to_run(const engine::DevicePlan& plan,
+                                                     std::int64_t tokens,
+                                                     std::int64_t experts) const;
+  // Whether no-grad plans carry the decode pair and forwards may run it.
+  bool decode_enabled() const { return options.decode_tokens_per_expert > 0; }
+
+  const EngineOptions options;  // as given, with the environment's overrides applied
   engine::StoreCounters store_counters;
   std::atomic<std::uint64_t> forward_plans_built{0};
   std::atomic<std::uint64_t> backward_plans_built{0};

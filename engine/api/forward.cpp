@@ -2,6 +2,7 @@
 // op: linear, activation, FC2) in order on the tensors' device. What each kernel takes is its
 // family's business (engine/families/).
 #include <cstdint>
+#include <utility>
 
 #include "engine/api/engine_impl.hpp"
 #include "engine/api/validate.hpp"
@@ -47,6 +48,20 @@ struct ForwardWorkspace {
 };
 
 }  // namespace
+
+// The plan's kernels [first, last) this call runs: a no-grad plan may end in the decode pair
+// (fc1_decode, fc2_decode), which replaces FC1 and FC2 when the call has few tokens per expert.
+std::pair<std::size_t, std::size_t> Engine::Impl::kernels_to_run(const engine::DevicePlan& plan,
+                                                                 std::int64_t tokens,
+                                                                 std::int64_t experts) const {
+  const std::size_t n = plan.kernels.size();
+  const bool has_decode = n >= 2 && plan.kernels[n - 2]->role() == codegen::KernelRole::fc1_decode;
+  if (!has_decode) return {0, n};
+  if (tokens <= static_cast<std::int64_t>(options.decode_tokens_per_expert) * experts) {
+    return {n - 2, n};
+  }
+  return {0, n - 2};
+}
 
 std::size_t Engine::forward_workspace_bytes(const LayerSpec& spec, GradMode grad,
                                             std::int64_t tokens, const Recipe& recipe) const {
@@ -116,8 +131,9 @@ ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, cons
   }
   const engine::TileCounters counters(workspace.at(parts.tile_counters), plan.kernels.size(),
                                       cu_stream);
-  for (std::size_t i = 0; i < plan.kernels.size(); ++i) {
-    call.linear_is_fc2 = op_by_op && i + 1 == plan.kernels.size();
+  const auto [first, last] = impl_->kernels_to_run(plan, tokens, spec.experts);
+  for (std::size_t i = first; i < last; ++i) {
+    call.linear_is_fc2 = op_by_op && i + 1 == last;
     call.tile_counter = counters.at(i);
     engine::bind_and_launch(*plan.kernels[i], *plan.device, call, cu_stream);
   }

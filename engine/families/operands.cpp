@@ -23,11 +23,13 @@ GemmOperands gemm_operands(codegen::KernelRole role, const CallTensors& c) {
       {c.act_scaled, c.w2, c.b2, c.probs, c.split_sizes, c.y, nullptr, c.tokens}};
   switch (role) {
     case KernelRole::fc1_forward:  // FC1 with the activation (and · p) in its epilogue
+    case KernelRole::fc1_decode:
       return {l.hidden,
               l.fc1_out(),
               fc1_b_layout(l.activation),
               {c.x, c.w1, c.b1, c.probs, c.split_sizes, c.act_scaled, c.saved_preact, c.tokens}};
     case KernelRole::fc2_forward:
+    case KernelRole::fc2_decode:
       return fc2;
     case KernelRole::linear:  // op by op: FC1 as a plain grouped linear into h, or FC2
       if (c.linear_is_fc2) return fc2;

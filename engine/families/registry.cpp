@@ -20,12 +20,19 @@ BindFn bind_sm80_gemm, bind_sm90_gemm, bind_sm80_dgrad, bind_sm90_dgrad, bind_sm
 namespace {
 
 constexpr std::array kFamilies{
-    Family{"sm80_gemm", &bind_sm80_gemm},         Family{"sm90_gemm", &bind_sm90_gemm},
-    Family{"sm80_dgrad", &bind_sm80_dgrad},       Family{"sm90_dgrad", &bind_sm90_dgrad},
-    Family{"sm80_wgrad", &bind_sm80_wgrad},       Family{"sm90_wgrad", &bind_sm90_wgrad},
-    Family{"column_sum", &bind_column_sum},       Family{"activation", &bind_activation},
-    Family{"sm90_fp8_gemm", &bind_sm90_fp8_gemm}, Family{"sm90_fp8_wgrad", &bind_sm90_fp8_wgrad},
+    Family{"sm80_gemm", &bind_sm80_gemm},
+    Family{"sm90_gemm", &bind_sm90_gemm},
+    Family{"sm80_dgrad", &bind_sm80_dgrad},
+    Family{"sm90_dgrad", &bind_sm90_dgrad},
+    Family{"sm80_wgrad", &bind_sm80_wgrad},
+    Family{"sm90_wgrad", &bind_sm90_wgrad},
+    Family{"column_sum", &bind_column_sum},
+    Family{"activation", &bind_activation},
+    Family{"sm90_fp8_gemm", &bind_sm90_fp8_gemm},
+    Family{"sm90_fp8_wgrad", &bind_sm90_fp8_wgrad},
     Family{"fp8_quantize", &bind_fp8_quantize},
+    // The decode kernels take the portable forward's block (GroupedGemmParams) unchanged.
+    Family{"decode_gemm", &bind_sm80_gemm},
 };
 
 }  // namespace

@@ -55,9 +55,10 @@ std::vector<FusedOp> fuse(std::span<const Op> ops, std::span<const FusionRule> r
 
 std::vector<codegen::KernelSource> emit_fused_op(const FusedOp& fused, std::span<const Op> ops,
                                                  const LayerSpec& layer, bool grad,
-                                                 const std::string& arch, bool portable_only) {
+                                                 const std::string& arch, bool portable_only,
+                                                 bool decode) {
   if (fused.kind == FusedKind::grouped_mlp) {
-    return codegen::emit_grouped_mlp_forward({layer, grad, arch, portable_only});
+    return codegen::emit_grouped_mlp_forward({layer, grad, arch, portable_only, decode});
   }
   const Op& op = ops[fused.first_op];
   if (op.kind == OpKind::grouped_linear) {

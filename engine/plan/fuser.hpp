@@ -46,10 +46,12 @@ struct FusedOp {
 // Forward rules, in priority order.
 std::span<const FusionRule> forward_fusion_rules();
 
-// The kernels of one fused op (a grouped MLP: FC1 and FC2; an unfused op: its own kernel).
+// The kernels of one fused op (a grouped MLP: FC1 and FC2, then without grad and with `decode`
+// the decode pair where the arch has one; an unfused op: its own kernel).
 std::vector<codegen::KernelSource> emit_fused_op(const FusedOp& op, std::span<const Op> ops,
                                                  const LayerSpec& layer, bool grad,
-                                                 const std::string& arch, bool portable_only);
+                                                 const std::string& arch, bool portable_only,
+                                                 bool decode = false);
 
 // Greedy left-to-right: at each op the first rule whose pattern matches wins; an op no rule
 // matches becomes an `unfused` op of its own.

@@ -27,22 +27,71 @@ class PlanCache : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
+// A no-grad plan on sm_90a: FC1, FC2 and the decode pair.
+constexpr std::uint64_t kNoGradSm90Kernels = 4;
+
 TEST_F(PlanCache, ColdCompileThenDiskHitInAFreshEngineThenMemoryHits) {
   const LayerSpec layer = testing::small_layer();
   {
     Engine cold;
     cold.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a");
     EXPECT_EQ(cold.counters().plans_built, 1u);
-    EXPECT_EQ(cold.counters().kernels_compiled, 2u);
-    EXPECT_EQ(cold.counters().disk_writes, 2u);
+    EXPECT_EQ(cold.counters().kernels_compiled, kNoGradSm90Kernels);
+    EXPECT_EQ(cold.counters().disk_writes, kNoGradSm90Kernels);
   }
   Engine warm;
   warm.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a");
   EXPECT_EQ(warm.counters().kernels_compiled, 0u);
-  EXPECT_EQ(warm.counters().disk_reads, 2u);
+  EXPECT_EQ(warm.counters().disk_reads, kNoGradSm90Kernels);
   warm.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a");
   EXPECT_EQ(warm.counters().plans_built, 1u);
-  EXPECT_EQ(warm.counters().disk_reads, 2u);
+  EXPECT_EQ(warm.counters().disk_reads, kNoGradSm90Kernels);
+}
+
+TEST_F(PlanCache, NoGradHopperPlansEndInTheDecodePairUnlessTurnedOff) {
+  const LayerSpec layer = testing::small_layer();
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  const PreparedPlanInfo no_grad =
+      engine.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a");
+  ASSERT_EQ(no_grad.kernel_names.size(), 4u);
+  EXPECT_NE(no_grad.kernel_names[2].find("fc1_fwd"), std::string::npos);
+  EXPECT_TRUE(no_grad.kernel_names[2].ends_with("_decode"));
+  EXPECT_NE(no_grad.kernel_names[3].find("fc2_fwd"), std::string::npos);
+  EXPECT_TRUE(no_grad.kernel_names[3].ends_with("_decode"));
+  // Grad mode saves the pre-activation, which the decode kernels do not write; sm_80 and the
+  // portable kernels have no decode family.
+  EXPECT_EQ(engine.prepare(layer, Recipe::bf16(), GradMode::grad, "sm_90a").kernel_names.size(),
+            2u);
+  EXPECT_EQ(engine.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_80").kernel_names.size(),
+            2u);
+  Engine portable(EngineOptions{.use_disk_cache = false, .portable_kernels_only = true});
+  EXPECT_EQ(
+      portable.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a").kernel_names.size(), 2u);
+  Engine off(EngineOptions{.use_disk_cache = false, .decode_tokens_per_expert = 0});
+  EXPECT_EQ(off.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a").kernel_names.size(),
+            2u);
+}
+
+TEST_F(PlanCache, TheEnvironmentOverridesTheDecodeThresholdAndBadValuesAreRefused) {
+  const LayerSpec layer = testing::small_layer();
+  setenv("GMJIT_DECODE_TOKENS_PER_EXPERT", "0", 1);
+  {
+    Engine engine(EngineOptions{.use_disk_cache = false});
+    EXPECT_EQ(
+        engine.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a").kernel_names.size(), 2u);
+  }
+  for (const char* bad : {"-1", "many", "16x"}) {
+    setenv("GMJIT_DECODE_TOKENS_PER_EXPERT", bad, 1);
+    try {
+      Engine engine;
+      ADD_FAILURE() << "accepted GMJIT_DECODE_TOKENS_PER_EXPERT=" << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("GMJIT_DECODE_TOKENS_PER_EXPERT"), std::string::npos);
+    }
+  }
+  unsetenv("GMJIT_DECODE_TOKENS_PER_EXPERT");
+  EXPECT_THROW(Engine(EngineOptions{.decode_tokens_per_expert = -2}), Error);
 }
 
 TEST_F(PlanCache, GradFlipBuildsExactlyTwoPlansThenOnlyHits) {
@@ -77,7 +126,8 @@ TEST_F(PlanCache, RecomputeStepsBuildTwoForwardPlansAndOneBackwardPlanInStepOne)
   const EngineCounters last = engine.counters();
   EXPECT_EQ(last.forward_plans_built, 2u);
   EXPECT_EQ(last.backward_plans_built, 1u);
-  EXPECT_EQ(after_first.disk_reads, 2u);  // the no-grad FC1 and the shared FC2
+  // The no-grad plan's kernels (FC1, the FC2 that the grad plan shares, the decode pair).
+  EXPECT_EQ(after_first.disk_reads, kNoGradSm90Kernels);
   EXPECT_GT(after_first.kernels_compiled, 0u);
   EXPECT_EQ(last.kernels_compiled, after_first.kernels_compiled);
   EXPECT_EQ(last.disk_reads, after_first.disk_reads);
@@ -107,7 +157,7 @@ TEST_F(PlanCache, RacingThreadsCompileOneKeyOnce) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(engine.counters().plans_built, 1u);
-  EXPECT_EQ(engine.counters().kernels_compiled, 2u);
+  EXPECT_EQ(engine.counters().kernels_compiled, kNoGradSm90Kernels);
 }
 
 TEST_F(PlanCache, DisabledDiskCacheCompilesInEveryFreshEngine) {
@@ -115,7 +165,7 @@ TEST_F(PlanCache, DisabledDiskCacheCompilesInEveryFreshEngine) {
   for (int i = 0; i < 2; ++i) {
     Engine engine(EngineOptions{.use_disk_cache = false});
     engine.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a");
-    EXPECT_EQ(engine.counters().kernels_compiled, 2u);
+    EXPECT_EQ(engine.counters().kernels_compiled, kNoGradSm90Kernels);
     EXPECT_EQ(engine.counters().disk_reads, 0u);
     EXPECT_TRUE(engine.cache_directory().empty());
   }

@@ -23,8 +23,9 @@ struct Case {
   std::int64_t tail = 0;  // rows after the last expert (must come out zero)
   GradMode grad = GradMode::no_grad;
   std::int64_t hidden = 256, ffn = 192;
-  bool portable = false;  // force the mma.sync kernels (on sm_90a the Hopper ones are default)
-  bool unfused = false;   // op by op: linear, activation, linear
+  bool portable = false;      // force the mma.sync kernels (on sm_90a the Hopper ones are default)
+  bool unfused = false;       // op by op: linear, activation, linear
+  bool force_decode = false;  // no grad: the decode kernels at any token count
 };
 
 std::vector<Case> cases() {
@@ -119,9 +120,131 @@ std::vector<Case> cases() {
        true, DType::i64, ragged, 5, GradMode::grad, 320, 192},
   };
   all.insert(all.end(), widths.begin(), widths.end());
+  // The decode kernels (no grad, forced at any token count): experts of 0, 1, 16, 17 and more
+  // tokens (several 16-token passes), K tails (1448, 1440, 200, 8: not multiples of 64) and
+  // partial column blocks (F = 1008: half a 32-column GLU block; 72 and 200 of 64).
+  std::vector<Case> decode = {
+      {"decode_swiglu_all_options",
+       Activation::swiglu,
+       GluLayout::halves,
+       true,
+       true,
+       true,
+       DType::i64,
+       {0, 3, 16, 17, 1, 40},
+       5},
+      {"decode_swiglu_interleaved_w1448x1056",
+       Activation::swiglu,
+       GluLayout::interleaved32,
+       true,
+       true,
+       true,
+       DType::i32,
+       {2, 0, 9, 33, 1, 8},
+       3,
+       GradMode::no_grad,
+       1448,
+       1056},
+      {"decode_clamped_swiglu_w1440x1008",
+       Activation::clamped_swiglu,
+       GluLayout::halves,
+       true,
+       true,
+       true,
+       DType::i64,
+       {1, 1, 1, 1, 1, 1},
+       0,
+       GradMode::no_grad,
+       1440,
+       1008},
+      {"decode_clamped_gpt_oss_w2880",
+       Activation::clamped_swiglu,
+       GluLayout::interleaved32,
+       true,
+       true,
+       true,
+       DType::i64,
+       {0, 7, 5, 16, 0, 3},
+       2,
+       GradMode::no_grad,
+       2880,
+       2880},
+      {"decode_srelu_w200x72",
+       Activation::srelu,
+       GluLayout::halves,
+       true,
+       true,
+       true,
+       DType::i64,
+       {5, 0, 16, 8, 0, 70},
+       2,
+       GradMode::no_grad,
+       200,
+       72},
+      {"decode_geglu_interleaved_w200x96",
+       Activation::geglu,
+       GluLayout::interleaved32,
+       false,
+       true,
+       false,
+       DType::i32,
+       {4, 4, 0, 12, 19, 1},
+       0,
+       GradMode::no_grad,
+       200,
+       96},
+      {"decode_gelu_w8x16",
+       Activation::gelu,
+       GluLayout::halves,
+       true,
+       true,
+       true,
+       DType::i64,
+       {1, 2, 3, 0, 0, 9},
+       1,
+       GradMode::no_grad,
+       8,
+       16},
+      {"decode_relu_no_bias",
+       Activation::relu,
+       GluLayout::halves,
+       false,
+       false,
+       false,
+       DType::i32,
+       {8, 9, 7, 1, 2, 3},
+       0,
+       GradMode::no_grad,
+       512,
+       1024},
+      {"decode_only_tail_rows",
+       Activation::swiglu,
+       GluLayout::halves,
+       true,
+       true,
+       true,
+       DType::i64,
+       {0, 0, 0, 0, 0, 0},
+       20},
+      {"decode_one_wide_expert",
+       Activation::swiglu,
+       GluLayout::halves,
+       true,
+       true,
+       true,
+       DType::i64,
+       {100, 0, 0, 0, 0, 1},
+       4,
+       GradMode::no_grad,
+       1024,
+       512},
+  };
+  for (Case& c : decode) c.force_decode = true;
+  all.insert(all.end(), decode.begin(), decode.end());
   // Every case again on the portable kernels, so that both paths are tested on a Hopper GPU.
   const std::size_t hopper_cases = all.size();
   for (std::size_t i = 0; i < hopper_cases; ++i) {
+    if (all[i].force_decode) continue;  // no portable decode kernels
     Case portable = all[i];
     portable.name += "_portable";
     portable.portable = true;
@@ -167,8 +290,10 @@ TEST_P(ForwardMatchesFloat64Reference, WithinBf16Bounds) {
   const HostLayer host = make_host_layer(layer, c.splits, tokens, 42);
   const Reference ref = reference_forward(host);
   DeviceLayer device(host, c.grad);
-  Engine engine(EngineOptions{
-      .use_disk_cache = false, .portable_kernels_only = c.portable, .fuse_ops = !c.unfused});
+  Engine engine(EngineOptions{.use_disk_cache = false,
+                              .portable_kernels_only = c.portable,
+                              .fuse_ops = !c.unfused,
+                              .decode_tokens_per_expert = c.force_decode ? 1 << 20 : 16});
   engine.forward(layer, Recipe::bf16(), device.args, c.grad);
   engine::ScopedContext context(engine::DeviceRegistry::instance().get(0).context());
   engine::check_driver(engine::driver().cuCtxSynchronize(), "cuCtxSynchronize");

@@ -256,6 +256,62 @@ TEST_P(UntrustedSplits, AreClampedAndSaturatedAndNothingOutsideTheTensorsIsTouch
   }
 }
 
+// The decode kernels (no grad, forced at every token count) under the same splits: each block
+// finds its expert's rows itself, and the extra row of blocks zeroes the rows past them.
+TEST_P(UntrustedSplits, DecodeForwardClampsAndTouchesNothingOutside) {
+  GMJIT_REQUIRE_GPU();
+  const Case c = GetParam();
+  const std::int64_t T = c.tokens, E = static_cast<std::int64_t>(c.splits.size());
+  LayerSpec layer;
+  layer.experts = E;
+  layer.hidden = 200;  // K tail and a partial column block in both GEMMs
+  layer.ffn = 136;
+  layer.fc1_bias = layer.fc2_bias = layer.router_probs = true;
+  layer.split_dtype = c.split_dtype;
+  const std::int64_t H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
+  const std::vector<std::int64_t> sizes = clamped(c.splits, T);
+  const std::int64_t covered = covered_rows(sizes, T);
+  const HostLayer host = make_host_layer(layer, sizes, T, 11);
+  const Reference ref = reference_forward(host);
+
+  engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
+  const Device dev{Device::Kind::cuda, 0};
+  std::vector<std::int32_t> narrow(c.splits.begin(), c.splits.end());
+  Guarded splits(device, static_cast<std::size_t>(E) * (c.split_dtype == DType::i64 ? 8 : 4),
+                 c.split_dtype == DType::i64 ? bytes_of(c.splits) : bytes_of(narrow));
+  Guarded x(device, T * H * 2, bytes_of(host.x)), w1(device, E * F1 * H * 2, bytes_of(host.w1)),
+      b1(device, E * F1 * 2, bytes_of(host.b1)), w2(device, E * H * F * 2, bytes_of(host.w2)),
+      b2(device, E * H * 2, bytes_of(host.b2)), probs(device, T * 4, bytes_of(host.probs));
+  Guarded y(device, T * H * 2);
+  ForwardArgs fa;
+  fa.x = make_tensor(x.data(), DType::bf16, {T, H}, dev);
+  fa.split_sizes = make_tensor(splits.data(), c.split_dtype, {E}, dev);
+  fa.w1 = make_tensor(w1.data(), DType::bf16, {E, F1, H}, dev);
+  fa.b1 = make_tensor(b1.data(), DType::bf16, {E, F1}, dev);
+  fa.w2 = make_tensor(w2.data(), DType::bf16, {E, H, F}, dev);
+  fa.b2 = make_tensor(b2.data(), DType::bf16, {E, H}, dev);
+  fa.probs = make_tensor(probs.data(), DType::f32, {T}, dev);
+  fa.y = make_tensor(y.data(), DType::bf16, {T, H}, dev);
+  Engine engine(EngineOptions{.use_disk_cache = false, .decode_tokens_per_expert = 1 << 20});
+  engine.forward(layer, Recipe::bf16(), fa, GradMode::no_grad);
+  synchronize(device);
+
+  const std::pair<const char*, const Guarded*> all[] = {
+      {"split_sizes", &splits}, {"x", &x}, {"w1", &w1}, {"b1", &b1}, {"w2", &w2}, {"b2", &b2},
+      {"probs", &probs},        {"y", &y}};
+  for (const auto& [name, tensor] : all) {
+    EXPECT_EQ(tensor->damaged_guard_bytes(), 0) << "bytes written around '" << name << "'";
+  }
+  const auto y_out = y.download<std::uint16_t>();
+  EXPECT_EQ(count_non_finite(y_out), 0) << "y: unwritten or non-finite";
+  EXPECT_LT(relative_error(y_out, ref.y), kTolerance) << "y";
+  for (std::int64_t row = covered; row < T; ++row) {
+    for (std::int64_t n = 0; n < H; ++n) {
+      ASSERT_EQ(y_out[row * H + n] & 0x7FFF, 0) << "y row " << row << " is past the splits";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Garbage, UntrustedSplits, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
 
