@@ -43,11 +43,6 @@
 namespace gmjit::kt {
 namespace decode {
 
-constexpr int kRows = 64;    // weight rows per block: kMTiles m16 tiles, shared by its warps
-constexpr int kMTiles = 4;   // m16 tiles
-constexpr int kTokens = 16;  // tokens per pass: two n8 tiles
-constexpr int kChunk = 64;   // K elements per warp step: one 128-byte line of each weight row
-
 struct Vec4 {
   unsigned int r[4];
 };
@@ -105,25 +100,37 @@ __device__ __forceinline__ void zero_rows(void* out, long long ld, long long r0,
 }  // namespace decode
 
 // The GEMM and the block reduction; Epi (Fc1Decode / Fc2Decode) names the weight rows of a block
-// and writes its outputs.
+// and writes its outputs. Cfg::m_tiles m16 tiles of weight rows per block, Cfg::pieces 16-byte
+// pieces per lane and row in a warp's K step (chunk = 32 * pieces elements), Cfg::n_tiles n8
+// tiles of tokens per pass.
 template <class Cfg, class Epi>
 struct DecodeGemv {
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kWarps = Cfg::warps;
+  static constexpr int kM = Cfg::m_tiles, kP = Cfg::pieces, kNT = Cfg::n_tiles;
+  static constexpr int kChunk = 32 * kP;
+  static constexpr int kTokens = 8 * kNT;
   static constexpr int threads = 32 * kWarps;
   static constexpr int min_blocks = Cfg::min_blocks;
   static constexpr int kK = Epi::kK;
   static_assert(kWarps == 1 || kWarps == 2 || kWarps == 4 || kWarps == 8, "warps: 1, 2, 4 or 8");
+  static_assert(kM == 1 || kM == 2 || kM == 4, "m_tiles: 1, 2 or 4");
+  static_assert(kNT == 1 || kNT == 2, "n_tiles: 1 or 2");
+  static_assert(kP == 2 || kP == 4 || kP == 8, "pieces: 2, 4 or 8");
   static_assert(kK % 8 == 0, "K must be a multiple of 8 (16-byte rows)");
 
   // acc[i][j][r]: m16 tile i, n8 tile j, the mma's accumulator register r.
-  using Acc = float[decode::kMTiles][2][4];
+  using Acc = float[kM][kNT][4];
 
   // This warp's share of x_rows · W_rowsᵀ for the pass's `count` tokens from row `row0`.
   // kFullBlock: every weight row of the block lies inside the width (no row predicates).
+  // Lane (g, t) loads pieces q at k0 + 32q + 8t of rows g and g + 8 of each m16 tile; step
+  // (q, s) takes registers 2s, 2s + 1 of piece q: k slots 2t, 2t + 1 and 2t + 8, 2t + 9 of the
+  // mma are elements 8t + 4s + {0, 1} and 8t + 4s + {2, 3} of the piece, for A and B alike.
   template <bool kFullBlock>
-  __device__ static __forceinline__ void mainloop(const GroupedGemmParams& p, int expert, int block,
-                                                  long long row0, int count, Acc& acc) {
+  __device__ static __forceinline__ void mainloop(const GroupedGemmParams& p, int expert,
+                                                  int block, long long row0, int count,
+                                                  Acc& acc) {
     const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
     const int g = lane >> 2, t = lane & 3;
     const auto* w = static_cast<const unsigned short*>(p.b);
@@ -133,55 +140,58 @@ struct DecodeGemv {
     // tokens past `count` are never dereferenced (their loads are predicated off).
     const unsigned short* wbase =
         w + (static_cast<long long>(expert) * Epi::kN + Epi::first_row(block) + g) * kK + 8 * t;
-    bool wok[decode::kMTiles][2];
+    bool wok[kM][2];
 #pragma unroll
-    for (int i = 0; i < decode::kMTiles; ++i)
+    for (int i = 0; i < kM; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) wok[i][h] = kFullBlock || Epi::row_in_width(block, i, h, g);
     const unsigned short* xbase = x + (row0 + g) * kK + 8 * t;
-    const bool xok[2] = {g < count, 8 + g < count};
-    const bool two_tiles = count > 8;  // warp-uniform
+    bool xok[kNT];
 #pragma unroll
-    for (int i = 0; i < decode::kMTiles; ++i)
+    for (int j = 0; j < kNT; ++j) xok[j] = 8 * j + g < count;
+    const bool two_tiles = kNT == 2 && count > 8;  // warp-uniform
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+    for (int i = 0; i < kM; ++i)
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
 
 #pragma unroll 1
-    for (int k0 = warp * decode::kChunk; k0 < kK; k0 += kWarps * decode::kChunk) {
-      // The two 16-byte pieces of this lane: whole inside K or wholly past it (K % 8 == 0).
-      const bool kok[2] = {kK % decode::kChunk == 0 || k0 + 8 * t < kK,
-                           kK % decode::kChunk == 0 || k0 + 32 + 8 * t < kK};
-      decode::Vec4 wv[decode::kMTiles][2][2], xv[2][2];
+    for (int k0 = warp * kChunk; k0 < kK; k0 += kWarps * kChunk) {
+      // Each piece lies wholly inside K or wholly past it (K % 8 == 0).
+      bool kok[kP];
 #pragma unroll
-      for (int i = 0; i < decode::kMTiles; ++i)
+      for (int q = 0; q < kP; ++q) kok[q] = kK % kChunk == 0 || k0 + 32 * q + 8 * t < kK;
+      decode::Vec4 wv[kM][2][kP], xv[kNT][kP];
+#pragma unroll
+      for (int i = 0; i < kM; ++i)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int q = 0; q < 2; ++q)
+          for (int q = 0; q < kP; ++q)
             wv[i][h][q] = decode::load_weights<Cfg::l2_prefetch>(
                 wbase + Epi::row_step(i, h) * kK + k0 + 32 * q, wok[i][h] && kok[q]);
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        xv[0][q] = decode::load_tokens(xbase + k0 + 32 * q, xok[0] && kok[q]);
-        xv[1][q] = decode::load_tokens(xbase + 8 * kK + k0 + 32 * q, two_tiles && xok[1] && kok[q]);
-      }
-      // Step (q, s) takes registers 2s, 2s + 1 of piece q: k slots 2t, 2t + 1 and 2t + 8, 2t + 9
-      // of the mma are elements 8t + 4s + {0, 1} and 8t + 4s + {2, 3} of the piece, for A and B.
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {
+        for (int q = 0; q < kP; ++q)
+          xv[j][q] = decode::load_tokens(xbase + 8 * j * kK + k0 + 32 * q,
+                                         (j == 0 || two_tiles) && xok[j] && kok[q]);
+#pragma unroll
+      for (int q = 0; q < kP; ++q) {
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
 #pragma unroll
-          for (int i = 0; i < decode::kMTiles; ++i) {
+          for (int i = 0; i < kM; ++i) {
             const unsigned int a[4] = {wv[i][0][q].r[2 * s], wv[i][1][q].r[2 * s],
                                        wv[i][0][q].r[2 * s + 1], wv[i][1][q].r[2 * s + 1]};
-            const unsigned int b0[2] = {xv[0][q].r[2 * s], xv[0][q].r[2 * s + 1]};
-            mma_bf16_16816(acc[i][0], a, b0);
-            if (two_tiles) {
-              const unsigned int b1[2] = {xv[1][q].r[2 * s], xv[1][q].r[2 * s + 1]};
-              mma_bf16_16816(acc[i][1], a, b1);
+#pragma unroll
+            for (int j = 0; j < kNT; ++j) {
+              if (j == 0 || two_tiles) {
+                const unsigned int b[2] = {xv[j][q].r[2 * s], xv[j][q].r[2 * s + 1]};
+                mma_bf16_16816(acc[i][j], a, b);
+              }
             }
           }
         }
@@ -201,11 +211,10 @@ struct DecodeGemv {
     }
     long long beg, end;
     expert_rows(split, p.tokens, expert, beg, end);
-    // Each warp's partial sums, [warp][i * 2 + j][r][lane]: conflict-free both ways.
-    __shared__ float partial[kWarps > 1 ? kWarps : 1][2 * decode::kMTiles][4][32];
-    for (long long row0 = beg; row0 < end; row0 += decode::kTokens) {
-      const int count =
-          static_cast<int>(end - row0 < decode::kTokens ? end - row0 : decode::kTokens);
+    // Each warp's partial sums, [warp][i * kNT + j][r][lane]: conflict-free both ways.
+    __shared__ float partial[kWarps > 1 ? kWarps : 1][kM * kNT][4][32];
+    for (long long row0 = beg; row0 < end; row0 += kTokens) {
+      const int count = static_cast<int>(end - row0 < kTokens ? end - row0 : kTokens);
       Acc acc;
       // Only the last column block of a width that is not a multiple of the block's may be partial.
       if (Epi::kNOut % Epi::kCols == 0 || block + 1 < static_cast<int>(gridDim.x))
@@ -214,26 +223,26 @@ struct DecodeGemv {
         mainloop<false>(p, expert, block, row0, count, acc);
       if constexpr (kWarps == 1) {
 #pragma unroll
-        for (int i = 0; i < decode::kMTiles; ++i)
+        for (int i = 0; i < kM; ++i)
 #pragma unroll
-          for (int j = 0; j < 2; ++j) Epi::store(p, expert, block, i, j, row0, count, acc[i][j]);
+          for (int j = 0; j < kNT; ++j) Epi::store(p, expert, block, i, j, row0, count, acc[i][j]);
       } else {
         if (row0 != beg) __syncthreads();  // the previous pass has read `partial`
 #pragma unroll
-        for (int i = 0; i < decode::kMTiles; ++i)
+        for (int i = 0; i < kM; ++i)
 #pragma unroll
-          for (int j = 0; j < 2; ++j)
+          for (int j = 0; j < kNT; ++j)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) partial[warp][i * 2 + j][r][lane] = acc[i][j][r];
+            for (int r = 0; r < 4; ++r) partial[warp][i * kNT + j][r][lane] = acc[i][j][r];
         __syncthreads();
 #pragma unroll 1
-        for (int tile = warp; tile < 2 * decode::kMTiles; tile += kWarps) {
+        for (int tile = warp; tile < kM * kNT; tile += kWarps) {
           float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
           for (int w = 0; w < kWarps; ++w)
 #pragma unroll
             for (int r = 0; r < 4; ++r) sum[r] += partial[w][tile][r][lane];
-          Epi::store(p, expert, block, tile >> 1, tile & 1, row0, count, sum);
+          Epi::store(p, expert, block, tile / kNT, tile % kNT, row0, count, sum);
         }
       }
     }
@@ -251,7 +260,7 @@ struct Fc1Decode {
   static constexpr int kNOut = Cfg::ffn;
   // Output columns per block: GLU tiles pair 8 gate rows (tile rows 0-7) with the 8 lin rows of
   // the same columns (rows 8-15), so an accumulator's registers 0-1 and 2-3 meet in one lane.
-  static constexpr int kCols = kGlu ? decode::kRows / 2 : decode::kRows;
+  static constexpr int kCols = kGlu ? 8 * Cfg::m_tiles : 16 * Cfg::m_tiles;
   using Gemv = DecodeGemv<Cfg, Fc1Decode>;
   static constexpr int threads = Gemv::threads;
   static constexpr int min_blocks = Gemv::min_blocks;
@@ -265,7 +274,8 @@ struct Fc1Decode {
   // GLU: rows 0-7 gate, 8-15 lin of 8 output columns (a 32-column block never straddles an
   // interleaved 32-column block, so both layouts are a fixed step apart).
   __device__ static __forceinline__ int first_row(int block) {
-    return kGlu && kLayout == GluLayout::kHalves ? block * kCols : block * 64;
+    const int c0 = block * kCols;  // GLU: kCols divides 32, so the block stays in one 32-block
+    return kGlu && kLayout == GluLayout::kInterleaved32 ? (c0 >> 5) * 64 + (c0 & 31) : c0;
   }
   __device__ static constexpr int row_step(int i, int h) {
     if constexpr (!kGlu) return 16 * i + 8 * h;
@@ -327,7 +337,7 @@ struct Fc2Decode {
   static constexpr int kN = Cfg::hidden;  // W2 rows per expert
   static constexpr int kK = Cfg::ffn;
   static constexpr int kNOut = Cfg::hidden;
-  static constexpr int kCols = decode::kRows;
+  static constexpr int kCols = 16 * Cfg::m_tiles;
   using Gemv = DecodeGemv<Cfg, Fc2Decode>;
   static constexpr int threads = Gemv::threads;
   static constexpr int min_blocks = Gemv::min_blocks;
