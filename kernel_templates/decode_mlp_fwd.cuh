@@ -6,18 +6,20 @@
 // many warps reach 92-95 %. So here the weights go straight from global memory into mma.sync
 // fragments, with no shared memory ring:
 //
-//   - a block owns 64 weight rows of one expert (blockIdx.y; GLU FC1: the gate and lin rows of 32
-//     output columns, else 64 output columns from blockIdx.x) and every warp of the block walks
-//     its share of K in 64-element chunks (chunk c goes to warp c % kWarps), so the block reads
-//     each row's consecutive 128-byte lines at once;
-//   - in a chunk, lane (g, t) = (lane / 4, lane % 4) loads the 16 bytes at k0 + 8t and at
-//     k0 + 32 + 8t of rows g and g + 8 of each of the 4 m16 tiles. Their 8 registers are its A
-//     fragments for the chunk's four k16 steps: the k order inside a chunk is permuted, and the
-//     B fragments (the tokens' x, loaded the same way: row n = g of each n8 tile) carry the same
+//   - a block owns 16 * m_tiles weight rows of one expert (blockIdx.y; GLU FC1: the gate and lin
+//     rows of 8 * m_tiles output columns, else 16 * m_tiles output columns, from blockIdx.x) and
+//     every warp of the block walks its share of K in chunks of 32 * pieces elements (chunk c
+//     goes to warp c % warps);
+//   - in a chunk, lane (g, t) = (lane / 4, lane % 4) loads the 16 bytes at k0 + 32q + 8t
+//     (q < pieces) of rows g and g + 8 of each m16 tile: a warp asks for 64 * pieces contiguous
+//     bytes of each of its rows at once (512 with the family's 8 pieces, which is what made these
+//     kernels faster than the TMA boxes; 128-byte bursts were not). The registers are its A
+//     fragments for the chunk's k16 steps: the k order inside a chunk is permuted, and the B
+//     fragments (the tokens' x, loaded the same way: row n = g of each n8 tile) carry the same
 //     permutation, so the dot products are unchanged;
-//   - up to 16 tokens per pass (two n8 tiles; the second is skipped when a pass has 8 or fewer);
-//     an expert with more runs several passes, each re-reading its weights (correct at any
-//     split, fast where the dispatch sends it: T <= 16 E on average);
+//   - up to 8 * n_tiles tokens per pass; an expert with more runs several passes, each
+//     re-reading its weights (correct at any split, fast where the dispatch sends it: few tokens
+//     per expert on average);
 //   - the warps' partial sums meet in shared memory; the block's epilogue adds them up and applies
 //     bias, activation and · p as the tiled kernels do (fp32 from the accumulators, one bf16
 //     rounding at the store).
@@ -27,9 +29,10 @@
 //
 // Config structs (static constexpr), written by codegen (codegen/families/decode_gemm.cpp):
 //   experts, hidden, ffn, split_int64, has_bias, has_probs   as in sm80_mlp_fwd.cuh
-//   warps        int   warps per block, each a share of K's 64-element chunks (1, 2, 4 or 8)
+//   warps        int   warps per block, each a share of K's chunks (1, 2, 4 or 8)
 //   min_blocks   int   second __launch_bounds__ argument (16 warps per SM: 128 registers each)
 //   l2_prefetch  int   L2 prefetch size hint of the weight loads, bytes (0, 64, 128 or 256)
+//   m_tiles, pieces, n_tiles   int   the block's shape above (1, 2 or 4; 2, 4 or 8; 1 or 2)
 // FC1 only: act, glu_layout, act_limit, act_alpha (save_preact must be false).
 // Launch: blockDim = 32 * warps, gridDim = (column blocks, E + 1), no dynamic shared memory.
 
@@ -128,9 +131,8 @@ struct DecodeGemv {
   // (q, s) takes registers 2s, 2s + 1 of piece q: k slots 2t, 2t + 1 and 2t + 8, 2t + 9 of the
   // mma are elements 8t + 4s + {0, 1} and 8t + 4s + {2, 3} of the piece, for A and B alike.
   template <bool kFullBlock>
-  __device__ static __forceinline__ void mainloop(const GroupedGemmParams& p, int expert,
-                                                  int block, long long row0, int count,
-                                                  Acc& acc) {
+  __device__ static __forceinline__ void mainloop(const GroupedGemmParams& p, int expert, int block,
+                                                  long long row0, int count, Acc& acc) {
     const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
     const int g = lane >> 2, t = lane & 3;
     const auto* w = static_cast<const unsigned short*>(p.b);

@@ -1,13 +1,10 @@
 // Family decode_gemm: the forward of decode-sized calls without grad (Fc1Decode / Fc2Decode,
 // decode_mlp_fwd.cuh, GroupedGemmParams): weights streamed by plain 16-byte loads straight into
-// mma.sync fragments, 64 weight rows of one expert per block, the block's warps splitting K.
+// mma.sync fragments, 16 weight rows of one expert per block, the block's warps splitting K.
 // The fused no-grad forward plan carries this pair beside the tiled FC1 and FC2 on sm_90a (not
 // portable_only), and Engine::forward runs it when the call has few tokens per expert
-// (EngineOptions::decode_tokens_per_expert). Bound by engine/families/decode_gemm.cpp.
-#include <cstdio>
-#include <cstdlib>
-#include <string_view>
-
+// (EngineOptions::decode_tokens_per_expert). Bound by the portable forward's binding (the same
+// GroupedGemmParams; engine/families/registry.cpp).
 #include <fmt/format.h>
 
 #include "codegen/emit_common.hpp"
@@ -16,34 +13,18 @@
 namespace gmjit::codegen::families {
 namespace {
 
-// 16 warps per SM: 128 registers per thread.
+// The block's shape (decode_mlp_fwd.cuh), measured on the H200 (docs/PERFORMANCE.md, session
+// 19): one m16 tile of weight rows, 8 16-byte pieces per lane and row in a K step (each row's
+// 512 bytes per warp step in one burst: 4-5 % faster than 4 tiles x 2 pieces, whose 128-byte
+// bursts read no faster than the tiled kernels' TMA boxes), one n8 tile of tokens (two cost a
+// fifth more: twice the token loads); 16 warps per SM; loads hinting 128-byte L2 fetches.
+constexpr int kMTiles = 1, kPieces = 8, kNTiles = 1;
 constexpr int kWarpsPerSm = 16;
+constexpr int kL2PrefetchBytes = 128;
 
-// The block's shape (decode_mlp_fwd.cuh): m16 tiles of weight rows, 16-byte pieces per lane
-// and row in a K step, n8 tiles of tokens per pass.
-struct DecodeShape {
-  int m_tiles = 4, pieces = 2, n_tiles = 2;
-};
-
-DecodeShape shape_from_switch() {
-  DecodeShape shape;
-  if (const char* value = std::getenv("GMJIT_DECODE_SHAPE"); value != nullptr && *value != '\0') {
-    if (std::sscanf(value, "%d,%d,%d", &shape.m_tiles, &shape.pieces, &shape.n_tiles) != 3) {
-      return DecodeShape{};
-    }
-  }
-  return shape;
-}
-
-// An integer experiment switch from the environment (docs/PERFORMANCE.md names the runs that
-// used it), else `fallback`. The value is pasted into the source, so it keys the kernel.
-int switch_or(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? std::atoi(value) : fallback;
-}
-
-// Warps per block: the most (8, 4, 2, 1) whose share of K's chunks wastes at most an eighth of
-// the block's steps on warps without a chunk (K = 768: 12 chunks take 4 warps, not 8).
+// Warps per block: the most (8, 4, 2, 1) whose share of K's chunks (`chunk` elements each)
+// wastes at most an eighth of the block's steps on warps without a chunk (K = 768 in chunks of
+// 256: 3 chunks, one warp).
 int warps_for(std::int64_t k, int chunk) {
   const std::int64_t chunks = (k + chunk - 1) / chunk;
   for (int warps : {8, 4, 2}) {
@@ -59,12 +40,8 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   const bool glu = fc1 && is_glu(r.layer.activation.kind);
   const std::int64_t k = fc1 ? r.layer.hidden : r.layer.ffn;
   const std::int64_t out_columns = fc1 ? r.layer.ffn : r.layer.hidden;
-  const DecodeShape shape = shape_from_switch();
-  const int cols_per_block = (glu ? 8 : 16) * shape.m_tiles;
-  const int warps = warps_for(k, 32 * shape.pieces);
-  const int sm_warps = switch_or("GMJIT_DECODE_SM_WARPS", kWarpsPerSm);
-  const int min_blocks = sm_warps / warps > 0 ? sm_warps / warps : 1;
-  const int l2_prefetch = switch_or("GMJIT_DECODE_L2_PREFETCH", 128);
+  const int cols_per_block = (glu ? 8 : 16) * kMTiles;
+  const int warps = warps_for(k, 32 * kPieces);
   const LaunchShape launch = detail::fixed_launch(
       32 * warps, 0, (out_columns + cols_per_block - 1) / cols_per_block, r.layer.experts + 1);
   return detail::kernel_source(
@@ -72,7 +49,7 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
       r.fields +
           fmt::format("  static constexpr int warps = {}, min_blocks = {}, l2_prefetch = {};\n"
                       "  static constexpr int m_tiles = {}, pieces = {}, n_tiles = {};\n",
-                      warps, min_blocks, l2_prefetch, shape.m_tiles, shape.pieces, shape.n_tiles),
+                      warps, kWarpsPerSm / warps, kL2PrefetchBytes, kMTiles, kPieces, kNTiles),
       launch);
 }
 

@@ -41,8 +41,8 @@ TEST(GroupedMlpEmit, LaunchShapeCoversOutputColumns) {
   EXPECT_EQ(kernels[0].launch.rows_y(tile.block_m + 1), 2u + 8u + 1u);
 }
 
-// The decode pair: one block per 64 weight rows of each expert (GLU FC1: 32 output columns), plus
-// one row of blocks for the rows past the experts'; warps split K's 64-element chunks.
+// The decode pair: one block per 16 weight rows of each expert (GLU FC1: 8 output columns), plus
+// one row of blocks for the rows past the experts'; warps split K's 256-element chunks.
 TEST(DecodeEmit, BlocksCoverEveryExpertsRowsAndWarpsSplitK) {
   LayerSpec qwen3;
   qwen3.experts = 128;
@@ -57,27 +57,27 @@ TEST(DecodeEmit, BlocksCoverEveryExpertsRowsAndWarpsSplitK) {
   EXPECT_EQ(fc2.role, KernelRole::fc2_decode);
   EXPECT_EQ(fc1.family, "decode_gemm");
   EXPECT_EQ(fc1.launch.grid, LaunchShape::Grid::fixed);
-  EXPECT_EQ(fc1.launch.grid_x, 768u / 32u);
+  EXPECT_EQ(fc1.launch.grid_x, 768u / 8u);
   EXPECT_EQ(fc1.launch.grid_y, 129u);
-  EXPECT_EQ(fc2.launch.grid_x, 2048u / 64u);
+  EXPECT_EQ(fc2.launch.grid_x, 2048u / 16u);
   EXPECT_EQ(fc2.launch.grid_y, 129u);
-  // K = 2048: 32 chunks for 8 warps. K = 768: 12 chunks, which 8 warps would split 2/1 (a
-  // quarter of the steps idle), 4 warps 3 each.
+  // K = 2048: 8 chunks for 8 warps. K = 768: 3 chunks, which 8, 4 or 2 warps would split with
+  // idle steps: one warp per block, 16 blocks per SM.
   EXPECT_EQ(fc1.launch.threads, 256u);
-  EXPECT_EQ(fc2.launch.threads, 128u);
+  EXPECT_EQ(fc2.launch.threads, 32u);
   EXPECT_NE(fc1.source.find("warps = 8, min_blocks = 2"), std::string::npos) << fc1.source;
-  EXPECT_NE(fc2.source.find("warps = 4, min_blocks = 4"), std::string::npos) << fc2.source;
+  EXPECT_NE(fc2.source.find("warps = 1, min_blocks = 16"), std::string::npos) << fc2.source;
 
   LayerSpec narrow = qwen3;
-  narrow.hidden = 72;  // FC1's K: 2 chunks; FC2's 200 output columns end in a partial block
+  narrow.hidden = 72;  // K of one chunk; FC1's 200 output columns end in a partial block
   narrow.ffn = 200;
   narrow.activation.kind = Activation::relu;
   const auto odd = emit_grouped_mlp_forward({narrow, false, "sm_90a", false, true});
   ASSERT_EQ(odd.size(), 4u);
-  EXPECT_EQ(odd[2].launch.threads, 64u);
-  EXPECT_EQ(odd[2].launch.grid_x, 4u);     // 200 columns, 64 per block (no GLU)
-  EXPECT_EQ(odd[3].launch.grid_x, 2u);     // 72 columns
-  EXPECT_EQ(odd[3].launch.threads, 128u);  // K = 200: 4 chunks
+  EXPECT_EQ(odd[2].launch.threads, 32u);
+  EXPECT_EQ(odd[2].launch.grid_x, 13u);  // 200 columns, 16 per block (no GLU)
+  EXPECT_EQ(odd[3].launch.grid_x, 5u);   // 72 columns
+  EXPECT_EQ(odd[3].launch.threads, 32u);
 
   // Not with grad, not off Hopper, not with the portable kernels, not unless asked for.
   EXPECT_EQ(emit_grouped_mlp_forward({qwen3, true, "sm_90a", false, true}).size(), 2u);
