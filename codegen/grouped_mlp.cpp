@@ -83,15 +83,21 @@ void check_supported(const LayerSpec& layer) {
 
 namespace {
 
+// The request for a forward kernel of `desc`.
+families::KernelRequest forward_request(const GroupedMlpForwardDesc& desc, KernelRole role,
+                                        std::string fields, std::string entry) {
+  return {.role = role,
+          .layer = desc.layer,
+          .arch = desc.arch,
+          .portable_only = desc.portable_only,
+          .entry = std::move(entry),
+          .fields = std::move(fields)};
+}
+
 // A forward GEMM of `desc`: sm90_gemm or sm80_gemm (codegen/families) by arch and widths.
 KernelSource forward_gemm(const GroupedMlpForwardDesc& desc, KernelRole role, std::string fields,
                           std::string entry) {
-  return families::emit_kernel({.role = role,
-                                .layer = desc.layer,
-                                .arch = desc.arch,
-                                .portable_only = desc.portable_only,
-                                .entry = std::move(entry),
-                                .fields = std::move(fields)});
+  return families::emit_kernel(forward_request(desc, role, std::move(fields), std::move(entry)));
 }
 
 }  // namespace
@@ -113,18 +119,10 @@ std::vector<KernelSource> emit_grouped_mlp_forward(const GroupedMlpForwardDesc& 
   // Without grad, the decode pair where a family serves it (sm_90a): the same operation over a
   // handful of tokens per expert, which Engine::forward picks by the call's token count.
   if (desc.decode && !desc.save_preact) {
-    families::KernelRequest fc1{.role = KernelRole::fc1_decode,
-                                .layer = layer,
-                                .arch = desc.arch,
-                                .portable_only = desc.portable_only,
-                                .entry = fc1_entry(desc) + "_decode",
-                                .fields = fc1_fields};
-    std::optional<KernelSource> fc1_decode = families::try_emit_kernel(fc1);
-    families::KernelRequest fc2 = fc1;
-    fc2.role = KernelRole::fc2_decode;
-    fc2.entry = fc2_entry(layer) + "_decode";
-    fc2.fields = fc2_fields;
-    std::optional<KernelSource> fc2_decode = families::try_emit_kernel(fc2);
+    std::optional<KernelSource> fc1_decode = families::try_emit_kernel(
+        forward_request(desc, KernelRole::fc1_decode, fc1_fields, fc1_entry(desc) + "_decode"));
+    std::optional<KernelSource> fc2_decode = families::try_emit_kernel(
+        forward_request(desc, KernelRole::fc2_decode, fc2_fields, fc2_entry(layer) + "_decode"));
     if (fc1_decode && fc2_decode) {
       kernels.push_back(*std::move(fc1_decode));
       kernels.push_back(*std::move(fc2_decode));

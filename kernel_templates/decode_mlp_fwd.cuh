@@ -208,7 +208,10 @@ struct DecodeGemv {
     if (expert == Cfg::experts) {  // rows past every expert's: zeros
       long long beg, end;
       expert_rows(split, p.tokens, Cfg::experts - 1, beg, end);
-      if (end < p.tokens) Epi::zero_rows(p, block, end, p.tokens, threadIdx.x, threads);
+      const int c0 = block * Epi::kCols;
+      if (end < p.tokens)
+        decode::zero_rows(p.out, Epi::kNOut, end, p.tokens, c0,
+                          groups_in(c0, Epi::kCols, Epi::kNOut), threadIdx.x, threads);
       return;
     }
     long long beg, end;
@@ -322,12 +325,6 @@ struct Fc1Decode {
     }
   }
 
-  __device__ static void zero_rows(const GroupedGemmParams& p, int block, long long r0,
-                                   long long r1, int tid, int nthreads) {
-    const int c0 = block * kCols;
-    decode::zero_rows(p.out, kNOut, r0, r1, c0, groups_in(c0, kCols, kNOut), tid, nthreads);
-  }
-
   __device__ static void run(const GroupedGemmParams& p) {
     Gemv::run(p);
   }
@@ -370,12 +367,6 @@ struct Fc2Decode {
         out[(row0 + n) * kNOut + c] = float_to_bf16(v[2 * half + e] + b * prob);
       }
     }
-  }
-
-  __device__ static void zero_rows(const GroupedGemmParams& p, int block, long long r0,
-                                   long long r1, int tid, int nthreads) {
-    const int c0 = block * kCols;
-    decode::zero_rows(p.out, kNOut, r0, r1, c0, groups_in(c0, kCols, kNOut), tid, nthreads);
   }
 
   __device__ static void run(const GroupedGemmParams& p) {

@@ -126,6 +126,37 @@ void synchronize(engine::DeviceContext& device) {
   engine::check_driver(engine::driver().cuCtxSynchronize(), "cuCtxSynchronize");
 }
 
+// The forward's inputs of `host` in guarded buffers on `device`, with the untrusted splits as
+// stored (int32 cases narrowed), and the ForwardArgs that read them (y and saved_preact unset).
+struct GuardedInputs {
+  GuardedInputs(engine::DeviceContext& device, const Case& c, const LayerSpec& layer,
+                const HostLayer& host)
+      : narrow(c.splits.begin(), c.splits.end()),
+        splits(device, c.splits.size() * (c.split_dtype == DType::i64 ? 8 : 4),
+               c.split_dtype == DType::i64 ? bytes_of(c.splits) : bytes_of(narrow)),
+        x(device, c.tokens * layer.hidden * 2, bytes_of(host.x)),
+        w1(device, layer.experts * layer.fc1_out() * layer.hidden * 2, bytes_of(host.w1)),
+        b1(device, layer.experts * layer.fc1_out() * 2, bytes_of(host.b1)),
+        w2(device, layer.experts * layer.hidden * layer.ffn * 2, bytes_of(host.w2)),
+        b2(device, layer.experts * layer.hidden * 2, bytes_of(host.b2)),
+        probs(device, c.tokens * 4, bytes_of(host.probs)) {
+    const std::int64_t T = c.tokens, E = layer.experts, H = layer.hidden, F = layer.ffn,
+                       F1 = layer.fc1_out();
+    const Device dev{Device::Kind::cuda, 0};
+    args.x = make_tensor(x.data(), DType::bf16, {T, H}, dev);
+    args.split_sizes = make_tensor(splits.data(), c.split_dtype, {E}, dev);
+    args.w1 = make_tensor(w1.data(), DType::bf16, {E, F1, H}, dev);
+    args.b1 = make_tensor(b1.data(), DType::bf16, {E, F1}, dev);
+    args.w2 = make_tensor(w2.data(), DType::bf16, {E, H, F}, dev);
+    args.b2 = make_tensor(b2.data(), DType::bf16, {E, H}, dev);
+    args.probs = make_tensor(probs.data(), DType::f32, {T}, dev);
+  }
+
+  std::vector<std::int32_t> narrow;
+  Guarded splits, x, w1, b1, w2, b2, probs;
+  ForwardArgs args;
+};
+
 class UntrustedSplits : public ::testing::TestWithParam<Case> {};
 
 TEST_P(UntrustedSplits, AreClampedAndSaturatedAndNothingOutsideTheTensorsIsTouched) {
@@ -154,25 +185,13 @@ TEST_P(UntrustedSplits, AreClampedAndSaturatedAndNothingOutsideTheTensorsIsTouch
   const Device dev{Device::Kind::cuda, 0};
   for (bool portable : {false, true}) {
     SCOPED_TRACE(portable ? "portable kernels" : "default kernels (Hopper on sm_90a)");
-    std::vector<std::int32_t> narrow(c.splits.begin(), c.splits.end());
-    Guarded splits(device, static_cast<std::size_t>(E) * (c.split_dtype == DType::i64 ? 8 : 4),
-                   c.split_dtype == DType::i64 ? bytes_of(c.splits) : bytes_of(narrow));
-    Guarded x(device, T * H * 2, bytes_of(host.x)), w1(device, E * F1 * H * 2, bytes_of(host.w1)),
-        b1(device, E * F1 * 2, bytes_of(host.b1)), w2(device, E * H * F * 2, bytes_of(host.w2)),
-        b2(device, E * H * 2, bytes_of(host.b2)), probs(device, T * 4, bytes_of(host.probs)),
-        dy(device, T * H * 2, bytes_of(dy_host));
+    GuardedInputs in(device, c, layer, host);
+    auto& [narrow, splits, x, w1, b1, w2, b2, probs, fa] = in;
+    Guarded dy(device, T * H * 2, bytes_of(dy_host));
     Guarded y(device, T * H * 2), preact(device, T * F1 * 2), dx(device, T * H * 2),
         dw1(device, E * F1 * H * 4), db1(device, E * F1 * 4), dw2(device, E * H * F * 4),
         db2(device, E * H * 4), dprobs(device, T * 4);
 
-    ForwardArgs fa;
-    fa.x = make_tensor(x.data(), DType::bf16, {T, H}, dev);
-    fa.split_sizes = make_tensor(splits.data(), c.split_dtype, {E}, dev);
-    fa.w1 = make_tensor(w1.data(), DType::bf16, {E, F1, H}, dev);
-    fa.b1 = make_tensor(b1.data(), DType::bf16, {E, F1}, dev);
-    fa.w2 = make_tensor(w2.data(), DType::bf16, {E, H, F}, dev);
-    fa.b2 = make_tensor(b2.data(), DType::bf16, {E, H}, dev);
-    fa.probs = make_tensor(probs.data(), DType::f32, {T}, dev);
     fa.y = make_tensor(y.data(), DType::bf16, {T, H}, dev);
     fa.saved_preact = make_tensor(preact.data(), DType::bf16, {T, F1}, dev);
     Engine& engine = engine_for(portable);
@@ -268,7 +287,7 @@ TEST_P(UntrustedSplits, DecodeForwardClampsAndTouchesNothingOutside) {
   layer.ffn = 136;
   layer.fc1_bias = layer.fc2_bias = layer.router_probs = true;
   layer.split_dtype = c.split_dtype;
-  const std::int64_t H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
+  const std::int64_t H = layer.hidden;
   const std::vector<std::int64_t> sizes = clamped(c.splits, T);
   const std::int64_t covered = covered_rows(sizes, T);
   const HostLayer host = make_host_layer(layer, sizes, T, 11);
@@ -276,21 +295,9 @@ TEST_P(UntrustedSplits, DecodeForwardClampsAndTouchesNothingOutside) {
 
   engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
   const Device dev{Device::Kind::cuda, 0};
-  std::vector<std::int32_t> narrow(c.splits.begin(), c.splits.end());
-  Guarded splits(device, static_cast<std::size_t>(E) * (c.split_dtype == DType::i64 ? 8 : 4),
-                 c.split_dtype == DType::i64 ? bytes_of(c.splits) : bytes_of(narrow));
-  Guarded x(device, T * H * 2, bytes_of(host.x)), w1(device, E * F1 * H * 2, bytes_of(host.w1)),
-      b1(device, E * F1 * 2, bytes_of(host.b1)), w2(device, E * H * F * 2, bytes_of(host.w2)),
-      b2(device, E * H * 2, bytes_of(host.b2)), probs(device, T * 4, bytes_of(host.probs));
+  GuardedInputs in(device, c, layer, host);
+  auto& [narrow, splits, x, w1, b1, w2, b2, probs, fa] = in;
   Guarded y(device, T * H * 2);
-  ForwardArgs fa;
-  fa.x = make_tensor(x.data(), DType::bf16, {T, H}, dev);
-  fa.split_sizes = make_tensor(splits.data(), c.split_dtype, {E}, dev);
-  fa.w1 = make_tensor(w1.data(), DType::bf16, {E, F1, H}, dev);
-  fa.b1 = make_tensor(b1.data(), DType::bf16, {E, F1}, dev);
-  fa.w2 = make_tensor(w2.data(), DType::bf16, {E, H, F}, dev);
-  fa.b2 = make_tensor(b2.data(), DType::bf16, {E, H}, dev);
-  fa.probs = make_tensor(probs.data(), DType::f32, {T}, dev);
   fa.y = make_tensor(y.data(), DType::bf16, {T, H}, dev);
   Engine engine(EngineOptions{.use_disk_cache = false, .decode_tokens_per_expert = 1 << 20});
   engine.forward(layer, Recipe::bf16(), fa, GradMode::no_grad);
