@@ -5,8 +5,6 @@
 // portable_only), and Engine::forward runs it when the call has few tokens per expert
 // (EngineOptions::decode_tokens_per_expert). Bound by the portable forward's binding (the same
 // GroupedGemmParams; engine/families/registry.cpp).
-#include <cstdlib>
-
 #include <fmt/format.h>
 
 #include "codegen/emit_common.hpp"
@@ -20,24 +18,16 @@ namespace {
 // 512 bytes per warp step in one burst: 4-5 % faster than 4 tiles x 2 pieces, whose 128-byte
 // bursts read no faster than the tiled kernels' TMA boxes), one n8 tile of tokens (two cost a
 // fifth more: twice the token loads); 16 warps per SM; loads hinting 128-byte L2 fetches.
-constexpr int kMTiles = 1, kNTiles = 1;
-static const int kPieces = std::getenv("GMJIT_DECODE_PIECES") ? std::atoi(std::getenv("GMJIT_DECODE_PIECES")) : 8;
+constexpr int kMTiles = 1, kPieces = 8, kNTiles = 1;
 constexpr int kWarpsPerSm = 16;
 constexpr int kL2PrefetchBytes = 128;
 
 // Warps per block: the most (8, 4, 2, 1) whose share of K's chunks (`chunk` elements each)
 // wastes at most an eighth of the block's steps on warps without a chunk (K = 768 in chunks of
 // 256: 3 chunks, one warp).
-int env_or(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-
 int warps_for(std::int64_t k, int chunk) {
   const std::int64_t chunks = (k + chunk - 1) / chunk;
-  const int min_chunks = env_or("GMJIT_DECODE_MIN_CHUNKS", 1);
   for (int warps : {8, 4, 2}) {
-    if (chunks < static_cast<std::int64_t>(warps) * min_chunks) continue;
     const std::int64_t steps = (chunks + warps - 1) / warps * warps;
     if ((steps - chunks) * 8 <= steps) return warps;
   }
