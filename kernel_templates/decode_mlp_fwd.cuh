@@ -165,7 +165,7 @@ struct DecodeGemv {
       bool kok[kP];
 #pragma unroll
       for (int q = 0; q < kP; ++q) kok[q] = kK % kChunk == 0 || k0 + 32 * q + 8 * t < kK;
-      decode::Vec4 wv[kM][2][kP], xv[kP];
+      decode::Vec4 wv[kM][2][kP], xv[kNT][kP];
 #pragma unroll
       for (int i = 0; i < kM; ++i)
 #pragma unroll
@@ -174,24 +174,26 @@ struct DecodeGemv {
           for (int q = 0; q < kP; ++q)
             wv[i][h][q] = decode::load_weights<Cfg::l2_prefetch>(
                 wbase + Epi::row_step(i, h) * kK + k0 + 32 * q, wok[i][h] && kok[q]);
-            // Token tiles one after the other on the same weight registers: a second tile costs its
-            // loads and MMAs only when the pass has tokens for it (count > 8), and no registers.
 #pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        if (j > 0 && !two_tiles) break;
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
         for (int q = 0; q < kP; ++q)
-          xv[q] = decode::load_tokens(xbase + 8 * j * kK + k0 + 32 * q, xok[j] && kok[q]);
+          xv[j][q] = decode::load_tokens(xbase + 8 * j * kK + k0 + 32 * q,
+                                         (j == 0 || two_tiles) && xok[j] && kok[q]);
 #pragma unroll
-        for (int q = 0; q < kP; ++q) {
+      for (int q = 0; q < kP; ++q) {
 #pragma unroll
-          for (int s = 0; s < 2; ++s) {
+        for (int s = 0; s < 2; ++s) {
 #pragma unroll
-            for (int i = 0; i < kM; ++i) {
-              const unsigned int a[4] = {wv[i][0][q].r[2 * s], wv[i][1][q].r[2 * s],
-                                         wv[i][0][q].r[2 * s + 1], wv[i][1][q].r[2 * s + 1]};
-              const unsigned int b[2] = {xv[q].r[2 * s], xv[q].r[2 * s + 1]};
-              mma_bf16_16816(acc[i][j], a, b);
+          for (int i = 0; i < kM; ++i) {
+            const unsigned int a[4] = {wv[i][0][q].r[2 * s], wv[i][1][q].r[2 * s],
+                                       wv[i][0][q].r[2 * s + 1], wv[i][1][q].r[2 * s + 1]};
+#pragma unroll
+            for (int j = 0; j < kNT; ++j) {
+              if (j == 0 || two_tiles) {
+                const unsigned int b[2] = {xv[j][q].r[2 * s], xv[j][q].r[2 * s + 1]};
+                mma_bf16_16816(acc[i][j], a, b);
+              }
             }
           }
         }

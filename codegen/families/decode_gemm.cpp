@@ -18,7 +18,7 @@ namespace {
 // 512 bytes per warp step in one burst: 4-5 % faster than 4 tiles x 2 pieces, whose 128-byte
 // bursts read no faster than the tiled kernels' TMA boxes), one n8 tile of tokens (two cost a
 // fifth more: twice the token loads); 16 warps per SM; loads hinting 128-byte L2 fetches.
-constexpr int kMTiles = 1, kPieces = 8, kNTiles = 2;
+constexpr int kMTiles = 1, kPieces = 8, kNTiles = 1;
 constexpr int kWarpsPerSm = 16;
 constexpr int kL2PrefetchBytes = 128;
 
