@@ -23,10 +23,6 @@ struct LaunchShape {
   enum class Operands : std::uint8_t { pointers, tensor_maps };
   Grid grid = Grid::grouped_rows;
   Operands operands = Operands::pointers;
-  // Launched with programmatic stream serialization: its blocks may start while the stream's
-  // previous kernel finishes (that kernel lets them: griddepcontrol.launch_dependents), and wait
-  // for it (griddepcontrol.wait) before they read its output or exit.
-  bool programmatic = false;
   std::uint32_t threads = 0;
   std::uint32_t dynamic_smem_bytes = 0;
   std::uint32_t grid_x = 1;

@@ -93,17 +93,6 @@ __device__ __forceinline__ Vec4 load_tokens(const unsigned short* p, bool valid)
   return v;
 }
 
-// FC2 is launched with programmatic stream serialization (codegen::LaunchShape::programmatic):
-// FC1 lets it start once every FC1 block has started, and each FC2 block issues its first
-// weight loads (which FC1 does not write) before it waits for FC1's output. Both are no-ops when
-// the kernel was launched without the attribute.
-__device__ __forceinline__ void allow_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-__device__ __forceinline__ void wait_for_predecessor() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-
 // Zeroes rows [r0, r1) x `groups` 8-column groups from column c0 of a bf16 matrix with row
 // stride ld. The rows past the experts may be many (all of them when every split is garbage),
 // and zero_groups takes one tile of at most 256 rows at a time.
@@ -189,7 +178,6 @@ struct DecodeGemv {
           for (int q = 0; q < kP; ++q)
             wv[i][h][q] = decode::load_weights<Cfg::l2_prefetch>(
                 wbase + Epi::row_step(i, h) * kK + k0 + 32 * q, wok[i][h] && kok[q]);
-      Epi::before_token_loads();
 #pragma unroll
       for (int j = 0; j < kNT; ++j)
 #pragma unroll
@@ -348,10 +336,7 @@ struct Fc1Decode {
     }
   }
 
-  __device__ static __forceinline__ void before_token_loads() {}
-
   __device__ static void run(const GroupedGemmParams& p) {
-    decode::allow_dependents();
     Gemv::run(p);
   }
 };
@@ -395,16 +380,8 @@ struct Fc2Decode {
     }
   }
 
-  // The tokens are FC1's output (returns at once after the first time).
-  __device__ static __forceinline__ void before_token_loads() {
-    decode::wait_for_predecessor();
-  }
-
   __device__ static void run(const GroupedGemmParams& p) {
     Gemv::run(p);
-    // Every block, also one without tokens, ends after FC1: then FC2's end implies FC1's for the
-    // kernels after it in the stream.
-    decode::wait_for_predecessor();
   }
 };
 

@@ -51,9 +51,6 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   launch.grid = LaunchShape::Grid::token_groups;
   launch.block_m = 8 * kNTiles;
   launch.experts = static_cast<std::uint32_t>(r.layer.experts);
-  // FC2's blocks start on the multiprocessors FC1's last blocks leave and load their first
-  // weights before they wait for FC1's output: the boundary between the two costs no ramp.
-  launch.programmatic = !fc1;
   return detail::kernel_source(
       r, "decode_mlp_fwd.cuh", fc1 ? "Fc1Decode" : "Fc2Decode", "GroupedGemmParams",
       r.fields +

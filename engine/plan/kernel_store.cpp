@@ -21,8 +21,7 @@ constexpr std::string_view kEngineFormat = "gmjit-kernel-v2";
 // LaunchShape is stored raw (memcpy) in the payload, so its field layout is part of the payload
 // format: a change to the struct must change this tag (the static_assert is the reminder).
 constexpr std::string_view kLaunchLayout =
-    "grid:u8 operands:u8 programmatic:u8 threads dynamic_smem_bytes grid_x grid_y grid_z block_m "
-    "block_n "
+    "grid:u8 operands:u8 threads dynamic_smem_bytes grid_x grid_y grid_z block_m block_n "
     "experts:u32";
 static_assert(sizeof(codegen::LaunchShape) == 36 && sizeof(codegen::KernelRole) == 1,
               "the payload's raw layout changed: update kLaunchLayout (it is in the disk key)");

@@ -56,31 +56,10 @@ void LoadedKernel::launch(const DeviceContext& device, std::uint64_t tokens, CUs
       launch_.grid == codegen::LaunchShape::Grid::persistent
           ? static_cast<unsigned>(device.info().multiprocessors)
           : static_cast<unsigned>(launch_.blocks_x(static_cast<std::int64_t>(tokens)));
-  if (!launch_.programmatic) {
-    check_driver(
-        driver().cuLaunchKernel(reinterpret_cast<CUfunction>(kernel_), grid_x,
-                                static_cast<unsigned>(rows), launch_.grid_z, launch_.threads, 1, 1,
-                                launch_.dynamic_smem_bytes, stream, args, nullptr),
-        "cuLaunchKernel");
-    return;
-  }
-  CUlaunchAttribute attribute{};
-  attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  attribute.value.programmaticStreamSerializationAllowed = 1;
-  CUlaunchConfig config{};
-  config.gridDimX = grid_x;
-  config.gridDimY = static_cast<unsigned>(rows);
-  config.gridDimZ = launch_.grid_z;
-  config.blockDimX = launch_.threads;
-  config.blockDimY = 1;
-  config.blockDimZ = 1;
-  config.sharedMemBytes = launch_.dynamic_smem_bytes;
-  config.hStream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  check_driver(
-      driver().cuLaunchKernelEx(&config, reinterpret_cast<CUfunction>(kernel_), args, nullptr),
-      "cuLaunchKernelEx(programmatic stream serialization)");
+  check_driver(driver().cuLaunchKernel(reinterpret_cast<CUfunction>(kernel_), grid_x,
+                                       static_cast<unsigned>(rows), launch_.grid_z, launch_.threads,
+                                       1, 1, launch_.dynamic_smem_bytes, stream, args, nullptr),
+               "cuLaunchKernel");
 }
 
 }  // namespace gmjit::engine
