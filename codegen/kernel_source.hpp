@@ -12,12 +12,8 @@ namespace gmjit::codegen {
 // and each block finds its expert there. Fixed kernels: (grid_x, grid_y, grid_z) as given (per
 // expert kernels put the expert in y or z; grid-stride kernels use x alone).
 // Persistent kernels: one block per multiprocessor of the device they run on, x only.
-// Token-group kernels (the decode family): a fixed grid whose x repeats each of grid_x column
-// blocks once per group of block_m * experts tokens in the call (at most kMaxTokenGroups), the
-// copies of a column block adjacent in x.
 struct LaunchShape {
-  enum class Grid : std::uint8_t { grouped_rows, fixed, persistent, token_groups };
-  static constexpr std::uint32_t kMaxTokenGroups = 2;
+  enum class Grid : std::uint8_t { grouped_rows, fixed, persistent };
   // How the kernel takes its operands: plain pointers, or (Hopper kernels) TMA descriptors that
   // the host encodes per call for block_m x block_n tiles.
   enum class Operands : std::uint8_t { pointers, tensor_maps };
@@ -35,13 +31,6 @@ struct LaunchShape {
   std::uint64_t rows_y(std::int64_t tokens) const {
     if (grid != Grid::grouped_rows) return grid_y;
     return (static_cast<std::uint64_t>(tokens) + block_m - 1) / block_m + experts + 1;
-  }
-  // Blocks along x for a call of `tokens` rows (persistent grids: the caller's multiprocessors).
-  std::uint64_t blocks_x(std::int64_t tokens) const {
-    if (grid != Grid::token_groups) return grid_x;
-    const std::uint64_t per_group = static_cast<std::uint64_t>(block_m) * experts;
-    const std::uint64_t groups = (static_cast<std::uint64_t>(tokens) + per_group - 1) / per_group;
-    return grid_x * (groups < 1 ? 1 : groups > kMaxTokenGroups ? kMaxTokenGroups : groups);
   }
   friend bool operator==(const LaunchShape&, const LaunchShape&) = default;
 };

@@ -19,16 +19,13 @@
 //     permutation, so the dot products are unchanged;
 //   - up to 8 * n_tiles tokens per pass; an expert with more runs several passes, each
 //     re-reading its weights (correct at any split, fast where the dispatch sends it: few tokens
-//     per expert on average). The host may launch `groups` blocks per column block (gridDim.x =
-//     column blocks x groups, the groups of one column block adjacent in x so that they run at
-//     the same time): group j takes passes j, j + groups, ... and the blocks of one column block
-//     read the same weight rows at about the same time, so HBM serves them once and L2 the rest;
+//     per expert on average);
 //   - the warps' partial sums meet in shared memory; the block's epilogue adds them up and applies
 //     bias, activation and · p as the tiled kernels do (fp32 from the accumulators, one bf16
 //     rounding at the store).
 //
 // Split sizes follow expert_schedule.cuh's contract: blockIdx.y == E writes the zero rows past
-// the experts' (clamped, saturated) rows, one column block per group 0 of blockIdx.x.
+// the experts' (clamped, saturated) rows, one column block per blockIdx.x.
 //
 // Config structs (static constexpr), written by codegen (codegen/families/decode_gemm.cpp):
 //   experts, hidden, ffn, split_int64, has_bias, has_probs   as in sm80_mlp_fwd.cuh
@@ -37,8 +34,7 @@
 //   l2_prefetch  int   L2 prefetch size hint of the weight loads, bytes (0, 64, 128 or 256)
 //   m_tiles, pieces, n_tiles   int   the block's shape above (1, 2 or 4; 2, 4 or 8; 1 or 2)
 // FC1 only: act, glu_layout, act_limit, act_alpha (save_preact must be false).
-// Launch: blockDim = 32 * warps, gridDim = (column blocks x token groups, E + 1), no dynamic
-// shared memory (codegen::LaunchShape::Grid::token_groups: the groups follow the token count).
+// Launch: blockDim = 32 * warps, gridDim = (column blocks, E + 1), no dynamic shared memory.
 
 #include "gmjit/activations.cuh"
 #include "gmjit/bf16.cuh"
@@ -205,17 +201,11 @@ struct DecodeGemv {
     }
   }
 
-  static constexpr int kColumnBlocks = (Epi::kNOut + Epi::kCols - 1) / Epi::kCols;
-
   __device__ static void run(const GroupedGemmParams& p) {
     const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-    const int groups = static_cast<int>(gridDim.x) / kColumnBlocks;
-    const int expert = static_cast<int>(blockIdx.y);
-    const int block = static_cast<int>(blockIdx.x) / groups;
-    const int group = static_cast<int>(blockIdx.x) % groups;
+    const int expert = static_cast<int>(blockIdx.y), block = static_cast<int>(blockIdx.x);
     const auto* split = static_cast<const SplitT*>(p.split_sizes);
     if (expert == Cfg::experts) {  // rows past every expert's: zeros
-      if (group != 0) return;
       long long beg, end;
       expert_rows(split, p.tokens, Cfg::experts - 1, beg, end);
       const int c0 = block * Epi::kCols;
@@ -228,12 +218,11 @@ struct DecodeGemv {
     expert_rows(split, p.tokens, expert, beg, end);
     // Each warp's partial sums, [warp][i * kNT + j][r][lane]: conflict-free both ways.
     __shared__ float partial[kWarps > 1 ? kWarps : 1][kM * kNT][4][32];
-    const long long first = beg + static_cast<long long>(group) * kTokens;
-    for (long long row0 = first; row0 < end; row0 += static_cast<long long>(groups) * kTokens) {
+    for (long long row0 = beg; row0 < end; row0 += kTokens) {
       const int count = static_cast<int>(end - row0 < kTokens ? end - row0 : kTokens);
       Acc acc;
       // Only the last column block of a width that is not a multiple of the block's may be partial.
-      if (Epi::kNOut % Epi::kCols == 0 || block + 1 < kColumnBlocks)
+      if (Epi::kNOut % Epi::kCols == 0 || block + 1 < static_cast<int>(gridDim.x))
         mainloop<true>(p, expert, block, row0, count, acc);
       else
         mainloop<false>(p, expert, block, row0, count, acc);
@@ -243,7 +232,7 @@ struct DecodeGemv {
 #pragma unroll
           for (int j = 0; j < kNT; ++j) Epi::store(p, expert, block, i, j, row0, count, acc[i][j]);
       } else {
-        if (row0 != first) __syncthreads();  // the previous pass has read `partial`
+        if (row0 != beg) __syncthreads();  // the previous pass has read `partial`
 #pragma unroll
         for (int i = 0; i < kM; ++i)
 #pragma unroll

@@ -42,15 +42,8 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   const std::int64_t out_columns = fc1 ? r.layer.ffn : r.layer.hidden;
   const int cols_per_block = (glu ? 8 : 16) * kMTiles;
   const int warps = warps_for(k, 32 * kPieces);
-  LaunchShape launch = detail::fixed_launch(
+  const LaunchShape launch = detail::fixed_launch(
       32 * warps, 0, (out_columns + cols_per_block - 1) / cols_per_block, r.layer.experts + 1);
-  // A call with more tokens than one pass per expert (8 * experts) runs two blocks per column
-  // block, each half of the passes, reading the same weights at the same time (L2 serves the
-  // second read): as fast per weight byte as one pass, where a second token tile in the block
-  // was 13-27 % slower (docs/PERFORMANCE.md, sessions 19-20).
-  launch.grid = LaunchShape::Grid::token_groups;
-  launch.block_m = 8 * kNTiles;
-  launch.experts = static_cast<std::uint32_t>(r.layer.experts);
   return detail::kernel_source(
       r, "decode_mlp_fwd.cuh", fc1 ? "Fc1Decode" : "Fc2Decode", "GroupedGemmParams",
       r.fields +

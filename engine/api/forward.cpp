@@ -129,12 +129,9 @@ ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, cons
   if (op_by_op) {
     call.preact = grad == GradMode::grad ? args.saved_preact.data : workspace.at(parts.preact);
   }
+  const engine::TileCounters counters(workspace.at(parts.tile_counters), plan.kernels.size(),
+                                      cu_stream);
   const auto [first, last] = impl_->kernels_to_run(plan, tokens, spec.experts);
-  // The decode pair claims no tiles: a decode step needs no zeroed counters (one memset fewer
-  // in a forward whose whole cost is a few hundred microseconds of weight streaming).
-  const bool decode = plan.kernels[first]->role() == codegen::KernelRole::fc1_decode;
-  const engine::TileCounters counters(workspace.at(parts.tile_counters),
-                                      decode ? 0 : plan.kernels.size(), cu_stream);
   for (std::size_t i = first; i < last; ++i) {
     call.linear_is_fc2 = op_by_op && i + 1 == last;
     call.tile_counter = counters.at(i);

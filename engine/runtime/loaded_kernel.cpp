@@ -52,10 +52,9 @@ void LoadedKernel::launch(const DeviceContext& device, std::uint64_t tokens, CUs
   // Callers validate the token count up front (validate.cpp), so this never truncates.
   const std::uint64_t rows = launch_.rows_y(static_cast<std::int64_t>(tokens));
   // A CUkernel launches in the current context, which the caller made the tensors' device.
-  const unsigned grid_x =
-      launch_.grid == codegen::LaunchShape::Grid::persistent
-          ? static_cast<unsigned>(device.info().multiprocessors)
-          : static_cast<unsigned>(launch_.blocks_x(static_cast<std::int64_t>(tokens)));
+  const unsigned grid_x = launch_.grid == codegen::LaunchShape::Grid::persistent
+                              ? static_cast<unsigned>(device.info().multiprocessors)
+                              : launch_.grid_x;
   check_driver(driver().cuLaunchKernel(reinterpret_cast<CUfunction>(kernel_), grid_x,
                                        static_cast<unsigned>(rows), launch_.grid_z, launch_.threads,
                                        1, 1, launch_.dynamic_smem_bytes, stream, args, nullptr),

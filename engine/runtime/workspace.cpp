@@ -134,8 +134,7 @@ void TileCounters::check_fits(std::size_t kernels) {
 }
 
 TileCounters::TileCounters(void* slot, std::size_t kernels, CUstream stream)
-    : counters_(static_tiles_requested() || kernels == 0 ? nullptr
-                                                         : static_cast<unsigned int*>(slot)) {
+    : counters_(static_tiles_requested() ? nullptr : static_cast<unsigned int*>(slot)) {
   check_fits(kernels);
   if (counters_ == nullptr) return;
   check_driver(driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(slot), 0, kernels, stream),

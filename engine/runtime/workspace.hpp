@@ -84,8 +84,7 @@ class TileCounters {
 
   // Zeroes the first `kernels` counters at `slot` (kBytes of workspace) on `stream`; with
   // GMJIT_STATIC_TILES=1 in the environment (read once) it does nothing and every counter is null:
-  // the kernels walk their tiles round-robin (A/B comparisons). `kernels` == 0 (a call whose
-  // kernels claim no tiles): nothing to zero, every counter null.
+  // the kernels walk their tiles round-robin (A/B comparisons).
   TileCounters(void* slot, std::size_t kernels, CUstream stream);
 
   // Throws Status::internal when a plan of `kernels` kernels would need more counters than a

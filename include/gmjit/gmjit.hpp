@@ -106,7 +106,7 @@ struct EngineOptions {
   // experts) run the decode kernels, which stream the weights with plain loads, where the plan has
   // them (BF16, fused, sm_90a, not portable_kernels_only); 0: never (the plans then leave them
   // out). The environment variable GMJIT_DECODE_TOKENS_PER_EXPERT, when set, replaces it.
-  int decode_tokens_per_expert = 16;
+  int decode_tokens_per_expert = 8;
 };
 
 struct EngineCounters {

@@ -121,10 +121,8 @@ std::vector<Case> cases() {
   };
   all.insert(all.end(), widths.begin(), widths.end());
   // The decode kernels (no grad, forced at any token count): experts of 0, 1, 16, 17 and more
-  // tokens (several 8-token passes), K tails (1448, 1440, 200, 8: not multiples of 64) and
-  // partial column blocks (F = 1008: half a 32-column GLU block; 72 and 200 of 64). Calls of
-  // more than 8 tokens per expert (48 here) launch two blocks per column block, each taking every
-  // other pass (all_options, w1448x1056, srelu, one_wide_expert, two_groups_only_tail_rows).
+  // tokens (several 16-token passes), K tails (1448, 1440, 200, 8: not multiples of 64) and
+  // partial column blocks (F = 1008: half a 32-column GLU block; 72 and 200 of 64).
   std::vector<Case> decode = {
       {"decode_swiglu_all_options",
        Activation::swiglu,
@@ -228,15 +226,6 @@ std::vector<Case> cases() {
        DType::i64,
        {0, 0, 0, 0, 0, 0},
        20},
-      {"decode_two_groups_only_tail_rows",
-       Activation::swiglu,
-       GluLayout::halves,
-       true,
-       true,
-       true,
-       DType::i32,
-       {0, 0, 0, 0, 0, 0},
-       60},
       {"decode_one_wide_expert",
        Activation::swiglu,
        GluLayout::halves,
