@@ -33,9 +33,6 @@
 //   min_blocks   int   second __launch_bounds__ argument (16 warps per SM: 128 registers each)
 //   l2_prefetch  int   L2 prefetch size hint of the weight loads, bytes (0, 64, 128 or 256)
 //   m_tiles, pieces, n_tiles   int   the block's shape above (1, 2 or 4; 2, 4 or 8; 1 or 2)
-//   pipelined    bool  two chunks in registers: the next one's loads before this one's MMAs
-//   split_k      bool  the warps split K over the block's tiles (else each warp owns m_tiles
-//                      tiles and walks all of K: DecodeGemv)
 // FC1 only: act, glu_layout, act_limit, act_alpha (save_preact must be false).
 // Launch: blockDim = 32 * warps, gridDim = (column blocks, E + 1), no dynamic shared memory.
 
@@ -119,12 +116,6 @@ struct DecodeGemv {
   static constexpr int threads = 32 * kWarps;
   static constexpr int min_blocks = Cfg::min_blocks;
   static constexpr int kK = Epi::kK;
-  // split_k: the block's warps split K over the same m16 tiles, their partial sums met in shared
-  // memory. Else each warp owns m_tiles tiles of its own (rows) and walks all of K, the block's
-  // warps at the same k at about the same time: the tokens' lines are read once per block into
-  // L1 and hit there for the other warps.
-  static constexpr bool kSplitK = Cfg::split_k;
-  static constexpr int kTilesPerBlock = kSplitK ? kM : kM * kWarps;
   static_assert(kWarps == 1 || kWarps == 2 || kWarps == 4 || kWarps == 8, "warps: 1, 2, 4 or 8");
   static_assert(kM == 1 || kM == 2 || kM == 4, "m_tiles: 1, 2 or 4");
   static_assert(kNT == 1 || kNT == 2, "n_tiles: 1 or 2");
@@ -146,22 +137,16 @@ struct DecodeGemv {
     const int g = lane >> 2, t = lane & 3;
     const auto* w = static_cast<const unsigned short*>(p.b);
     const auto* x = static_cast<const unsigned short*>(p.a);
-    const int tile0 = kSplitK ? 0 : warp * kM;  // the warp's first m16 tile in the block
-    // One base pointer per tile; half 1's rows lie kHalfRows on (a constant: the base plus an
-    // immediate offset). Rows past the width and tokens past `count` are never dereferenced
-    // (their loads are predicated off).
-    const unsigned short* wbase[kM];
+    // One base pointer per operand: the rows of tile i, half h lie row_step(i, h) rows on (a
+    // constant, so every load is the base plus an immediate offset). Rows past the width and
+    // tokens past `count` are never dereferenced (their loads are predicated off).
+    const unsigned short* wbase =
+        w + (static_cast<long long>(expert) * Epi::kN + Epi::first_row(block) + g) * kK + 8 * t;
     bool wok[kM][2];
 #pragma unroll
-    for (int i = 0; i < kM; ++i) {
-      wbase[i] =
-          w +
-          (static_cast<long long>(expert) * Epi::kN + Epi::tile_row(block, tile0 + i) + g) * kK +
-          8 * t;
+    for (int i = 0; i < kM; ++i)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        wok[i][h] = kFullBlock || Epi::row_in_width(block, tile0 + i, h, g);
-    }
+      for (int h = 0; h < 2; ++h) wok[i][h] = kFullBlock || Epi::row_in_width(block, i, h, g);
     const unsigned short* xbase = x + (row0 + g) * kK + 8 * t;
     bool xok[kNT];
 #pragma unroll
@@ -174,13 +159,13 @@ struct DecodeGemv {
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
 
-    using Weights = decode::Vec4[kM][2][kP];
-    using Tokens = decode::Vec4[kNT][kP];
-    auto load_chunk = [&](int k0, Weights& wv, Tokens& xv) {
+#pragma unroll 1
+    for (int k0 = warp * kChunk; k0 < kK; k0 += kWarps * kChunk) {
       // Each piece lies wholly inside K or wholly past it (K % 8 == 0).
       bool kok[kP];
 #pragma unroll
       for (int q = 0; q < kP; ++q) kok[q] = kK % kChunk == 0 || k0 + 32 * q + 8 * t < kK;
+      decode::Vec4 wv[kM][2][kP], xv[kNT][kP];
 #pragma unroll
       for (int i = 0; i < kM; ++i)
 #pragma unroll
@@ -188,15 +173,13 @@ struct DecodeGemv {
 #pragma unroll
           for (int q = 0; q < kP; ++q)
             wv[i][h][q] = decode::load_weights<Cfg::l2_prefetch>(
-                wbase[i] + h * Epi::kHalfRows * kK + k0 + 32 * q, wok[i][h] && kok[q]);
+                wbase + Epi::row_step(i, h) * kK + k0 + 32 * q, wok[i][h] && kok[q]);
 #pragma unroll
       for (int j = 0; j < kNT; ++j)
 #pragma unroll
         for (int q = 0; q < kP; ++q)
           xv[j][q] = decode::load_tokens(xbase + 8 * j * kK + k0 + 32 * q,
                                          (j == 0 || two_tiles) && xok[j] && kok[q]);
-    };
-    auto mma_chunk = [&](const Weights& wv, const Tokens& xv) {
 #pragma unroll
       for (int q = 0; q < kP; ++q) {
 #pragma unroll
@@ -214,32 +197,6 @@ struct DecodeGemv {
             }
           }
         }
-      }
-    };
-    const int k_first = kSplitK ? warp * kChunk : 0;
-    const int k_stride = (kSplitK ? kWarps : 1) * kChunk;
-    if constexpr (!Cfg::pipelined) {
-#pragma unroll 1
-      for (int k0 = k_first; k0 < kK; k0 += k_stride) {
-        Weights wv;
-        Tokens xv;
-        load_chunk(k0, wv, xv);
-        mma_chunk(wv, xv);
-      }
-    } else {
-      // Two chunks in registers: the next chunk's loads are issued before this one's MMAs, so a
-      // warp never waits on its MMAs with nothing in flight.
-      Weights wa, wb;
-      Tokens xa, xb;
-      if (k_first < kK) load_chunk(k_first, wa, xa);
-#pragma unroll 1
-      for (int k0 = k_first; k0 < kK; k0 += 2 * k_stride) {
-        const int k1 = k0 + k_stride;
-        if (k1 < kK) load_chunk(k1, wb, xb);
-        mma_chunk(wa, xa);
-        if (k1 >= kK) break;
-        if (k1 + k_stride < kK) load_chunk(k1 + k_stride, wa, xa);
-        mma_chunk(wb, xb);
       }
     }
   }
@@ -260,10 +217,7 @@ struct DecodeGemv {
     long long beg, end;
     expert_rows(split, p.tokens, expert, beg, end);
     // Each warp's partial sums, [warp][i * kNT + j][r][lane]: conflict-free both ways.
-    __shared__ float partial[kWarps > 1 && kSplitK ? kWarps : 1][kM * kNT][4][32];
-    // Row-split blocks: a warp whose tiles all lie past the width has nothing to do (no barrier
-    // waits for it).
-    if (!kSplitK && !Epi::row_in_width(block, warp * kM, 0, 0)) return;
+    __shared__ float partial[kWarps > 1 ? kWarps : 1][kM * kNT][4][32];
     for (long long row0 = beg; row0 < end; row0 += kTokens) {
       const int count = static_cast<int>(end - row0 < kTokens ? end - row0 : kTokens);
       Acc acc;
@@ -272,13 +226,11 @@ struct DecodeGemv {
         mainloop<true>(p, expert, block, row0, count, acc);
       else
         mainloop<false>(p, expert, block, row0, count, acc);
-      if constexpr (kWarps == 1 || !kSplitK) {
-        const int tile0 = kSplitK ? 0 : warp * kM;
+      if constexpr (kWarps == 1) {
 #pragma unroll
         for (int i = 0; i < kM; ++i)
 #pragma unroll
-          for (int j = 0; j < kNT; ++j)
-            Epi::store(p, expert, block, tile0 + i, j, row0, count, acc[i][j]);
+          for (int j = 0; j < kNT; ++j) Epi::store(p, expert, block, i, j, row0, count, acc[i][j]);
       } else {
         if (row0 != beg) __syncthreads();  // the previous pass has read `partial`
 #pragma unroll
@@ -313,7 +265,7 @@ struct Fc1Decode {
   static constexpr int kNOut = Cfg::ffn;
   // Output columns per block: GLU tiles pair 8 gate rows (tile rows 0-7) with the 8 lin rows of
   // the same columns (rows 8-15), so an accumulator's registers 0-1 and 2-3 meet in one lane.
-  static constexpr int kCols = (kGlu ? 8 : 16) * Cfg::m_tiles * (Cfg::split_k ? 1 : Cfg::warps);
+  static constexpr int kCols = kGlu ? 8 * Cfg::m_tiles : 16 * Cfg::m_tiles;
   using Gemv = DecodeGemv<Cfg, Fc1Decode>;
   static constexpr int threads = Gemv::threads;
   static constexpr int min_blocks = Gemv::min_blocks;
@@ -323,14 +275,16 @@ struct Fc1Decode {
     return kGlu ? block * kCols + i * 8 + (r & 7) : block * kCols + i * 16 + r;
   }
 
-  // W1 rows of the block: tile i's row r (0-15) is row tile_row(block, i) + r % 8, plus
-  // kHalfRows for r >= 8. GLU: rows 0-7 gate, 8-15 lin of 8 output columns (8 columns never
-  // straddle an interleaved 32-column block, so gate and lin are a fixed step apart).
-  static constexpr int kHalfRows = !kGlu ? 8 : kLayout == GluLayout::kHalves ? Cfg::ffn : 32;
-  __device__ static __forceinline__ int tile_row(int block, int i) {
-    if constexpr (!kGlu) return block * kCols + 16 * i;
-    const int c0 = block * kCols + 8 * i;
-    return kLayout == GluLayout::kInterleaved32 ? (c0 >> 5) * 64 + (c0 & 31) : c0;
+  // W1 rows of the block: tile i's row r (0-15) is row first_row + row_step(i, r / 8) + r % 8.
+  // GLU: rows 0-7 gate, 8-15 lin of 8 output columns (a 32-column block never straddles an
+  // interleaved 32-column block, so both layouts are a fixed step apart).
+  __device__ static __forceinline__ int first_row(int block) {
+    const int c0 = block * kCols;  // GLU: kCols divides 32, so the block stays in one 32-block
+    return kGlu && kLayout == GluLayout::kInterleaved32 ? (c0 >> 5) * 64 + (c0 & 31) : c0;
+  }
+  __device__ static constexpr int row_step(int i, int h) {
+    if constexpr (!kGlu) return 16 * i + 8 * h;
+    return 8 * i + (h == 0 ? 0 : (kLayout == GluLayout::kHalves ? Cfg::ffn : 32));
   }
   __device__ static __forceinline__ bool row_in_width(int block, int i, int h, int g) {
     return out_col(block, i, 8 * h + g) < kNOut;
@@ -382,17 +336,15 @@ struct Fc2Decode {
   static constexpr int kN = Cfg::hidden;  // W2 rows per expert
   static constexpr int kK = Cfg::ffn;
   static constexpr int kNOut = Cfg::hidden;
-  static constexpr int kCols = 16 * Cfg::m_tiles * (Cfg::split_k ? 1 : Cfg::warps);
+  static constexpr int kCols = 16 * Cfg::m_tiles;
   using Gemv = DecodeGemv<Cfg, Fc2Decode>;
   static constexpr int threads = Gemv::threads;
   static constexpr int min_blocks = Gemv::min_blocks;
 
-  static constexpr int kHalfRows = 8;
-  __device__ static __forceinline__ int tile_row(int block, int i) {
-    return block * kCols + 16 * i;
-  }
+  __device__ static __forceinline__ int first_row(int block) { return block * kCols; }
+  __device__ static constexpr int row_step(int i, int h) { return 16 * i + 8 * h; }
   __device__ static __forceinline__ bool row_in_width(int block, int i, int h, int g) {
-    return tile_row(block, i) + 8 * h + g < kNOut;
+    return block * kCols + row_step(i, h) + g < kNOut;
   }
 
   __device__ static __forceinline__ void store(const GroupedGemmParams& p, int expert, int block,

@@ -7,10 +7,6 @@
 // GroupedGemmParams; engine/families/registry.cpp).
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cstdlib>
-#include <string>
-
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 
@@ -44,34 +40,16 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   const bool glu = fc1 && is_glu(r.layer.activation.kind);
   const std::int64_t k = fc1 ? r.layer.hidden : r.layer.ffn;
   const std::int64_t out_columns = fc1 ? r.layer.ffn : r.layer.hidden;
-  // EXPERIMENT (session 20, not to land as is): GMJIT_DECODE_EXPERIMENT=rows|split,NTILES
-  // GMJIT_DECODE_EXPERIMENT=rows|split,NTILES[,db,PIECES,WARPS_PER_SM]
-  bool split_k = true, pipelined = false;
-  int n_tiles = kNTiles, pieces = kPieces, warps_per_sm = kWarpsPerSm;
-  if (const char* e = std::getenv("GMJIT_DECODE_EXPERIMENT"); e != nullptr && *e != '\0') {
-    const std::string v(e);
-    split_k = v.rfind("rows", 0) != 0;
-    n_tiles = v.find(",2") != std::string::npos ? 2 : 1;
-    if (const auto db = v.find(",db,"); db != std::string::npos) {
-      pipelined = true;
-      pieces = v[db + 4] - '0';
-      warps_per_sm = std::atoi(v.c_str() + db + 6);
-    }
-  }
-  const int cols_per_tile = glu ? 8 : 16;
-  const int warps = split_k ? warps_for(k, 32 * pieces)
-                            : warps_for((out_columns + cols_per_tile - 1) / cols_per_tile, 1);
-  const int cols_per_block = cols_per_tile * kMTiles * (split_k ? 1 : warps);
+  const int cols_per_block = (glu ? 8 : 16) * kMTiles;
+  const int warps = warps_for(k, 32 * kPieces);
   const LaunchShape launch = detail::fixed_launch(
       32 * warps, 0, (out_columns + cols_per_block - 1) / cols_per_block, r.layer.experts + 1);
   return detail::kernel_source(
       r, "decode_mlp_fwd.cuh", fc1 ? "Fc1Decode" : "Fc2Decode", "GroupedGemmParams",
       r.fields +
           fmt::format("  static constexpr int warps = {}, min_blocks = {}, l2_prefetch = {};\n"
-                      "  static constexpr int m_tiles = {}, pieces = {}, n_tiles = {};\n"
-                      "  static constexpr bool split_k = {}, pipelined = {};\n",
-                      warps, std::max(1, warps_per_sm / warps), kL2PrefetchBytes, kMTiles, pieces,
-                      n_tiles, split_k, pipelined),
+                      "  static constexpr int m_tiles = {}, pieces = {}, n_tiles = {};\n",
+                      warps, kWarpsPerSm / warps, kL2PrefetchBytes, kMTiles, kPieces, kNTiles),
       launch);
 }
 
