@@ -41,7 +41,6 @@
 #include "gmjit/expert_schedule.cuh"
 #include "gmjit/params.cuh"
 #include "gmjit/sm80_mma.cuh"
-#include "gmjit/sm90_wgmma.cuh"
 #include "gmjit/tail_rows.cuh"
 
 namespace gmjit::kt {
@@ -255,186 +254,6 @@ struct DecodeGemv {
   }
 };
 
-// The same GEMM with wgmma (sm_90a), for up to 16 tokens a pass: the weights are the A operand,
-// straight from the loads' registers (lane (g, t), pieces and k permutation as above), and the
-// tokens the narrow B side (n = 8 * Cfg::n_tiles) staged in shared memory with the same k
-// permutation. A warpgroup owns 64 weight rows (warp i of it m16 tile i: Cfg::m_tiles == 4) and
-// a share of K's chunks (chunk c goes to warpgroup c % warpgroups). One wgmma per k16 step stands
-// for a warp's n_tiles mma.sync and token loads, so 16 tokens cost the warps no more instructions
-// than one (the mma.sync kernel's second token tile costs a fifth: docs/PERFORMANCE.md, session
-// 20).
-//
-// Tokens of a chunk: thread piece i (16 bytes at k0 + 32q + 8t of token n) holds the words of
-// k16 steps (q, 0) and (q, 1), k halves 0 and 1 (word w: step 2q + w / 2, half w % 2), which go
-// to the step's core matrices (8 tokens x 16 bytes each: [token group][k half]) at word t of
-// token row n % 8. Two stages per warpgroup: a thread writes a stage after waiting for its own
-// wgmmas of the chunk before, and the warpgroup's barrier after the write orders every warp's
-// reads of the stage two chunks back before it.
-template <class Cfg, class Epi>
-struct DecodeWgmma {
-  using SplitT = typename SplitType<Cfg::split_int64>::type;
-  static constexpr int kGroups = Cfg::warpgroups;
-  static constexpr int kP = Cfg::pieces, kNT = Cfg::n_tiles;
-  static constexpr int kChunk = 32 * kP;
-  static constexpr int kTokens = 8 * kNT;
-  static constexpr int threads = 128 * kGroups;
-  static constexpr int min_blocks = Cfg::min_blocks;
-  static constexpr int kK = Epi::kK;
-  static_assert(Cfg::m_tiles == 4, "wgmma decode: one m16 tile per warp of a warpgroup");
-  static_assert(kGroups == 1 || kGroups == 2, "warpgroups: 1 or 2");
-  static_assert(kNT == 1 || kNT == 2, "n_tiles: 1 or 2");
-  static_assert(kP == 4 || kP == 8, "pieces: 4 or 8");
-  static_assert(kK % 8 == 0, "K must be a multiple of 8 (16-byte rows)");
-  static constexpr int kCoreK = 128;               // next k half's core matrix (LBO)
-  static constexpr int kCoreN = 256;               // next 8 tokens' core matrices (SBO)
-  static constexpr int kStepBytes = 32 * kTokens;  // one k16 step of the tokens
-  static constexpr int kStageBytes = 2 * kP * kStepBytes;
-  static constexpr int kTokenPieces = kTokens * kP * 4 / 128;  // per thread and chunk
-  static_assert(kTokens * kP * 4 % 128 == 0, "a chunk's token pieces fill the warpgroup");
-  using Acc = float[4 * kNT];
-
-  template <bool kFullBlock>
-  __device__ static __forceinline__ void mainloop(const GroupedGemmParams& p, int expert, int block,
-                                                  long long row0, int count, unsigned char* stages,
-                                                  int& iter, Acc& acc) {
-    const int tid = static_cast<int>(threadIdx.x) & 127, group = static_cast<int>(threadIdx.x) >> 7;
-    const int warp = tid >> 5, g = (tid & 31) >> 2, t = tid & 3;
-    const auto* w = static_cast<const unsigned short*>(p.b);
-    const auto* x = static_cast<const unsigned short*>(p.a);
-    const unsigned short* wrow[2];
-    bool wok[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      wrow[h] = w +
-                (static_cast<long long>(expert) * Epi::kN + Epi::first_row(block) +
-                 Epi::row_step(warp, h) + g) *
-                    kK +
-                8 * t;
-      wok[h] = kFullBlock || Epi::row_in_width(block, warp, h, g);
-    }
-    // Token piece i of this thread: t fastest, then the token, then q. 128 threads cover
-    // kQStep values of q, so piece i is piece 0 at q + i * kQStep (same token, same t).
-    constexpr int kQStep = 128 / (4 * kTokens);
-    const int n = (tid >> 2) % kTokens, q0 = tid / (4 * kTokens);
-    const int xk = 32 * q0 + 8 * t;
-    const unsigned short* xrow = x + (row0 + n) * kK + xk;
-    const bool xok = n < count;
-    const int xs = 2 * q0 * kStepBytes + (n >> 3) * kCoreN + (n & 7) * 16 + 4 * t;
-#pragma unroll
-    for (int r = 0; r < 4 * kNT; ++r) acc[r] = 0.0f;
-
-#pragma unroll 1
-    for (int k0 = group * kChunk; k0 < kK; k0 += kGroups * kChunk, ++iter) {
-      decode::Vec4 wv[2][kP], xv[kTokenPieces];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int q = 0; q < kP; ++q)
-          wv[h][q] = decode::load_weights<Cfg::l2_prefetch>(
-              wrow[h] + k0 + 32 * q, wok[h] && (kK % kChunk == 0 || k0 + 32 * q + 8 * t < kK));
-#pragma unroll
-      for (int i = 0; i < kTokenPieces; ++i)
-        xv[i] = decode::load_tokens(xrow + k0 + 32 * kQStep * i,
-                                    xok && (kK % kChunk == 0 || k0 + xk + 32 * kQStep * i < kK));
-      sm90::wgmma_wait<0>();  // this thread's reads of the stage written below (two chunks back)
-      unsigned char* stage = stages + (2 * group + (iter & 1)) * kStageBytes;
-#pragma unroll
-      for (int i = 0; i < kTokenPieces; ++i)
-#pragma unroll
-        for (int word = 0; word < 4; ++word)
-          *reinterpret_cast<unsigned int*>(
-              stage + xs + (2 * kQStep * i + (word >> 1)) * kStepBytes + (word & 1) * kCoreK) =
-              xv[i].r[word];
-      sm90::fence_proxy_async();
-      sm90::named_barrier(1 + group, 128);
-      sm90::wgmma_fence();
-      // Step descriptors differ only in the start address field (16-byte units, no carry out:
-      // shared memory addresses stay below 2^18).
-      const unsigned long long desc0 =
-          sm90::make_desc_interleave(sm90::smem_u32(stage), kCoreK, kCoreN);
-#pragma unroll
-      for (int q = 0; q < kP; ++q) {
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          const unsigned int a[4] = {wv[0][q].r[2 * s], wv[1][q].r[2 * s], wv[0][q].r[2 * s + 1],
-                                     wv[1][q].r[2 * s + 1]};
-          const unsigned long long desc = desc0 + (2 * q + s) * kStepBytes / 16;
-          if constexpr (kNT == 2)
-            sm90::wgmma_m64n16k16_rs(acc, a, desc);
-          else
-            sm90::wgmma_m64n8k16_rs(acc, a, desc);
-        }
-      }
-      sm90::wgmma_commit();
-    }
-    sm90::wgmma_wait<0>();
-    sm90::fence_regs(acc);
-  }
-
-  __device__ static void run(const GroupedGemmParams& p) {
-    const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-    const int expert = static_cast<int>(blockIdx.y), block = static_cast<int>(blockIdx.x);
-    const auto* split = static_cast<const SplitT*>(p.split_sizes);
-    if (expert == Cfg::experts) {  // rows past every expert's: zeros
-      long long beg, end;
-      expert_rows(split, p.tokens, Cfg::experts - 1, beg, end);
-      const int c0 = block * Epi::kCols;
-      if (end < p.tokens)
-        decode::zero_rows(p.out, Epi::kNOut, end, p.tokens, c0,
-                          groups_in(c0, Epi::kCols, Epi::kNOut), threadIdx.x, threads);
-      return;
-    }
-    long long beg, end;
-    expert_rows(split, p.tokens, expert, beg, end);
-    __shared__ __align__(128) unsigned char stages[kGroups * 2 * kStageBytes];
-    // The warpgroups' partial sums, [group][m16 tile * kNT + n8 tile][r][lane].
-    __shared__ float partial[kGroups][4 * kNT][4][32];
-    int iter = 0;  // chunks this warpgroup has staged (the stage parity runs on across passes)
-    for (long long row0 = beg; row0 < end; row0 += kTokens) {
-      const int count = static_cast<int>(end - row0 < kTokens ? end - row0 : kTokens);
-      Acc acc;
-      if (Epi::kNOut % Epi::kCols == 0 || block + 1 < static_cast<int>(gridDim.x))
-        mainloop<true>(p, expert, block, row0, count, stages, iter, acc);
-      else
-        mainloop<false>(p, expert, block, row0, count, stages, iter, acc);
-      if constexpr (kGroups == 1) {
-#pragma unroll
-        for (int j = 0; j < kNT; ++j) {
-          const float v[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
-          Epi::store(p, expert, block, warp, j, row0, count, v);
-        }
-      } else {
-        if (row0 != beg) __syncthreads();  // the previous pass has read `partial`
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-#pragma unroll
-          for (int r = 0; r < 4; ++r)
-            partial[warp >> 2][(warp & 3) * kNT + j][r][lane] = acc[4 * j + r];
-        __syncthreads();
-#pragma unroll 1
-        for (int tile = warp; tile < 4 * kNT; tile += 4 * kGroups) {
-          float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-          for (int gr = 0; gr < kGroups; ++gr)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) sum[r] += partial[gr][tile][r][lane];
-          Epi::store(p, expert, block, tile / kNT, tile % kNT, row0, count, sum);
-        }
-      }
-    }
-  }
-};
-
-// The GEMM of a decode kernel: Cfg::wgmma picks DecodeWgmma, else DecodeGemv.
-template <class Cfg, class Epi, bool kWgmma = Cfg::wgmma>
-struct DecodeGemmOf {
-  using type = DecodeGemv<Cfg, Epi>;
-};
-template <class Cfg, class Epi>
-struct DecodeGemmOf<Cfg, Epi, true> {
-  using type = DecodeWgmma<Cfg, Epi>;
-};
-
 // ---- FC1: out = bf16(act(x W1ᵀ + b1) * p) ------------------------------------------------------
 template <class Cfg>
 struct Fc1Decode {
@@ -447,7 +266,7 @@ struct Fc1Decode {
   // Output columns per block: GLU tiles pair 8 gate rows (tile rows 0-7) with the 8 lin rows of
   // the same columns (rows 8-15), so an accumulator's registers 0-1 and 2-3 meet in one lane.
   static constexpr int kCols = kGlu ? 8 * Cfg::m_tiles : 16 * Cfg::m_tiles;
-  using Gemv = typename DecodeGemmOf<Cfg, Fc1Decode>::type;
+  using Gemv = DecodeGemv<Cfg, Fc1Decode>;
   static constexpr int threads = Gemv::threads;
   static constexpr int min_blocks = Gemv::min_blocks;
 
@@ -518,7 +337,7 @@ struct Fc2Decode {
   static constexpr int kK = Cfg::ffn;
   static constexpr int kNOut = Cfg::hidden;
   static constexpr int kCols = 16 * Cfg::m_tiles;
-  using Gemv = typename DecodeGemmOf<Cfg, Fc2Decode>::type;
+  using Gemv = DecodeGemv<Cfg, Fc2Decode>;
   static constexpr int threads = Gemv::threads;
   static constexpr int min_blocks = Gemv::min_blocks;
 

@@ -133,17 +133,6 @@ __device__ __forceinline__ unsigned long long make_desc_sw128_mn(unsigned int sm
          (1ull << 62);  // layout: 128B swizzle
 }
 
-// Descriptor for a K-major bf16 tile without swizzle: 8-row x 16-byte core matrices of 128
-// contiguous bytes, the next one along K `lbo_bytes` on (leading byte offset), the next 8 rows
-// `sbo_bytes` on (stride byte offset). Base 16-byte aligned.
-__device__ __forceinline__ unsigned long long make_desc_interleave(unsigned int smem_addr,
-                                                                   unsigned int lbo_bytes,
-                                                                   unsigned int sbo_bytes) {
-  return static_cast<unsigned long long>((smem_addr & 0x3FFFFu) >> 4) |
-         (static_cast<unsigned long long>((lbo_bytes >> 4) & 0x3FFFu) << 16) |
-         (static_cast<unsigned long long>((sbo_bytes >> 4) & 0x3FFFu) << 32);  // layout 0
-}
-
 // Makes this thread's generic-proxy shared-memory writes visible to the async proxy (wgmma, TMA).
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -248,29 +237,6 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], unsigned long lo
       "%32, %33, p, 1, 1, %35, %36;\n}\n"
       : GMJIT_ACC32(d, 0)
       : "l"(da), "l"(db), "r"(scale_d), "n"(kTnspA), "n"(kTnspB));
-}
-
-// D[64 x 8] / D[64 x 16] += A(registers) * B(smem desc)ᵀ, B K-major: each warp of the warpgroup
-// gives the A fragment of its 16 rows (mma.sync m16n8k16's layout: a[0], a[1] rows g, g + 8 at
-// k 2t, 2t + 1; a[2], a[3] the same rows at k 2t + 8, 2t + 9). The accumulator registers are
-// mma.sync's per n8 tile: d[4j + 0, 1] row g, columns 8j + 2t, + 1; d[4j + 2, 3] row g + 8.
-__device__ __forceinline__ void wgmma_m64n8k16_rs(float (&d)[4], const unsigned int (&a)[4],
-                                                  unsigned long long db) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %9, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-__device__ __forceinline__ void wgmma_m64n16k16_rs(float (&d)[8], const unsigned int (&a)[4],
-                                                   unsigned long long db) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
-      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-      : GMJIT_ACC8(d, 0)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
 #undef GMJIT_ACC32

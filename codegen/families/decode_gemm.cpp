@@ -7,9 +7,6 @@
 // GroupedGemmParams; engine/families/registry.cpp).
 #include <fmt/format.h>
 
-#include <cstdio>
-#include <cstdlib>
-
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 
@@ -37,47 +34,22 @@ int warps_for(std::int64_t k, int chunk) {
   return 1;
 }
 
-// EXPERIMENT (session 21): GMJIT_DECODE_EXPERIMENT=wgG_nN_pP picks the wgmma kernel with G
-// warpgroups, N tokens a pass and P pieces.
-struct Shape {
-  bool wgmma = false;
-  int groups = 1, n_tiles = kNTiles, pieces = kPieces;
-};
-Shape shape_from_env() {
-  Shape s;
-  if (const char* e = std::getenv("GMJIT_DECODE_EXPERIMENT")) {
-    int g = 0, n = 0, pc = 0;
-    if (std::sscanf(e, "wg%d_n%d_p%d", &g, &n, &pc) == 3) {
-      s.wgmma = true;
-      s.groups = g;
-      s.n_tiles = n / 8;
-      s.pieces = pc;
-    }
-  }
-  return s;
-}
-
 std::optional<KernelSource> emit(const KernelRequest& r) {
   if (!detail::sm90_allowed(r)) return std::nullopt;
   const bool fc1 = r.role == KernelRole::fc1_decode;
   const bool glu = fc1 && is_glu(r.layer.activation.kind);
   const std::int64_t k = fc1 ? r.layer.hidden : r.layer.ffn;
   const std::int64_t out_columns = fc1 ? r.layer.ffn : r.layer.hidden;
-  const Shape sh = shape_from_env();
-  const int m_tiles = sh.wgmma ? 4 : kMTiles;
-  const int cols_per_block = (glu ? 8 : 16) * m_tiles;
-  const int warps = sh.wgmma ? 4 * sh.groups : warps_for(k, 32 * sh.pieces);
+  const int cols_per_block = (glu ? 8 : 16) * kMTiles;
+  const int warps = warps_for(k, 32 * kPieces);
   const LaunchShape launch = detail::fixed_launch(
       32 * warps, 0, (out_columns + cols_per_block - 1) / cols_per_block, r.layer.experts + 1);
   return detail::kernel_source(
       r, "decode_mlp_fwd.cuh", fc1 ? "Fc1Decode" : "Fc2Decode", "GroupedGemmParams",
       r.fields +
           fmt::format("  static constexpr int warps = {}, min_blocks = {}, l2_prefetch = {};\n"
-                      "  static constexpr int m_tiles = {}, pieces = {}, n_tiles = {};\n"
-                      "  static constexpr bool wgmma = {};\n"
-                      "  static constexpr int warpgroups = {};\n",
-                      warps, kWarpsPerSm / warps, kL2PrefetchBytes, m_tiles, sh.pieces, sh.n_tiles,
-                      sh.wgmma, sh.groups),
+                      "  static constexpr int m_tiles = {}, pieces = {}, n_tiles = {};\n",
+                      warps, kWarpsPerSm / warps, kL2PrefetchBytes, kMTiles, kPieces, kNTiles),
       launch);
 }
 
