@@ -7,10 +7,6 @@
 // GroupedGemmParams; engine/families/registry.cpp).
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 
@@ -45,12 +41,7 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   const std::int64_t k = fc1 ? r.layer.hidden : r.layer.ffn;
   const std::int64_t out_columns = fc1 ? r.layer.ffn : r.layer.hidden;
   const int cols_per_block = (glu ? 8 : 16) * kMTiles;
-  // EXPERIMENT (session 21): GMJIT_DECODE_EXPERIMENT=pP_wW sets pieces and warps per SM.
-  int pieces = kPieces, warps_per_sm = kWarpsPerSm;
-  if (const char* e = std::getenv("GMJIT_DECODE_EXPERIMENT")) {
-    if (std::sscanf(e, "p%d_w%d", &pieces, &warps_per_sm) != 2) pieces = kPieces, warps_per_sm = kWarpsPerSm;
-  }
-  const int warps = warps_for(k, 32 * pieces);
+  const int warps = warps_for(k, 32 * kPieces);
   const LaunchShape launch = detail::fixed_launch(
       32 * warps, 0, (out_columns + cols_per_block - 1) / cols_per_block, r.layer.experts + 1);
   return detail::kernel_source(
@@ -58,7 +49,7 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
       r.fields +
           fmt::format("  static constexpr int warps = {}, min_blocks = {}, l2_prefetch = {};\n"
                       "  static constexpr int m_tiles = {}, pieces = {}, n_tiles = {};\n",
-                      warps, std::max(1, warps_per_sm / warps), kL2PrefetchBytes, kMTiles, pieces, kNTiles),
+                      warps, kWarpsPerSm / warps, kL2PrefetchBytes, kMTiles, kPieces, kNTiles),
       launch);
 }
 
