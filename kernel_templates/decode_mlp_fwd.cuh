@@ -12,11 +12,11 @@
 //     goes to warp c % warps);
 //   - in a chunk, lane (g, t) = (lane / 4, lane % 4) loads the 16 bytes at k0 + 32q + 8t
 //     (q < pieces) of rows g and g + 8 of each m16 tile: a warp asks for 64 * pieces contiguous
-//     bytes of each of its rows at once (512 with the family's 8 pieces for long rows, which is what made these
-//     kernels faster than the TMA boxes; 128-byte bursts were not). The registers are its A
-//     fragments for the chunk's k16 steps: the k order inside a chunk is permuted, and the B
-//     fragments (the tokens' x, loaded the same way: row n = g of each n8 tile) carry the same
-//     permutation, so the dot products are unchanged;
+//     bytes of each of its rows at once (512 with the family's 8 pieces for long rows, which is
+//     what made these kernels faster than the TMA boxes; 128-byte bursts were not). The registers
+//     are its A fragments for the chunk's k16 steps: the k order inside a chunk is permuted, and
+//     the B fragments (the tokens' x, loaded the same way: row n = g of each n8 tile) carry the
+//     same permutation, so the dot products are unchanged;
 //   - up to 8 * n_tiles tokens per pass; an expert with more runs several passes, each
 //     re-reading its weights (correct at any split, fast where the dispatch sends it: few tokens
 //     per expert on average);
@@ -30,9 +30,9 @@
 // Config structs (static constexpr), written by codegen (codegen/families/decode_gemm.cpp):
 //   experts, hidden, ffn, split_int64, has_bias, has_probs   as in sm80_mlp_fwd.cuh
 //   warps        int   warps per block, each a share of K's chunks (1, 2, 4 or 8)
-//   min_blocks   int   second __launch_bounds__ argument (16 or 24 warps per SM: 128 or 85 registers)
-//   l2_prefetch  int   L2 prefetch size hint of the weight loads, bytes (0, 64, 128 or 256)
-//   m_tiles, pieces, n_tiles   int   the block's shape above (1, 2 or 4; 2, 4 or 8; 1 or 2)
+//   min_blocks   int   second __launch_bounds__ argument (16 or 24 warps per SM: 128 or 85
+//   registers) l2_prefetch  int   L2 prefetch size hint of the weight loads, bytes (0, 64, 128 or
+//   256) m_tiles, pieces, n_tiles   int   the block's shape above (1, 2 or 4; 2, 4 or 8; 1 or 2)
 // FC1 only: act, glu_layout, act_limit, act_alpha (save_preact must be false).
 // Launch: blockDim = 32 * warps, gridDim = (column blocks, E + 1), no dynamic shared memory.
 
