@@ -42,7 +42,8 @@ TEST(GroupedMlpEmit, LaunchShapeCoversOutputColumns) {
 }
 
 // The decode pair: one block per 16 weight rows of each expert (GLU FC1: 8 output columns), plus
-// one row of blocks for the rows past the experts'; warps split K's 256-element chunks.
+// one row of blocks for the rows past the experts'; warps split K's chunks: 128 elements (4
+// pieces) from 24 warps per SM where K <= 2048, else 256 (8 pieces) from 16.
 TEST(DecodeEmit, BlocksCoverEveryExpertsRowsAndWarpsSplitK) {
   LayerSpec qwen3;
   qwen3.experts = 128;
@@ -61,12 +62,26 @@ TEST(DecodeEmit, BlocksCoverEveryExpertsRowsAndWarpsSplitK) {
   EXPECT_EQ(fc1.launch.grid_y, 129u);
   EXPECT_EQ(fc2.launch.grid_x, 2048u / 16u);
   EXPECT_EQ(fc2.launch.grid_y, 129u);
-  // K = 2048: 8 chunks for 8 warps. K = 768: 3 chunks, which 8, 4 or 2 warps would split with
-  // idle steps: one warp per block, 16 blocks per SM.
+  // K = 2048: 16 chunks for 8 warps, 3 blocks per SM. K = 768: 6 chunks, which 8 or 4 warps
+  // would split with idle steps: two warps per block, 12 blocks per SM.
   EXPECT_EQ(fc1.launch.threads, 256u);
-  EXPECT_EQ(fc2.launch.threads, 32u);
-  EXPECT_NE(fc1.source.find("warps = 8, min_blocks = 2"), std::string::npos) << fc1.source;
-  EXPECT_NE(fc2.source.find("warps = 1, min_blocks = 16"), std::string::npos) << fc2.source;
+  EXPECT_EQ(fc2.launch.threads, 64u);
+  EXPECT_NE(fc1.source.find("warps = 8, min_blocks = 3"), std::string::npos) << fc1.source;
+  EXPECT_NE(fc1.source.find("pieces = 4"), std::string::npos) << fc1.source;
+  EXPECT_NE(fc2.source.find("warps = 2, min_blocks = 12"), std::string::npos) << fc2.source;
+
+  // Longer rows: K = 4096 in 16 chunks of 256 for 8 warps, 2 blocks per SM; K = 14336 the same.
+  LayerSpec mixtral_like = qwen3;
+  mixtral_like.experts = 8;
+  mixtral_like.hidden = 4096;
+  mixtral_like.ffn = 14336;
+  const auto longer = emit_grouped_mlp_forward({mixtral_like, false, "sm_90a", false, true});
+  ASSERT_EQ(longer.size(), 4u);
+  for (const KernelSource* k : {&longer[2], &longer[3]}) {
+    EXPECT_EQ(k->launch.threads, 256u);
+    EXPECT_NE(k->source.find("warps = 8, min_blocks = 2"), std::string::npos) << k->source;
+    EXPECT_NE(k->source.find("pieces = 8"), std::string::npos) << k->source;
+  }
 
   LayerSpec narrow = qwen3;
   narrow.hidden = 72;  // K of one chunk; FC1's 200 output columns end in a partial block
@@ -75,9 +90,9 @@ TEST(DecodeEmit, BlocksCoverEveryExpertsRowsAndWarpsSplitK) {
   const auto odd = emit_grouped_mlp_forward({narrow, false, "sm_90a", false, true});
   ASSERT_EQ(odd.size(), 4u);
   EXPECT_EQ(odd[2].launch.threads, 32u);
-  EXPECT_EQ(odd[2].launch.grid_x, 13u);  // 200 columns, 16 per block (no GLU)
-  EXPECT_EQ(odd[3].launch.grid_x, 5u);   // 72 columns
-  EXPECT_EQ(odd[3].launch.threads, 32u);
+  EXPECT_EQ(odd[2].launch.grid_x, 13u);   // 200 columns, 16 per block (no GLU)
+  EXPECT_EQ(odd[3].launch.grid_x, 5u);    // 72 columns
+  EXPECT_EQ(odd[3].launch.threads, 64u);  // K = 200: two chunks of 128, a warp each
 
   // Not with grad, not off Hopper, not with the portable kernels, not unless asked for.
   EXPECT_EQ(emit_grouped_mlp_forward({qwen3, true, "sm_90a", false, true}).size(), 2u);
