@@ -30,9 +30,9 @@
 // Config structs (static constexpr), written by codegen (codegen/families/decode_gemm.cpp):
 //   experts, hidden, ffn, split_int64, has_bias, has_probs   as in sm80_mlp_fwd.cuh
 //   warps        int   warps per block, each a share of K's chunks (1, 2, 4 or 8)
-//   min_blocks   int   second __launch_bounds__ argument (16 or 24 warps per SM: 128 or 85
-//   registers) l2_prefetch  int   L2 prefetch size hint of the weight loads, bytes (0, 64, 128 or
-//   256) m_tiles, pieces, n_tiles   int   the block's shape above (1, 2 or 4; 2, 4 or 8; 1 or 2)
+//   min_blocks   int   second __launch_bounds__ argument (16 or 24 warps per SM)
+//   l2_prefetch  int   L2 prefetch size hint of the weight loads, bytes (0, 64, 128 or 256)
+//   m_tiles, pieces, n_tiles   int   the block's shape above (1, 2 or 4; 2, 4 or 8; 1 or 2)
 // FC1 only: act, glu_layout, act_limit, act_alpha (save_preact must be false).
 // Launch: blockDim = 32 * warps, gridDim = (column blocks, E + 1), no dynamic shared memory.
 

@@ -13,19 +13,24 @@
 namespace gmjit::codegen::families {
 namespace {
 
-// The block's shape (decode_mlp_fwd.cuh), measured on the H200 (docs/PERFORMANCE.md, session
-// 19): one m16 tile of weight rows, 8 16-byte pieces per lane and row in a K step (each row's
-// 512 bytes per warp step in one burst: 4-5 % faster than 4 tiles x 2 pieces, whose 128-byte
-// bursts read no faster than the tiled kernels' TMA boxes), one n8 tile of tokens (two cost a
-// fifth more: twice the token loads); 16 warps per SM; loads hinting 128-byte L2 fetches.
-constexpr int kMTiles = 1, kPieces = 8, kNTiles = 1;
-constexpr int kWarpsPerSm = 16;
+// The block's shape (decode_mlp_fwd.cuh), measured on the H200 (docs/PERFORMANCE.md, sessions
+// 19 and 21): one m16 tile of weight rows, one n8 tile of tokens (two cost a fifth more: twice
+// the token loads), loads hinting 128-byte L2 fetches.
+constexpr int kMTiles = 1, kNTiles = 1;
 constexpr int kL2PrefetchBytes = 128;
-// Short rows (K <= 2048: a warp has one or two 256-wide chunks per block) stream 1-2 % faster
-// with 4 pieces (256-byte bursts) and 24 warps per SM (at most 85 registers; 80 used, no
-// spills); longer rows (mixtral's K = 4096 and 14336) lose 2 % that way (session 21).
+
+// How a row is streamed: 16-byte pieces per lane and row in a K step, and warps per SM.
+struct RowStream {
+  int pieces, warps_per_sm;
+};
+// Long rows: each row's 512 bytes per warp step in one burst (4-5 % faster than 128-byte bursts,
+// which read no faster than the tiled kernels' TMA boxes); 16 warps per SM, 128 registers each.
+constexpr RowStream kLongRows{8, 16};
+// Rows of K <= 2048 (a warp has one or two 256-wide chunks per block) stream 1-2 % faster in
+// 256-byte bursts from 24 warps per SM (at most 85 registers; 80 used, no spills); longer rows
+// (mixtral's K = 4096 and 14336) lose 2 % that way.
 constexpr std::int64_t kShortRowsK = 2048;
-constexpr int kShortRowsPieces = 4, kShortRowsWarpsPerSm = 24;
+constexpr RowStream kShortRows{4, 24};
 
 // Warps per block: the most (8, 4, 2, 1) whose share of K's chunks (`chunk` elements each)
 // wastes at most an eighth of the block's steps on warps without a chunk (K = 768 in chunks of
@@ -46,10 +51,8 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   const std::int64_t k = fc1 ? r.layer.hidden : r.layer.ffn;
   const std::int64_t out_columns = fc1 ? r.layer.ffn : r.layer.hidden;
   const int cols_per_block = (glu ? 8 : 16) * kMTiles;
-  const bool short_rows = k <= kShortRowsK;
-  const int pieces = short_rows ? kShortRowsPieces : kPieces;
-  const int warps_per_sm = short_rows ? kShortRowsWarpsPerSm : kWarpsPerSm;
-  const int warps = warps_for(k, 32 * pieces);
+  const RowStream stream = k <= kShortRowsK ? kShortRows : kLongRows;
+  const int warps = warps_for(k, 32 * stream.pieces);
   const LaunchShape launch = detail::fixed_launch(
       32 * warps, 0, (out_columns + cols_per_block - 1) / cols_per_block, r.layer.experts + 1);
   return detail::kernel_source(
@@ -57,7 +60,8 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
       r.fields +
           fmt::format("  static constexpr int warps = {}, min_blocks = {}, l2_prefetch = {};\n"
                       "  static constexpr int m_tiles = {}, pieces = {}, n_tiles = {};\n",
-                      warps, warps_per_sm / warps, kL2PrefetchBytes, kMTiles, pieces, kNTiles),
+                      warps, stream.warps_per_sm / warps, kL2PrefetchBytes, kMTiles, stream.pieces,
+                      kNTiles),
       launch);
 }
 
