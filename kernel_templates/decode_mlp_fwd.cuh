@@ -38,6 +38,7 @@
 
 #include "gmjit/activations.cuh"
 #include "gmjit/bf16.cuh"
+#include "gmjit/decode_staged.cuh"
 #include "gmjit/expert_schedule.cuh"
 #include "gmjit/params.cuh"
 #include "gmjit/sm80_mma.cuh"
@@ -87,17 +88,6 @@ __device__ __forceinline__ Vec4 load_tokens(const unsigned short* p, bool valid)
       : "=r"(v.r[0]), "=r"(v.r[1]), "=r"(v.r[2]), "=r"(v.r[3])
       : "l"(p), "r"(static_cast<int>(valid)));
   return v;
-}
-
-// Zeroes rows [r0, r1) x `groups` 8-column groups from column c0 of a bf16 matrix with row
-// stride ld. The rows past the experts may be many (all of them when every split is garbage),
-// and zero_groups takes one tile of at most 256 rows at a time.
-__device__ __forceinline__ void zero_rows(void* out, long long ld, long long r0, long long r1,
-                                          int c0, int groups, int tid, int nthreads) {
-#pragma unroll 1
-  for (long long r = r0; r < r1; r += 256)
-    zero_groups(out, ld, r, r1 - r < 256 ? r1 : r + 256, groups, tid, nthreads,
-                [=](int gr) { return c0 + gr * 8; });
 }
 
 }  // namespace decode
@@ -210,7 +200,7 @@ struct DecodeGemv {
       expert_rows(split, p.tokens, Cfg::experts - 1, beg, end);
       const int c0 = block * Epi::kCols;
       if (end < p.tokens)
-        decode::zero_rows(p.out, Epi::kNOut, end, p.tokens, c0,
+        zero_row_range(p.out, Epi::kNOut, end, p.tokens, c0,
                           groups_in(c0, Epi::kCols, Epi::kNOut), threadIdx.x, threads);
       return;
     }
@@ -254,6 +244,13 @@ struct DecodeGemv {
   }
 };
 
+// The GEMM driver of a decode kernel: DecodeStaged where Cfg::staged (decode_staged.cuh), else
+// DecodeGemv.
+template <class Cfg, class Epi, bool kStaged = Cfg::staged>
+struct DecodeDriver : DecodeGemv<Cfg, Epi> {};
+template <class Cfg, class Epi>
+struct DecodeDriver<Cfg, Epi, true> : DecodeStaged<Cfg, Epi> {};
+
 // ---- FC1: out = bf16(act(x W1ᵀ + b1) * p) ------------------------------------------------------
 template <class Cfg>
 struct Fc1Decode {
@@ -266,7 +263,7 @@ struct Fc1Decode {
   // Output columns per block: GLU tiles pair 8 gate rows (tile rows 0-7) with the 8 lin rows of
   // the same columns (rows 8-15), so an accumulator's registers 0-1 and 2-3 meet in one lane.
   static constexpr int kCols = kGlu ? 8 * Cfg::m_tiles : 16 * Cfg::m_tiles;
-  using Gemv = DecodeGemv<Cfg, Fc1Decode>;
+  using Gemv = DecodeDriver<Cfg, Fc1Decode>;
   static constexpr int threads = Gemv::threads;
   static constexpr int min_blocks = Gemv::min_blocks;
 
@@ -337,7 +334,7 @@ struct Fc2Decode {
   static constexpr int kK = Cfg::ffn;
   static constexpr int kNOut = Cfg::hidden;
   static constexpr int kCols = 16 * Cfg::m_tiles;
-  using Gemv = DecodeGemv<Cfg, Fc2Decode>;
+  using Gemv = DecodeDriver<Cfg, Fc2Decode>;
   static constexpr int threads = Gemv::threads;
   static constexpr int min_blocks = Gemv::min_blocks;
 

@@ -32,6 +32,17 @@ __device__ __forceinline__ void zero_groups(void* base, long long ld, long long 
   }
 }
 
+// Zeroes rows [r0, r1) x `groups` 8-column groups from column c0 of a bf16 matrix with row
+// stride ld, rows past a row tile's 256 included: the decode kernels' rows past the experts may
+// be many (all of them when every split is garbage), and zero_groups takes one tile at a time.
+__device__ __forceinline__ void zero_row_range(void* out, long long ld, long long r0, long long r1,
+                                          int c0, int groups, int tid, int nthreads) {
+#pragma unroll 1
+  for (long long r = r0; r < r1; r += 256)
+    zero_groups(out, ld, r, r1 - r < 256 ? r1 : r + 256, groups, tid, nthreads,
+                [=](int gr) { return c0 + gr * 8; });
+}
+
 // Zeroes rows [r0, r1) of a matrix in the pre-activation's column layout (h, dh: row stride ld =
 // F1) at the columns behind `groups` 8-column groups of output columns from c0: for GLU
 // activations the gate and the lin columns of each group (a group stays inside one 32-column
