@@ -116,17 +116,21 @@ std::vector<KernelSource> emit_grouped_mlp_forward(const GroupedMlpForwardDesc& 
   std::vector<KernelSource> kernels = {
       forward_gemm(desc, KernelRole::fc1_forward, fc1_fields, fc1_entry(desc)),
       forward_gemm(desc, KernelRole::fc2_forward, fc2_fields, fc2_entry(layer))};
-  // Without grad, the decode pair where a family serves it (sm_90a): the same operation over a
+  // Without grad, the decode pairs where a family serves them (sm_90a): the same operation over a
   // handful of tokens per expert, which Engine::forward picks by the call's token count.
-  if (desc.decode && !desc.save_preact) {
-    std::optional<KernelSource> fc1_decode = families::try_emit_kernel(
-        forward_request(desc, KernelRole::fc1_decode, fc1_fields, fc1_entry(desc) + "_decode"));
-    std::optional<KernelSource> fc2_decode = families::try_emit_kernel(
-        forward_request(desc, KernelRole::fc2_decode, fc2_fields, fc2_entry(layer) + "_decode"));
-    if (fc1_decode && fc2_decode) {
-      kernels.push_back(*std::move(fc1_decode));
-      kernels.push_back(*std::move(fc2_decode));
-    }
+  if (desc.decode_tokens_per_expert > 0 && !desc.save_preact) {
+    auto add_pair = [&](KernelRole fc1_role, KernelRole fc2_role, const std::string& suffix) {
+      std::optional<KernelSource> fc1 = families::try_emit_kernel(
+          forward_request(desc, fc1_role, fc1_fields, fc1_entry(desc) + suffix));
+      std::optional<KernelSource> fc2 = families::try_emit_kernel(
+          forward_request(desc, fc2_role, fc2_fields, fc2_entry(layer) + suffix));
+      if (!fc1 || !fc2) return;
+      kernels.push_back(*std::move(fc1));
+      kernels.push_back(*std::move(fc2));
+    };
+    add_pair(KernelRole::fc1_decode, KernelRole::fc2_decode, "_decode");
+    if (desc.decode_tokens_per_expert > kDecodeNarrowTokensPerExpert)
+      add_pair(KernelRole::fc1_decode_wide, KernelRole::fc2_decode_wide, "_decode_wide");
   }
   return kernels;
 }

@@ -22,10 +22,18 @@ struct GroupedMlpForwardDesc {
   // portable_only, the mma.sync kernels.
   std::string arch = "sm_80";
   bool portable_only = false;
-  // Without grad: also emit the decode pair (fc1_decode, fc2_decode) after FC1 and FC2 where a
-  // family serves this arch (decode_gemm: sm_90a, not portable_only).
-  bool decode = false;
+  // Without grad, the decode kernels for calls of up to this many tokens per expert (0: none),
+  // after FC1 and FC2 where a family serves this arch (sm_90a, not portable_only): the narrow
+  // pair (fc1_decode, fc2_decode) from 1, the wide pair (fc1_decode_wide, fc2_decode_wide) from
+  // kDecodeNarrowTokensPerExpert + 1.
+  int decode_tokens_per_expert = 0;
 };
+
+// Calls of at most this many tokens per expert (on average) run the narrow decode pair
+// (decode_gemm: mma.sync fed by plain loads, one 8-token pass), calls with more the wide one
+// (decode_staged: 16-token passes), which the narrow pair matches at 1 token and beats from 9
+// (docs/PERFORMANCE.md, session 22).
+inline constexpr int kDecodeNarrowTokensPerExpert = 8;
 
 // Tile shape of a grouped GEMM; part of the generated source, hence of the kernel key.
 // The default measured best of the mma.sync variants on an H200 (docs/PERFORMANCE.md).

@@ -88,6 +88,9 @@ enum class KernelRole : std::uint8_t {
   // Decode-sized forwards without grad (few tokens per expert): FC1 and FC2 as weight streams.
   fc1_decode = 41,  // as fc1_forward (no saved pre-activation)
   fc2_decode = 42,  // as fc2_forward
+  // The same for calls of a few more tokens per expert (up to 16 per pass).
+  fc1_decode_wide = 43,
+  fc2_decode_wide = 44,
 };
 
 struct KernelSource {

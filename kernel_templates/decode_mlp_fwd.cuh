@@ -29,6 +29,8 @@
 //
 // Config structs (static constexpr), written by codegen (codegen/families/decode_gemm.cpp):
 //   experts, hidden, ffn, split_int64, has_bias, has_probs   as in sm80_mlp_fwd.cuh
+//   staged       bool  true: the GEMM is DecodeStaged (decode_staged.cuh, its own fields and
+//                      launch; family decode_staged) instead of the block described here
 //   warps        int   warps per block, each a share of K's chunks (1, 2, 4 or 8)
 //   min_blocks   int   second __launch_bounds__ argument (16 or 24 warps per SM)
 //   l2_prefetch  int   L2 prefetch size hint of the weight loads, bytes (0, 64, 128 or 256)

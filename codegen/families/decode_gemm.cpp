@@ -7,9 +7,6 @@
 // GroupedGemmParams; engine/families/registry.cpp).
 #include <fmt/format.h>
 
-#include <cstdlib>
-#include <cstdio>
-
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 
@@ -47,45 +44,12 @@ int warps_for(std::int64_t k, int chunk) {
   return 1;
 }
 
-// The staged kernel (decode_staged.cuh): K elements per stage, ring depth, tokens per pass.
-struct StagedShape {
-  int stage_k, stages, tokens;
-};
-
-// Shared memory of one SM that blocks may hold (228 KiB on sm_90, 1 KiB of it reserved per block).
-constexpr int kSmemPerSm = 233472, kSmemReservedPerBlock = 1024;
-
-// EXPERIMENT (session 22): GMJIT_DECODE_STAGED="stage_k,stages,tokens" picks the staged kernel.
-std::optional<StagedShape> staged_shape() {
-  const char* env = std::getenv("GMJIT_DECODE_STAGED");
-  StagedShape s{};
-  if (env == nullptr || std::sscanf(env, "%d,%d,%d", &s.stage_k, &s.stages, &s.tokens) != 3)
-    return std::nullopt;
-  return s;
-}
-
 std::optional<KernelSource> emit(const KernelRequest& r) {
   if (!detail::sm90_allowed(r)) return std::nullopt;
   const bool fc1 = r.role == KernelRole::fc1_decode;
   const bool glu = fc1 && is_glu(r.layer.activation.kind);
   const std::int64_t k = fc1 ? r.layer.hidden : r.layer.ffn;
   const std::int64_t out_columns = fc1 ? r.layer.ffn : r.layer.hidden;
-  if (const std::optional<StagedShape> st = staged_shape()) {
-    const int cols_per_block = glu ? 32 : 64;
-    const int smem = st->stages * (64 + st->tokens) * 2 * st->stage_k + 1024;
-    const int blocks = kSmemPerSm / (smem + kSmemReservedPerBlock);
-    const LaunchShape launch = detail::fixed_launch(
-        128, smem, (out_columns + cols_per_block - 1) / cols_per_block, r.layer.experts + 1);
-    return detail::kernel_source(
-        r, "decode_mlp_fwd.cuh", fc1 ? "Fc1Decode" : "Fc2Decode", "GroupedGemmParams",
-        r.fields +
-            fmt::format("  static constexpr bool staged = true;\n"
-                        "  static constexpr int m_tiles = 4, stage_k = {}, stages = {}, tokens = {};\n"
-                        "  static constexpr int min_blocks = {}, l2_prefetch = {};\n",
-                        st->stage_k, st->stages, st->tokens, blocks < 1 ? 1 : blocks,
-                        kL2PrefetchBytes),
-        launch);
-  }
   const int cols_per_block = (glu ? 8 : 16) * kMTiles;
   const RowStream stream = k <= kShortRowsK ? kShortRows : kLongRows;
   const int warps = warps_for(k, 32 * stream.pieces);

@@ -12,14 +12,15 @@ namespace gmjit::codegen::families {
 
 // Defined by the modules of this folder, one per file of the same name.
 extern const KernelFamily sm90_gemm, sm80_gemm, sm90_dgrad, sm80_dgrad, sm90_wgrad, sm80_wgrad,
-    column_sum, activation, sm90_fp8_gemm, sm90_fp8_wgrad, fp8_quantize, decode_gemm;
+    column_sum, activation, sm90_fp8_gemm, sm90_fp8_wgrad, fp8_quantize, decode_gemm, decode_staged;
 
 namespace {
 
 // Hopper before portable: the sm90 families apply only where the arch and the widths allow.
 constexpr std::array kPriority{&sm90_gemm,     &sm80_gemm,      &sm90_dgrad,   &sm80_dgrad,
                                &sm90_wgrad,    &sm80_wgrad,     &column_sum,   &activation,
-                               &sm90_fp8_gemm, &sm90_fp8_wgrad, &fp8_quantize, &decode_gemm};
+                               &sm90_fp8_gemm, &sm90_fp8_wgrad, &fp8_quantize, &decode_gemm,
+                               &decode_staged};
 
 bool serves(const KernelFamily& family, KernelRole role) {
   for (KernelRole r : family.roles) {

@@ -159,8 +159,9 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engin
         {layer, grad, key.pow2_scales != 0, key.recipe == fp8_tensor, arch});
   } else {
     for (const engine::FusedOp& op : fused) {
-      auto emitted = engine::emit_fused_op(op, ops, layer, grad, arch,
-                                           options.portable_kernels_only, decode_enabled());
+      auto emitted =
+          engine::emit_fused_op(op, ops, layer, grad, arch, options.portable_kernels_only,
+                                options.decode_tokens_per_expert);
       sources.insert(sources.end(), emitted.begin(), emitted.end());
     }
   }

@@ -50,8 +50,6 @@ struct Engine::Impl {
   std::pair<std::size_t, std::size_t> kernels_to_run(const engine::DevicePlan& plan,
                                                      std::int64_t tokens,
                                                      std::int64_t experts) const;
-  // Whether no-grad plans carry the decode pair and forwards may run it.
-  bool decode_enabled() const { return options.decode_tokens_per_expert > 0; }
 
   const EngineOptions options;  // as given, with the environment's overrides applied
   engine::StoreCounters store_counters;

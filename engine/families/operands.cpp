@@ -24,12 +24,14 @@ GemmOperands gemm_operands(codegen::KernelRole role, const CallTensors& c) {
   switch (role) {
     case KernelRole::fc1_forward:  // FC1 with the activation (and · p) in its epilogue
     case KernelRole::fc1_decode:
+    case KernelRole::fc1_decode_wide:
       return {l.hidden,
               l.fc1_out(),
               fc1_b_layout(l.activation),
               {c.x, c.w1, c.b1, c.probs, c.split_sizes, c.act_scaled, c.saved_preact, c.tokens}};
     case KernelRole::fc2_forward:
     case KernelRole::fc2_decode:
+    case KernelRole::fc2_decode_wide:
       return fc2;
     case KernelRole::linear:  // op by op: FC1 as a plain grouped linear into h, or FC2
       if (c.linear_is_fc2) return fc2;

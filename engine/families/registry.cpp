@@ -33,6 +33,7 @@ constexpr std::array kFamilies{
     Family{"fp8_quantize", &bind_fp8_quantize},
     // The decode kernels take the portable forward's block (GroupedGemmParams) unchanged.
     Family{"decode_gemm", &bind_sm80_gemm},
+    Family{"decode_staged", &bind_sm80_gemm},
 };
 
 }  // namespace

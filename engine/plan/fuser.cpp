@@ -56,9 +56,10 @@ std::vector<FusedOp> fuse(std::span<const Op> ops, std::span<const FusionRule> r
 std::vector<codegen::KernelSource> emit_fused_op(const FusedOp& fused, std::span<const Op> ops,
                                                  const LayerSpec& layer, bool grad,
                                                  const std::string& arch, bool portable_only,
-                                                 bool decode) {
+                                                 int decode_tokens_per_expert) {
   if (fused.kind == FusedKind::grouped_mlp) {
-    return codegen::emit_grouped_mlp_forward({layer, grad, arch, portable_only, decode});
+    return codegen::emit_grouped_mlp_forward(
+        {layer, grad, arch, portable_only, decode_tokens_per_expert});
   }
   const Op& op = ops[fused.first_op];
   if (op.kind == OpKind::grouped_linear) {

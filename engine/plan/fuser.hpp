@@ -46,12 +46,13 @@ struct FusedOp {
 // Forward rules, in priority order.
 std::span<const FusionRule> forward_fusion_rules();
 
-// The kernels of one fused op (a grouped MLP: FC1 and FC2, then without grad and with `decode`
-// the decode pair where the arch has one; an unfused op: its own kernel).
+// The kernels of one fused op (a grouped MLP: FC1 and FC2, then without grad the decode pairs
+// for up to `decode_tokens_per_expert` tokens per expert where the arch has them; an unfused op:
+// its own kernel).
 std::vector<codegen::KernelSource> emit_fused_op(const FusedOp& op, std::span<const Op> ops,
                                                  const LayerSpec& layer, bool grad,
                                                  const std::string& arch, bool portable_only,
-                                                 bool decode = false);
+                                                 int decode_tokens_per_expert = 0);
 
 // Greedy left-to-right: at each op the first rule whose pattern matches wins; an op no rule
 // matches becomes an `unfused` op of its own.

@@ -103,10 +103,12 @@ struct EngineOptions {
   // same codegen, compile and cache path: slower, and a reference for the fused kernels.
   bool fuse_ops = true;
   // Forwards without grad of at most this many tokens per expert on average (tokens <= this *
-  // experts) run the decode kernels, which stream the weights with plain loads, where the plan has
-  // them (BF16, fused, sm_90a, not portable_kernels_only); 0: never (the plans then leave them
-  // out). The environment variable GMJIT_DECODE_TOKENS_PER_EXPERT, when set, replaces it.
-  int decode_tokens_per_expert = 8;
+  // experts) run the decode kernels, which stream the weights from global memory at up to 95 % of
+  // HBM, where the plan has them (BF16, fused, sm_90a, not portable_kernels_only); 0: never (the
+  // plans then leave them out). Above 8, the plans carry a second decode pair for calls of 9 or
+  // more tokens per expert. The environment variable GMJIT_DECODE_TOKENS_PER_EXPERT, when set,
+  // replaces it.
+  int decode_tokens_per_expert = 16;
 };
 
 struct EngineCounters {

@@ -50,7 +50,7 @@ TEST(DecodeEmit, BlocksCoverEveryExpertsRowsAndWarpsSplitK) {
   qwen3.hidden = 2048;
   qwen3.ffn = 768;
   qwen3.router_probs = true;
-  const auto kernels = emit_grouped_mlp_forward({qwen3, false, "sm_90a", false, true});
+  const auto kernels = emit_grouped_mlp_forward({qwen3, false, "sm_90a", false, 8});
   ASSERT_EQ(kernels.size(), 4u);
   const KernelSource& fc1 = kernels[2];
   const KernelSource& fc2 = kernels[3];
@@ -75,7 +75,7 @@ TEST(DecodeEmit, BlocksCoverEveryExpertsRowsAndWarpsSplitK) {
   mixtral_like.experts = 8;
   mixtral_like.hidden = 4096;
   mixtral_like.ffn = 14336;
-  const auto longer = emit_grouped_mlp_forward({mixtral_like, false, "sm_90a", false, true});
+  const auto longer = emit_grouped_mlp_forward({mixtral_like, false, "sm_90a", false, 8});
   ASSERT_EQ(longer.size(), 4u);
   for (const KernelSource* k : {&longer[2], &longer[3]}) {
     EXPECT_EQ(k->launch.threads, 256u);
@@ -87,7 +87,7 @@ TEST(DecodeEmit, BlocksCoverEveryExpertsRowsAndWarpsSplitK) {
   narrow.hidden = 72;  // K of one chunk; FC1's 200 output columns end in a partial block
   narrow.ffn = 200;
   narrow.activation.kind = Activation::relu;
-  const auto odd = emit_grouped_mlp_forward({narrow, false, "sm_90a", false, true});
+  const auto odd = emit_grouped_mlp_forward({narrow, false, "sm_90a", false, 8});
   ASSERT_EQ(odd.size(), 4u);
   EXPECT_EQ(odd[2].launch.threads, 32u);
   EXPECT_EQ(odd[2].launch.grid_x, 13u);   // 200 columns, 16 per block (no GLU)
@@ -95,10 +95,57 @@ TEST(DecodeEmit, BlocksCoverEveryExpertsRowsAndWarpsSplitK) {
   EXPECT_EQ(odd[3].launch.threads, 64u);  // K = 200: two chunks of 128, a warp each
 
   // Not with grad, not off Hopper, not with the portable kernels, not unless asked for.
-  EXPECT_EQ(emit_grouped_mlp_forward({qwen3, true, "sm_90a", false, true}).size(), 2u);
-  EXPECT_EQ(emit_grouped_mlp_forward({qwen3, false, "sm_80", false, true}).size(), 2u);
-  EXPECT_EQ(emit_grouped_mlp_forward({qwen3, false, "sm_90a", true, true}).size(), 2u);
-  EXPECT_EQ(emit_grouped_mlp_forward({qwen3, false, "sm_90a", false, false}).size(), 2u);
+  EXPECT_EQ(emit_grouped_mlp_forward({qwen3, true, "sm_90a", false, 16}).size(), 2u);
+  EXPECT_EQ(emit_grouped_mlp_forward({qwen3, false, "sm_80", false, 16}).size(), 2u);
+  EXPECT_EQ(emit_grouped_mlp_forward({qwen3, false, "sm_90a", true, 16}).size(), 2u);
+  EXPECT_EQ(emit_grouped_mlp_forward({qwen3, false, "sm_90a", false, 0}).size(), 2u);
+}
+
+// The wide decode pair (calls of 9-16 tokens per expert) after the narrow one: one block of one
+// warpgroup per 64 weight rows of each expert (GLU FC1: 32 output columns), plus one row of
+// blocks for the rows past the experts'; a ring of 128-element stages, 3 deep (three blocks per
+// SM) where K <= 2048, else 4 deep (two).
+TEST(DecodeEmit, WidePairFollowsTheNarrowOneWithStagedBlocksOf64Rows) {
+  LayerSpec qwen3;
+  qwen3.experts = 128;
+  qwen3.hidden = 2048;
+  qwen3.ffn = 768;
+  qwen3.router_probs = true;
+  EXPECT_EQ(emit_grouped_mlp_forward({qwen3, false, "sm_90a", false, 8}).size(), 4u);
+  const auto kernels = emit_grouped_mlp_forward({qwen3, false, "sm_90a", false, 16});
+  ASSERT_EQ(kernels.size(), 6u);
+  EXPECT_EQ(kernels[2].role, KernelRole::fc1_decode);
+  const KernelSource& fc1 = kernels[4];
+  const KernelSource& fc2 = kernels[5];
+  EXPECT_EQ(fc1.role, KernelRole::fc1_decode_wide);
+  EXPECT_EQ(fc2.role, KernelRole::fc2_decode_wide);
+  EXPECT_EQ(fc1.family, "decode_staged");
+  EXPECT_EQ(fc2.family, "decode_staged");
+  EXPECT_TRUE(fc1.entry.ends_with("_decode_wide")) << fc1.entry;
+  EXPECT_EQ(fc1.launch.grid, LaunchShape::Grid::fixed);
+  EXPECT_EQ(fc1.launch.grid_x, 768u / 32u);
+  EXPECT_EQ(fc1.launch.grid_y, 129u);
+  EXPECT_EQ(fc2.launch.grid_x, 2048u / 64u);
+  EXPECT_EQ(fc2.launch.threads, 128u);
+  // 3 stages of (64 weight rows + 16 tokens) x 256 bytes, plus the ring's alignment.
+  EXPECT_EQ(fc1.launch.dynamic_smem_bytes, 3u * 80u * 256u + 1024u);
+  EXPECT_NE(fc1.source.find("stage_k = 128, stages = 3, tokens = 16"), std::string::npos)
+      << fc1.source;
+  EXPECT_NE(fc1.source.find("min_blocks = 3"), std::string::npos) << fc1.source;
+
+  LayerSpec mixtral_like = qwen3;
+  mixtral_like.experts = 8;
+  mixtral_like.hidden = 4096;
+  mixtral_like.ffn = 14336;
+  mixtral_like.activation.kind = Activation::relu;
+  const auto longer = emit_grouped_mlp_forward({mixtral_like, false, "sm_90a", false, 64});
+  ASSERT_EQ(longer.size(), 6u);
+  EXPECT_EQ(longer[4].launch.grid_x, 14336u / 64u);  // no GLU: 64 output columns per block
+  for (const KernelSource* k : {&longer[4], &longer[5]}) {
+    EXPECT_EQ(k->launch.dynamic_smem_bytes, 4u * 80u * 256u + 1024u);
+    EXPECT_NE(k->source.find("stages = 4"), std::string::npos) << k->source;
+    EXPECT_NE(k->source.find("min_blocks = 2"), std::string::npos) << k->source;
+  }
 }
 
 TEST(GroupedMlpEmit, EveryCodegenInputChangesTheSource) {

@@ -48,13 +48,15 @@ class NvrtcCompilesPlanKernels : public ::testing::TestWithParam<Case> {};
 TEST_P(NvrtcCompilesPlanKernels, ToANonEmptyCubin) {
   const Case c = GetParam();
   const LayerSpec layer = c.layer(8);
-  const auto kernels = emit_grouped_mlp_forward({layer, c.save_preact, c.arch, false, true});
-  // Without grad on sm_90a, the decode pair follows FC1 and FC2.
+  const auto kernels = emit_grouped_mlp_forward({layer, c.save_preact, c.arch, false, 16});
+  // Without grad on sm_90a, the two decode pairs follow FC1 and FC2.
   const bool decode = std::string_view(c.arch) == "sm_90a" && !c.save_preact;
-  ASSERT_EQ(kernels.size(), decode ? 4u : 2u);
+  ASSERT_EQ(kernels.size(), decode ? 6u : 2u);
   for (const KernelSource& kernel : kernels) {
     if (kernel.family == "decode_gemm") {
       EXPECT_TRUE(kernel.entry.ends_with("_decode")) << kernel.entry;
+    } else if (kernel.family == "decode_staged") {
+      EXPECT_TRUE(kernel.entry.ends_with("_decode_wide")) << kernel.entry;
     } else if (c.hopper()) {
       EXPECT_TRUE(kernel.entry.ends_with("_sm90")) << kernel.entry;
     }
@@ -103,7 +105,7 @@ INSTANTIATE_TEST_SUITE_P(
              true, 576, 320},
         Case{"sm90a_geglu_i32_w320x192", "sm_90a", Activation::geglu, GluLayout::interleaved32,
              false, false, 320, 192},
-        // The decode pair on widths with K tails and partial column blocks.
+        // The decode pairs on widths with K tails and partial column blocks.
         Case{"sm90a_srelu_w200x72", "sm_90a", Activation::srelu, GluLayout::halves, true, false,
              200, 72},
         Case{"sm90a_clamped_w1440x1008", "sm_90a", Activation::clamped_swiglu, GluLayout::halves,

@@ -27,8 +27,9 @@ class PlanCache : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
-// A no-grad plan on sm_90a: FC1, FC2 and the decode pair.
-constexpr std::uint64_t kNoGradSm90Kernels = 4;
+// A no-grad plan on sm_90a: FC1, FC2 and the two decode pairs (up to 8 and up to 16 tokens per
+// expert).
+constexpr std::uint64_t kNoGradSm90Kernels = 6;
 
 TEST_F(PlanCache, ColdCompileThenDiskHitInAFreshEngineThenMemoryHits) {
   const LayerSpec layer = testing::small_layer();
@@ -48,16 +49,23 @@ TEST_F(PlanCache, ColdCompileThenDiskHitInAFreshEngineThenMemoryHits) {
   EXPECT_EQ(warm.counters().disk_reads, kNoGradSm90Kernels);
 }
 
-TEST_F(PlanCache, NoGradHopperPlansEndInTheDecodePairUnlessTurnedOff) {
+TEST_F(PlanCache, NoGradHopperPlansEndInTheDecodePairsUnlessTurnedOff) {
   const LayerSpec layer = testing::small_layer();
   Engine engine(EngineOptions{.use_disk_cache = false});
   const PreparedPlanInfo no_grad =
       engine.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a");
-  ASSERT_EQ(no_grad.kernel_names.size(), 4u);
+  ASSERT_EQ(no_grad.kernel_names.size(), 6u);
   EXPECT_NE(no_grad.kernel_names[2].find("fc1_fwd"), std::string::npos);
   EXPECT_TRUE(no_grad.kernel_names[2].ends_with("_decode"));
   EXPECT_NE(no_grad.kernel_names[3].find("fc2_fwd"), std::string::npos);
   EXPECT_TRUE(no_grad.kernel_names[3].ends_with("_decode"));
+  EXPECT_NE(no_grad.kernel_names[4].find("fc1_fwd"), std::string::npos);
+  EXPECT_TRUE(no_grad.kernel_names[4].ends_with("_decode_wide"));
+  EXPECT_TRUE(no_grad.kernel_names[5].ends_with("_decode_wide"));
+  // Up to 8 tokens per expert, the narrow pair alone.
+  Engine narrow(EngineOptions{.use_disk_cache = false, .decode_tokens_per_expert = 8});
+  EXPECT_EQ(narrow.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a").kernel_names.size(),
+            4u);
   // Grad mode saves the pre-activation, which the decode kernels do not write; sm_80 and the
   // portable kernels have no decode family.
   EXPECT_EQ(engine.prepare(layer, Recipe::bf16(), GradMode::grad, "sm_90a").kernel_names.size(),
