@@ -275,18 +275,15 @@ struct Fc1Decode {
   }
 
   // W1 rows of the block: tile i's row r (0-15) is row first_row + row_step(i, r / 8) + r % 8.
-  // GLU: rows 0-7 gate, 8-15 lin of 8 output columns (a block of up to 32 columns stays inside
-  // one interleaved 32-column block, one of 64 covers two whole ones: in both layouts each tile's
-  // rows are a fixed step from the block's first).
+  // GLU: rows 0-7 gate, 8-15 lin of 8 output columns (a 32-column block never straddles an
+  // interleaved 32-column block, so both layouts are a fixed step apart).
   __device__ static __forceinline__ int first_row(int block) {
-    const int c0 = block * kCols;  // GLU: kCols divides 32 or is 64
+    const int c0 = block * kCols;  // GLU: kCols divides 32, so the block stays in one 32-block
     return kGlu && kLayout == GluLayout::kInterleaved32 ? (c0 >> 5) * 64 + (c0 & 31) : c0;
   }
   __device__ static constexpr int row_step(int i, int h) {
     if constexpr (!kGlu) return 16 * i + 8 * h;
-    if constexpr (kLayout == GluLayout::kHalves) return 8 * i + (h == 0 ? 0 : Cfg::ffn);
-    // Interleaved: a block of 64 columns (8 tiles) spans two 32-column blocks, 64 rows apart.
-    return 8 * i + 32 * (i / 4) + (h == 0 ? 0 : 32);
+    return 8 * i + (h == 0 ? 0 : (kLayout == GluLayout::kHalves ? Cfg::ffn : 32));
   }
   __device__ static __forceinline__ bool row_in_width(int block, int i, int h, int g) {
     return out_col(block, i, 8 * h + g) < kNOut;

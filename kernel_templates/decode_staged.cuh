@@ -69,8 +69,7 @@ struct DecodeStaged {
   static constexpr int kAtoms = kStageK / 64;  // 128-byte swizzle column blocks per stage
   static constexpr int kStages = Cfg::stages;
   static constexpr int kTokens = Cfg::tokens;
-  static constexpr int kMTiles = Cfg::m_tiles / 4;  // wgmma m64 tiles per block, 1 or 2
-  static constexpr int kRows = 64 * kMTiles;
+  static constexpr int kRows = 64;
   static constexpr int kPieces = 8 * kAtoms;  // 16-byte chunks of a row per stage
   static constexpr int threads = 128;
   static constexpr int min_blocks = Cfg::min_blocks;
@@ -81,8 +80,7 @@ struct DecodeStaged {
   static constexpr int kACopies = kRows * kPieces / threads;       // per thread and stage
   static constexpr int kBCopies = kTokens * kPieces / threads;
   static constexpr int kSteps = (kK + kStageK - 1) / kStageK;  // stages per pass
-  static_assert(Cfg::m_tiles == 4 || Cfg::m_tiles == 8,
-                "the staged kernel's block is 4 or 8 m16 tiles: one or two wgmma m64 tiles");
+  static_assert(Cfg::m_tiles == 4, "the staged kernel's block is 4 m16 tiles: one wgmma m64");
   static_assert(kStageK == 128 || kStageK == 256, "stage_k: 128 or 256");
   static_assert(kTokens == 8 || kTokens == 16, "tokens: 8 or 16");
   static_assert(kStages >= 2, "stages: at least 2");
@@ -169,11 +167,9 @@ struct DecodeStaged {
 
   // One pass: acc = x[row0, row0 + count) · W_rowsᵀ over all of K.
   __device__ static __forceinline__ void mainloop(const Copies& c, unsigned int ring,
-                                                  float (&acc)[kMTiles][kTokens / 2]) {
+                                                  float (&acc)[kTokens / 2]) {
 #pragma unroll
-    for (int m = 0; m < kMTiles; ++m)
-#pragma unroll
-      for (int r = 0; r < kTokens / 2; ++r) acc[m][r] = 0.0f;
+    for (int r = 0; r < kTokens / 2; ++r) acc[r] = 0.0f;
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < kSteps) copy_stage(c, ring + s * kStageBytes, s);
@@ -196,21 +192,16 @@ struct DecodeStaged {
       for (int atom = 0; atom < kAtoms; ++atom)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
+          const unsigned long long da = sm90::make_desc_sw128(a + atom * kRows * 128 + 32 * j);
           const unsigned long long db = sm90::make_desc_sw128(b + atom * kTokens * 128 + 32 * j);
-#pragma unroll
-          for (int m = 0; m < kMTiles; ++m) {
-            const unsigned long long da =
-                sm90::make_desc_sw128(a + atom * kRows * 128 + m * 64 * 128 + 32 * j);
-            if constexpr (kTokens == 16)
-              sm90::wgmma_m64n16k16(acc[m], da, db);
-            else
-              sm90::wgmma_m64n8k16(acc[m], da, db);
-          }
+          if constexpr (kTokens == 16)
+            sm90::wgmma_m64n16k16(acc, da, db);
+          else
+            sm90::wgmma_m64n8k16(acc, da, db);
         }
       sm90::wgmma_commit();
       sm90::wgmma_wait<0>();
-#pragma unroll
-      for (int m = 0; m < kMTiles; ++m) sm90::fence_regs(acc[m]);
+      sm90::fence_regs(acc);
     }
     cp_async_wait<0>();  // only empty groups remain
   }
@@ -236,17 +227,14 @@ struct DecodeStaged {
       const int count = static_cast<int>(end - row0 < kTokens ? end - row0 : kTokens);
       if (row0 != beg) __syncthreads();  // every warp's last wgmma of the previous pass is done
       const Copies c = plan_copies(p, expert, block, row0, count);
-      float acc[kMTiles][kTokens / 2];
+      float acc[kTokens / 2];
       mainloop(c, ring, acc);
 #pragma unroll
-      for (int m = 0; m < kMTiles; ++m)
-#pragma unroll
-        for (int j = 0; j < kTokens / 8; ++j) {
-          if (8 * j >= count) break;
-          const float v[4] = {acc[m][4 * j], acc[m][4 * j + 1], acc[m][4 * j + 2],
-                              acc[m][4 * j + 3]};
-          Epi::store(p, expert, block, 4 * m + warp, j, row0, count, v);
-        }
+      for (int j = 0; j < kTokens / 8; ++j) {
+        if (8 * j >= count) break;
+        const float v[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
+        Epi::store(p, expert, block, warp, j, row0, count, v);
+      }
     }
   }
 };

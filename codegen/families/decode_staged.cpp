@@ -8,9 +8,6 @@
 // the portable forward's binding (the same GroupedGemmParams; engine/families/registry.cpp).
 #include <fmt/format.h>
 
-#include <cstdio>
-#include <cstdlib>
-
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 
@@ -35,25 +32,20 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   const bool glu = fc1 && is_glu(r.layer.activation.kind);
   const std::int64_t k = fc1 ? r.layer.hidden : r.layer.ffn;
   const std::int64_t out_columns = fc1 ? r.layer.ffn : r.layer.hidden;
-  int rows = kRows;
-  int stages = k <= kShortRowsK ? 3 : 4;
-  // EXPERIMENT (session 22): GMJIT_DECODE_WIDE="rows,stages" (rows 64 or 128).
-  if (const char* env = std::getenv("GMJIT_DECODE_WIDE")) {
-    if (std::sscanf(env, "%d,%d", &rows, &stages) != 2) rows = kRows;
-  }
-  const int cols_per_block = glu ? rows / 2 : rows;  // GLU: gate and lin rows of rows / 2 columns
+  const int cols_per_block = glu ? kRows / 2 : kRows;  // GLU: gate and lin rows of 32 columns
+  const int stages = k <= kShortRowsK ? 3 : 4;
   // The ring of the template's smem_bytes: stages x (weights + tokens), plus its alignment.
-  const int smem = stages * (rows + kTokensPerPass) * 2 * kStageK + 1024;
+  const int smem = stages * (kRows + kTokensPerPass) * 2 * kStageK + 1024;
   const int blocks_per_sm = kSmemPerSm / (smem + kSmemReservedPerBlock);
   const LaunchShape launch = detail::fixed_launch(
       128, smem, (out_columns + cols_per_block - 1) / cols_per_block, r.layer.experts + 1);
   return detail::kernel_source(
       r, "decode_mlp_fwd.cuh", fc1 ? "Fc1Decode" : "Fc2Decode", "GroupedGemmParams",
-      r.fields +
-          fmt::format("  static constexpr bool staged = true;\n"
-                      "  static constexpr int m_tiles = {}, stage_k = {}, stages = {}, tokens = {};\n"
-                      "  static constexpr int min_blocks = {}, l2_prefetch = {};\n",
-                      rows / 16, kStageK, stages, kTokensPerPass, blocks_per_sm, kL2PrefetchBytes),
+      r.fields + fmt::format(
+                     "  static constexpr bool staged = true;\n"
+                     "  static constexpr int m_tiles = 4, stage_k = {}, stages = {}, tokens = {};\n"
+                     "  static constexpr int min_blocks = {}, l2_prefetch = {};\n",
+                     kStageK, stages, kTokensPerPass, blocks_per_sm, kL2PrefetchBytes),
       launch);
 }
 
