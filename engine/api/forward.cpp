@@ -1,14 +1,13 @@
 // Engine::forward: validate, find the plan, bind and launch its kernels (FC1 and FC2, or op by
 // op: linear, activation, FC2) in order on the tensors' device. What each kernel takes is its
 // family's business (engine/families/).
-#include <algorithm>
 #include <cstdint>
 #include <utility>
 
-#include "codegen/grouped_mlp.hpp"
 #include "engine/api/engine_impl.hpp"
 #include "engine/api/validate.hpp"
 #include "engine/families/family.hpp"
+#include "engine/plan/decode_pairs.hpp"
 #include "engine/runtime/device_context.hpp"
 #include "engine/runtime/driver.hpp"
 #include "engine/runtime/log.hpp"
@@ -51,27 +50,14 @@ struct ForwardWorkspace {
 
 }  // namespace
 
-// The plan's kernels [first, last) this call runs: a no-grad plan may end in the decode pairs
-// (fc1_decode, fc2_decode, then fc1_decode_wide, fc2_decode_wide), one of which replaces FC1 and
-// FC2 when the call has few tokens per expert: the narrow pair up to
-// kDecodeNarrowTokensPerExpert, the wide one up to EngineOptions::decode_tokens_per_expert.
+// The plan's kernels [first, last) this call runs: FC1 and FC2, or one of the decode pairs
+// (engine/plan/decode_pairs.hpp).
 std::pair<std::size_t, std::size_t> Engine::Impl::kernels_to_run(const engine::DevicePlan& plan,
                                                                  std::int64_t tokens,
                                                                  std::int64_t experts) const {
-  using codegen::KernelRole;
-  const std::size_t n = plan.kernels.size();
-  std::size_t narrow = n, wide = n;  // where each pair starts, n: absent
-  for (std::size_t i = 0; i + 1 < n; ++i) {
-    if (plan.kernels[i]->role() == KernelRole::fc1_decode) narrow = i;
-    if (plan.kernels[i]->role() == KernelRole::fc1_decode_wide) wide = i;
-  }
-  const std::size_t tiled_end = std::min(narrow, wide);
-  const auto at_most = [&](std::int64_t per_expert) { return tokens <= per_expert * experts; };
-  const std::int64_t limit = options.decode_tokens_per_expert;
-  if (narrow < n && at_most(std::min<std::int64_t>(limit, codegen::kDecodeNarrowTokensPerExpert)))
-    return {narrow, narrow + 2};
-  if (wide < n && at_most(limit)) return {wide, wide + 2};
-  return {0, tiled_end};
+  return engine::kernels_for_tokens(
+      plan.kernels.size(), [&](std::size_t i) { return plan.kernels[i]->role(); }, tokens, experts,
+      options.decode_tokens_per_expert);
 }
 
 std::size_t Engine::forward_workspace_bytes(const LayerSpec& spec, GradMode grad,
