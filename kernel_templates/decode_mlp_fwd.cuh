@@ -202,8 +202,8 @@ struct DecodeGemv {
       expert_rows(split, p.tokens, Cfg::experts - 1, beg, end);
       const int c0 = block * Epi::kCols;
       if (end < p.tokens)
-        zero_row_range(p.out, Epi::kNOut, end, p.tokens, c0,
-                          groups_in(c0, Epi::kCols, Epi::kNOut), threadIdx.x, threads);
+        zero_row_range(p.out, Epi::kNOut, end, p.tokens, c0, groups_in(c0, Epi::kCols, Epi::kNOut),
+                       threadIdx.x, threads);
       return;
     }
     long long beg, end;

@@ -144,17 +144,17 @@ struct DecodeStaged {
   // Issues stage `step`'s copies into the ring slot at `slot`. Pieces past K are zeros (so that
   // they add nothing: a stale NaN times a zero weight would not); token rows past `count` are not
   // copied at all, since only their own accumulator columns, never stored, read them. A piece
-  // that is not read points at the weights' base or the token row's first piece (cp.async wants a valid address).
+  // that is not read points at the weights' base or the token row's first piece (cp.async wants a
+  // valid address).
   __device__ static __forceinline__ void copy_stage(const Copies& c, unsigned int slot, int step) {
     const int k0 = step * kStageK;
     const bool k_ok = c.k_ok_at(k0);
 #pragma unroll
     for (int i = 0; i < kACopies; ++i) {
       const bool ok = k_ok && ((c.wrows_ok >> i) & 1u);
-      decode::copy_16<Cfg::l2_prefetch>(slot + piece_offset(c, kRows, i),
-                                        ok ? c.w + weight_row(i) * static_cast<long long>(kK) + k0
-                                           : c.w0,
-                                        ok ? 16u : 0u);
+      decode::copy_16<Cfg::l2_prefetch>(
+          slot + piece_offset(c, kRows, i),
+          ok ? c.w + weight_row(i) * static_cast<long long>(kK) + k0 : c.w0, ok ? 16u : 0u);
     }
 #pragma unroll
     for (int i = 0; i < kBCopies; ++i) {
@@ -216,8 +216,8 @@ struct DecodeStaged {
       expert_rows(split, p.tokens, Cfg::experts - 1, beg, end);
       const int c0 = block * Epi::kCols;
       if (end < p.tokens)
-        zero_row_range(p.out, Epi::kNOut, end, p.tokens, c0,
-                          groups_in(c0, Epi::kCols, Epi::kNOut), threadIdx.x, threads);
+        zero_row_range(p.out, Epi::kNOut, end, p.tokens, c0, groups_in(c0, Epi::kCols, Epi::kNOut),
+                       threadIdx.x, threads);
       return;
     }
     long long beg, end;

@@ -36,7 +36,7 @@ __device__ __forceinline__ void zero_groups(void* base, long long ld, long long 
 // stride ld, rows past a row tile's 256 included: the decode kernels' rows past the experts may
 // be many (all of them when every split is garbage), and zero_groups takes one tile at a time.
 __device__ __forceinline__ void zero_row_range(void* out, long long ld, long long r0, long long r1,
-                                          int c0, int groups, int tid, int nthreads) {
+                                               int c0, int groups, int tid, int nthreads) {
 #pragma unroll 1
   for (long long r = r0; r < r1; r += 256)
     zero_groups(out, ld, r, r1 - r < 256 ? r1 : r + 256, groups, tid, nthreads,
