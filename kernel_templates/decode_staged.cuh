@@ -206,7 +206,138 @@ struct DecodeStaged {
     cp_async_wait<0>();  // only empty groups remain
   }
 
+  // ---- persistent blocks (Cfg::persistent): one continuous ring over several units ----------
+  // A unit is one column block of one expert. Block `cta` of `ncta` takes units cta, cta + ncta,
+  // ... (expert-major, so the blocks work on neighbouring units at any time), each unit's rows in
+  // passes of kTokens, each pass kSteps stages; the copies run kStages - 1 stages ahead along this
+  // sequence, across passes and units, so a unit's first stages are in flight while the previous
+  // unit's last ones are multiplied (short rows, e.g. K = 768, are only 6 stages long).
+  static constexpr int kBlocksPerRow = (Epi::kNOut + Epi::kCols - 1) / Epi::kCols;
+  static constexpr int kUnits = Cfg::experts * kBlocksPerRow;
+
+  struct Cursor {
+    int unit;  // kUnits: past the block's last unit
+    int expert, block;
+    long long row0, end;  // the pass's first row, the expert's end
+    int step;             // stage of the pass
+    __device__ int count() const {
+      return static_cast<int>(end - row0 < kTokens ? end - row0 : kTokens);
+    }
+  };
+
+  // The first pass of unit u, or of the block's next unit after it with rows. Warp-collective
+  // (expert_rows), called by the whole block together.
+  __device__ static __forceinline__ void seek(const SplitT* split, long long tokens, int u,
+                                              int ncta, Cursor& c) {
+#pragma unroll 1
+    for (; u < kUnits; u += ncta) {
+      const int expert = u / kBlocksPerRow;
+      long long beg, end;
+      expert_rows(split, tokens, expert, beg, end);
+      if (beg < end) {
+        c = Cursor{u, expert, u % kBlocksPerRow, beg, end, 0};
+        return;
+      }
+    }
+    c.unit = kUnits;
+  }
+
+  __device__ static __forceinline__ void advance(const SplitT* split, long long tokens, int ncta,
+                                                 Cursor& c) {
+    if (++c.step < kSteps) return;
+    c.step = 0;
+    c.row0 += kTokens;
+    if (c.row0 < c.end) return;
+    seek(split, tokens, c.unit + ncta, ncta, c);
+  }
+
+  __device__ static void run_persistent(const GroupedGemmParams& p) {
+    extern __shared__ __align__(1024) unsigned char gmjit_decode_smem[];
+    const int warp = static_cast<int>(threadIdx.x) >> 5;
+    const int cta = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
+    const int ncta = static_cast<int>(gridDim.x * gridDim.y);
+    const auto* split = static_cast<const SplitT*>(p.split_sizes);
+    {  // rows past every expert's: zeros, a column block at a time
+      long long beg, end;
+      expert_rows(split, p.tokens, Cfg::experts - 1, beg, end);
+      if (end < p.tokens) {
+#pragma unroll 1
+        for (int b = cta; b < kBlocksPerRow; b += ncta) {
+          const int c0 = b * Epi::kCols;
+          zero_row_range(p.out, Epi::kNOut, end, p.tokens, c0,
+                         groups_in(c0, Epi::kCols, Epi::kNOut), threadIdx.x, threads);
+        }
+      }
+    }
+    const unsigned int ring = (sm90::smem_u32(gmjit_decode_smem) + 1023u) & ~1023u;
+    Cursor load, mma;
+    seek(split, p.tokens, cta, ncta, load);
+    mma = load;
+    Copies c{};
+    if (load.unit < kUnits) c = plan_copies(p, load.expert, load.block, load.row0, load.count());
+    // Copies the load cursor's stage into `slot` and moves the cursor on (a new pass: new copies).
+    auto copy_next = [&](int slot) {
+      if (load.unit < kUnits) {
+        copy_stage(c, ring + slot * kStageBytes, load.step);
+        advance(split, p.tokens, ncta, load);
+        if (load.unit < kUnits && load.step == 0)
+          c = plan_copies(p, load.expert, load.block, load.row0, load.count());
+      }
+      cp_async_commit();  // one group per stage, empty past the end: wait_group counts stages
+    };
+#pragma unroll 1
+    for (int s = 0; s < kStages - 1; ++s) copy_next(s);
+    float acc[kTokens / 2];
+#pragma unroll
+    for (int r = 0; r < kTokens / 2; ++r) acc[r] = 0.0f;
+    int slot = 0, load_slot = kStages - 1;
+#pragma unroll 1
+    while (mma.unit < kUnits) {
+      // As mainloop: this stage's copies landed and are visible to wgmma; every warp's previous
+      // wgmma, which read load_slot, is complete.
+      cp_async_wait<kStages - 2>();
+      sm90::fence_proxy_async();
+      __syncthreads();
+      copy_next(load_slot);
+      load_slot = load_slot + 1 == kStages ? 0 : load_slot + 1;
+      const unsigned int a = ring + slot * kStageBytes, b = a + kABytes;
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int atom = 0; atom < kAtoms; ++atom)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const unsigned long long da = sm90::make_desc_sw128(a + atom * kRows * 128 + 32 * j);
+          const unsigned long long db = sm90::make_desc_sw128(b + atom * kTokens * 128 + 32 * j);
+          if constexpr (kTokens == 16)
+            sm90::wgmma_m64n16k16(acc, da, db);
+          else
+            sm90::wgmma_m64n8k16(acc, da, db);
+        }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_regs(acc);
+      slot = slot + 1 == kStages ? 0 : slot + 1;
+      if (mma.step == kSteps - 1) {  // the pass is complete: its outputs, then a fresh sum
+        const int count = mma.count();
+#pragma unroll
+        for (int j = 0; j < kTokens / 8; ++j) {
+          if (8 * j >= count) break;
+          const float v[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
+          Epi::store(p, mma.expert, mma.block, warp, j, mma.row0, count, v);
+        }
+#pragma unroll
+        for (int r = 0; r < kTokens / 2; ++r) acc[r] = 0.0f;
+      }
+      advance(split, p.tokens, ncta, mma);
+    }
+    cp_async_wait<0>();  // only empty groups remain
+  }
+
   __device__ static void run(const GroupedGemmParams& p) {
+    if constexpr (Cfg::persistent) {
+      run_persistent(p);
+      return;
+    }
     extern __shared__ __align__(1024) unsigned char gmjit_decode_smem[];
     const int warp = static_cast<int>(threadIdx.x) >> 5;
     const int expert = static_cast<int>(blockIdx.y), block = static_cast<int>(blockIdx.x);
