@@ -8,8 +8,6 @@
 // the portable forward's binding (the same GroupedGemmParams; engine/families/registry.cpp).
 #include <fmt/format.h>
 
-#include <cstdlib>
-
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 
@@ -39,23 +37,15 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   // The ring of the template's smem_bytes: stages x (weights + tokens), plus its alignment.
   const int smem = stages * (kRows + kTokensPerPass) * 2 * kStageK + 1024;
   const int blocks_per_sm = kSmemPerSm / (smem + kSmemReservedPerBlock);
-  // EXPERIMENT (session 22): GMJIT_DECODE_WIDE_PERSISTENT=0 launches a block per unit.
-  const char* env = std::getenv("GMJIT_DECODE_WIDE_PERSISTENT");
-  const bool persistent = env == nullptr || env[0] != '0';
-  LaunchShape launch = detail::fixed_launch(
+  const LaunchShape launch = detail::fixed_launch(
       128, smem, (out_columns + cols_per_block - 1) / cols_per_block, r.layer.experts + 1);
-  if (persistent) {
-    launch.grid = LaunchShape::Grid::persistent;  // grid_x: the device's SMs
-    launch.grid_y = static_cast<std::uint32_t>(blocks_per_sm);
-  }
   return detail::kernel_source(
       r, "decode_mlp_fwd.cuh", fc1 ? "Fc1Decode" : "Fc2Decode", "GroupedGemmParams",
-      r.fields +
-          fmt::format("  static constexpr bool staged = true, persistent = {};\n"
-                      "  static constexpr int m_tiles = 4, stage_k = {}, stages = {}, tokens = {};\n"
-                      "  static constexpr int min_blocks = {}, l2_prefetch = {};\n",
-                      persistent, kStageK, stages, kTokensPerPass, blocks_per_sm,
-                      kL2PrefetchBytes),
+      r.fields + fmt::format(
+                     "  static constexpr bool staged = true;\n"
+                     "  static constexpr int m_tiles = 4, stage_k = {}, stages = {}, tokens = {};\n"
+                     "  static constexpr int min_blocks = {}, l2_prefetch = {};\n",
+                     kStageK, stages, kTokensPerPass, blocks_per_sm, kL2PrefetchBytes),
       launch);
 }
 
