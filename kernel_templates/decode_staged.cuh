@@ -6,17 +6,21 @@
 // double its instruction stream per weight byte (docs/PERFORMANCE.md, sessions 19-20).
 //
 // Why this shape:
-//   - cp.async reads each weight row in 16-byte pieces, a warp asking for 32 pieces (512
-//     contiguous bytes of one row) per instruction: the access pattern that made DecodeGemv
-//     stream at 93-97 % of HBM, where TMA boxes (128 bytes per row, rows apart) stop at 89 %.
+//   - cp.async reads each weight row in 16-byte pieces, a warp's 32 copies asking for 256
+//     contiguous bytes of each of two rows (stage_k 128; 512 of one row with 256): the access
+//     pattern that made DecodeGemv stream at 93-97 % of HBM, where TMA boxes (128 bytes per row,
+//     rows apart) stop at 89 %.
 //   - cp.async writes each piece wherever it is asked to, so shared memory can hold the 128-byte
 //     swizzled K-major layout wgmma reads (a TMA box with a 128-byte swizzle writes the same):
 //     stage = `atoms` column blocks of 64 K elements; row r of a block is 128 bytes at r * 128,
 //     its 16-byte chunk c at (c ^ (r % 8)) * 16.
-//   - wgmma takes the MMAs out of the warps' instruction stream: a stage of 64 rows x 256 K is
-//     16 wgmma instructions per warpgroup, against 64 mma.sync per warp in DecodeGemv.
+//   - wgmma takes the MMAs out of the warps' instruction stream: a stage of 64 rows x 128 K is
+//     8 wgmma instructions per warpgroup, where DecodeGemv's warps issue an mma.sync per k16 step
+//     and token tile.
 //   - copies in flight hold no registers, so a few warps per SM keep `stages - 1` stages in the
 //     air.
+// At 16 tokens per expert it streams 3-4 % faster than the tiled kernels (docs/PERFORMANCE.md,
+// session 22); at 1 token it is level with DecodeGemv, which keeps calls of up to 8.
 //
 // Epi is Fc1Decode or Fc2Decode with Cfg::m_tiles == 4: its m16 tile i is warp i's rows of the
 // wgmma accumulator (rows 16i + g and 16i + g + 8, as mma.sync's m16 tile), so Epi::store takes
