@@ -197,13 +197,8 @@ struct DecodeGemv {
     const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
     const int expert = static_cast<int>(blockIdx.y), block = static_cast<int>(blockIdx.x);
     const auto* split = static_cast<const SplitT*>(p.split_sizes);
-    if (expert == Cfg::experts) {  // rows past every expert's: zeros
-      long long beg, end;
-      expert_rows(split, p.tokens, Cfg::experts - 1, beg, end);
-      const int c0 = block * Epi::kCols;
-      if (end < p.tokens)
-        zero_row_range(p.out, Epi::kNOut, end, p.tokens, c0, groups_in(c0, Epi::kCols, Epi::kNOut),
-                       threadIdx.x, threads);
+    if (expert == Cfg::experts) {
+      decode::zero_rows_past_experts<Epi, Cfg::experts>(p, split, block, threads);
       return;
     }
     long long beg, end;

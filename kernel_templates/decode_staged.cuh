@@ -63,6 +63,20 @@ __device__ __forceinline__ void copy_16(unsigned int dst, const void* src, unsig
   }
 }
 
+// The launch's last block row (blockIdx.y == experts): this block's output columns of the rows
+// past every expert's are zeros.
+template <class Epi, int kExperts, class SplitT>
+__device__ __forceinline__ void zero_rows_past_experts(const GroupedGemmParams& p,
+                                                       const SplitT* split, int block,
+                                                       int nthreads) {
+  long long beg, end;
+  expert_rows(split, p.tokens, kExperts - 1, beg, end);
+  const int c0 = block * Epi::kCols;
+  if (end < p.tokens)
+    zero_row_range(p.out, Epi::kNOut, end, p.tokens, c0, groups_in(c0, Epi::kCols, Epi::kNOut),
+                   threadIdx.x, nthreads);
+}
+
 }  // namespace decode
 
 template <class Cfg, class Epi>
@@ -174,22 +188,25 @@ struct DecodeStaged {
                                                   float (&acc)[kTokens / 2]) {
 #pragma unroll
     for (int r = 0; r < kTokens / 2; ++r) acc[r] = 0.0f;
+    constexpr int kAhead = Cfg::early_refill ? kStages : kStages - 1;
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
+    for (int s = 0; s < kAhead; ++s) {
       if (s < kSteps) copy_stage(c, ring + s * kStageBytes, s);
       cp_async_commit();
     }
 #pragma unroll 1
     for (int step = 0; step < kSteps; ++step) {
       // This thread's copies of `step` have landed; make them visible to wgmma (the async
-      // proxy), then wait for every thread's. The barrier also orders the previous step's wgmma
-      // (complete in every warp) before the copies into its slot below.
-      cp_async_wait<kStages - 2>();
+      // proxy), then wait for every thread's.
+      cp_async_wait<kAhead - 1>();
       sm90::fence_proxy_async();
       __syncthreads();
-      const int next = step + kStages - 1;
-      if (next < kSteps) copy_stage(c, ring + (next % kStages) * kStageBytes, next);
-      cp_async_commit();
+      if constexpr (!Cfg::early_refill) {
+        // The barrier also orders the previous step's wgmma before the copies into its slot.
+        const int next = step + kStages - 1;
+        if (next < kSteps) copy_stage(c, ring + (next % kStages) * kStageBytes, next);
+        cp_async_commit();
+      }
       const unsigned int a = ring + (step % kStages) * kStageBytes, b = a + kABytes;
       sm90::wgmma_fence();
 #pragma unroll
@@ -206,6 +223,16 @@ struct DecodeStaged {
       sm90::wgmma_commit();
       sm90::wgmma_wait<0>();
       sm90::fence_regs(acc);
+      if constexpr (Cfg::early_refill) {
+        // Refill this slot as soon as every warp's wgmma has read it, so that all `stages` slots
+        // are in flight while the next stage is awaited.
+        const int next = step + kStages;
+        if (next < kSteps) {
+          __syncthreads();
+          copy_stage(c, a, next);
+        }
+        cp_async_commit();
+      }
     }
     cp_async_wait<0>();  // only empty groups remain
   }
@@ -215,13 +242,8 @@ struct DecodeStaged {
     const int warp = static_cast<int>(threadIdx.x) >> 5;
     const int expert = static_cast<int>(blockIdx.y), block = static_cast<int>(blockIdx.x);
     const auto* split = static_cast<const SplitT*>(p.split_sizes);
-    if (expert == Cfg::experts) {  // rows past every expert's: zeros
-      long long beg, end;
-      expert_rows(split, p.tokens, Cfg::experts - 1, beg, end);
-      const int c0 = block * Epi::kCols;
-      if (end < p.tokens)
-        zero_row_range(p.out, Epi::kNOut, end, p.tokens, c0, groups_in(c0, Epi::kCols, Epi::kNOut),
-                       threadIdx.x, threads);
+    if (expert == Cfg::experts) {
+      decode::zero_rows_past_experts<Epi, Cfg::experts>(p, split, block, threads);
       return;
     }
     long long beg, end;
