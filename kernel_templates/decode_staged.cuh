@@ -188,25 +188,22 @@ struct DecodeStaged {
                                                   float (&acc)[kTokens / 2]) {
 #pragma unroll
     for (int r = 0; r < kTokens / 2; ++r) acc[r] = 0.0f;
-    constexpr int kAhead = Cfg::early_refill ? kStages : kStages - 1;
 #pragma unroll
-    for (int s = 0; s < kAhead; ++s) {
+    for (int s = 0; s < kStages - 1; ++s) {
       if (s < kSteps) copy_stage(c, ring + s * kStageBytes, s);
       cp_async_commit();
     }
 #pragma unroll 1
     for (int step = 0; step < kSteps; ++step) {
       // This thread's copies of `step` have landed; make them visible to wgmma (the async
-      // proxy), then wait for every thread's.
-      cp_async_wait<kAhead - 1>();
+      // proxy), then wait for every thread's. The barrier also orders the previous step's wgmma
+      // (complete in every warp) before the copies into its slot below.
+      cp_async_wait<kStages - 2>();
       sm90::fence_proxy_async();
       __syncthreads();
-      if constexpr (!Cfg::early_refill) {
-        // The barrier also orders the previous step's wgmma before the copies into its slot.
-        const int next = step + kStages - 1;
-        if (next < kSteps) copy_stage(c, ring + (next % kStages) * kStageBytes, next);
-        cp_async_commit();
-      }
+      const int next = step + kStages - 1;
+      if (next < kSteps) copy_stage(c, ring + (next % kStages) * kStageBytes, next);
+      cp_async_commit();
       const unsigned int a = ring + (step % kStages) * kStageBytes, b = a + kABytes;
       sm90::wgmma_fence();
 #pragma unroll
@@ -223,16 +220,6 @@ struct DecodeStaged {
       sm90::wgmma_commit();
       sm90::wgmma_wait<0>();
       sm90::fence_regs(acc);
-      if constexpr (Cfg::early_refill) {
-        // Refill this slot as soon as every warp's wgmma has read it, so that all `stages` slots
-        // are in flight while the next stage is awaited.
-        const int next = step + kStages;
-        if (next < kSteps) {
-          __syncthreads();
-          copy_stage(c, a, next);
-        }
-        cp_async_commit();
-      }
     }
     cp_async_wait<0>();  // only empty groups remain
   }

@@ -8,9 +8,6 @@
 // the portable forward's binding (the same GroupedGemmParams; engine/families/registry.cpp).
 #include <fmt/format.h>
 
-#include <cstdio>
-#include <cstdlib>
-
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 
@@ -36,15 +33,7 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   const std::int64_t k = fc1 ? r.layer.hidden : r.layer.ffn;
   const std::int64_t out_columns = fc1 ? r.layer.ffn : r.layer.hidden;
   const int cols_per_block = glu ? kRows / 2 : kRows;  // GLU: gate and lin rows of 32 columns
-  int stages = k <= kShortRowsK ? 3 : 4;
-  int early = 0;
-  if (const char* e = std::getenv("GMJIT_DECODE_WIDE")) {  // experiment: stages,early
-    int s2 = 0, e2 = 0;
-    if (std::sscanf(e, "%d,%d", &s2, &e2) == 2) {
-      if (s2 > 0) stages = s2;
-      early = e2;
-    }
-  }
+  const int stages = k <= kShortRowsK ? 3 : 4;
   // The ring of the template's smem_bytes: stages x (weights + tokens), plus its alignment.
   const int smem = stages * (kRows + kTokensPerPass) * 2 * kStageK + 1024;
   const int blocks_per_sm = kSmemPerSm / (smem + kSmemReservedPerBlock);
@@ -55,10 +44,8 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
       r.fields + fmt::format(
                      "  static constexpr bool staged = true;\n"
                      "  static constexpr int m_tiles = 4, stage_k = {}, stages = {}, tokens = {};\n"
-                     "  static constexpr int min_blocks = {}, l2_prefetch = {};\n"
-                     "  static constexpr bool early_refill = {};\n",
-                     kStageK, stages, kTokensPerPass, blocks_per_sm, kL2PrefetchBytes,
-                     early ? "true" : "false"),
+                     "  static constexpr int min_blocks = {}, l2_prefetch = {};\n",
+                     kStageK, stages, kTokensPerPass, blocks_per_sm, kL2PrefetchBytes),
       launch);
 }
 

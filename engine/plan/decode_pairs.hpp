@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <utility>
 
 #include "codegen/grouped_mlp.hpp"
@@ -28,11 +27,8 @@ std::pair<std::size_t, std::size_t> kernels_for_tokens(std::size_t n, RoleAt rol
     if (role_at(i) == KernelRole::fc1_decode_wide) wide = i;
   }
   const auto at_most = [&](std::int64_t per_expert) { return tokens <= per_expert * experts; };
-  static const std::int64_t narrow_max = [] {  // experiment
-    const char* e = std::getenv("GMJIT_DECODE_NARROW_MAX");
-    return e ? std::atoll(e) : std::int64_t{codegen::kDecodeNarrowTokensPerExpert};
-  }();
-  const std::int64_t narrow_limit = std::min<std::int64_t>(decode_tokens_per_expert, narrow_max);
+  const std::int64_t narrow_limit =
+      std::min<std::int64_t>(decode_tokens_per_expert, codegen::kDecodeNarrowTokensPerExpert);
   if (narrow < n && at_most(narrow_limit)) return {narrow, narrow + 2};
   if (wide < n && at_most(decode_tokens_per_expert)) return {wide, wide + 2};
   return {0, std::min(narrow, wide)};
