@@ -2,7 +2,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 namespace gmjit::engine {
@@ -52,29 +51,18 @@ static_assert(offsetof(Sm90WgradParams, plain.a) == 256 &&
               offsetof(Sm90WgradParams, plain.accumulate) == 296 &&
               offsetof(Sm90WgradParams, tile_counter) == 304);
 
-CUtensorMapL2promotion promotion_from_env(const char* name) {  // experiment
-  const char* e = std::getenv(name);
-  const int v = e ? std::atoi(e) : 256;
-  return v == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
-         : v == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
-         : v == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-                    : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-}
-
 // One bf16 map with 128-byte swizzle; dims/strides innermost first (strides in bytes, rank-1 of
 // them), box inner extent 64 elements.
 CUresult encode_bf16(TensorMapEncodeTiledFn encode, unsigned char (&out)[128], const void* base,
                      cuuint32_t rank, const cuuint64_t* dims, const cuuint64_t* strides,
-                     const cuuint32_t* box, bool backward = true) {
-  static const CUtensorMapL2promotion fwd = promotion_from_env("GMJIT_L2_PROMOTION_FWD");
-  static const CUtensorMapL2promotion bwd = promotion_from_env("GMJIT_L2_PROMOTION_BWD");
+                     const cuuint32_t* box) {
   static_assert(sizeof(CUtensorMap) == 128, "CUtensorMap is 128 bytes");
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   CUtensorMap map;
   const CUresult r =
       encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides,
              box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             backward ? bwd : fwd, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r == CUDA_SUCCESS) std::memcpy(out, &map, sizeof(map));
   return r;
 }
@@ -99,7 +87,7 @@ CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOper
                                 static_cast<cuuint64_t>(o.tokens > 0 ? o.tokens : 1)};
     const cuuint64_t strides[1] = {row_bytes};
     const cuuint32_t box[2] = {64, 64};  // A goes in 64-row boxes (produce_tiles)
-    const CUresult r = encode_bf16(encode, params.tmap_a, o.a, 2, dims, strides, box, false);
+    const CUresult r = encode_bf16(encode, params.tmap_a, o.a, 2, dims, strides, box);
     if (r != CUDA_SUCCESS) return r;
   }
 
@@ -111,7 +99,7 @@ CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOper
     const cuuint64_t dims[3] = {k, n, e};
     const cuuint64_t strides[2] = {row_bytes, n * row_bytes};
     const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(o.block_n), 1};
-    return encode_bf16(encode, params.tmap_b, o.b, 3, dims, strides, box, false);
+    return encode_bf16(encode, params.tmap_b, o.b, 3, dims, strides, box);
   }
   if (o.n_total % 16 != 0) return CUDA_ERROR_INVALID_VALUE;  // 2F with F % 8 == 0
   const cuuint64_t f = static_cast<cuuint64_t>(o.n_total / 2);
@@ -119,14 +107,14 @@ CUresult encode_sm90_gemm_maps(TensorMapEncodeTiledFn encode, const Sm90GemmOper
     const cuuint64_t dims[4] = {k, f, 2, e};
     const cuuint64_t strides[3] = {row_bytes, f * row_bytes, 2 * f * row_bytes};
     const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(o.block_n / 2), 1, 1};
-    return encode_bf16(encode, params.tmap_b, o.b, 4, dims, strides, box, false);
+    return encode_bf16(encode, params.tmap_b, o.b, 4, dims, strides, box);
   }
   if (o.layout == Sm90BLayout::kGluInterleaved32) {
     if (f % 32 != 0) return CUDA_ERROR_INVALID_VALUE;  // whole interleave groups
     const cuuint64_t dims[4] = {k, 32, 2, e * f / 32};
     const cuuint64_t strides[3] = {row_bytes, 32 * row_bytes, 64 * row_bytes};
     const cuuint32_t box[4] = {64, 32, 1, static_cast<cuuint32_t>(o.block_n / 64)};
-    return encode_bf16(encode, params.tmap_b, o.b, 4, dims, strides, box, false);
+    return encode_bf16(encode, params.tmap_b, o.b, 4, dims, strides, box);
   }
   return CUDA_ERROR_INVALID_VALUE;
 }
