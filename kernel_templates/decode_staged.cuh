@@ -30,7 +30,8 @@
 // Config fields (besides Epi's): stage_k (K elements per stage: 128 or 256), stages (ring depth,
 // >= 2), tokens (8 or 16: the wgmma's N; an expert with more runs several passes, each re-reading
 // its weights), min_blocks (second __launch_bounds__ argument), l2_prefetch (0, 64, 128 or 256:
-// L2 prefetch size hint of the weight copies).
+// L2 prefetch size hint of the weight copies), smem_bytes (the launch's dynamic shared memory,
+// checked against the ring's size).
 // Launch: blockDim = 128, gridDim = (column blocks, E + 1), dynamic shared memory = smem_bytes.
 
 #include "gmjit/expert_schedule.cuh"
@@ -95,7 +96,9 @@ struct DecodeStaged {
   static constexpr int kBBytes = kTokens * 128 * kAtoms;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int smem_bytes = kStages * kStageBytes + 1024;  // + alignment of the ring
-  static constexpr int kACopies = kRows * kPieces / threads;       // per thread and stage
+  static_assert(Cfg::smem_bytes == smem_bytes,
+                "Cfg::smem_bytes (the launch's) != stages * (64 + tokens) * 2 * stage_k + 1024");
+  static constexpr int kACopies = kRows * kPieces / threads;  // per thread and stage
   static constexpr int kBCopies = kTokens * kPieces / threads;
   static constexpr int kSteps = (kK + kStageK - 1) / kStageK;  // stages per pass
   static_assert(Cfg::m_tiles == 4, "the staged kernel's block is 4 m16 tiles: one wgmma m64");

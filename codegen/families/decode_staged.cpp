@@ -34,7 +34,8 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   const std::int64_t out_columns = fc1 ? r.layer.ffn : r.layer.hidden;
   const int cols_per_block = glu ? kRows / 2 : kRows;  // GLU: gate and lin rows of 32 columns
   const int stages = k <= kShortRowsK ? 3 : 4;
-  // The ring of the template's smem_bytes: stages x (weights + tokens), plus its alignment.
+  // The ring: stages x (weights + tokens), plus its alignment; the template checks it against its
+  // own layout (DecodeStaged::smem_bytes).
   const int smem = stages * (kRows + kTokensPerPass) * 2 * kStageK + 1024;
   const int blocks_per_sm = kSmemPerSm / (smem + kSmemReservedPerBlock);
   const LaunchShape launch = detail::fixed_launch(
@@ -44,8 +45,8 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
       r.fields + fmt::format(
                      "  static constexpr bool staged = true;\n"
                      "  static constexpr int m_tiles = 4, stage_k = {}, stages = {}, tokens = {};\n"
-                     "  static constexpr int min_blocks = {}, l2_prefetch = {};\n",
-                     kStageK, stages, kTokensPerPass, blocks_per_sm, kL2PrefetchBytes),
+                     "  static constexpr int min_blocks = {}, l2_prefetch = {}, smem_bytes = {};\n",
+                     kStageK, stages, kTokensPerPass, blocks_per_sm, kL2PrefetchBytes, smem),
       launch);
 }
 
