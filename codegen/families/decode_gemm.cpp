@@ -7,8 +7,6 @@
 // GroupedGemmParams; engine/families/registry.cpp).
 #include <fmt/format.h>
 
-#include <cstdlib>
-
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 
@@ -20,10 +18,6 @@ namespace {
 // the token loads), loads hinting 128-byte L2 fetches.
 constexpr int kMTiles = 1, kNTiles = 1;
 constexpr int kL2PrefetchBytes = 128;
-int l2_prefetch_bytes() {  // experiment
-  const char* e = std::getenv("GMJIT_DECODE_L2_PREFETCH");
-  return e ? std::atoi(e) : kL2PrefetchBytes;
-}
 
 // How a row is streamed: 16-byte pieces per lane and row in a K step, and warps per SM.
 struct RowStream {
@@ -67,7 +61,7 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
           fmt::format("  static constexpr bool staged = false;\n"
                       "  static constexpr int warps = {}, min_blocks = {}, l2_prefetch = {};\n"
                       "  static constexpr int m_tiles = {}, pieces = {}, n_tiles = {};\n",
-                      warps, stream.warps_per_sm / warps, l2_prefetch_bytes(), kMTiles, stream.pieces,
+                      warps, stream.warps_per_sm / warps, kL2PrefetchBytes, kMTiles, stream.pieces,
                       kNTiles),
       launch);
 }

@@ -8,8 +8,6 @@
 // the portable forward's binding (the same GroupedGemmParams; engine/families/registry.cpp).
 #include <fmt/format.h>
 
-#include <cstdlib>
-
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 
@@ -24,10 +22,6 @@ namespace {
 constexpr int kStageK = 128, kTokensPerPass = 16, kRows = 64;
 constexpr std::int64_t kShortRowsK = 2048;
 constexpr int kL2PrefetchBytes = 128;  // as decode_gemm's loads
-int l2_prefetch_bytes() {  // experiment
-  const char* e = std::getenv("GMJIT_DECODE_L2_PREFETCH");
-  return e ? std::atoi(e) : kL2PrefetchBytes;
-}
 
 // Shared memory of one SM that blocks may hold (228 KiB on sm_90), 1 KiB reserved per block.
 constexpr int kSmemPerSm = 233472, kSmemReservedPerBlock = 1024;
@@ -52,7 +46,7 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
                      "  static constexpr bool staged = true;\n"
                      "  static constexpr int m_tiles = 4, stage_k = {}, stages = {}, tokens = {};\n"
                      "  static constexpr int min_blocks = {}, l2_prefetch = {}, smem_bytes = {};\n",
-                     kStageK, stages, kTokensPerPass, blocks_per_sm, l2_prefetch_bytes(), smem),
+                     kStageK, stages, kTokensPerPass, blocks_per_sm, kL2PrefetchBytes, smem),
       launch);
 }
 
