@@ -1,6 +1,8 @@
 // What codegen emits: small translation units that only instantiate templates.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "codegen/embedded_templates.hpp"
 #include "codegen/emit_common.hpp"
 #include "codegen/grouped_mlp.hpp"
@@ -132,6 +134,11 @@ TEST(DecodeEmit, WidePairFollowsTheNarrowOneWithStagedBlocksOf64Rows) {
   EXPECT_NE(fc1.source.find("stage_k = 128, stages = 3, tokens = 16"), std::string::npos)
       << fc1.source;
   EXPECT_NE(fc1.source.find("min_blocks = 3"), std::string::npos) << fc1.source;
+  // The launch's size reaches the template, which checks it against its ring (a static_assert).
+  for (const KernelSource* k : {&fc1, &fc2})
+    EXPECT_NE(k->source.find("smem_bytes = " + std::to_string(k->launch.dynamic_smem_bytes)),
+              std::string::npos)
+        << k->source;
 
   LayerSpec mixtral_like = qwen3;
   mixtral_like.experts = 8;
