@@ -254,6 +254,12 @@ int widest_dividing(std::int64_t extent, std::initializer_list<int> candidates) 
   return 64;
 }
 
+DecodeGemmDims decode_gemm_dims(const families::KernelRequest& request, bool fc1) {
+  const LayerSpec& layer = request.layer;
+  return {fc1, fc1 && is_glu(layer.activation.kind), fc1 ? layer.hidden : layer.ffn,
+          fc1 ? layer.ffn : layer.hidden};
+}
+
 bool sm90_allowed(const families::KernelRequest& request) {
   return request.arch == "sm_90a" && !request.portable_only;
 }

@@ -88,6 +88,14 @@ KernelSource kernel_source(const families::KernelRequest& request, std::string_v
 // The first of `candidates` that divides `extent`, else 64 (the last tile is then partial).
 int widest_dividing(std::int64_t extent, std::initializer_list<int> candidates);
 
+// The GEMM of a decode role (decode_gemm, decode_staged): FC1 reduces over hidden into ffn output
+// columns (GLU when the activation is), FC2 over ffn into hidden ones.
+struct DecodeGemmDims {
+  bool fc1, glu;
+  std::int64_t k, out_columns;
+};
+DecodeGemmDims decode_gemm_dims(const families::KernelRequest& request, bool fc1);
+
 // Whether a BF16 Hopper family may serve `request` at all: sm_90a and not portable_only (they
 // take every width the layer allows, multiples of 8).
 bool sm90_allowed(const families::KernelRequest& request);

@@ -46,10 +46,8 @@ int warps_for(std::int64_t k, int chunk) {
 
 std::optional<KernelSource> emit(const KernelRequest& r) {
   if (!detail::sm90_allowed(r)) return std::nullopt;
-  const bool fc1 = r.role == KernelRole::fc1_decode;
-  const bool glu = fc1 && is_glu(r.layer.activation.kind);
-  const std::int64_t k = fc1 ? r.layer.hidden : r.layer.ffn;
-  const std::int64_t out_columns = fc1 ? r.layer.ffn : r.layer.hidden;
+  const auto [fc1, glu, k, out_columns] =
+      detail::decode_gemm_dims(r, r.role == KernelRole::fc1_decode);
   const int cols_per_block = (glu ? 8 : 16) * kMTiles;
   const RowStream stream = k <= kShortRowsK ? kShortRows : kLongRows;
   const int warps = warps_for(k, 32 * stream.pieces);

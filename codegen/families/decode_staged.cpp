@@ -28,10 +28,8 @@ constexpr int kSmemPerSm = 233472, kSmemReservedPerBlock = 1024;
 
 std::optional<KernelSource> emit(const KernelRequest& r) {
   if (!detail::sm90_allowed(r)) return std::nullopt;
-  const bool fc1 = r.role == KernelRole::fc1_decode_wide;
-  const bool glu = fc1 && is_glu(r.layer.activation.kind);
-  const std::int64_t k = fc1 ? r.layer.hidden : r.layer.ffn;
-  const std::int64_t out_columns = fc1 ? r.layer.ffn : r.layer.hidden;
+  const auto [fc1, glu, k, out_columns] =
+      detail::decode_gemm_dims(r, r.role == KernelRole::fc1_decode_wide);
   const int cols_per_block = glu ? kRows / 2 : kRows;  // GLU: gate and lin rows of 32 columns
   const int stages = k <= kShortRowsK ? 3 : 4;
   // The ring: stages x (weights + tokens), plus its alignment; the template checks it against its

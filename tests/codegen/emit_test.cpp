@@ -19,6 +19,15 @@ LayerSpec mixtral() {
   return layer;
 }
 
+LayerSpec qwen3_30b_a3b() {  // with router probs, as the decode presets
+  LayerSpec layer;
+  layer.experts = 128;
+  layer.hidden = 2048;
+  layer.ffn = 768;
+  layer.router_probs = true;
+  return layer;
+}
+
 TEST(GroupedMlpEmit, ProducesFc1ThenFc2WithDistinctEntries) {
   const auto kernels = emit_grouped_mlp_forward({mixtral(), false});
   ASSERT_EQ(kernels.size(), 2u);
@@ -47,11 +56,7 @@ TEST(GroupedMlpEmit, LaunchShapeCoversOutputColumns) {
 // one row of blocks for the rows past the experts'; warps split K's chunks: 128 elements (4
 // pieces) from 24 warps per SM where K <= 2048, else 256 (8 pieces) from 16.
 TEST(DecodeEmit, BlocksCoverEveryExpertsRowsAndWarpsSplitK) {
-  LayerSpec qwen3;
-  qwen3.experts = 128;
-  qwen3.hidden = 2048;
-  qwen3.ffn = 768;
-  qwen3.router_probs = true;
+  const LayerSpec qwen3 = qwen3_30b_a3b();
   const auto kernels = emit_grouped_mlp_forward({qwen3, false, "sm_90a", false, 8});
   ASSERT_EQ(kernels.size(), 4u);
   const KernelSource& fc1 = kernels[2];
@@ -108,11 +113,7 @@ TEST(DecodeEmit, BlocksCoverEveryExpertsRowsAndWarpsSplitK) {
 // blocks for the rows past the experts'; a ring of 128-element stages, 3 deep (three blocks per
 // SM) where K <= 2048, else 4 deep (two).
 TEST(DecodeEmit, WidePairFollowsTheNarrowOneWithStagedBlocksOf64Rows) {
-  LayerSpec qwen3;
-  qwen3.experts = 128;
-  qwen3.hidden = 2048;
-  qwen3.ffn = 768;
-  qwen3.router_probs = true;
+  const LayerSpec qwen3 = qwen3_30b_a3b();
   EXPECT_EQ(emit_grouped_mlp_forward({qwen3, false, "sm_90a", false, 8}).size(), 4u);
   const auto kernels = emit_grouped_mlp_forward({qwen3, false, "sm_90a", false, 16});
   ASSERT_EQ(kernels.size(), 6u);
