@@ -18,16 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections import defaultdict
 
 import torch
 
 from layer_step import engine_device, make_layer
-from side_by_side import torch_layer
+from side_by_side import time_ms, torch_layer
 
 
-def kernels(step, iters: int, cuda: bool) -> list[tuple[str, float]]:
-    """(name, ms) of every kernel that `iters` calls of step launch, in start order."""
+def timed_kernels(step, iters: int, cuda: bool) -> list[tuple[str, float, float, float]]:
+    """(name, ms, start µs, end µs) of every kernel that `iters` calls of step launch, in start
+    order (device timestamps)."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -41,8 +43,31 @@ def kernels(step, iters: int, cuda: bool) -> list[tuple[str, float]]:
         if str(getattr(ev, "device_type", "")).endswith("CUDA") and ev.name:
             us = getattr(ev, "device_time", None)
             ms = (us if us is not None else ev.cuda_time) / 1e3
-            found.append((ev.time_range.start, ev.name, ms))
-    return [(name, ms) for _, name, ms in sorted(found)]
+            found.append((ev.time_range.start, ev.time_range.end, ev.name, ms))
+    return [(name, ms, t0, t1) for t0, t1, name, ms in sorted(found)]
+
+
+def print_gaps(launched: list[tuple[str, float, float, float]], iters: int, top: int) -> dict:
+    """Where the device sat idle between the steps' kernels: the span from the first kernel's
+    start to the last one's end per step, the kernels' busy time in it (overlaps merged), and
+    the longest idle gaps with the kernels on either side."""
+    if not launched:
+        return {}
+    busy, gaps, end = 0.0, [], launched[0][2]
+    prev = launched[0][0]
+    for name, _, t0, t1 in launched:
+        if t0 > end:
+            gaps.append((t0 - end, prev, name))
+        busy += max(0.0, t1 - max(t0, end))
+        if t1 >= end:
+            end, prev = t1, name
+    span = (end - launched[0][2]) / iters / 1e3
+    idle = span - busy / iters / 1e3
+    print(f"  span {span:.3f} ms per step, kernels busy {busy / iters / 1e3:.3f} ms, "
+          f"idle {idle:.3f} ms ({100 * idle / max(span, 1e-12):.1f} %)")
+    for us, before, after in sorted(gaps, reverse=True)[:top]:
+        print(f"    gap {us:8.1f} us  after {short(before, 40)}  before {short(after, 40)}")
+    return {"span_ms": span, "idle_ms": idle}
 
 
 def per_name(launched: list[tuple[str, float]], iters: int) -> dict[str, float]:
@@ -86,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the per-kernel times here")
     ap.add_argument("--sequence", action="store_true",
                     help="also print one step's kernels in order")
+    ap.add_argument("--gaps", action="store_true",
+                    help="also print each step's device span, idle time and longest gaps")
     ap.add_argument("--dry-run-cpu", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.iters < 1:
@@ -129,10 +156,24 @@ def main(argv: list[str] | None = None) -> int:
         for label, step in (("gmjit", gmjit_step), ("torch.compile", compile_step)):
             for _ in range(a.warmup):
                 step()
-            launched = kernels(step, a.iters, cuda)
+            timed = timed_kernels(step, a.iters, cuda)
+            launched = [(name, ms) for name, ms, _, _ in timed]
             times = per_name(launched, a.iters)
             shape_res[label] = times
             print_breakdown(label, times, a.top)
+            if a.gaps:
+                gaps = print_gaps(timed, a.iters, 6)
+                if cuda:  # without the profiler: the queued step, and the host's share of it
+                    gaps["queued_ms"] = time_ms(step, 1, 10)
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(10):
+                        step()
+                    gaps["host_issue_ms"] = (time.perf_counter() - t0) * 1e3 / 10
+                    torch.cuda.synchronize()
+                    print(f"  queued step {gaps['queued_ms']:.3f} ms, host issues one in "
+                          f"{gaps['host_issue_ms']:.3f} ms")
+                shape_res[label + " gaps"] = gaps
             if a.sequence and launched:
                 print_sequence(launched, a.iters)
         results[spec] = shape_res

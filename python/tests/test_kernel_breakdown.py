@@ -32,6 +32,19 @@ def test_sequence_lists_the_last_step_in_order_and_numbers_long_names(capsys):
     assert lines[3].split()[2] == "#1" and lines[1].split()[2] == "triton_act"
 
 
+def test_gaps_merge_overlapping_kernels_and_name_the_longest_idle_stretch(capsys):
+    kb = load("kernel_breakdown")
+    # Two steps of 1000 us each: kernels a [0, 400), b [300, 600) overlapping a, c [900, 1000);
+    # idle 300 us per step, the longest gap (300 us) between b and c.
+    step = [("a", 0.4, 0, 400), ("b", 0.3, 300, 600), ("c", 0.1, 900, 1000)]
+    launched = step + [(n, ms, t0 + 1000, t1 + 1000) for n, ms, t0, t1 in step]
+    got = kb.print_gaps(launched, 2, 1)
+    assert got == pytest.approx({"span_ms": 1.0, "idle_ms": 0.3})
+    out = capsys.readouterr().out.splitlines()
+    assert "idle 0.300 ms (30.0 %)" in out[0]
+    assert len(out) == 2 and "300.0 us" in out[1] and "after b" in out[1] and "before c" in out[1]
+
+
 def test_breakdown_on_the_cpu_stub_writes_both_implementations_per_shape(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("gmjit.torch")
@@ -39,13 +52,14 @@ def test_breakdown_on_the_cpu_stub_writes_both_implementations_per_shape(tmp_pat
     # A subprocess: the --dry-run-cpu stub replaces the engine calls process-wide.
     run = subprocess.run([sys.executable, os.path.join(BENCHMARKS, "kernel_breakdown.py"),
                           "small-gpt-oss", "small-swiglu:ragged", "--tokens-per-expert", "8",
-                          "--iters", "1", "--warmup", "1", "--sequence", "--json", str(out),
+                          "--iters", "1", "--warmup", "1", "--sequence", "--gaps", "--json", str(out),
                           "--dry-run-cpu"],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
     assert sorted(result) == ["small-gpt-oss", "small-swiglu:ragged"]
-    assert all(sorted(r) == ["gmjit", "torch.compile"] for r in result.values())
+    impls = ["gmjit", "gmjit gaps", "torch.compile", "torch.compile gaps"]
+    assert all(sorted(r) == impls for r in result.values())
     assert "small-swiglu:ragged: 8 experts" in run.stdout
 
 
