@@ -279,10 +279,11 @@ struct TileCounterOf<P, decltype(void(&P::tile_counter))> {
 
 // The tiles one CTA's producer warp takes: blockIdx.x first, then, when `dynamic` (the block's
 // counter is zeroed before the launch), gridDim.x + the tickets it claims, in claim order across
-// the grid; else round-robin (t += gridDim.x). The ticket for the next tile is claimed when a
-// tile starts, so its latency hides behind that tile's loads, as long as it stays in a register:
-// the counter's address is read from the parameter block at each claim, not kept (the producer
-// has 40 registers; a spilled ticket is stored, so waited for, right after its atomic).
+// the grid; else round-robin (t += gridDim.x). The ticket for the next tile is claimed once the
+// current tile's stages are issued, so its latency hides behind the stages the consumers still
+// hold, as long as it stays in a register: the counter's address is read from the parameter
+// block at each claim, not kept (the producer has 40 registers; a spilled ticket is stored, so
+// waited for, right after its atomic).
 // Warp-collective (next() shuffles).
 template <class P>
 class TileWalk {
@@ -292,10 +293,10 @@ class TileWalk {
 
   __device__ __forceinline__ int first() const { return static_cast<int>(blockIdx.x); }
 
-  // At the start of tile t, before any `continue`. The lane test reads %laneid: with
-  // `threadIdx.x & 31`, ptxas turns the atomic into a warp-aggregated one whose result it
-  // shuffles at once, stalling the producer for the atomic's round trip at every tile (SASS:
-  // ATOMG then SHFL.IDX of its result); with %laneid it issues a plain ATOMG, waited on in next().
+  // Once per tile, before moving past it. The lane test reads %laneid: with `threadIdx.x & 31`,
+  // ptxas turns the atomic into a warp-aggregated one whose result it shuffles at once, stalling
+  // the producer for the atomic's round trip at every tile (SASS: ATOMG then SHFL.IDX of its
+  // result); with %laneid it issues a plain ATOMG, waited on in next().
   __device__ __forceinline__ void claim() {
     unsigned int lane;
     asm("mov.u32 %0, %%laneid;" : "=r"(lane));
@@ -349,12 +350,14 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
       !claim_anyway && row_tiles_all_full<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
   TileWalk<P> walk(p, !equal_tiles);
   for (int t = walk.first(); t < num_tiles; t = walk.next(t)) {
-    walk.claim();
     int tile_m, tile_n;
     tile_coords(t, num_m, Epi::num_n, Cfg::group_m, tile_m, tile_n);
     const RowTile rt =
         find_row_tile<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens, tile_m);
-    if (rt.row_begin >= rt.row_end) continue;
+    if (rt.row_begin >= rt.row_end) {
+      walk.claim();
+      continue;
+    }
     const TileInfo ti{rt.row_begin, rt.row_end, rt.expert, tile_n};
     const int stages_used = rt.expert < 0 ? 1 : kKTiles;
 #pragma unroll 1
@@ -377,6 +380,14 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
       __syncwarp();
       if (++stage == S::stages) stage = 0, phase ^= 1u;
     }
+    // The next tile is claimed once this one's stages are issued (the atomic's round trip hides
+    // behind the stages the consumers still hold), so tickets go out in the order the CTAs finish
+    // their tiles. Tiles that read the same weight tile (an expert's row tiles of one column) are
+    // adjacent in t, so they then start together and read it from DRAM once. Claimed at a tile's
+    // start, tickets went out in the order the tiles had started, which tiles of unequal cost
+    // scramble: deepseek's FC1 at 192 tokens per expert (a full and a 64-row tile per expert)
+    // read its weights 1.79 times.
+    walk.claim();
   }
   mbar_wait(r.empty + 8 * stage, phase ^ 1u);
   post(TileInfo{0, 0, -2, 0}, false);
