@@ -46,3 +46,26 @@ def test_extra_shape_specs_parse_and_malformed_ones_exit_with_the_reason():
                         ("=8,8,64,64", "expected"), ("x=8,8,a,64", "invalid literal")]:  # fmt: skip
         with pytest.raises(SystemExit, match=reason):
             sbs.parse_shape(bad)
+
+
+def test_decode_targets_judge_rows_of_at_most_16_tokens_per_expert_only():
+    import types
+
+    sbs = _side_by_side()
+    rows = [
+        {"shape": f"deepseek-decode{t}", "base_shape": "deepseek", "decode": True,
+         "tokens_per_expert": t, "weight_bytes": 11274.3e6, "forward_vs_torch": vs_eager,
+         "gmjit": {"forward_ms": ms, "forward_gbs": 11274.3 / ms, "forward_hbm_pct": pct}}
+        for t, ms, pct, vs_eager in ((16, 2.51, 93.6, 1.39), (128, 3.174, 74.0, 1.19))
+    ]  # fmt: skip
+    meta = {"torch": "2.11.0", "gpu": "NVIDIA H200", "reps": 10, "warmup": 3, "decode_reps": 30}
+    got = sbs.summarize(rows, types.SimpleNamespace(hbm_peak_gbs=4800.0), meta)
+    assert (got["met"], got["cells"]) == (1, 2)  # the 16-token row's two cells only
+    judged, reported = got["decode"]
+    assert judged["hbm_meets"] is True and judged["vs_eager_meets"] is False
+    assert reported["hbm_meets"] is None and reported["vs_eager_meets"] is None
+    md = got["markdown"].splitlines()
+    row16 = next(line for line in md if line.startswith("| deepseek | 16 |"))
+    row128 = next(line for line in md if line.startswith("| deepseek | 128 |"))
+    assert "93.6 % ✓" in row16 and "1.39× ✗" in row16
+    assert "74.0 %" in row128 and "✓" not in row128 and "✗" not in row128
