@@ -8,7 +8,11 @@ For each shape it runs --iters forward+backward steps of gmjit's op and of the t
 torch.compile (after warm-up steps that also compile), records the CUDA kernels, and prints for
 each implementation the kernels sorted by time per step (ms), their share, and the step's total.
 The totals are kernel time only: gaps between kernels and host time are not in them, so they
-say which kernels lose, not by how much a step does (side_by_side.py times the steps).
+say which kernels lose, not by how much a step does (side_by_side.py times the steps). --gaps
+adds, per implementation, the steps' device span, idle time and longest gaps, and then, without
+the profiler, the queued step (side_by_side.py's timing) and the host's time to issue one. The
+profiled steps run right after a warm-up, and a GPU under its power cap runs a kernel faster
+cool than hot, so compare implementations by the queued steps (docs/PERFORMANCE.md, session 24).
 --json writes the same numbers. --dry-run-cpu runs the script's logic on CPU tensors with the
 engine calls stubbed (no CUDA kernels, so empty tables).
 """
