@@ -74,6 +74,20 @@ def print_gaps(launched: list[tuple[str, float, float, float]], iters: int, top:
     return {"span_ms": span, "idle_ms": idle}
 
 
+def print_queued_step(step, reps: int = 10) -> dict:
+    """Without the profiler: the median step issued back to back (side_by_side.py's timing) and
+    the host's time to issue one (the GPU waits on the host where that is the longer)."""
+    queued = time_ms(step, 1, reps)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        step()
+    host = (time.perf_counter() - t0) * 1e3 / reps
+    torch.cuda.synchronize()
+    print(f"  queued step {queued:.3f} ms, host issues one in {host:.3f} ms")
+    return {"queued_ms": queued, "host_issue_ms": host}
+
+
 def per_name(launched: list[tuple[str, float]], iters: int) -> dict[str, float]:
     """Device time per step (ms) of each kernel name."""
     times: dict[str, float] = defaultdict(float)
@@ -167,16 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             print_breakdown(label, times, a.top)
             if a.gaps:
                 gaps = print_gaps(timed, a.iters, 6)
-                if cuda:  # without the profiler: the queued step, and the host's share of it
-                    gaps["queued_ms"] = time_ms(step, 1, 10)
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    for _ in range(10):
-                        step()
-                    gaps["host_issue_ms"] = (time.perf_counter() - t0) * 1e3 / 10
-                    torch.cuda.synchronize()
-                    print(f"  queued step {gaps['queued_ms']:.3f} ms, host issues one in "
-                          f"{gaps['host_issue_ms']:.3f} ms")
+                if cuda:
+                    gaps.update(print_queued_step(step))
                 shape_res[label + " gaps"] = gaps
             if a.sequence and launched:
                 print_sequence(launched, a.iters)
