@@ -226,35 +226,6 @@ struct ClaimEqualTiles<Epi, decltype(void(Epi::kClaimEqualTiles))> {
   static constexpr bool value = Epi::kClaimEqualTiles;
 };
 
-// Optional: `static constexpr bool kSplitTiles = true` when a tile of at most 64 rows may be
-// split by columns between the two consumer warpgroups; store then takes a last argument
-// `half`: -1 the whole tile; 0 or 1 that half of the tile's 64-column groups, whose
-// accumulators are those of the first half (split_tile_k16). Without it, a warpgroup without
-// rows in a tile leaves the tile to the other, which then runs the tile's MMAs alone.
-// Not for GLU FC1, whose half of the columns is two pieces of B (gate and lin rows): a second
-// wgmma per k16 step into the accumulators' second half made ptxas serialize the wgmmas for
-// want of registers (C7511) in four of the six presets' FC1 kernels.
-template <class Epi, class = void>
-struct SplitTiles {
-  static constexpr bool value = false;
-};
-template <class Epi>
-struct SplitTiles<Epi, decltype(void(Epi::kSplitTiles))> {
-  static constexpr bool value = Epi::kSplitTiles;
-};
-
-// One k16 step of a warpgroup's half of a split tile (SplitTiles): block_n / 2 B rows from b_s
-// (the warpgroup's first row) into the front of acc, as a tile of half the width would hold
-// them. The same instruction stream for both warpgroups: wgmma in paths that ptxas cannot
-// prove uniform gets serialized (C7520) or fenced (C7519).
-template <class S>
-__device__ __forceinline__ void split_tile_k16(float (&acc)[S::regs], unsigned long long da,
-                                               unsigned int b_s, int k, int scale_d) {
-  constexpr int kRegs = S::regs / 2;
-  wgmma_k16<kRegs>(*reinterpret_cast<float(*)[kRegs]>(&acc[0]), da, make_desc_sw128(b_s + 32 * k),
-                   scale_d);
-}
-
 // The shared-memory ring of a Hopper mainloop (BF16 or FP8, grouped GEMM or weight gradient):
 // `stages` slots of stage_bytes (1024-byte aligned), their full/empty mbarriers and a tile-info
 // slot (Info) per stage.
@@ -422,36 +393,6 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
   post(TileInfo{0, 0, -2, 0}, false);
 }
 
-// A consumer warpgroup's K loop over one tile's kKTiles stages: waits for each stage (the
-// first one's wait is the caller's), issues its four k16 steps as mma(a_s, b_s, k, scale_d)
-// with the A / B operands at a_off / b_off into the stage, keeps one stage's wgmmas in flight
-// and releases the stage before. On return the last stage, `prev`, is still held.
-template <class S, int kKTiles, class Mma>
-__device__ __forceinline__ void consume_k_tiles(const Ring& r, int lane, int& stage,
-                                                unsigned int& phase, int& prev,
-                                                float (&acc)[S::mt][S::regs], unsigned int a_off,
-                                                unsigned int b_off, const Mma& mma) {
-#pragma unroll 1
-  for (int kt = 0; kt < kKTiles; ++kt) {
-    if (kt > 0) mbar_wait(r.full + 8 * stage, phase);
-    const unsigned int a_s = r.base + stage * S::stage_bytes + a_off;
-    const unsigned int b_s = r.base + stage * S::stage_bytes + b_off;
-#pragma unroll
-    for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < 4; ++k) mma(a_s, b_s, k, (kt > 0 || k > 0) ? 1 : 0);
-    wgmma_commit();
-#pragma unroll
-    for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
-    // Keep this K tile's wgmma in flight; the previous one has retired, so its stage is free.
-    wgmma_wait<1>();
-    if (kt > 0 && lane == 0) mbar_arrive(r.empty + 8 * prev);
-    prev = stage;
-    if (++stage == S::stages) stage = 0, phase ^= 1u;
-  }
-}
-
 template <class Cfg, class Epi, class P>
 __device__ __forceinline__ void grouped_gemm(const P& p) {
   using S = TileShape<Cfg>;
@@ -460,14 +401,9 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
   static_assert(Epi::kK % 8 == 0, "K must be a multiple of 8 (16-byte rows)");
   constexpr int kKTiles = (Epi::kK + 63) / 64;
   constexpr bool kBMn = BMnMajor<Epi>::value;
-  // Split tiles (SplitTiles): one m64 tile per warpgroup, K-major B and halves of whole
-  // 64-column groups.
-  constexpr bool kSplit = SplitTiles<Epi>::value;
-  static_assert(!kSplit || (S::mt == 1 && !kBMn && S::block_n % 128 == 0),
-                "a split tile needs block_m 128, K-major B and block_n 128 or 256");
 
   const Ring ring = init_ring<S>(p);
-  const unsigned int full = ring.full, empty = ring.empty;
+  const unsigned int base = ring.base, full = ring.full, empty = ring.empty;
   TileInfo* info = ring.info;
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   int stage = 0;
@@ -501,23 +437,11 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
       Epi::zero_rows(p, ti.tile_n, ti.row_begin, ti.row_end, tid - 128, 256);
       continue;
     }
-    // A warpgroup without rows in a tile skips it, or takes half its columns (kSplit), only where
-    // the launch has a tile counter: with round-robin tiles the cheaper tiles let CTAs drift
-    // apart, which cost ragged prefill more (5-32 %) than the skip gains in decode
-    // (benchmarks/tile_schedule_model.py). The test reads the parameter block each time; a flag
-    // kept in a register took one from the accumulators.
-    // Broadcast from lane 0, so that ptxas sees the branches on it as warp-uniform: wgmma in a
-    // path it takes for divergent gets serialized (ptxas C7520). Recomputed after the K loop, not
-    // kept across it (see above).
-    auto split_tile = [&] {
-      if constexpr (!kSplit) return false;
-      return __shfl_sync(0xffffffffu,
-                         TileCounterOf<P>::get(p) != nullptr && ti.row_end - ti.row_begin <= 64,
-                         0) != 0;
-    };
-    const bool split = split_tile();
-    if (!split && TileCounterOf<P>::get(p) != nullptr &&
-        ti.row_begin + wg * S::mt * 64 >= ti.row_end) {
+    // A warpgroup without rows in a tile skips it only where the launch has a tile counter: with
+    // round-robin tiles the cheaper tiles let CTAs drift apart, which cost ragged prefill more
+    // (5-32 %) than the skip gains in decode (benchmarks/tile_schedule_model.py). The test reads
+    // the parameter block each time; a flag kept in a register took one from the accumulators.
+    if (TileCounterOf<P>::get(p) != nullptr && ti.row_begin + wg * S::mt * 64 >= ti.row_end) {
       // No row of this warpgroup (a tile of at most 64 rows, decode): release the stages
       // unread, so the MMA pipe serves the other warpgroup alone.
 #pragma unroll 1
@@ -530,22 +454,11 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
       continue;
     }
     int prev = 0;
-    if constexpr (kSplit) {
-      if (split) {
-        // Both warpgroups read the tile's rows 0-63 of A; each its share of B.
-        consume_k_tiles<S, kKTiles>(
-            ring, lane, stage, phase, prev, acc, 0, S::a_stage_bytes + wg * (S::block_n / 2) * 128,
-            [&](unsigned int a_s, unsigned int b_s, int k, int scale_d) {
-              split_tile_k16<S>(acc[0], make_desc_sw128(a_s + 32 * k), b_s, k, scale_d);
-            });
-        goto stored_k_tiles;
-      }
-    }
 #pragma unroll 1
     for (int kt = 0; kt < kKTiles; ++kt) {
       if (kt > 0) mbar_wait(full + 8 * stage, phase);
-      const unsigned int a_s = ring.base + stage * S::stage_bytes + wg * S::mt * 64 * 128;
-      const unsigned int b_s = ring.base + stage * S::stage_bytes + S::a_stage_bytes;
+      const unsigned int a_s = base + stage * S::stage_bytes + wg * S::mt * 64 * 128;
+      const unsigned int b_s = base + stage * S::stage_bytes + S::a_stage_bytes;
 #pragma unroll
       for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
       wgmma_fence();
@@ -567,18 +480,12 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
       prev = stage;
       if (++stage == S::stages) stage = 0, phase ^= 1u;
     }
-  stored_k_tiles:
     wgmma_wait<0>();
 #pragma unroll
     for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
     if (lane == 0) mbar_arrive(empty + 8 * prev);
     const RowTile rt{ti.expert, ti.row_begin, ti.row_end};
-    if constexpr (kSplit) {
-      const bool split_done = split_tile();
-      Epi::store(p, acc, rt, ti.tile_n, split_done ? ti.row_begin : ti.row_begin + wg * S::mt * 64,
-                 ws, split_done ? wg : -1);
-    } else
-      Epi::store(p, acc, rt, ti.tile_n, ti.row_begin + wg * S::mt * 64, ws);
+    Epi::store(p, acc, rt, ti.tile_n, ti.row_begin + wg * S::mt * 64, ws);
   }
 }
 

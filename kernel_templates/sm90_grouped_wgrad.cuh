@@ -237,13 +237,11 @@ struct GroupedWgradSm90 {
       const bool equal_tiles = expert_steps_equal<SplitT, Cfg::experts, 64>(split, p.plain.tokens);
       TileWalk<Sm90WgradParams> walk(p, !equal_tiles);
       for (int t = walk.first(); t < num_tiles; t = walk.next(t)) {
+        walk.claim();
         const int g = t / kPerExpert;
         if (g != cur) expert_rows(split, p.plain.tokens, g, beg, end), cur = g;
         const int k_tiles = static_cast<int>((end - beg + 63) / 64);
-        if (k_tiles == 0 && p.plain.accumulate) {
-          walk.claim();
-          continue;
-        }
+        if (k_tiles == 0 && p.plain.accumulate) continue;
         int tile_m, tile_n;
         tile_coords(t - g * kPerExpert, num_m, num_n, Cfg::group_m, tile_m, tile_n);
         const int steps = k_tiles > 0 ? k_tiles : 1;
@@ -273,10 +271,6 @@ struct GroupedWgradSm90 {
           __syncwarp();
           if (++stage == S::stages) stage = 0, phase ^= 1u;
         }
-        // Claimed once the tile's stages are issued, as produce_tiles does: tickets then go out
-        // in the order the CTAs finish their tiles, and a CTA holds no queued tile while others
-        // idle at the end of a ragged walk.
-        walk.claim();
       }
       mbar_wait(empty + 8 * stage, phase ^ 1u);
       if (lane == 0) {

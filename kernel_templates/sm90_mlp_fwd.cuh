@@ -69,10 +69,6 @@ struct Fc1Sm90 {
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
   static constexpr int kChunks = kGlu ? S::regs / 8 : S::regs / 4;  // output n8 chunks per m64
-  static constexpr int kGroups = kChunks / 8;  // whole 64-column output groups per m64 tile
-  // A tile of at most 64 rows is split by columns between the warpgroups (sm90_grouped_gemm.cuh,
-  // SplitTiles) where each takes whole output groups; not GLU (SplitTiles says why).
-  static constexpr bool kSplitTiles = !kGlu && S::mt == 1 && kChunks % 8 == 0 && kGroups % 2 == 0;
   static_assert(kNOut % 8 == 0, "ffn must be a multiple of 8");
   static_assert(!kNTail || block_n_out % 64 == 0,
                 "a partial last column tile needs whole 64-column output groups");
@@ -110,15 +106,13 @@ struct Fc1Sm90 {
   // inference one, and unrolled NVRTC spent 1.3 s on gpt-oss's (session 16). Selects, never a
   // runtime index, pick the accumulators, so they stay in registers. Inference keeps the loop
   // unrolled (the selects fold away): rolled, it ran 0.5 % slower (session 17).
-  // half >= 0 (a split tile): that half of the groups, from the first half's accumulators.
   __device__ static __forceinline__ void store(const Sm90GemmParams& p,
                                                float (&acc)[S::mt][S::regs], const RowTile& rt,
                                                int tile_n, long long row0,
-                                               const sm90::WarpStage& ws, int half = -1) {
+                                               const sm90::WarpStage& ws) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int wrow = ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16 + (lane >> 2);
-    const int groups = half < 0 ? kGroups : kGroups / 2;  // accumulator groups to store
-    const int shift = half > 0 ? kGroups / 2 : 0;         // their column offset, in groups
+    constexpr int kGroups = kChunks / 8;  // whole 64-column groups
 #pragma unroll
     for (int m = 0; m < S::mt; ++m) {
       float prob[2];
@@ -131,7 +125,7 @@ struct Fc1Sm90 {
         Frag<8> f;
         f.template gather<0, kGroups>(acc[m], cc);
         // A group past the width (a partial last tile) stores no row and reads column 0's bias.
-        const int c0 = tile_n * block_n_out + (cc + shift) * 64;
+        const int c0 = tile_n * block_n_out + cc * 64;
         const bool cols_in = !kNTail || c0 < kNOut;
         const RowTile rt_cols{rt.expert, rt.row_begin, cols_in ? rt.row_end : 0};
         store_group<8>(p, f, prob, rt_cols, cols_in ? c0 : 0, row0 + m * 64, ws,
@@ -139,11 +133,10 @@ struct Fc1Sm90 {
       };
       if constexpr (Cfg::save_preact) {
 #pragma unroll 1
-        for (int cc = 0; cc < groups; ++cc) store_cc(cc);
+        for (int cc = 0; cc < kGroups; ++cc) store_cc(cc);
       } else {
 #pragma unroll
-        for (int cc = 0; cc < kGroups; ++cc)
-          if (cc < groups) store_cc(cc);
+        for (int cc = 0; cc < kGroups; ++cc) store_cc(cc);
       }
       if constexpr (kChunks % 8 != 0) {
         Frag<4> f;
@@ -286,9 +279,6 @@ struct Fc2Sm90 {
   static constexpr int num_n = (kNOut + block_n_out - 1) / block_n_out;
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
-  static constexpr int kGroups = S::regs / 32;  // 64-column groups per m64 tile
-  // Tiles of at most 64 rows split by columns (sm90_grouped_gemm.cuh, SplitTiles).
-  static constexpr bool kSplitTiles = S::mt == 1 && kGroups % 2 == 0;
   static_assert(kNOut % 8 == 0, "hidden must be a multiple of 8");
 
   __device__ static __forceinline__ void load_b(const Sm90GemmParams& p, unsigned int dst,
@@ -296,11 +286,10 @@ struct Fc2Sm90 {
     sm90::tma_load_3d(dst, p.tmap_b, bar, k, tile_n * Cfg::block_n, expert);
   }
 
-  // half >= 0 (a split tile): that half of the groups, from the first half's accumulators.
   __device__ static __forceinline__ void store(const Sm90GemmParams& p,
                                                float (&acc)[S::mt][S::regs], const RowTile& rt,
                                                int tile_n, long long row0,
-                                               const sm90::WarpStage& ws, int half = -1) {
+                                               const sm90::WarpStage& ws) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3, wrow = wq * 16 + (lane >> 2);
     unsigned short* out = static_cast<unsigned short*>(p.plain.out);
@@ -318,12 +307,10 @@ struct Fc2Sm90 {
 #pragma unroll
     for (int m = 0; m < S::mt; ++m) {
 #pragma unroll
-      for (int cc = 0; cc < kGroups; ++cc) {
-        if (half >= 0 && cc >= kGroups / 2) continue;
+      for (int cc = 0; cc < S::regs / 32; ++cc) {
         // A group past the width stores no row and reads column 0's bias (see Fc1Sm90::store).
-        const int g = half > 0 ? cc + kGroups / 2 : cc;  // the column group
-        const bool cols_in = !kNTail || tile_n * Cfg::block_n + g * 64 < kNOut;
-        const int c0 = cols_in ? tile_n * Cfg::block_n + g * 64 : 0;
+        const bool cols_in = !kNTail || tile_n * Cfg::block_n + cc * 64 < kNOut;
+        const int c0 = cols_in ? tile_n * Cfg::block_n + cc * 64 : 0;
         const int cols = kPartialGroup && kNOut - c0 < 64 ? kNOut - c0 : 64;
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
