@@ -90,7 +90,8 @@ bool is_supported_arch(std::string_view arch) {
 }
 
 CompiledCubin compile_to_cubin(const KernelSource& kernel, std::string_view arch,
-                               std::string_view key_hex) {
+                               std::string_view key_hex,
+                               const std::vector<std::string>& extra_options) {
   arch_limits(arch);  // throws Error(unsupported) for an arch missing from the table
   dump_source_if_asked(kernel, key_hex);
   const auto start = std::chrono::steady_clock::now();
@@ -108,7 +109,8 @@ CompiledCubin compile_to_cubin(const KernelSource& kernel, std::string_view arch
         "nvrtcCreateProgram");
   ProgramHandle program(raw);
 
-  const std::vector<std::string> options = canonical_nvrtc_options(arch);
+  std::vector<std::string> options = canonical_nvrtc_options(arch);
+  options.insert(options.end(), extra_options.begin(), extra_options.end());
   std::vector<const char*> option_ptrs;
   for (const auto& option : options) option_ptrs.push_back(option.c_str());
 

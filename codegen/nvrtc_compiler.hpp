@@ -31,8 +31,11 @@ std::string nvrtc_full_version();
 // True for the arches in the table of codegen/arch_limits.hpp.
 bool is_supported_arch(std::string_view arch);
 
-// `key_hex` only labels errors and dumped sources.
+// `key_hex` only labels errors and dumped sources. `extra_options` follow the canonical ones,
+// for diagnostic compiles only (a test asking ptxas for its report with --ptxas-options=-v): the
+// disk key knows the canonical options alone, so a cubin built with extras is never cached.
 CompiledCubin compile_to_cubin(const KernelSource& kernel, std::string_view arch,
-                               std::string_view key_hex);
+                               std::string_view key_hex,
+                               const std::vector<std::string>& extra_options = {});
 
 }  // namespace gmjit::codegen

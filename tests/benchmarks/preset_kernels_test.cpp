@@ -1,0 +1,83 @@
+// Every preset's Hopper kernels keep their wgmma pipelined: ptxas, asked for its report, names no
+// wgmma it serialized (C7510-C7520: for want of registers, or in a path it takes for divergent)
+// and no warpgroup.arrive it had to inject. Either costs a kernel much of its tensor-core rate
+// without changing a result, so only the GPU benchmarks would notice; and an edit far from the
+// mainloop can set it off (session 25: splitting a 64-row tile's columns between the consumer
+// warpgroups, docs/PERFORMANCE.md).
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "codegen/fp8_backward.hpp"
+#include "codegen/fp8_forward.hpp"
+#include "codegen/grouped_mlp.hpp"
+#include "codegen/nvrtc_compiler.hpp"
+#include "presets/presets.hpp"
+
+namespace gmjit::bench {
+namespace {
+
+// The kernels that issue wgmma: the Hopper GEMM families and the wide decode pair.
+bool issues_wgmma(const codegen::KernelSource& k) {
+  return k.family.starts_with("sm90") || k.family == "decode_staged";
+}
+
+// Every kernel a preset's layer runs on sm_90a: BF16 forward with and without grad (the decode
+// pairs too), the backward with every gradient, and the FP8 block recipe's forward and backward.
+std::vector<codegen::KernelSource> hopper_kernels(const LayerSpec& layer) {
+  using namespace codegen;
+  GradientSet all;
+  all.db1 = layer.fc1_bias;
+  all.db2 = layer.fc2_bias;
+  std::vector<KernelSource> out;
+  auto add = [&](const std::vector<KernelSource>& ks) {
+    for (const KernelSource& k : ks)
+      if (issues_wgmma(k)) out.push_back(k);
+  };
+  add(emit_grouped_mlp_forward({layer, false, "sm_90a", false, 16}));
+  add(emit_grouped_mlp_forward({layer, true, "sm_90a", false, 0}));
+  add(emit_grouped_mlp_backward({layer, all, "sm_90a", false}));
+  if (layer.hidden % 128 == 0 && layer.ffn % 128 == 0) {  // the FP8 recipes' scale blocks
+    add(emit_fp8_forward({layer, true, false, false, "sm_90a"}));
+    add(emit_grouped_mlp_backward({layer, all, "sm_90a", false, Fp8Scaling{}}));
+  }
+  return out;
+}
+
+// ptxas's report lines about wgmma it serialized or fenced, one per line.
+std::string wgmma_findings(const std::string& log) {
+  std::string found;
+  std::size_t begin = 0;
+  while (begin < log.size()) {
+    std::size_t end = log.find('\n', begin);
+    if (end == std::string::npos) end = log.size();
+    const std::string line = log.substr(begin, end - begin);
+    if (line.find("wgmma.mma_async instructions are serialized") != std::string::npos ||
+        line.find("warpgroup.arrive is injected") != std::string::npos)
+      found += line + "\n";
+    begin = end + 1;
+  }
+  return found;
+}
+
+TEST(PresetKernels, KeepEveryWgmmaPipelined) {
+  std::set<std::string> seen;  // the ragged presets share their layer's kernels
+  int compiled = 0;
+  for (const Preset& preset : presets()) {
+    for (const codegen::KernelSource& kernel : hopper_kernels(preset.layer)) {
+      if (!seen.insert(kernel.source).second) continue;
+      SCOPED_TRACE(preset.name + ": " + kernel.entry);
+      const codegen::CompiledCubin cubin =
+          codegen::compile_to_cubin(kernel, "sm_90a", "test", {"--ptxas-options=-v"});
+      ++compiled;
+      ASSERT_NE(cubin.log.find("Used "), std::string::npos) << "no ptxas report:\n" << cubin.log;
+      EXPECT_EQ(wgmma_findings(cubin.log), "");
+    }
+  }
+  EXPECT_GT(compiled, 30);
+}
+
+}  // namespace
+}  // namespace gmjit::bench
