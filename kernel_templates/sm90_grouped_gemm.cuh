@@ -346,14 +346,8 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
   constexpr int kClaimMinWaves = 24;
   const bool claim_anyway =
       ClaimEqualTiles<Epi>::value && num_tiles >= kClaimMinWaves * static_cast<int>(gridDim.x);
-  // Experts of equal row counts repeat one pattern of tile costs (a full tile and a 64-row one
-  // per expert at 192 tokens), which round-robin keeps in step: claiming them ran the forward
-  // 7-12 % slower (qwen3-30b-a3b, deepseek, mixtral at 192 tokens per expert; session 25).
   const bool equal_tiles =
-      !claim_anyway &&
-      (row_tiles_all_full<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens) ||
-       (!ClaimEqualTiles<Epi>::value &&
-        expert_steps_equal<SplitT, Cfg::experts, 1>(split, p.plain.tokens)));
+      !claim_anyway && row_tiles_all_full<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
   TileWalk<P> walk(p, !equal_tiles);
   for (int t = walk.first(); t < num_tiles; t = walk.next(t)) {
     int tile_m, tile_n;
