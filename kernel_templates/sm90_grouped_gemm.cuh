@@ -14,14 +14,15 @@
 // Tiles: t over num_m * num_n, where num_m is the exact number of row tiles (expert tiles + tail
 // tiles, from the device split sizes); grouped rasterization (group_m row tiles per column sweep)
 // keeps A and B tiles shared in L2. A CTA starts at t = blockIdx.x and then, unless every tile is
-// full or every expert has the same rows (produce_tiles), claims its next tile from the launch's
-// zeroed tile counter (TileWalk): tiles of unequal cost (an expert's last rows, a warpgroup with no
-// rows) no longer make the CTAs drift apart, so the tiles in flight stay a narrow window of t that
-// shares L2, and the CTAs finish together. An Epi with kClaimEqualTiles (the data gradients) claims
-// full tiles too on walks of 24 waves or more (produce_tiles says why). Only the producer warp runs
-// the schedule: it writes each tile's (expert, rows, column tile) into the info slot of the tile's
-// first stage, so the consumers' critical path has no split-size scan. Tail tiles and the final
-// "done" marker take one stage each, with no data (plain arrive on full[s]).
+// full, claims its next tile from the launch's zeroed tile counter (TileWalk): tiles of unequal
+// cost (an expert's last rows, a warpgroup with no rows) no longer make the CTAs drift apart, so
+// the tiles in flight stay a narrow window of t that shares L2, and the CTAs finish together.
+// An Epi with kClaimEqualTiles (the data gradients) claims full tiles too on walks of 24 waves or
+// more (produce_tiles says why).
+// Only the producer warp runs the schedule: it writes each tile's (expert, rows, column tile)
+// into the info slot of the tile's first stage, so the consumers' critical path has no
+// split-size scan. Tail tiles and the final "done" marker take one stage each, with no data
+// (plain arrive on full[s]).
 
 #include "gmjit/bf16.cuh"
 #include "gmjit/expert_schedule.cuh"
@@ -193,10 +194,6 @@ struct TileInfo {
   long long row_begin, row_end;
   int expert;  // >= 0: expert tile; -1: tail tile (zero rows, stage has no data); -2: done
   int tile_n;
-  // 1 on claimed walks, where a consumer warpgroup with no rows in the tile releases its stages
-  // unread (grouped_gemm says why). Per walk: produce_tiles writes it into every slot before the
-  // first tile and then leaves it (a value written with each tile made ptxas spill there).
-  int claimed_walk;
 };
 
 // Epi must provide: SplitT, kK (reduction length, multiple of 8), num_n (column tiles),
@@ -295,7 +292,6 @@ class TileWalk {
       : p_(p), dynamic_(dynamic && TileCounterOf<P>::get(p) != nullptr) {}
 
   __device__ __forceinline__ int first() const { return static_cast<int>(blockIdx.x); }
-  __device__ __forceinline__ bool dynamic() const { return dynamic_; }  // claims its tiles
 
   // Once per tile, before moving past it. The lane test reads %laneid: with `threadIdx.x & 31`,
   // ptxas turns the atomic into a warp-aggregated one whose result it shuffles at once, stalling
@@ -333,19 +329,12 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
   int stage = 0;
   unsigned int phase = 0;
   const SplitT* split = static_cast<const SplitT*>(p.plain.split_sizes);
-  const RowTileCensus census =
-      row_tile_census<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
-  const int num_m = census.tiles;
+  const int num_m = count_row_tiles<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
   const int num_tiles = num_m * Epi::num_n;
-  // Publishes tile info in the current stage (all but the walk's flag, set once below);
-  // data-less stages complete with a plain arrive.
+  // Publishes tile info in the current stage; data-less stages complete with a plain arrive.
   auto post = [&](const TileInfo& ti, bool data) {
     if (lane == 0) {
-      TileInfo& slot = r.info[stage];
-      slot.row_begin = ti.row_begin;
-      slot.row_end = ti.row_end;
-      slot.expert = ti.expert;
-      slot.tile_n = ti.tile_n;
+      r.info[stage] = ti;
       if (!data) mbar_arrive(r.full + 8 * stage);
     }
   };
@@ -354,18 +343,12 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
   // long walk: over many waves round-robin CTAs drift apart, and the data gradients' CTAs that
   // share a weight tile then read it at different times, from DRAM twice (deepseek at 31 and 108
   // waves; 16 experts at 14 waves did not). On short walks claiming only costs (1-2 %, qwen3).
-  // Equal experts whose rows are not a multiple of block_m (192: a full and a 64-row tile each)
-  // walk round-robin too, and there no warpgroup skips a tile: every tile then costs the same
-  // MMAs, and the CTAs move through t together (GMJIT_STATIC_TILES=1, which walks so, ran such
-  // forwards 7-12 % faster than claiming with the skip; docs/PERFORMANCE.md, session 25).
   constexpr int kClaimMinWaves = 24;
   const bool claim_anyway =
       ClaimEqualTiles<Epi>::value && num_tiles >= kClaimMinWaves * static_cast<int>(gridDim.x);
-  const bool equal_tiles = !claim_anyway && census.equal_cost;
+  const bool equal_tiles =
+      !claim_anyway && row_tiles_all_full<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
   TileWalk<P> walk(p, !equal_tiles);
-  if (lane == 0) {
-    for (int s = 0; s < S::stages; ++s) r.info[s].claimed_walk = walk.dynamic() ? 1 : 0;
-  }
   for (int t = walk.first(); t < num_tiles; t = walk.next(t)) {
     int tile_m, tile_n;
     tile_coords(t, num_m, Epi::num_n, Cfg::group_m, tile_m, tile_n);
@@ -454,11 +437,11 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
       Epi::zero_rows(p, ti.tile_n, ti.row_begin, ti.row_end, tid - 128, 256);
       continue;
     }
-    // A warpgroup without rows in a tile skips it only on claimed walks: with round-robin tiles
-    // the cheaper tiles let CTAs drift apart, which cost ragged prefill more (5-32 %) than the
-    // skip gains in decode (benchmarks/tile_schedule_model.py). The flag is read from shared
-    // memory each time; kept in a register across tiles it took one from the accumulators.
-    if (ti.claimed_walk != 0 && ti.row_begin + wg * S::mt * 64 >= ti.row_end) {
+    // A warpgroup without rows in a tile skips it only where the launch has a tile counter: with
+    // round-robin tiles the cheaper tiles let CTAs drift apart, which cost ragged prefill more
+    // (5-32 %) than the skip gains in decode (benchmarks/tile_schedule_model.py). The test reads
+    // the parameter block each time; a flag kept in a register took one from the accumulators.
+    if (TileCounterOf<P>::get(p) != nullptr && ti.row_begin + wg * S::mt * 64 >= ti.row_end) {
       // No row of this warpgroup (a tile of at most 64 rows, decode): release the stages
       // unread, so the MMA pipe serves the other warpgroup alone.
 #pragma unroll 1
