@@ -3,10 +3,13 @@
 // and no warpgroup.arrive it had to inject. Either costs a kernel much of its tensor-core rate
 // without changing a result, so only the GPU benchmarks would notice; and an edit far from the
 // mainloop can set it off (session 25: splitting a 64-row tile's columns between the consumer
-// warpgroups, docs/PERFORMANCE.md).
+// warpgroups, docs/PERFORMANCE.md). The same report shows spills, and the BF16 forward GEMMs
+// must have none: their producer warp runs on 40 registers, and a spill there puts a local-memory
+// round trip on the tile walk (session 26: a second split-size scan did it).
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -47,20 +50,36 @@ std::vector<codegen::KernelSource> hopper_kernels(const LayerSpec& layer) {
   return out;
 }
 
-// ptxas's report lines about wgmma it serialized or fenced, one per line.
-std::string wgmma_findings(const std::string& log) {
+// The lines of ptxas's report for which `keep` holds, one per line.
+template <class Keep>
+std::string report_lines(const std::string& log, Keep keep) {
   std::string found;
   std::size_t begin = 0;
   while (begin < log.size()) {
     std::size_t end = log.find('\n', begin);
     if (end == std::string::npos) end = log.size();
     const std::string line = log.substr(begin, end - begin);
-    if (line.find("wgmma.mma_async instructions are serialized") != std::string::npos ||
-        line.find("warpgroup.arrive is injected") != std::string::npos)
-      found += line + "\n";
+    if (keep(line)) found += line + "\n";
     begin = end + 1;
   }
   return found;
+}
+
+// ptxas's report lines about wgmma it serialized or fenced.
+std::string wgmma_findings(const std::string& log) {
+  return report_lines(log, [](const std::string& line) {
+    return line.find("wgmma.mma_async instructions are serialized") != std::string::npos ||
+           line.find("warpgroup.arrive is injected") != std::string::npos;
+  });
+}
+
+// ptxas's report lines that count spilled bytes.
+std::string spill_findings(const std::string& log) {
+  static const std::regex spills(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
+  return report_lines(log, [](const std::string& line) {
+    std::smatch m;
+    return std::regex_search(line, m, spills) && (m[1] != "0" || m[2] != "0");
+  });
 }
 
 // One test per preset, so that ctest runs them side by side.
@@ -72,7 +91,7 @@ std::vector<std::string> preset_names() {
 
 class PresetKernels : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(PresetKernels, KeepEveryWgmmaPipelined) {
+TEST_P(PresetKernels, KeepEveryWgmmaPipelinedAndTheForwardFreeOfSpills) {
   const std::optional<Preset> preset = find_preset(GetParam());
   ASSERT_TRUE(preset.has_value());
   std::set<std::string> seen;  // a kernel two of the plans share compiles once
@@ -83,6 +102,9 @@ TEST_P(PresetKernels, KeepEveryWgmmaPipelined) {
         codegen::compile_to_cubin(kernel, "sm_90a", "test", {"--ptxas-options=-v"});
     ASSERT_NE(cubin.log.find("Used "), std::string::npos) << "no ptxas report:\n" << cubin.log;
     EXPECT_EQ(wgmma_findings(cubin.log), "");
+    if (kernel.family == "sm90_gemm") {
+      EXPECT_EQ(spill_findings(cubin.log), "");
+    }
   }
   EXPECT_GE(seen.size(), 6u);  // FC1, FC2, their decode_staged pair, the two data gradients
 }
