@@ -6,7 +6,8 @@
 # Disk is the scarce thing on CI machines (seen: 6 GB free after the build). PyPI's torch pulls
 # about 5 GB of CUDA libraries that CPU tests never call, so torch goes in without them
 # (.ci/torch_slim_requirements.py) when the machine's CUDA toolkit already provides them to the
-# loader: about 1.7 GB. Where `import torch` then fails, the full install follows.
+# loader: the venv then takes about 1.9 GB. Where `import torch` then fails, the full install
+# follows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${GMJIT_PY_VENV:-build/pyvenv}
