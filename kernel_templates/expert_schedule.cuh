@@ -209,36 +209,33 @@ __device__ __forceinline__ RowTile find_row_tile(const SplitT* __restrict__ spli
   return r;
 }
 
-// Number of row tiles (expert tiles + tail tiles) that find_row_tile enumerates. Warp-collective.
+// What the producer of a grouped GEMM needs to know about its row tiles before the first one.
+struct RowTileCensus {
+  int tiles;  // row tiles (expert tiles + tail tiles) that find_row_tile enumerates
+  // Whether every row tile is a full expert tile: each expert's rows a multiple of kBlockM, no
+  // tail rows. Then every tile of a grouped GEMM costs the same.
+  bool all_full;
+};
+
+// One pass over the split sizes, not one for each answer: the producer warp runs on 40 registers.
+// Warp-collective; every lane gets the result.
 template <class SplitT, int kExperts, int kBlockM>
-__device__ __forceinline__ int count_row_tiles(const SplitT* __restrict__ split, long long tokens) {
+__device__ __forceinline__ RowTileCensus row_tile_census(const SplitT* __restrict__ split,
+                                                         long long tokens) {
   long long row_base = 0;
   int tiles = 0;
-  for (int e0 = 0; e0 < kExperts; e0 += 32) {
-    long long beg, end;
-    const long long next_base = chunk_rows<SplitT, kExperts>(split, tokens, e0, row_base, beg, end);
-    int t = static_cast<int>((end - beg + kBlockM - 1) / kBlockM);
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) t += __shfl_xor_sync(0xffffffffu, t, d);
-    tiles += t;
-    row_base = next_base;
-  }
-  return tiles + static_cast<int>((tokens - row_base + kBlockM - 1) / kBlockM);
-}
-
-// Whether every row tile is a full expert tile: each expert's rows a multiple of kBlockM, no
-// tail rows. Then every tile of a grouped GEMM costs the same. Warp-collective.
-template <class SplitT, int kExperts, int kBlockM>
-__device__ __forceinline__ bool row_tiles_all_full(const SplitT* __restrict__ split,
-                                                   long long tokens) {
-  long long row_base = 0;
   bool partial = false;
   for (int e0 = 0; e0 < kExperts; e0 += 32) {
     long long beg, end;
     row_base = chunk_rows<SplitT, kExperts>(split, tokens, e0, row_base, beg, end);
+    int t = static_cast<int>((end - beg + kBlockM - 1) / kBlockM);
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) t += __shfl_xor_sync(0xffffffffu, t, d);
+    tiles += t;
     partial |= __any_sync(0xffffffffu, (end - beg) % kBlockM != 0);
   }
-  return !partial && row_base == tokens;
+  return {tiles + static_cast<int>((tokens - row_base + kBlockM - 1) / kBlockM),
+          !partial && row_base == tokens};
 }
 
 // Whether every expert has the same number of kStep-row steps, ceil(rows / kStep): then every

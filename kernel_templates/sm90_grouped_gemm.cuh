@@ -194,6 +194,10 @@ struct TileInfo {
   long long row_begin, row_end;
   int expert;  // >= 0: expert tile; -1: tail tile (zero rows, stage has no data); -2: done
   int tile_n;
+  // 1 on claimed walks, where a consumer warpgroup with no rows in the tile releases its stages
+  // unread (grouped_gemm says why). Per walk: produce_tiles writes it into every slot before the
+  // first tile and then leaves it (a value written with each tile made ptxas spill there).
+  int claimed_walk;
 };
 
 // Epi must provide: SplitT, kK (reduction length, multiple of 8), num_n (column tiles),
@@ -292,6 +296,7 @@ class TileWalk {
       : p_(p), dynamic_(dynamic && TileCounterOf<P>::get(p) != nullptr) {}
 
   __device__ __forceinline__ int first() const { return static_cast<int>(blockIdx.x); }
+  __device__ __forceinline__ bool dynamic() const { return dynamic_; }  // claims its tiles
 
   // Once per tile, before moving past it. The lane test reads %laneid: with `threadIdx.x & 31`,
   // ptxas turns the atomic into a warp-aggregated one whose result it shuffles at once, stalling
@@ -329,12 +334,19 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
   int stage = 0;
   unsigned int phase = 0;
   const SplitT* split = static_cast<const SplitT*>(p.plain.split_sizes);
-  const int num_m = count_row_tiles<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
+  const RowTileCensus census =
+      row_tile_census<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
+  const int num_m = census.tiles;
   const int num_tiles = num_m * Epi::num_n;
-  // Publishes tile info in the current stage; data-less stages complete with a plain arrive.
+  // Publishes tile info in the current stage (all but the walk's flag, set once below);
+  // data-less stages complete with a plain arrive.
   auto post = [&](const TileInfo& ti, bool data) {
     if (lane == 0) {
-      r.info[stage] = ti;
+      TileInfo& slot = r.info[stage];
+      slot.row_begin = ti.row_begin;
+      slot.row_end = ti.row_end;
+      slot.expert = ti.expert;
+      slot.tile_n = ti.tile_n;
       if (!data) mbar_arrive(r.full + 8 * stage);
     }
   };
@@ -346,9 +358,11 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
   constexpr int kClaimMinWaves = 24;
   const bool claim_anyway =
       ClaimEqualTiles<Epi>::value && num_tiles >= kClaimMinWaves * static_cast<int>(gridDim.x);
-  const bool equal_tiles =
-      !claim_anyway && row_tiles_all_full<SplitT, Cfg::experts, S::block_m>(split, p.plain.tokens);
+  const bool equal_tiles = !claim_anyway && census.all_full;
   TileWalk<P> walk(p, !equal_tiles);
+  if (lane == 0) {
+    for (int s = 0; s < S::stages; ++s) r.info[s].claimed_walk = walk.dynamic() ? 1 : 0;
+  }
   for (int t = walk.first(); t < num_tiles; t = walk.next(t)) {
     int tile_m, tile_n;
     tile_coords(t, num_m, Epi::num_n, Cfg::group_m, tile_m, tile_n);
@@ -437,11 +451,11 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
       Epi::zero_rows(p, ti.tile_n, ti.row_begin, ti.row_end, tid - 128, 256);
       continue;
     }
-    // A warpgroup without rows in a tile skips it only where the launch has a tile counter: with
-    // round-robin tiles the cheaper tiles let CTAs drift apart, which cost ragged prefill more
-    // (5-32 %) than the skip gains in decode (benchmarks/tile_schedule_model.py). The test reads
-    // the parameter block each time; a flag kept in a register took one from the accumulators.
-    if (TileCounterOf<P>::get(p) != nullptr && ti.row_begin + wg * S::mt * 64 >= ti.row_end) {
+    // A warpgroup without rows in a tile skips it only on claimed walks: with round-robin tiles
+    // the cheaper tiles let CTAs drift apart, which cost ragged prefill more (5-32 %) than the
+    // skip gains in decode (benchmarks/tile_schedule_model.py). The flag is read from shared
+    // memory each time; kept in a register across tiles it took one from the accumulators.
+    if (ti.claimed_walk != 0 && ti.row_begin + wg * S::mt * 64 >= ti.row_end) {
       // No row of this warpgroup (a tile of at most 64 rows, decode): release the stages
       // unread, so the MMA pipe serves the other warpgroup alone.
 #pragma unroll 1
