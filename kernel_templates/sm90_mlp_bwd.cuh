@@ -128,13 +128,6 @@ struct Fc2DgradEpilogue {
       // 15). Selects, never a runtime index, pick the accumulators, so they stay in registers.
 #pragma unroll 1
       for (int cc = 0; cc < kRegs / 32; ++cc) {
-        float frag[32];  // acc[m][32 * cc + i]
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          frag[i] = acc[m][i];
-#pragma unroll
-          for (int c = 1; c < kRegs / 32; ++c) frag[i] = cc == c ? acc[m][32 * c + i] : frag[i];
-        }
         // Columns past F (a partial last tile) hold g = 0 (TMA's zeros for W2's columns past F):
         // their loads read group 0's pre-activation, their dprobs terms are 0, nothing is stored.
         const bool cols_in = !kNTail || tile_n * Cfg::block_n + cc * 64 < kF;
@@ -162,12 +155,22 @@ struct Fc2DgradEpilogue {
             if constexpr (kGlu)
               xl[s] = *reinterpret_cast<const uint4*>(hr + lin_col<kLayout>(cq, kF) + 8 * s);
           }
+          // This row half's 16 accumulators of group cc: acc[m][32 * cc + 4 * jj + 2 * h + {0, 1}].
+          // Picked per row half, not per group: 16 live copies instead of 32 (gpt-oss's clamped
+          // SwiGLU spilled 88 bytes with 32).
+          float frag[16];
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            const int j = 4 * (i / 2) + (i % 2);
+            float v = hi ? acc[m][j + 2] : acc[m][j];
+#pragma unroll
+            for (int c = 1; c < kRegs / 32; ++c)
+              v = cc == c ? (hi ? acc[m][32 * c + j + 2] : acc[m][32 * c + j]) : v;
+            frag[i] = v;
+          }
           __syncwarp();  // the previous step's reads of the staging buffer are done
 #pragma unroll
-          for (int jj = 0; jj < 8; ++jj) {
-            ws.put_f32x2(jj & 3, jj >> 2, hi ? frag[4 * jj + 2] : frag[4 * jj],
-                         hi ? frag[4 * jj + 3] : frag[4 * jj + 1]);
-          }
+          for (int jj = 0; jj < 8; ++jj) ws.put_f32x2(jj & 3, jj >> 2, frag[2 * jj], frag[2 * jj + 1]);
           __syncwarp();
           float g[16];
           ws.get_row_f32x16(g);
