@@ -170,7 +170,8 @@ struct Fc2DgradEpilogue {
           }
           __syncwarp();  // the previous step's reads of the staging buffer are done
 #pragma unroll
-          for (int jj = 0; jj < 8; ++jj) ws.put_f32x2(jj & 3, jj >> 2, frag[2 * jj], frag[2 * jj + 1]);
+          for (int jj = 0; jj < 8; ++jj)
+            ws.put_f32x2(jj & 3, jj >> 2, frag[2 * jj], frag[2 * jj + 1]);
           __syncwarp();
           float g[16];
           ws.get_row_f32x16(g);

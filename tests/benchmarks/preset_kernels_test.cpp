@@ -3,15 +3,19 @@
 // and no warpgroup.arrive it had to inject. Either costs a kernel much of its tensor-core rate
 // without changing a result, so only the GPU benchmarks would notice; and an edit far from the
 // mainloop can set it off (session 25: splitting a 64-row tile's columns between the consumer
-// warpgroups, docs/PERFORMANCE.md). The same report shows spills, and the BF16 forward GEMMs
-// must have none: their producer warp runs on 40 registers, and a spill there puts a local-memory
-// round trip on the tile walk (session 26: a second split-size scan did it).
+// warpgroups, docs/PERFORMANCE.md). The same report shows spills. The BF16 forward GEMMs must
+// have none: their producer warp runs on 40 registers, and a spill there puts a local-memory
+// round trip on the tile walk (session 26: a second split-size scan did it). The data gradients
+// may spill a little (gpt-oss's clamped SwiGLU FC2 dgrad: 20 bytes), not the 88-136 bytes per
+// thread their epilogue spilled before session 27 (removing them measured forward+backward
+// 1-9 % faster on gpt-oss and e64).
 #include <gtest/gtest.h>
 
 #include <optional>
 #include <regex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "codegen/fp8_backward.hpp"
@@ -73,13 +77,21 @@ std::string wgmma_findings(const std::string& log) {
   });
 }
 
-// ptxas's report lines that count spilled bytes.
-std::string spill_findings(const std::string& log) {
+// ptxas's report lines that count more than max_bytes spilled (stores or loads).
+std::string spill_findings(const std::string& log, int max_bytes) {
   static const std::regex spills(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
-  return report_lines(log, [](const std::string& line) {
+  return report_lines(log, [max_bytes](const std::string& line) {
     std::smatch m;
-    return std::regex_search(line, m, spills) && (m[1] != "0" || m[2] != "0");
+    return std::regex_search(line, m, spills) &&
+           (std::stoi(m[1]) > max_bytes || std::stoi(m[2]) > max_bytes);
   });
+}
+
+// The most bytes a family's kernels may spill; -1: not checked.
+int spill_budget(std::string_view family) {
+  if (family == "sm90_gemm") return 0;
+  if (family == "sm90_dgrad") return 32;
+  return -1;
 }
 
 // One test per preset, so that ctest runs them side by side.
@@ -91,7 +103,7 @@ std::vector<std::string> preset_names() {
 
 class PresetKernels : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(PresetKernels, KeepEveryWgmmaPipelinedAndTheForwardFreeOfSpills) {
+TEST_P(PresetKernels, KeepEveryWgmmaPipelinedAndSpillsWithinBudget) {
   const std::optional<Preset> preset = find_preset(GetParam());
   ASSERT_TRUE(preset.has_value());
   std::set<std::string> seen;  // a kernel two of the plans share compiles once
@@ -102,8 +114,8 @@ TEST_P(PresetKernels, KeepEveryWgmmaPipelinedAndTheForwardFreeOfSpills) {
         codegen::compile_to_cubin(kernel, "sm_90a", "test", {"--ptxas-options=-v"});
     ASSERT_NE(cubin.log.find("Used "), std::string::npos) << "no ptxas report:\n" << cubin.log;
     EXPECT_EQ(wgmma_findings(cubin.log), "");
-    if (kernel.family == "sm90_gemm") {
-      EXPECT_EQ(spill_findings(cubin.log), "");
+    if (const int budget = spill_budget(kernel.family); budget >= 0) {
+      EXPECT_EQ(spill_findings(cubin.log, budget), "") << "spill budget " << budget << " bytes";
     }
   }
   EXPECT_GE(seen.size(), 6u);  // FC1, FC2, their decode_staged pair, the two data gradients
