@@ -4,7 +4,8 @@
 For each shape it times, with CUDA events (median of --reps after --warmup; the reps are issued
 back to back, so the host's launch work hides behind the GPU's as in a training or decoding
 loop; --timing synced waits after every rep, which also counts the host's work before the
-first kernel):
+first kernel; --rounds such blocks per implementation, interleaved, and the median of their
+medians):
   * gmjit:          gmjit.torch.grouped_mlp
   * torch eager:    the same layer from torch._grouped_mm (bias rows gathered per expert, the
                     activation, the router probabilities), as `gmjit bench`'s presets
@@ -267,6 +268,15 @@ def run(s: Shape, ragged: bool, a, decode: bool = False) -> dict:
 
     eager = torch_layer(s, offs, rows_expert)
 
+    def fwd(fn):
+        with torch.no_grad():
+            fn(x)
+
+    def fwd_bwd(fn):
+        for t in leaves:
+            t.grad = None
+        fn(xg).backward(dy)
+
     def gmjit_call(inp):
         return grouped_mlp(inp, split, w1, w2, b1, b2, probs, s.activation, limit=s.limit,
                            alpha=s.alpha)  # fmt: skip
@@ -302,58 +312,68 @@ def run(s: Shape, ragged: bool, a, decode: bool = False) -> dict:
         row["reference_error"] = short_error(e)
     if ref is None:  # (the traceback, which holds the failed call's tensors, is gone here)
         free_memory()
+    # The first call of each implementation: JIT compilation (gmjit's kernels, torch.compile's
+    # graph) and the numerics against eager.
+    timed = {}  # the implementations whose first call worked
     for name, fn in impls.items():
         started = time.perf_counter()
         res = row[name] = {}
-        out = None
-
-        def fwd():
-            with torch.no_grad():
-                fn(x)
-
-        def fwd_bwd():
-            for t in leaves:
-                t.grad = None
-            fn(xg).backward(dy)
-
-        try:  # the first call: JIT compilation (gmjit's kernels, torch.compile's graph)
+        try:
             with torch.no_grad():
                 out = fn(x).float()
             if ref is not None:
                 err = ((out - ref).abs().max() / ref.abs().max().clamp(min=1e-30)).item()
                 res["max_rel_diff_vs_torch"] = float(f"{err:.3g}")
-            out = None
             res["first_call_s"] = round(time.perf_counter() - started, 2)
-            ms_f = time_ms(fwd, warmup, reps, a.timing == "queued")
+            timed[name] = fn
+        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+            res["error"] = short_error(e)
+        out = None
+        if "error" in res:
+            free_memory()
+    # Timing in rounds, the implementations interleaved and each round starting with the next
+    # one: on a power-capped GPU a kernel runs faster on a cool GPU than on a hot one, so one
+    # block of reps per implementation flattered whichever ran first (session 24), and one
+    # table's cells near their targets moved by up to 9 % between runs (session 27).
+    passes = [("forward", "error", lambda fn: lambda: fwd(fn))]
+    if grad:
+        passes.append(("fwd_bwd", "fwd_bwd_error", lambda fn: lambda: fwd_bwd(fn)))
+    order = list(timed)
+    for r in range(a.rounds):
+        turn = order[r % len(order):] + order[: r % len(order)] if order else []
+        for key, error_key, bind in passes:
+            for name in turn:
+                res = row[name]
+                if "error" in res or error_key in res:
+                    continue
+                try:
+                    ms = time_ms(bind(timed[name]), warmup, reps, a.timing == "queued")
+                    res.setdefault(f"{key}_ms_rounds", []).append(round(ms, 4))
+                except Exception as e:  # noqa: BLE001
+                    res[error_key] = short_error(e)
+                    free_memory()
+                for t in leaves:
+                    t.grad = None
+    for name in timed:
+        res = row[name]
+        if res.get("forward_ms_rounds"):
+            ms_f = statistics.median(res["forward_ms_rounds"])
             res["forward_ms"] = round(ms_f, 4)
             res["forward_tflops"] = round(flops / ms_f / 1e9, 1)
             if decode:
                 gbs = row["weight_bytes"] / ms_f / 1e6
                 res["forward_gbs"] = round(gbs, 1)
                 res["forward_hbm_pct"] = round(100 * gbs / a.hbm_peak_gbs, 1)
-        except Exception as e:  # noqa: BLE001
-            res["error"] = short_error(e)
-        out = None
-        if "error" in res:
-            free_memory()
-        if grad and "error" not in res:
-            try:
-                ms_fb = time_ms(fwd_bwd, warmup, reps, a.timing == "queued")
-                res["fwd_bwd_ms"] = round(ms_fb, 4)
-                res["fwd_bwd_tflops"] = round(3 * flops / ms_fb / 1e9, 1)
-            except Exception as e:  # noqa: BLE001
-                res["fwd_bwd_error"] = short_error(e)
-            if "fwd_bwd_error" in res:
-                free_memory()
-        for t in leaves:
-            t.grad = None
-        res["setup_and_timing_s"] = round(time.perf_counter() - started, 1)
+        if res.get("fwd_bwd_ms_rounds"):
+            ms_fb = statistics.median(res["fwd_bwd_ms_rounds"])
+            res["fwd_bwd_ms"] = round(ms_fb, 4)
+            res["fwd_bwd_tflops"] = round(3 * flops / ms_fb / 1e9, 1)
     for other in ("torch", "compile"):
         for k in ("forward", "fwd_bwd"):
             mine, theirs = row["gmjit"].get(f"{k}_ms"), row.get(other, {}).get(f"{k}_ms")
             if mine and theirs:
                 row[f"{k}_vs_{other}"] = round(theirs / mine, 2)
-    del x, xg, w1, w2, b1, b2, probs, dy, leaves, impls, ref, eager, compiled
+    del x, xg, w1, w2, b1, b2, probs, dy, leaves, impls, timed, ref, eager, compiled
     torch._dynamo.reset()
     free_memory()
     return row
@@ -441,9 +461,12 @@ def summarize(rows: list[dict], a, meta: dict) -> dict:
         return "n/a"
 
     out_rows, dec_rows, met, cells = [], [], 0, 0
+    rounds = meta.get("rounds", 1)
+    rounds_note = f" in each of {rounds} interleaved rounds, their median" if rounds > 1 else ""
     lines = [
         f"gmjit vs torch {meta['torch']} on {meta['gpu']}, bf16, router probs; median of "
-        f"{meta['reps']} after {meta['warmup']} warm-up ({meta['decode_reps']} for decode), "
+        f"{meta['reps']} after {meta['warmup']} warm-up ({meta['decode_reps']} for decode)"
+        f"{rounds_note}, "
         f"{meta.get('timing', 'synced')} timing. "
         "Ratios: torch's time over gmjit's; the TFLOP/s target "
         + ", ".join(f"{k} ≥ {v:.0f}" for k, v in TFLOPS_TARGETS.items())
@@ -629,6 +652,10 @@ def main() -> None:
     ap.add_argument("--probs-grad", action="store_true", help="router probabilities need grad")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="timing rounds per case, the implementations interleaved in each (each "
+                    "round starting with the next one); a time is the median of its rounds' "
+                    "medians (default 3; --quick: 1)")  # fmt: skip
     ap.add_argument("--timing", choices=("queued", "synced"), default="queued",
                     help="queued: reps back to back, the host's launch work hidden behind the "
                     "GPU's (default); synced: the host waits after every rep, so its launch "
@@ -699,18 +726,20 @@ def main() -> None:
         for n in names:
             for t in tokens:
                 cases.append((Shape(**{**vars(by_name[n]), "tokens_per_expert": t}), False, True))
+    if a.rounds < 1:
+        sys.exit("--rounds: at least 1")
     if a.quick:
-        a.warmup, a.reps = min(a.warmup, 2), min(a.reps, 5)
+        a.warmup, a.reps, a.rounds = min(a.warmup, 2), min(a.reps, 5), 1
     if a.dry_run_cpu:  # tiny versions of the shapes: the CPU computes torch's side
         cases = [(Shape(**{**vars(s), "tokens_per_expert": s.tokens_per_expert if d else 16,
                            "hidden": 64, "ffn": 64}), r, d) for s, r, d in cases]  # fmt: skip
-        a.warmup, a.reps, a.decode_reps = 1, 2, 2
+        a.warmup, a.reps, a.decode_reps, a.rounds = 1, 2, 2, min(a.rounds, 2)
     if not cases:
         sys.exit("nothing to run")
     for limit in ("recompile_limit", "cache_size_limit"):  # one compiled function per shape
         if hasattr(torch._dynamo.config, limit):
             setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
-    meta = {"torch": torch.__version__, "gpu": device_name(), "reps": a.reps,
+    meta = {"torch": torch.__version__, "gpu": device_name(), "reps": a.reps, "rounds": a.rounds,
             "warmup": a.warmup, "timing": a.timing, "decode_reps": a.decode_reps,
             "probs_grad": a.probs_grad,
             "compile": not a.no_compile,
@@ -821,7 +850,8 @@ def main() -> None:
     free_memory()
     seconds = time.perf_counter() - started
     print(f"torch {torch.__version__}, {device_name()}, median of {a.reps} after {a.warmup} "
-          f"warm-up ({a.decode_reps} for decode), {seconds:.0f} s")  # fmt: skip
+          f"warm-up ({a.decode_reps} for decode), median of {a.rounds} rounds, "
+          f"{seconds:.0f} s")  # fmt: skip
     print_table(rows)
     summary = write_outputs(True)
     if a.json:
