@@ -49,6 +49,7 @@ FLOPs: 2·T·H·F1 + 2·T·F·H forward (F1 = 2F for GLU activations), 3x that f
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import signal
@@ -335,19 +336,18 @@ def run(s: Shape, ragged: bool, a, decode: bool = False) -> dict:
     # one: on a power-capped GPU a kernel runs faster on a cool GPU than on a hot one, so one
     # block of reps per implementation flattered whichever ran first (session 24), and one
     # table's cells near their targets moved by up to 9 % between runs (session 27).
-    passes = [("forward", "error", lambda fn: lambda: fwd(fn))]
-    if grad:
-        passes.append(("fwd_bwd", "fwd_bwd_error", lambda fn: lambda: fwd_bwd(fn)))
+    passes = [("forward", "error", fwd)] + ([("fwd_bwd", "fwd_bwd_error", fwd_bwd)] if grad else [])
     order = list(timed)
     for r in range(a.rounds):
         turn = order[r % len(order):] + order[: r % len(order)] if order else []
-        for key, error_key, bind in passes:
+        for key, error_key, step in passes:
             for name in turn:
                 res = row[name]
                 if "error" in res or error_key in res:
                     continue
                 try:
-                    ms = time_ms(bind(timed[name]), warmup, reps, a.timing == "queued")
+                    ms = time_ms(functools.partial(step, timed[name]), warmup, reps,
+                                 a.timing == "queued")
                     res.setdefault(f"{key}_ms_rounds", []).append(round(ms, 4))
                 except Exception as e:  # noqa: BLE001
                     res[error_key] = short_error(e)
