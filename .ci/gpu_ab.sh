@@ -5,8 +5,11 @@
 # $GMJIT_MEMCHECK_FILTER, and, in parallel with memcheck, every preset's NVRTC time under both
 # versions of kernel_templates/ (benchmarks/nvrtc_ab.py); then the A/B timing of both builds on
 # $GMJIT_AB_CASES (benchmarks/ab_bench.py, alternating). Skip parts with GMJIT_SKIP_TESTS=1,
-# GMJIT_SKIP_MEMCHECK=1, GMJIT_SKIP_NVRTC=1, GMJIT_SKIP_AB=1. Logs and JSON go to $OUT; a short
-# summary is printed last. About 5 minutes with every part.
+# GMJIT_SKIP_MEMCHECK=1, GMJIT_SKIP_NVRTC=1, GMJIT_SKIP_AB=1. With GMJIT_NCU_KERNELS=REGEX it
+# also compares those kernels of both builds under Nsight Compute on $GMJIT_NCU_CASES
+# (ab_bench.py --ncu: per-kernel time, tensor-pipe activity, DRAM bytes), which a step's time
+# cannot isolate on a power-capped GPU. Logs and JSON go to $OUT; a short summary is printed
+# last. About 5 minutes with every part.
 set -uo pipefail
 OUT=${OUT:-/tmp/gmjit-ab-out}
 mkdir -p "$OUT"
@@ -72,6 +75,15 @@ if [ -z "${GMJIT_SKIP_AB:-}" ]; then
     --repeats 10 --stop-after-s 170 --json "$OUT/ab.json" $cases >"$OUT/ab.txt" 2>&1
   stamp ab
 fi
+if [ -n "${GMJIT_NCU_KERNELS:-}" ]; then
+  # shellcheck disable=SC2086
+  timeout 240 python3 benchmarks/ab_bench.py --a /tmp/gmjit-ab-base/cli/gmjit --a-env GMJIT_CACHE_DIR=/tmp/gmjit-ab-cache-a \
+    --b build-gpu/cli/gmjit --b-env GMJIT_CACHE_DIR=/tmp/gmjit-ab-cache-b --rounds 1 --repeats 2 \
+    --ncu "$GMJIT_NCU_KERNELS" --stop-after-s 200 --json "$OUT/ncu.json" ${GMJIT_NCU_CASES:-mixtral e64} \
+    >"$OUT/ncu.txt" 2>&1
+  stamp ncu
+fi
 echo "== baseline $(cat "$base/REVISION" 2>/dev/null || echo '(no REVISION)')"
 printf '%s\n' "${summary[@]}"
 if [ -f "$OUT/ab.txt" ]; then tail -12 "$OUT/ab.txt"; fi
+if [ -f "$OUT/ncu.txt" ]; then tail -16 "$OUT/ncu.txt"; fi

@@ -21,6 +21,15 @@ gradients), where `gmjit bench` writes fp32 ones.
 
   python3 benchmarks/ab_bench.py --python --a /tmp/old-site --b - deepseek e64:--ragged
 
+`--ncu REGEX` compares kernels instead of steps: each run goes under Nsight Compute (clocks
+left free, the first matching launch skipped, the next `--ncu-launches` measured), and the table
+gives, per case and matching kernel, the median duration, tensor-pipe activity and DRAM bytes of
+each variant. A step's time is the wrong measure for a change to one kernel when the GPU runs at
+its power cap: a variant that writes less (or writes zeros) lets the kernels after it run cooler,
+hence faster, and the step gains what the changed kernel did not (docs/PERFORMANCE.md, session 28).
+
+  python3 benchmarks/ab_bench.py --a old/cli/gmjit --b new/cli/gmjit --ncu fc2_dgrad e64 mixtral
+
 `--stop-after-s` skips the cases that would start after that many seconds (a device call has a
 time limit), `--json` keeps every round.
 """
@@ -28,16 +37,26 @@ time limit), `--json` keeps every round.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import re
 import subprocess
 import sys
+import statistics
 import time
 from dataclasses import dataclass, field
 
 LINE = re.compile(r"^\s*(forward|fwd\+bwd)\s+([0-9.]+) ms")
 
+
+# Per-kernel metrics of --ncu runs: duration (ns), tensor-pipe activity (%), DRAM bytes.
+NCU_METRICS = {
+    "gpu__time_duration.sum": "ns",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor_pct",
+    "dram__bytes_read.sum": "dram_read",
+    "dram__bytes_write.sum": "dram_write",
+}
 
 LAYER_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layer_step.py")
 
@@ -63,11 +82,25 @@ class Variant:
 
 
 @dataclass
+class Ncu:
+    """How --ncu runs wrap a variant's command."""
+    regex: str
+    launches: int
+    binary: str = "ncu"
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        return [self.binary, "--clock-control", "none", "--print-units", "base", "-k",
+                f"regex:{self.regex}", "--launch-skip", "1", "--launch-count", str(self.launches),
+                "--metrics", ",".join(NCU_METRICS), "--csv", *argv]  # fmt: skip
+
+
+@dataclass
 class Case:
     label: str
     preset: str
     options: list[str]
-    rounds: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    # Per variant, a run per round: (forward ms, fwd+bwd ms), or with --ncu kernels_of's dict.
+    rounds: dict[str, list] = field(default_factory=dict)
 
 
 def parse_case(text: str) -> Case:
@@ -101,12 +134,43 @@ def times_of(output: str) -> tuple[float, float]:
     return found["forward"], found["fwd+bwd"]
 
 
-def run_once(variant: Variant, case: Case, repeats: int) -> tuple[float, float]:
+def kernels_of(output: str) -> dict[str, list[dict[str, float]]]:
+    """Per kernel name, its launches' metrics (NCU_METRICS' short names), from ncu's --csv
+    output mixed with the profiled program's own."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID","Process ID"')), None)
+    if start is None:
+        raise RuntimeError("no ncu CSV header in the output:\n" + "\n".join(lines[-15:]))
+    rows = csv.reader(line for line in lines[start:] if line.startswith('"'))
+    head = next(rows)
+    col = {name: head.index(name) for name in ("ID", "Kernel Name", "Metric Name", "Metric Value")}
+    launches: dict[str, dict[str, float]] = {}
+    names: dict[str, str] = {}
+    for row in rows:
+        metric = NCU_METRICS.get(row[col["Metric Name"]])
+        if metric is None:
+            continue
+        launch = row[col["ID"]]
+        names[launch] = row[col["Kernel Name"]]
+        value = float(row[col["Metric Value"]].replace(",", ""))
+        launches.setdefault(launch, {})[metric] = value
+    found: dict[str, list[dict[str, float]]] = {}
+    for launch, metrics in launches.items():
+        found.setdefault(names[launch], []).append(metrics)
+    if not found:
+        raise RuntimeError("ncu profiled no kernel: does the --ncu regex match one?")
+    return found
+
+
+def run_once(variant: Variant, case: Case, repeats: int, ncu: Ncu | None = None):
+    """(forward ms, fwd+bwd ms), or with ncu the profiled kernels' metrics (kernels_of)."""
     argv, env = variant.command(case, repeats)
+    if ncu is not None:
+        argv = ncu.wrap(argv)
     run = subprocess.run(argv, env=env, capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({run.returncode}):\n{run.stderr[-2000:]}")
-    return times_of(run.stdout)
+    return kernels_of(run.stdout) if ncu is not None else times_of(run.stdout)
 
 
 def table(cases: list[Case], a: Variant, b: Variant) -> str:
@@ -125,6 +189,32 @@ def table(cases: list[Case], a: Variant, b: Variant) -> str:
     return "\n".join(rows)
 
 
+def kernel_table(cases: list[Case], a: Variant, b: Variant) -> str:
+    """Per case and kernel: median duration (µs), tensor-pipe activity and DRAM traffic (GB read
+    + written) of each variant over all its rounds' launches."""
+    def median(runs, kernel: str, metric: str) -> float:
+        values = [m.get(metric, 0.0) for run in runs for m in run.get(kernel, [])]
+        return statistics.median(values) if values else float("nan")
+
+    head = f"{'case / kernel':58} {'A us':>9} {'B us':>9} {'A/B':>6} {'A tc%':>6} {'B tc%':>6} " \
+           f"{'A GB':>6} {'B GB':>6}"  # fmt: skip
+    rows = [head]
+    for c in cases:
+        ra, rb = c.rounds.get(a.name, []), c.rounds.get(b.name, [])
+        kernels = list(dict.fromkeys(k for run in ra + rb for k in run))
+        for k in kernels:
+            ta, tb = median(ra, k, "ns") / 1e3, median(rb, k, "ns") / 1e3
+            gb_a = (median(ra, k, "dram_read") + median(ra, k, "dram_write")) / 1e9
+            gb_b = (median(rb, k, "dram_read") + median(rb, k, "dram_write")) / 1e9
+            label = f"{c.label} {k}"[:58]
+            rows.append(f"{label:58} {ta:9.1f} {tb:9.1f} {ta / tb:6.3f} "
+                        f"{median(ra, k, 'tensor_pct'):6.1f} {median(rb, k, 'tensor_pct'):6.1f} "
+                        f"{gb_a:6.2f} {gb_b:6.2f}")  # fmt: skip
+    rows.append("(median of every launch of each variant; A/B > 1: B is faster; tc%: tensor-pipe "
+                "activity; GB: DRAM read + written)")  # fmt: skip
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cases", nargs="+", type=parse_case, help="preset[:option[=value]]...")
@@ -137,11 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="runs per variant and case")
     ap.add_argument("--repeats", type=int, default=20,
                     help="gmjit bench --repeats (--python: layer_step.py --iters)")
+    ap.add_argument("--ncu", metavar="REGEX", default=None,
+                    help="compare the kernels whose names match, under Nsight Compute")
+    ap.add_argument("--ncu-launches", type=int, default=4,
+                    help="matching launches measured per run (after the first, skipped)")
+    ap.add_argument("--ncu-binary", default="ncu")
     ap.add_argument("--stop-after-s", type=float, default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    if args.rounds < 1 or args.repeats < 1:
-        ap.error("--rounds and --repeats must be at least 1")
+    if args.rounds < 1 or args.repeats < 1 or args.ncu_launches < 1:
+        ap.error("--rounds, --repeats and --ncu-launches must be at least 1")
+    ncu = Ncu(args.ncu, args.ncu_launches, args.ncu_binary) if args.ncu else None
     a = Variant("A", args.a, parse_env(args.a_env, "--a-env"), args.python)
     b = Variant("B", args.b, parse_env(args.b_env, "--b-env"), args.python)
     start = time.monotonic()
@@ -152,11 +248,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for _ in range(args.rounds):
             for v in (a, b):
-                case.rounds.setdefault(v.name, []).append(run_once(v, case, args.repeats))
+                case.rounds.setdefault(v.name, []).append(run_once(v, case, args.repeats, ncu))
         done.append(case)
-    print(table(done, a, b))
+    print(kernel_table(done, a, b) if ncu else table(done, a, b))
     if args.json:
-        record = {"a": vars(a), "b": vars(b), "repeats": args.repeats,
+        record = {"a": vars(a), "b": vars(b), "repeats": args.repeats, "ncu": args.ncu,
                   "cases": [{"case": c.label, "rounds": c.rounds} for c in done]}  # fmt: skip
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)

@@ -128,3 +128,68 @@ def test_layer_step_times_a_shape_on_the_cpu_stub_and_names_unknown_shapes():
     assert forward > 0 and fwd_bwd > 0
     with pytest.raises(SystemExit, match="small-swiglu"):
         load("layer_step").make_layer("nosuch", False, None, None)
+
+
+# ncu's stand-in for --ncu: logs its argv, then prints the profiled program's own output and a
+# CSV of two launches of one kernel and one of another, the durations doubled for variant B.
+NCU_STUB = """#!{python}
+import json, os, sys
+with open(os.environ["STUB_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+scale = 2 if os.environ.get("STUB_VARIANT") == "B" else 1
+print("==PROF== Connected to process 1")
+print("gmjit bench: stub")
+print('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+      '"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
+      '"Metric Value"')
+def row(i, kernel, metric, unit, value):
+    print(f'"{{i}}","1","gmjit","h","{{kernel}}","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0",'
+          f'"Command line profiler metrics","{{metric}}","{{unit}}","{{value}}"')
+launches = [("fc2_dgrad_x", 1000), ("fc2_dgrad_x", 3000), ("fc1_dgrad_x", 500)]
+for i, (kernel, ns) in enumerate(launches):
+    row(i, kernel, "gpu__time_duration.sum", "ns", f"{{scale * ns:,}}")
+    row(i, kernel, "dram__bytes_read.sum", "byte", "1,000,000,000")
+    row(i, kernel, "dram__bytes_write.sum", "byte", "500,000,000")
+    row(i, kernel, "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "%",
+        "70.5")
+    row(i, kernel, "sm__cycles_elapsed.avg.per_second", "hz", "1,800,000,000")
+"""
+
+
+def test_ncu_runs_compare_each_kernels_median_launch(tmp_path, monkeypatch, capsys):
+    ab = load("ab_bench")
+    ncu = tmp_path / "ncu"
+    ncu.write_text(NCU_STUB.format(python=sys.executable))
+    ncu.chmod(0o755)
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("STUB_LOG", str(log))
+    out = tmp_path / "ab.json"
+    assert ab.main(["--a", "/opt/a/gmjit", "--b", "/opt/b/gmjit", "--b-env", "STUB_VARIANT=B",
+                    "--ncu", "fc[12]_dgrad", "--ncu-launches", "3", "--ncu-binary", str(ncu),
+                    "--rounds", "1", "--repeats", "2", "--json", str(out), "e64"]) == 0  # fmt: skip
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert calls[0][:6] == ["--clock-control", "none", "--print-units", "base", "-k",
+                            "regex:fc[12]_dgrad"]  # fmt: skip
+    assert calls[0][calls[0].index("--launch-count") + 1] == "3"
+    assert calls[0][-6:] == ["/opt/a/gmjit", "bench", "--preset", "e64", "--repeats", "2"]
+    assert calls[1][-6] == "/opt/b/gmjit"
+    rows = {line.split()[1]: line.split()[2:] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("e64 ")}  # fmt: skip
+    # fc2_dgrad: median of 1000 and 3000 ns = 2 us (A), 4 us (B); 1.5 GB of DRAM traffic.
+    assert rows["fc2_dgrad_x"] == ["2.0", "4.0", "0.500", "70.5", "70.5", "1.50", "1.50"]
+    assert rows["fc1_dgrad_x"][:3] == ["0.5", "1.0", "0.500"]
+    record = json.loads(out.read_text())
+    assert record["ncu"] == "fc[12]_dgrad"
+    assert record["cases"][0]["rounds"]["A"][0]["fc1_dgrad_x"] == [
+        {"ns": 500.0, "dram_read": 1e9, "dram_write": 5e8, "tensor_pct": 70.5}]
+
+
+def test_ncu_output_without_a_profiled_kernel_says_so():
+    ab = load("ab_bench")
+    with pytest.raises(RuntimeError, match="no ncu CSV header"):
+        ab.kernels_of("==PROF== Disconnected\nno kernels were profiled")
+    header = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+              '"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
+              '"Metric Value"')  # fmt: skip
+    with pytest.raises(RuntimeError, match="regex match"):
+        ab.kernels_of(header)
