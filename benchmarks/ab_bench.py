@@ -41,9 +41,9 @@ import csv
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
-import statistics
 import time
 from dataclasses import dataclass, field
 
