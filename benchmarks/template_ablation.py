@@ -100,8 +100,15 @@ def apply(templates: str, name: str) -> None:
 
 
 def copy_tree(src: str, dst: str) -> None:
-    """The source tree without build folders, VCS data or carried device files."""
-    skip = shutil.ignore_patterns(".git", "build*", ".devcarry", "__pycache__")
+    """The source tree without its build folders (build*/ at the top), VCS data, carried device
+    files or Python caches."""
+    top = os.path.abspath(src)
+
+    def skip(folder: str, names: list[str]) -> set[str]:
+        at_top = os.path.abspath(folder) == top
+        return {n for n in names if n in (".git", ".devcarry", "__pycache__")
+                or (at_top and n.startswith("build") and os.path.isdir(os.path.join(folder, n)))}
+
     shutil.copytree(src, dst, ignore=skip, dirs_exist_ok=False)
 
 

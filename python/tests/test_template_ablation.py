@@ -35,9 +35,12 @@ def test_the_copy_skips_builds_and_the_variant_edits_only_the_copy(tmp_path):
     (src / "build-gpu").mkdir()
     (src / "build-gpu" / "big.o").write_text("x")
     (src / ".git").mkdir()
+    (src / ".ci").mkdir()
+    (src / ".ci" / "build.sh").write_text("# a file, kept")
     dst = tmp_path / "dst"
     assert ablation.main([str(src), str(dst), "fc2-dgrad-nostore"]) == 0
     assert not (dst / "build-gpu").exists() and not (dst / ".git").exists()
+    assert (dst / ".ci" / "build.sh").exists()
     assert "pr == -1234.5f" in (dst / "kernel_templates" / "sm90_mlp_bwd.cuh").read_text()
     assert "pr == -1234.5f" not in (src / "kernel_templates" / "sm90_mlp_bwd.cuh").read_text()
 
