@@ -23,17 +23,8 @@ start=$(date +%s)
 stamp() { echo "[$(($(date +%s) - start)) s] $*"; }
 [ -d "$base" ] || { echo "error: $base missing: run bash .ci/devcarry.sh REV and carry .devcarry" >&2; exit 1; }
 
-build() {  # build DIR SOURCE TARGETS...
-  local dir=$1 src=$2 log
-  shift 2
-  log="$OUT/$(basename "$dir").build.log"
-  if ! cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DXXHASH_INCLUDE_DIR="$inc" \
-    -DDLPACK_INCLUDE_DIR="$inc" >"$log" 2>&1 || ! ninja -C "$dir" "$@" >>"$log" 2>&1; then
-    echo "build of $src failed:"
-    grep -A5 -E "error|Error|FAILED" "$log" | head -40
-    return 1
-  fi
-}
+# shellcheck source=.ci/gpu_build.sh
+source "$root/.ci/gpu_build.sh"
 build /tmp/gmjit-ab-base "$base" gmjit_cli &
 base_job=$!
 build build-gpu . gmjit_cli gmjit_gpu_tests || exit 1

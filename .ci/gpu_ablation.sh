@@ -17,22 +17,15 @@ cases=${GMJIT_NCU_CASES:-mixtral e64 qwen3-30b-a3b}
 start=$(date +%s)
 stamp() { echo "[$(($(date +%s) - start)) s] $*"; }
 
-build() {  # build DIR SOURCE: the CLI only
-  local dir=$1 src=$2 log="$OUT/$(basename "$1").build.log"
-  if ! cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DXXHASH_INCLUDE_DIR="$inc" \
-    -DDLPACK_INCLUDE_DIR="$inc" >"$log" 2>&1 || ! ninja -C "$dir" gmjit_cli >>"$log" 2>&1; then
-    echo "build of $src failed:"
-    grep -A5 -E "error|Error|FAILED" "$log" | head -30
-    return 1
-  fi
-}
+# shellcheck source=.ci/gpu_build.sh
+source "$root/.ci/gpu_build.sh"
 jobs=()
-build /tmp/gmjit-ablation-tree "$root" &
+build /tmp/gmjit-ablation-tree "$root" gmjit_cli &
 jobs+=($!)
 for v in $variants; do
   rm -rf "/tmp/gmjit-ablation-src-$v"
   python3 benchmarks/template_ablation.py "$root" "/tmp/gmjit-ablation-src-$v" "$v" >/dev/null || exit 1
-  build "/tmp/gmjit-ablation-$v" "/tmp/gmjit-ablation-src-$v" &
+  build "/tmp/gmjit-ablation-$v" "/tmp/gmjit-ablation-src-$v" gmjit_cli &
   jobs+=($!)
 done
 for j in "${jobs[@]}"; do wait "$j" || exit 1; done
