@@ -10,8 +10,9 @@
 # (ab_bench.py --ncu: per-kernel time, tensor-pipe activity, DRAM bytes), which a step's time
 # cannot isolate on a power-capped GPU. With GMJIT_STALLS_KERNEL=REGEX it adds, for one launch
 # of that kernel per build on $GMJIT_STALLS_CASE (default e64), where its warps wait
-# (benchmarks/ncu_stalls.py: stall reasons, the instructions with the most samples; the source
-# pages' CSVs in $OUT/stalls). Logs and JSON go to $OUT; a short summary is printed
+# (benchmarks/ncu_stalls.py: stall reasons, the 12 instructions with the most samples; the
+# source pages' CSVs in /tmp/gmjit-stalls, since the device tool returns only a few files).
+# Logs and JSON go to $OUT; a short summary is printed
 # last. About 5 minutes with every part.
 set -uo pipefail
 OUT=${OUT:-/tmp/gmjit-ab-out}
@@ -82,11 +83,11 @@ if [ -n "${GMJIT_STALLS_KERNEL:-}" ]; then
   timeout 200 python3 benchmarks/ncu_stalls.py --gmjit /tmp/gmjit-ab-base/cli/gmjit \
     --env GMJIT_CACHE_DIR=/tmp/gmjit-ab-cache-a --gmjit build-gpu/cli/gmjit \
     --env GMJIT_CACHE_DIR=/tmp/gmjit-ab-cache-b --kernel "$GMJIT_STALLS_KERNEL" \
-    --save-dir "$OUT/stalls" "${GMJIT_STALLS_CASE:-e64}" >"$OUT/stalls.txt" 2>&1
+    --top 12 --save-dir /tmp/gmjit-stalls "${GMJIT_STALLS_CASE:-e64}" >"$OUT/stalls.txt" 2>&1
   stamp stalls
 fi
 echo "== baseline $(cat "$base/REVISION" 2>/dev/null || echo '(no REVISION)')"
 printf '%s\n' "${summary[@]}"
 if [ -f "$OUT/ab.txt" ]; then tail -12 "$OUT/ab.txt"; fi
 if [ -f "$OUT/ncu.txt" ]; then tail -16 "$OUT/ncu.txt"; fi
-if [ -f "$OUT/stalls.txt" ]; then sed -n '1,/^samples/p' "$OUT/stalls.txt"; fi
+if [ -f "$OUT/stalls.txt" ]; then cat "$OUT/stalls.txt"; fi
