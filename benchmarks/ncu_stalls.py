@@ -28,6 +28,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from ab_bench import parse_case, parse_env
+
 ALL_SAMPLES = "Warp Stall Sampling (All Samples)"
 
 
@@ -109,24 +111,12 @@ def report(labels: list[str], stalls: list[Stalls], top: int) -> str:
     return "\n".join(out)
 
 
-def parse_env(items: list[str]) -> dict[str, str]:
-    env = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise SystemExit(f"--env '{item}': expected NAME=VALUE")
-        env[name] = value
-    return env
-
-
 def profile(ncu: str, gmjit: str, env: dict[str, str], kernel: str, case: str,
             workdir: str) -> str:  # fmt: skip
     """ncu's source page (CSV) of one launch of `kernel` in `gmjit bench` on `case`
     ('preset[:--opt[=v]]...')."""
-    preset, *options = case.split(":")
-    argv = ["bench", "--preset", preset]
-    for option in options:
-        argv += option.split("=", 1)
+    parsed = parse_case(case)
+    argv = ["bench", "--preset", parsed.preset, *parsed.options]
     report_path = os.path.join(workdir, "stalls")
     run = subprocess.run([ncu, "--set", "full", "--import-source", "no", "-k", f"regex:{kernel}",
                           "--launch-skip", "1", "--launch-count", "1", "-f", "-o", report_path,
@@ -185,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             labels.append(os.path.basename(path))
             pages.append(f.read())
     for i, (binary, env_items) in enumerate(runs):
-        env = parse_env(env_items)
+        env = parse_env(env_items, "--env")
         with tempfile.TemporaryDirectory() as workdir:
             pages.append(profile(args.ncu, binary, env, args.kernel, args.case, workdir))
         labels.append(f"{'AB'[i]}: {os.path.basename(os.path.dirname(os.path.dirname(binary)))}")
