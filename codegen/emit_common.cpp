@@ -153,16 +153,23 @@ std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_
   return best;
 }
 
+int sm90_fixed_smem_bytes(const TileConfig& t) {
+  if (!t.deferred_epilogue) return kSm90FixedSmemBytes;
+  // 8 consumer warps x 16 rows of each of block_m / 128 m64 tiles, block_n bf16 + 16 B each.
+  return 2048 + 8 * (t.block_m / 128) * 16 * (t.block_n * 2 + 16);
+}
+
 int sm90_smem_bytes(const TileConfig& t) {
-  return t.stages * (t.block_m + t.block_n) * 128 + kSm90FixedSmemBytes;
+  return t.stages * (t.block_m + t.block_n) * 128 + sm90_fixed_smem_bytes(t);
 }
 
 std::string sm90_tile_fields(const TileConfig& t) {
   return fmt::format(
       "  static constexpr int block_m = {}, block_n = {}, block_k = {}, stages = {}, group_m = "
       "{};\n"
-      "  static constexpr int smem_bytes = {};\n",
-      t.block_m, t.block_n, t.block_k, t.stages, t.group_m, sm90_smem_bytes(t));
+      "  static constexpr int smem_bytes = {};\n{}",
+      t.block_m, t.block_n, t.block_k, t.stages, t.group_m, sm90_smem_bytes(t),
+      t.deferred_epilogue ? "  static constexpr bool deferred_epilogue = true;\n" : "");
 }
 
 void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t experts) {
@@ -195,7 +202,7 @@ TileConfig fit_tile(TileConfig tile, std::string_view arch, int (*smem_bytes)(co
 
 TileConfig deepest_sm90_ring(TileConfig tile, std::string_view arch) {
   const int stage_bytes = (tile.block_m + tile.block_n) * 128;
-  const int ring_bytes = arch_limits(arch).max_dynamic_smem_bytes - kSm90FixedSmemBytes;
+  const int ring_bytes = arch_limits(arch).max_dynamic_smem_bytes - sm90_fixed_smem_bytes(tile);
   tile.stages = std::clamp(ring_bytes / stage_bytes, 2, kMaxSm90Stages);
   return tile;
 }

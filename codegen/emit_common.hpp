@@ -47,8 +47,10 @@ std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_row
 // 96-column GLU tile must divide. nullopt unless out_columns is a multiple of 8.
 std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column);
 // Shared memory of a Hopper kernel besides its ring: 1 KiB to align the ring, 1 KiB of mbarriers
-// and tile-info slots, 18 KiB of epilogue staging (sm90_grouped_gemm.cuh, TileShape).
+// and tile-info slots, 18 KiB of epilogue staging (sm90_grouped_gemm.cuh, TileShape); a deferred
+// epilogue's buffers instead of the staging (sm90_fixed_smem_bytes).
 inline constexpr int kSm90FixedSmemBytes = 20480;
+int sm90_fixed_smem_bytes(const TileConfig& tile);
 inline constexpr int kMaxSm90Stages = 8;
 int sm90_smem_bytes(const TileConfig& tile);  // the templates static_assert the same formula
 // `tile` with as many stages as the arch's shared memory holds (2 to kMaxSm90Stages): 4 of

@@ -46,6 +46,10 @@ struct TileConfig {
   int warps_n = 2;
   int group_m = 8;     // row tiles per L2 raster group
   int min_blocks = 1;  // second __launch_bounds__ argument
+  // Hopper only: the consumers park each finished tile in per-warp buffers (in place of the
+  // 18 KiB staging) and the producer warpgroup's 3 idle warps run its epilogue during the next
+  // tile's mainloop (sm90_grouped_gemm.cuh, run_epilogue_warps).
+  bool deferred_epilogue = false;
 
   int threads() const { return 32 * warps_m * warps_n; }
   // Must match the templates' formula (they static_assert it): rows padded by 8 bf16.

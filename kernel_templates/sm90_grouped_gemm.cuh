@@ -32,16 +32,44 @@
 
 namespace gmjit::kt::sm90 {
 
+// A finished tile whose epilogue is deferred: its rows, column tile and the warpgroup's first row.
+struct DeferredTile {
+  RowTile rt;
+  int tile_n;
+  long long row0;  // the consumer warpgroup's first row
+  int quarter;     // the consumer warp's 16-row quarter of each m64 tile (warp & 3)
+};
+
+// Optional Cfg field `static constexpr bool deferred_epilogue = true` (codegen writes it for FC2
+// dgrad): each consumer warp parks its rows of the finished tile in shared memory (bf16, row
+// major) and starts the next tile, and the producer warpgroup's 3 idle warps run the parked
+// tile's epilogue (run_epilogue_warps below) while the tensor cores work, instead of the
+// consumers after the mainloop while they idle. (Run by the consumers a piece per K step, the same
+// epilogue made FC2 dgrad 9-17 % slower: docs/PERFORMANCE.md, session 29.)
+template <class Cfg, class = void>
+struct DeferredEpilogueOf {
+  static constexpr bool value = false;
+};
+template <class Cfg>
+struct DeferredEpilogueOf<Cfg, decltype(void(Cfg::deferred_epilogue))> {
+  static constexpr bool value = Cfg::deferred_epilogue;
+};
+
 // The tile shape of the Hopper kernels: tile/pipeline constants derived from a Cfg (block_m,
 // block_n, block_k = 64, stages).
 template <class Cfg>
 struct TileShape {
   static constexpr int block_m = Cfg::block_m, block_n = Cfg::block_n, stages = Cfg::stages;
   static constexpr int block_k = 64;  // one 128-byte swizzle row of bf16
+  // With a deferred epilogue, warps 1-3 of the producer warpgroup run it (run_epilogue_warps).
+  static constexpr bool deferred = DeferredEpilogueOf<Cfg>::value;
   static constexpr int threads = 384;
   static constexpr int consumer_warps = 8;
   // setmaxnreg budgets (entry cap 168 = 65536 / 384 rounded down to 8): the consumers take what
-  // the producer warpgroup gives back (128 * 40 + 256 * 232 <= 65536).
+  // the producer warpgroup gives back (128 * 40 + 256 * 232 <= 65536). ptxas compiles the whole
+  // kernel to the entry cap all the same (a 512-thread kernel's 128 cannot hold a 64 x 256
+  // wgmma's accumulators: "Insufficient registers (128)"), so a kernel whose producer warpgroup
+  // also runs the epilogue (deferred) keeps 168 everywhere and skips both.
   static constexpr int producer_regs = 40;
   static constexpr int consumer_regs = 232;
   static constexpr int mt = block_m / 128;  // m64 wgmma tiles per consumer warpgroup
@@ -52,7 +80,12 @@ struct TileShape {
   // Epilogue staging: per consumer warp 16 rows x 64 columns bf16, rows padded to 144 B so that
   // both the fragment writes and the 16-byte row reads are conflict-free (18432 B in all).
   static constexpr int stage_row_bytes = 144;  // WarpStage::kRowBytes
-  static constexpr int out_stage_bytes = consumer_warps * 16 * stage_row_bytes;
+  // Deferred epilogue: a warp's 16 rows of each m64 tile, block_n bf16 each, rows padded by 16
+  // bytes so that the fragment writes and the 16-byte row reads are conflict-free.
+  static constexpr int deferred_row_bytes = block_n * 2 + 16;
+  static constexpr int deferred_warp_bytes = mt * 16 * deferred_row_bytes;
+  static constexpr int out_stage_bytes =
+      consumer_warps * (deferred ? deferred_warp_bytes : 16 * stage_row_bytes);
   // Ring + 1024 B to align it + 1024 B for 48 B per stage (2 mbarriers, a 32 B tile-info slot)
   // + epilogue staging.
   static constexpr int smem_bytes = stages * (block_m + block_n) * 128 + 2048 + out_stage_bytes;
@@ -66,7 +99,7 @@ struct TileShape {
   static_assert(mt * regs <= 128, "accumulators exceed 128 registers per thread");
   static_assert(stages >= 2 && stages <= 16, "stages must be in [2, 16]");
   static_assert(Cfg::smem_bytes == smem_bytes,
-                "Cfg::smem_bytes != stages * (block_m + block_n) * 128 + 20480");
+                "Cfg::smem_bytes != stages * (block_m + block_n) * 128 + 2048 + out_stage_bytes");
   static_assert(smem_bytes <= 232448, "exceeds the 227 KiB of shared memory of a CTA");
 };
 
@@ -243,6 +276,10 @@ struct RingOf {
   __device__ __forceinline__ WarpStage warp_stage(int warp) const {
     return WarpStage{full + 1024 + (warp - 4) * 16 * WarpStage::kRowBytes};
   }
+  // ... or its deferred-epilogue buffer of `warp_bytes` (TileShape::deferred_warp_bytes).
+  __device__ __forceinline__ unsigned int deferred_buffer(int warp, int warp_bytes) const {
+    return full + 1024 + (warp - 4) * warp_bytes;
+  }
 };
 using Ring = RingOf<TileInfo>;
 
@@ -407,6 +444,132 @@ __device__ __forceinline__ void produce_tiles(const P& p, const Ring& r) {
   post(TileInfo{0, 0, -2, 0}, false);
 }
 
+// The hand-over of finished tiles to the epilogue warps (TileShape::deferred), in the free
+// end of the ring's 1 KiB of barriers and slots (at most 16 stages use 768 B): `parked` completes
+// when all 8 consumer warps have written their rows of a tile to their buffers (and warp 4 lane
+// 0 the tile's ParkedTile slot); `drained` when the 3 epilogue warps have read them, so that the
+// consumers may park the next tile. A single buffer is enough: the epilogue warps have a whole
+// mainloop to drain it.
+struct ParkedTile {
+  long long row_begin, row_end;
+  int expert, tile_n;  // expert -2: no more tiles
+};
+inline constexpr int kEpilogueWarps = 3;  // warps 1-3: the producer warpgroup's idle ones
+struct Handover {
+  // The ring's barriers and tile-info slots (48 B a stage) end by full + 768 (TileShape's
+  // stages <= 16).
+  static_assert(16 * (16 + sizeof(TileInfo)) <= 768, "the ring's slots reach the hand-over");
+  unsigned int parked, drained;
+  ParkedTile* slot;  // generic pointer, ordered by the two barriers
+
+  __device__ __forceinline__ explicit Handover(unsigned int full)
+      : parked(full + 768),
+        drained(full + 776),
+        slot(reinterpret_cast<ParkedTile*>(dyn_smem() + (full + 784 - smem_u32(dyn_smem())))) {}
+  __device__ __forceinline__ void init() const {
+    // Every lane arrives: its own shared-memory writes (or reads) are then ordered before the
+    // other side's, without leaning on __syncwarp's ordering.
+    mbar_init(parked, 8 * 32);
+    mbar_init(drained, kEpilogueWarps * 32);
+  }
+};
+
+// A consumer warp's side of the hand-over: waits until the epilogue warps have drained the
+// previous tile, writes this one (`write` parks the warp's accumulators; a warpgroup without rows
+// in the tile writes nothing), and arrives on `parked`.
+class ParkingConsumer {
+ public:
+  __device__ explicit ParkingConsumer(const Handover& h) : h_(h) {}
+
+  template <class Write>
+  __device__ __forceinline__ void park(const ParkedTile& tile, Write&& write) {
+    mbar_wait(h_.drained, phase_);  // parity 1 of a fresh barrier: passes at once
+    phase_ ^= 1u;
+    write();
+    if (threadIdx.x == 128) *h_.slot = tile;
+    mbar_arrive(h_.parked);
+  }
+
+ private:
+  Handover h_;
+  unsigned int phase_ = 1;
+};
+
+// Warps 1-3 (TileShape::deferred; warp 0 is the producer): the epilogue of each parked tile
+// while the consumers run the next tile's mainloop, so that its waits on the memory system (the
+// pre-activation's loads, the stores, dprobs' reductions) hold no consumer warp and thus no
+// wgmma issue. A tile's row halves (8 rows of a consumer warp's m64 tile: 2 * mt per buffer, 8
+// buffers, 4 if the second warpgroup has no rows) are dealt round-robin to the 3 warps; a warp
+// runs a row half's Epi::kDeferredRowUnits units in a row (their dprobs shares summed: one
+// atomic per row) and keeps the next two units' loads in flight while it runs one. Epi provides
+// kDeferredUnits (per buffer), kDeferredRowUnits, Unit (a unit's global inputs),
+// has_rows(tile, u) (whether the unit's row half holds a row of the tile), load_unit(p, tile, u,
+// in), run_unit(p, tile, u, in, buf) -> dprobs share, add_dprobs(p, tile, u, sum) and finish(p,
+// tile, warp, warps) (after the units, the warpgroup rows' share of warp `warp` of `warps`); see
+// Fc2DgradEpilogue.
+template <class S, class Epi, class P, class R>
+__device__ __forceinline__ void run_epilogue_warps(const P& p, const Handover& h, const R& ring,
+                                                   int e) {
+  constexpr int kUnits = Epi::kDeferredUnits, kRow = Epi::kDeferredRowUnits, kW = kEpilogueWarps;
+  static_assert(kUnits % kRow == 0, "a buffer's units are whole row halves");
+  unsigned int phase = 0;
+  for (;;) {
+    mbar_wait(h.parked, phase);
+    phase ^= 1u;
+    const ParkedTile t = *h.slot;
+    if (t.expert == -2) break;
+    const RowTile rt{t.expert, t.row_begin, t.row_end};
+    const bool second = t.row_begin + S::mt * 64 < t.row_end;  // the second warpgroup has rows
+    const int halves = (second ? 8 : 4) * (kUnits / kRow);
+    const int n = (halves - e + kW - 1) / kW * kRow;  // this warp's units: row halves e, e + 3...
+    // This warp's i-th unit: global unit g of buffer g / kUnits (consumer warp 4 + b: warpgroup
+    // b / 4, quarter b % 4), its unit g % kUnits.
+    const auto unit_of = [&](int i) { return (e + kW * (i / kRow)) * kRow + i % kRow; };
+    const auto tile_of = [&](int g) {
+      const int b = g / kUnits;
+      return DeferredTile{rt, t.tile_n, t.row_begin + (b / 4) * S::mt * 64, b % 4};
+    };
+    // A row half without rows of the tile (one of few rows) is skipped, not run for stores that
+    // its lanes would all predicate off.
+    const auto load = [&](int i, typename Epi::Unit& in) {
+      const int g = unit_of(i);
+      if (i < n && Epi::has_rows(tile_of(g), g % kUnits))
+        Epi::load_unit(p, tile_of(g), g % kUnits, in);
+    };
+    float dsum = 0.0f;
+    const auto run = [&](int i, const typename Epi::Unit& in) {
+      const int g = unit_of(i);
+      if (!Epi::has_rows(tile_of(g), g % kUnits)) return;
+      dsum += Epi::run_unit(p, tile_of(g), g % kUnits, in,
+                            ring.deferred_buffer(4 + g / kUnits, S::deferred_warp_bytes));
+      if (i % kRow == kRow - 1) {
+        Epi::add_dprobs(p, tile_of(g), g % kUnits, dsum);
+        dsum = 0.0f;
+      }
+    };
+    typename Epi::Unit in0, in1, in2;
+    load(0, in0);
+    load(1, in1);
+    load(2, in2);
+#pragma unroll 1
+    for (int i = 0; i < n; i += 3) {
+      run(i, in0);
+      load(i + 3, in0);
+      if (i + 1 < n) {
+        run(i + 1, in1);
+        load(i + 4, in1);
+      }
+      if (i + 2 < n) {
+        run(i + 2, in2);
+        load(i + 5, in2);
+      }
+    }
+    mbar_arrive(h.drained);  // this lane has read the buffers
+    Epi::finish(p, tile_of(0), e, kW);
+    if (second) Epi::finish(p, tile_of(4 * kUnits), e, kW);
+  }
+}
+
 template <class Cfg, class Epi, class P>
 __device__ __forceinline__ void grouped_gemm(const P& p) {
   using S = TileShape<Cfg>;
@@ -422,18 +585,31 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   int stage = 0;
   unsigned int phase = 0;
+  const Handover handover(full);
+  if constexpr (S::deferred) {
+    if (tid == 0) {
+      handover.init();
+      fence_barrier_init();
+    }
+    __syncthreads();
+  }
 
   if (warp < 4) {
-    // Producer warpgroup: give registers to the consumers; warp 0 schedules, lane 0 copies.
-    setmaxnreg_dec<S::producer_regs>();
+    // Producer warpgroup: give registers to the consumers; warp 0 schedules, lane 0 copies;
+    // warps 1-3 run a deferred epilogue.
+    if constexpr (!S::deferred) setmaxnreg_dec<S::producer_regs>();
     if (warp == 0) produce_tiles<Cfg, Epi, S, kKTiles, 64>(p, ring);
+    if constexpr (S::deferred) {
+      if (warp > 0) run_epilogue_warps<S, Epi>(p, handover, ring, warp - 1);
+    }
     return;
   }
 
   // Consumer warpgroups.
-  setmaxnreg_inc<S::consumer_regs>();
+  if constexpr (!S::deferred) setmaxnreg_inc<S::consumer_regs>();
   const int wg = warp / 4 - 1;
   const WarpStage ws = ring.warp_stage(warp);
+  ParkingConsumer parking(handover);
   float acc[S::mt][S::regs];
 #pragma unroll
   for (int m = 0; m < S::mt; ++m)
@@ -443,7 +619,10 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
   for (;;) {
     mbar_wait(full + 8 * stage, phase);
     const TileInfo ti = info[stage];
-    if (ti.expert == -2) break;
+    if (ti.expert == -2) {
+      if constexpr (S::deferred) parking.park(ParkedTile{0, 0, -2, 0}, [] {});
+      break;
+    }
     if (ti.expert < 0) {
       __syncwarp();  // every lane has read the slot before it is released
       if (lane == 0) mbar_arrive(empty + 8 * stage);
@@ -464,6 +643,9 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + 8 * stage);
         if (++stage == S::stages) stage = 0, phase ^= 1u;
+      }
+      if constexpr (S::deferred) {
+        parking.park(ParkedTile{ti.row_begin, ti.row_end, ti.expert, ti.tile_n}, [] {});
       }
       continue;
     }
@@ -499,7 +681,13 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
     for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
     if (lane == 0) mbar_arrive(empty + 8 * prev);
     const RowTile rt{ti.expert, ti.row_begin, ti.row_end};
-    Epi::store(p, acc, rt, ti.tile_n, ti.row_begin + wg * S::mt * 64, ws);
+    if constexpr (S::deferred) {
+      const unsigned int buf = ring.deferred_buffer(warp, S::deferred_warp_bytes);
+      parking.park(ParkedTile{ti.row_begin, ti.row_end, ti.expert, ti.tile_n},
+                   [&] { Epi::defer(acc, buf); });
+    } else {
+      Epi::store(p, acc, rt, ti.tile_n, ti.row_begin + wg * S::mt * 64, ws);
+    }
   }
 }
 

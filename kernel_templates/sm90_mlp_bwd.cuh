@@ -19,7 +19,8 @@
 //   block_k                  int    must be 64
 //   stages                   int    TMA ring depth, 2..16 (4 for 128 x 256)
 //   group_m                  int    row tiles per column sweep (L2 rasterization), e.g. 8
-//   smem_bytes               int    must equal stages * (block_m + block_n) * 128 + 20480
+//   smem_bytes               int    must equal TileShape<Cfg>::smem_bytes (the ring + 20480;
+//                                   with deferred_epilogue, the ring + 2048 + parked tiles)
 // Fc2DgradSm90 only:
 //   glu_layout, act_limit, act_alpha, has_bias, has_probs   as for Fc2Dgrad
 // Divisibility: hidden and ffn % 8 == 0. A K (H for Fc2DgradSm90, F1 for Fc1DgradSm90) that 64 does
@@ -102,10 +103,7 @@ struct Fc2DgradEpilogue {
                                                const sm90::WarpStage& ws) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3, wrow = wq * 16 + (lane >> 2);
-    const ActParams ap{Cfg::act_limit, Cfg::act_alpha};
     const unsigned short* pre = static_cast<const unsigned short*>(p.plain.preact);
-    unsigned short* dpre = static_cast<unsigned short*>(p.plain.dpreact);
-    unsigned short* as = static_cast<unsigned short*>(p.plain.act_scaled);
 #pragma unroll
     for (int m = 0; m < kMt; ++m) {
       float prob[2], dp[2] = {0.0f, 0.0f};
@@ -142,7 +140,6 @@ struct Fc2DgradEpilogue {
           const long long row = hi ? rows[1] : rows[0];
           const float pr = hi ? prob[1] : prob[0];
           const bool row_in = hi ? valid[1] : valid[0];
-          float dsum = 0.0f;
           // The loads first (the stores below could alias them).
           const unsigned short* hr = pre + row * kF1;
           uint4 xg[2], xl[2];
@@ -175,32 +172,7 @@ struct Fc2DgradEpilogue {
           __syncwarp();
           float g[16];
           ws.get_row_f32x16(g);
-          unsigned int ao[8], dgo[8], dlo[8];  // a ⊙ p and dpreact (gate, lin), bf16x2
-#pragma unroll
-          for (int w = 0; w < 8; ++w) {
-            const unsigned int xw = word_of(xg[w / 4], w % 4), lw = word_of(xl[w / 4], w % 4);
-            const float x0 = bf16x2_lo(xw), x1 = bf16x2_hi(xw);
-            const float g0 = g[2 * w], g1 = g[2 * w + 1];
-            ActGrad r0, r1;
-            if constexpr (kGlu) {
-              r0 = glu_fwd_bwd<Cfg::act>(x0, bf16x2_lo(lw), g0 * pr, ap);
-              r1 = glu_fwd_bwd<Cfg::act>(x1, bf16x2_hi(lw), g1 * pr, ap);
-            } else {
-              r0 = act_fwd_bwd<Cfg::act>(x0, g0 * pr, ap);
-              r1 = act_fwd_bwd<Cfg::act>(x1, g1 * pr, ap);
-            }
-            dgo[w] = pack_bf16x2(r0.dgate, r1.dgate);
-            dlo[w] = kGlu ? pack_bf16x2(r0.dlin, r1.dlin) : 0u;
-            const float a0 = r0.a, a1 = r1.a;
-            ao[w] = pack_bf16x2(a0 * pr, a1 * pr);
-            dsum += g0 * a0 + g1 * a1;
-          }
-          if (row_in && cols_in) {
-            store_16(as + row * kF + cq, ao, seg[0], seg[1]);
-            unsigned short* dr = dpre + row * kF1;
-            store_16(dr + (kGlu ? gate_col<kLayout>(cq, kF) : cq), dgo, seg[0], seg[1]);
-            if constexpr (kGlu) store_16(dr + lin_col<kLayout>(cq, kF), dlo, seg[0], seg[1]);
-          }
+          const float dsum = emit_row_segment(p, g, xg, xl, pr, row, cq, seg, row_in && cols_in);
           if (hi) {
             dp[1] += dsum;
           } else {
@@ -223,18 +195,196 @@ struct Fc2DgradEpilogue {
     }
   }
 
+  // One lane's 16 columns cq + [0, 16) of one row (g = dy · W2 there, the pre-activation's gate
+  // and lin words xg / xl): writes a ⊙ p and dpreact where `store` (the row and its group exist)
+  // and the 8-column halves' `seg` flags say, and returns the lane's share of <g, a> for dprobs.
+  template <class P>
+  __device__ static __forceinline__ float emit_row_segment(const P& p, const float (&g)[16],
+                                                           const uint4 (&xg)[2],
+                                                           const uint4 (&xl)[2], float pr,
+                                                           long long row, int cq,
+                                                           const bool (&seg)[2], bool store) {
+    const ActParams ap{Cfg::act_limit, Cfg::act_alpha};
+    unsigned int ao[8], dgo[8], dlo[8];  // a ⊙ p and dpreact (gate, lin), bf16x2
+    float dsum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      const unsigned int xw = word_of(xg[w / 4], w % 4), lw = word_of(xl[w / 4], w % 4);
+      const float x0 = bf16x2_lo(xw), x1 = bf16x2_hi(xw);
+      const float g0 = g[2 * w], g1 = g[2 * w + 1];
+      ActGrad r0, r1;
+      if constexpr (kGlu) {
+        r0 = glu_fwd_bwd<Cfg::act>(x0, bf16x2_lo(lw), g0 * pr, ap);
+        r1 = glu_fwd_bwd<Cfg::act>(x1, bf16x2_hi(lw), g1 * pr, ap);
+      } else {
+        r0 = act_fwd_bwd<Cfg::act>(x0, g0 * pr, ap);
+        r1 = act_fwd_bwd<Cfg::act>(x1, g1 * pr, ap);
+      }
+      dgo[w] = pack_bf16x2(r0.dgate, r1.dgate);
+      dlo[w] = kGlu ? pack_bf16x2(r0.dlin, r1.dlin) : 0u;
+      const float a0 = r0.a, a1 = r1.a;
+      ao[w] = pack_bf16x2(a0 * pr, a1 * pr);
+      dsum += g0 * a0 + g1 * a1;
+    }
+    if (store) {
+      unsigned short* as = static_cast<unsigned short*>(p.plain.act_scaled);
+      unsigned short* dr = static_cast<unsigned short*>(p.plain.dpreact) + row * kF1;
+      store_16(as + row * kF + cq, ao, seg[0], seg[1]);
+      store_16(dr + (kGlu ? gate_col<kLayout>(cq, kF) : cq), dgo, seg[0], seg[1]);
+      if constexpr (kGlu) store_16(dr + lin_col<kLayout>(cq, kF), dlo, seg[0], seg[1]);
+    }
+    return dsum;
+  }
+
+  // ---- Deferred epilogue (TileShape::deferred; sm90::run_epilogue_warps runs it) ------------
+  // A consumer warp's 16 rows of each m64 tile wait in its buffer as bf16 (row (m, r) at
+  // (16 m + r) * kBufRowBytes), and the epilogue warps run them in units of one 64-column group
+  // and row half (8 rows, 16 columns a lane), the kDeferredRowUnits units of a row half
+  // consecutive (one warp takes them all and sums their dprobs shares: one atomic per row). g is
+  // rounded to bf16 on the way (torch's FC2 dgrad GEMM writes it in bf16 too).
+  static constexpr int kBufRowBytes = Cfg::block_n * 2 + 16;
+  static constexpr int kDeferredRowUnits = Cfg::block_n / 64;
+  static constexpr int kDeferredUnits = kMt * 2 * kDeferredRowUnits;
+
+  // A unit's global inputs, loaded two units ahead of its math.
+  struct Unit {
+    uint4 xg[2], xl[2];
+    float pr;
+  };
+
+  // Where unit u lies: m64 tile, 64-column group, row half; the lane's row and columns.
+  struct UnitPlace {
+    int m, cc, h, cq;
+    long long row;
+    bool row_in, cols_in;
+    bool seg[2];
+  };
+  __device__ static __forceinline__ UnitPlace place(const sm90::DeferredTile& t, int u) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int wq = t.quarter;
+    constexpr int kGroups = Cfg::block_n / 64;
+    UnitPlace at;
+    at.m = u / (2 * kGroups);
+    at.h = (u / kGroups) % 2;
+    at.cc = u % kGroups;
+    at.row = t.row0 + at.m * 64 + wq * 16 + (lane >> 2) + 8 * at.h;
+    at.row_in = at.row < t.rt.row_end;
+    if (!at.row_in) at.row = t.rt.row_begin;  // in-bounds dummy row for the loads
+    const int c0 = t.tile_n * Cfg::block_n + at.cc * 64;
+    at.cols_in = !kNTail || c0 < kF;
+    at.cq = (at.cols_in ? c0 : 0) + 16 * (lane & 3);
+    at.seg[0] = !kPartialGroup || at.cq < kF;
+    at.seg[1] = !kPartialGroup || at.cq + 8 < kF;
+    return at;
+  }
+
+  // The finished tile's accumulators to the warp's buffer, as bf16 pairs in row order.
+  template <int kRegs>
+  __device__ static __forceinline__ void defer(const float (&acc)[kMt][kRegs], unsigned int buf) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+#pragma unroll
+    for (int m = 0; m < kMt; ++m)
+#pragma unroll
+      for (int j = 0; j < kRegs / 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const unsigned int a =
+              buf + (16 * m + (lane >> 2) + 8 * h) * kBufRowBytes + 16 * j + 4 * (lane & 3);
+          const unsigned int v = pack_bf16x2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
+          asm volatile("st.shared.b32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
+        }
+  }
+
+  // Whether unit u's row half holds a row of the tile (the same for the whole warp).
+  __device__ static __forceinline__ bool has_rows(const sm90::DeferredTile& t, int u) {
+    constexpr int kGroups = Cfg::block_n / 64;
+    const int m = u / (2 * kGroups), h = (u / kGroups) % 2;
+    return t.row0 + m * 64 + t.quarter * 16 + 8 * h < t.rt.row_end;
+  }
+
+  template <class P>
+  __device__ static __forceinline__ void load_unit(const P& p, const sm90::DeferredTile& t, int u,
+                                                   Unit& in) {
+    const UnitPlace at = place(t, u);
+    const unsigned short* hr = static_cast<const unsigned short*>(p.plain.preact) + at.row * kF1;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      in.xg[s] = in.xl[s] = make_uint4(0u, 0u, 0u, 0u);
+      if (!at.seg[s]) continue;
+      in.xg[s] = *reinterpret_cast<const uint4*>(
+          hr + (kGlu ? gate_col<kLayout>(at.cq, kF) : at.cq) + 8 * s);
+      if constexpr (kGlu)
+        in.xl[s] = *reinterpret_cast<const uint4*>(hr + lin_col<kLayout>(at.cq, kF) + 8 * s);
+    }
+    in.pr = Cfg::has_probs && at.row_in ? p.plain.probs[at.row] : 1.0f;
+  }
+
+  // Unit u's outputs; returns the lane's share of <g, a> for dprobs (add_dprobs).
+  template <class P>
+  __device__ static __forceinline__ float run_unit(const P& p, const sm90::DeferredTile& t, int u,
+                                                   const Unit& in, unsigned int buf) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const UnitPlace at = place(t, u);
+    // This lane's 16 values of g: its row, columns 64 cc + 16 (lane % 4) + [0, 16).
+    const unsigned int a =
+        buf + (16 * at.m + (lane >> 2) + 8 * at.h) * kBufRowBytes + 128 * at.cc + 32 * (lane & 3);
+    unsigned int w[8];
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "r"(a)
+                 : "memory");
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[4]), "=r"(w[5]), "=r"(w[6]), "=r"(w[7])
+                 : "r"(a + 16)
+                 : "memory");
+    float g[16];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      g[2 * i] = bf16x2_lo(w[i]);
+      g[2 * i + 1] = bf16x2_hi(w[i]);
+    }
+    return emit_row_segment(p, g, in.xg, in.xl, in.pr, at.row, at.cq, at.seg,
+                            at.row_in && at.cols_in);
+  }
+
+  // dprobs of unit u's row += the lanes' summed shares (`dsum`, over the units of its row half):
+  // the quad's 4 lanes share the row, one atomic per quad.
+  template <class P>
+  __device__ static __forceinline__ void add_dprobs(const P& p, const sm90::DeferredTile& t, int u,
+                                                    float dsum) {
+    if constexpr (Cfg::has_probs) {
+      const UnitPlace at = place(t, u);
+      float d = dsum + __shfl_xor_sync(0xffffffffu, dsum, 1);
+      d += __shfl_xor_sync(0xffffffffu, d, 2);
+      if (at.row_in && (static_cast<int>(threadIdx.x) & 3) == 0)
+        atomicAdd(p.plain.dprobs + at.row, d);
+    }
+  }
+
+  // Once per tile and warpgroup rows, by each of the `warps` epilogue warps (this one `warp`).
+  template <class P>
+  __device__ static __forceinline__ void finish(const P& p, const sm90::DeferredTile& t, int warp,
+                                                int warps) {
+    if constexpr (Cfg::has_probs && Cfg::has_bias) {
+      if (t.tile_n == 0) add_dy_dot_b2(p, t.rt, t.row0, warp, warps);
+    }
+  }
+
   // dp_t += <dy_t, b2_g> for this warpgroup's rows [row0, row0 + 64 * mt): a warp per row, each
   // lane a 16-byte vector of dy and b2 per step, all steps of a row in flight at once (the
   // 4-byte loads of a loop over the row were 7 % of gpt-oss's FC2 dgrad samples, session 12).
   template <class P>
-  __device__ static void add_dy_dot_b2(const P& p, const RowTile& rt, long long row0) {
+  // Rows row0 + warp, + warps, ...: the consumer warpgroup's 4 warps (warp & 3) or the deferred
+  // epilogue's.
+  __device__ static void add_dy_dot_b2(const P& p, const RowTile& rt, long long row0,
+                                       int warp = (static_cast<int>(threadIdx.x) >> 5) & 3,
+                                       int warps = 4) {
     constexpr int kVectors = kH / 8, kSteps = (kVectors + 31) / 32;
     const int lane = static_cast<int>(threadIdx.x) & 31;
-    const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3;
     const uint4* b2 = reinterpret_cast<const uint4*>(
         static_cast<const unsigned short*>(p.plain.b2) + static_cast<long long>(rt.expert) * kH);
     const long long r1 = row0 + 64 * kMt < rt.row_end ? row0 + 64 * kMt : rt.row_end;
-    for (long long row = row0 + wq; row < r1; row += 4) {
+    for (long long row = row0 + warp; row < r1; row += warps) {
       const uint4* dy =
           reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(p.plain.dy) + row * kH);
       float s = 0.0f;
@@ -288,6 +438,35 @@ struct Fc2DgradSm90 {
   }
 
   using Epilogue = Fc2DgradEpilogue<Cfg, S::mt>;
+  // The deferred epilogue's pieces (TileShape::deferred): Epilogue's.
+  static constexpr int kDeferredUnits = Epilogue::kDeferredUnits;
+  static constexpr int kDeferredRowUnits = Epilogue::kDeferredRowUnits;
+  using Unit = typename Epilogue::Unit;
+  template <class Acc>
+  __device__ static __forceinline__ void defer(const Acc& acc, unsigned int buf) {
+    Epilogue::defer(acc, buf);
+  }
+  __device__ static __forceinline__ bool has_rows(const sm90::DeferredTile& t, int u) {
+    return Epilogue::has_rows(t, u);
+  }
+  __device__ static __forceinline__ void load_unit(const Sm90Fc2DgradParams& p,
+                                                   const sm90::DeferredTile& t, int u, Unit& in) {
+    Epilogue::load_unit(p, t, u, in);
+  }
+  __device__ static __forceinline__ float run_unit(const Sm90Fc2DgradParams& p,
+                                                   const sm90::DeferredTile& t, int u,
+                                                   const Unit& in, unsigned int buf) {
+    return Epilogue::run_unit(p, t, u, in, buf);
+  }
+  __device__ static __forceinline__ void add_dprobs(const Sm90Fc2DgradParams& p,
+                                                    const sm90::DeferredTile& t, int u,
+                                                    float dsum) {
+    Epilogue::add_dprobs(p, t, u, dsum);
+  }
+  __device__ static __forceinline__ void finish(const Sm90Fc2DgradParams& p,
+                                                const sm90::DeferredTile& t, int warp, int warps) {
+    Epilogue::finish(p, t, warp, warps);
+  }
 
   __device__ static __forceinline__ void store(const Sm90Fc2DgradParams& p,
                                                float (&acc)[S::mt][S::regs], const RowTile& rt,

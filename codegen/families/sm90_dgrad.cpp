@@ -4,11 +4,29 @@
 // (multiples of 8: the last K block reads TMA's zeros past K, the last column tile and its last
 // 64-column group may be partial: detail::sm90_column_tile); sm80_dgrad serves other arches.
 // Bound by engine/families/sm90_dgrad.cpp.
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 
 namespace gmjit::codegen::families {
 namespace {
+
+// FC2 dgrad's epilogue (the activation backward: pre-activation loads, dpreact and act_scaled
+// stores, dprobs) runs on the producer warpgroup's 3 idle warps during the next tile's mainloop
+// where that mainloop (K = H) is long enough to hide it. On the H200 (docs/PERFORMANCE.md,
+// session 30) FC2 dgrad took 0.88x the time at K = 4096 (mixtral) and 0.96x at 7168 (deepseek),
+// the same at 2880 (gpt-oss), and 1.10-1.13x at 2048 (e64, qwen3-30b-a3b: the 3 warps need longer
+// than the mainloop, and the consumers wait to park). GMJIT_DEFERRED_EPILOGUE=0 or 1 forces it
+// off or on (numerics tests on small layers, A/B timing).
+bool deferred_epilogue_pays(std::int64_t k) {
+  const char* forced = std::getenv("GMJIT_DEFERRED_EPILOGUE");
+  if (forced != nullptr && std::string_view(forced) == "0") return false;
+  if (forced != nullptr && std::string_view(forced) == "1") return true;
+  return k >= 4096;
+}
 
 std::optional<KernelSource> emit(const KernelRequest& r) {
   if (!detail::sm90_allowed(r)) return std::nullopt;
@@ -20,6 +38,7 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   // of ncu's samples (e64's FC2 dgrad); 256 x 128 reads as few as 128 x 256 (FC2 dgrad 1.23 ->
   // 1.01 ms). Each consumer warpgroup then holds two m64 tiles of 64 accumulators.
   if (tile->block_n == 128) tile->block_m = 256;
+  if (fc2) tile->deferred_epilogue = deferred_epilogue_pays(r.layer.hidden);
   return detail::sm90_kernel(r, *tile, "sm90_mlp_bwd.cuh", fc2 ? "Fc2DgradSm90" : "Fc1DgradSm90",
                              fc2 ? "Sm90Fc2DgradParams" : "Sm90GemmParams");
 }

@@ -1,6 +1,7 @@
 // What codegen emits: small translation units that only instantiate templates.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "codegen/embedded_templates.hpp"
@@ -301,6 +302,30 @@ TEST(GroupedMlpEmit, Sm90RingsTakeEveryStageThatFits) {
   }
 }
 
+// A deferred epilogue's per-warp tile buffers replace the staging: 128 x 256 keeps 3 stages
+// (67.6 KB of buffers), and the Cfg says so (the templates size shared memory from it).
+TEST(GroupedMlpEmit, Sm90DeferredEpilogueRingsFitBesideTheTileBuffers) {
+  struct Case {
+    int block_m, block_n, stages;
+  };
+  for (const Case c : {Case{128, 256, 3}, Case{256, 128, 3}, Case{128, 192, 4}, Case{128, 128, 5},
+                       Case{128, 64, 8}}) {
+    TileConfig chosen;
+    chosen.block_m = c.block_m;
+    chosen.block_n = c.block_n;
+    chosen.block_k = 64;
+    chosen.deferred_epilogue = true;
+    const TileConfig tile = detail::deepest_sm90_ring(chosen, "sm_90a");
+    EXPECT_EQ(tile.stages, c.stages) << c.block_m << " x " << c.block_n;
+    EXPECT_EQ(detail::sm90_fixed_smem_bytes(tile),
+              2048 + 8 * (c.block_m / 128) * 16 * (2 * c.block_n + 16));
+    EXPECT_LE(detail::sm90_smem_bytes(tile), 232448) << c.block_m << " x " << c.block_n;
+    EXPECT_NE(detail::sm90_tile_fields(tile).find("deferred_epilogue = true"), std::string::npos);
+    chosen.deferred_epilogue = false;
+    EXPECT_EQ(detail::sm90_tile_fields(chosen).find("deferred_epilogue"), std::string::npos);
+  }
+}
+
 TEST(GroupedMlpEmit, RejectsDimsTheKernelsCannotServe) {
   LayerSpec layer = mixtral();
   layer.hidden = 100;
@@ -397,6 +422,35 @@ TEST(GroupedMlpEmit, DgradTilesOfWidth128AreTwoHundredFiftySixRowsTall) {
     }
   }
   EXPECT_EQ(seen, 2);
+}
+
+// FC2 dgrad's epilogue moves to the producer warpgroup's idle warps where its mainloop (K = H)
+// is long enough to hide it, and GMJIT_DEFERRED_EPILOGUE=0/1 overrides the choice; FC1 dgrad
+// has no epilogue to defer.
+TEST(GroupedMlpEmit, Fc2DgradDefersItsEpilogueWhereTheMainloopHidesIt) {
+  const auto deferred = [](std::int64_t hidden) {
+    LayerSpec layer = mixtral();
+    layer.hidden = hidden;
+    layer.ffn = 1408;
+    bool fc2 = false;
+    for (const auto& k : emit_grouped_mlp_backward({layer, GradientSet{}, "sm_90a", false})) {
+      const bool found = k.source.find("deferred_epilogue = true") != std::string::npos;
+      if (k.role == KernelRole::fc2_dgrad) fc2 = found;
+      if (k.role == KernelRole::fc1_dgrad) {
+        EXPECT_FALSE(found) << "FC1 dgrad, H " << hidden;
+      }
+    }
+    return fc2;
+  };
+  EXPECT_FALSE(deferred(2048));
+  EXPECT_FALSE(deferred(2880));
+  EXPECT_TRUE(deferred(4096));
+  EXPECT_TRUE(deferred(7168));
+  setenv("GMJIT_DEFERRED_EPILOGUE", "1", 1);
+  EXPECT_TRUE(deferred(256));
+  setenv("GMJIT_DEFERRED_EPILOGUE", "0", 1);
+  EXPECT_FALSE(deferred(4096));
+  unsetenv("GMJIT_DEFERRED_EPILOGUE");
 }
 
 TEST(GroupedMlpEmit, InterleavedGluNeedsFfnMultipleOf32) {
