@@ -17,7 +17,7 @@ namespace {
 // FC2 dgrad's epilogue (the activation backward: pre-activation loads, dpreact and act_scaled
 // stores, dprobs) runs on the producer warpgroup's 3 idle warps during the next tile's mainloop
 // where that mainloop (K = H) is long enough to hide it. On the H200 (docs/PERFORMANCE.md,
-// session 30) FC2 dgrad took 0.88x the time at K = 4096 (mixtral) and 0.96x at 7168 (deepseek),
+// session 30) FC2 dgrad took 0.87-0.93x the time at K = 4096 (mixtral), 0.96x at 7168 (deepseek),
 // the same at 2880 (gpt-oss), and 1.10-1.13x at 2048 (e64, qwen3-30b-a3b: the 3 warps need longer
 // than the mainloop, and the consumers wait to park). GMJIT_DEFERRED_EPILOGUE=0 or 1 forces it
 // off or on (numerics tests on small layers, A/B timing).
