@@ -31,7 +31,7 @@ fi
 # the backward tests again with it forced on cover it on every width and split they use.
 GMJIT_DEFERRED_EPILOGUE=1 ctest --test-dir build-gpu -L gpu -R \
   'Backward|Bf16WeightGradients|ZeroToken|Untrusted|GraphCapture|Recompute|CApi' -j"$jobs" -V \
-  --timeout 600 >>"$OUT/gpu_tests.log" 2>&1 || gpu_rc=1
+  --timeout 600 >"$LOGS/gpu_tests_deferred.log" 2>&1 || gpu_rc=1
 cpu_rc=skipped
 if [ -z "${GMJIT_SKIP_CPU_TESTS:-}" ]; then
   ctest --test-dir build-gpu -L cpu -j8 --timeout 600 >"$LOGS/cpu_tests.log" 2>&1
@@ -60,6 +60,8 @@ for entry in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do
 done
 build-gpu/cli/gmjit plot "$OUT"/bench_*.json -o "$OUT/shapes.png" >/dev/null || echo "plot failed"
 echo "== GPU tests (rc $gpu_rc)"; grep -E "tests passed|tests failed|Failed|Skipped" "$OUT/gpu_tests.log" | head -20
+echo "== GPU backward tests, deferred epilogue forced on"
+grep -E "tests passed|tests failed|Failed" "$LOGS/gpu_tests_deferred.log" | head -10
 grep -E "Failure|error|Expected|Which is|rel err" "$OUT/gpu_tests.log" | grep -v "numerics \]" | head -30
 echo "== CPU tests (rc $cpu_rc)"; grep -sE "tests passed|tests failed" "$LOGS/cpu_tests.log"
 for entry in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do

@@ -442,6 +442,10 @@ TEST(GroupedMlpEmit, Fc2DgradDefersItsEpilogueWhereTheMainloopHidesIt) {
     }
     return fc2;
   };
+  // The caller's setting, put back at the end.
+  const char* outer = std::getenv("GMJIT_DEFERRED_EPILOGUE");
+  const std::string saved = outer != nullptr ? outer : "";
+  unsetenv("GMJIT_DEFERRED_EPILOGUE");
   EXPECT_FALSE(deferred(2048));
   EXPECT_FALSE(deferred(2880));
   EXPECT_TRUE(deferred(4096));
@@ -450,7 +454,11 @@ TEST(GroupedMlpEmit, Fc2DgradDefersItsEpilogueWhereTheMainloopHidesIt) {
   EXPECT_TRUE(deferred(256));
   setenv("GMJIT_DEFERRED_EPILOGUE", "0", 1);
   EXPECT_FALSE(deferred(4096));
-  unsetenv("GMJIT_DEFERRED_EPILOGUE");
+  if (outer != nullptr) {
+    setenv("GMJIT_DEFERRED_EPILOGUE", saved.c_str(), 1);
+  } else {
+    unsetenv("GMJIT_DEFERRED_EPILOGUE");
+  }
 }
 
 TEST(GroupedMlpEmit, InterleavedGluNeedsFfnMultipleOf32) {
