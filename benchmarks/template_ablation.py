@@ -44,35 +44,40 @@ class Variant:
 
 
 VARIANTS: dict[str, Variant] = {
+    # The FC2 dgrad variants edit both epilogues: the consumers' (immediate, K < 4096) and the
+    # epilogue warps' units (deferred, K >= 4096; emit_row_segment is shared).
     "fc2-dgrad-noload": Variant(
         "FC2 dgrad reads the pre-activation of 8 rows only (L1-hot): the cost of its loads",
         (Edit(FC2_DGRAD, "const unsigned short* hr = pre + row * kF1;",
-              "const unsigned short* hr = pre + (row & 7) * kF1;"),)),  # fmt: skip
+              "const unsigned short* hr = pre + (row & 7) * kF1;"),
+         Edit(FC2_DGRAD, "static_cast<const unsigned short*>(p.plain.preact) + at.row * kF1;",
+              "static_cast<const unsigned short*>(p.plain.preact) + (at.row & 7) * kF1;"))),  # fmt: skip
     "fc2-dgrad-nostore": Variant(
         "FC2 dgrad stores no dpreact and no a * p (a never-true predicate): the stores' cost",
-        (Edit(FC2_DGRAD, "if (row_in && cols_in) {",
-              "if (row_in && cols_in && pr == -1234.5f) {"),)),  # fmt: skip
+        (Edit(FC2_DGRAD, "    if (store) {", "    if (store && pr == -1234.5f) {"),)),  # fmt: skip
     "fc2-dgrad-noepilogue": Variant(
-        "FC2 dgrad returns before its epilogue: the mainloop alone",
+        "FC2 dgrad returns before its epilogue (or, deferred, before each unit): the mainloop "
+        "alone",
         (Edit(FC2_DGRAD,
-              "    const ActParams ap{Cfg::act_limit, Cfg::act_alpha};\n"
-              "    const unsigned short* pre =",
+              "    const unsigned short* pre = static_cast<const unsigned short*>(p.plain.preact);\n",
               "    if (rt.row_end >= 0) return;  // never false; the compiler cannot tell\n"
-              "    const ActParams ap{Cfg::act_limit, Cfg::act_alpha};\n"
-              "    const unsigned short* pre ="),)),  # fmt: skip
+              "    const unsigned short* pre = static_cast<const unsigned short*>(p.plain.preact);\n"),
+         Edit(FC2_DGRAD, "    // This lane's 16 values of g: its row,",
+              "    if (t.rt.row_end >= 0) return 0.0f;  // never false; the compiler cannot tell\n"
+              "    // This lane's 16 values of g: its row,"))),  # fmt: skip
     "fc2-dgrad-nomath": Variant(
         "FC2 dgrad's epilogue skips the activation and its gradient (g and the pre-activation "
         "pass straight to the outputs): the math's cost",
         (Edit(FC2_DGRAD,
-              "            if constexpr (kGlu) {\n"
-              "              r0 = glu_fwd_bwd<Cfg::act>(x0, bf16x2_lo(lw), g0 * pr, ap);\n"
-              "              r1 = glu_fwd_bwd<Cfg::act>(x1, bf16x2_hi(lw), g1 * pr, ap);\n"
-              "            } else {\n"
-              "              r0 = act_fwd_bwd<Cfg::act>(x0, g0 * pr, ap);\n"
-              "              r1 = act_fwd_bwd<Cfg::act>(x1, g1 * pr, ap);\n"
-              "            }",
-              "            r0 = {x0, g0, bf16x2_lo(lw)};\n"
-              "            r1 = {x1, g1, bf16x2_hi(lw)};"),)),  # fmt: skip
+              "      if constexpr (kGlu) {\n"
+              "        r0 = glu_fwd_bwd<Cfg::act>(x0, bf16x2_lo(lw), g0 * pr, ap);\n"
+              "        r1 = glu_fwd_bwd<Cfg::act>(x1, bf16x2_hi(lw), g1 * pr, ap);\n"
+              "      } else {\n"
+              "        r0 = act_fwd_bwd<Cfg::act>(x0, g0 * pr, ap);\n"
+              "        r1 = act_fwd_bwd<Cfg::act>(x1, g1 * pr, ap);\n"
+              "      }",
+              "      r0 = {x0, g0, bf16x2_lo(lw)};\n"
+              "      r1 = {x1, g1, bf16x2_hi(lw)};"),)),  # fmt: skip
     "sigmoid-one-mufu": Variant(
         "sigmoid from one tanh.approx instead of ex2 + rcp (every kernel evaluating SwiGLU): the "
         "special-function unit's share (less accurate: timing only)",

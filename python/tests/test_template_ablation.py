@@ -20,10 +20,17 @@ def test_every_variant_applies_once_and_changes_its_files(name, tmp_path):
     original = os.path.join(ROOT, "kernel_templates")
     shutil.copytree(original, templates)
     ablation.apply(str(templates), name)
+    # A variant's edits of one file apply in turn.
+    expected = {}
     for edit in ablation.VARIANTS[name].edits:
-        with open(os.path.join(original, edit.file)) as f:
-            before = f.read()
-        assert (templates / edit.file).read_text() == before.replace(edit.old, edit.new) != before
+        if edit.file not in expected:
+            with open(os.path.join(original, edit.file)) as f:
+                expected[edit.file] = f.read()
+        edited = expected[edit.file].replace(edit.old, edit.new)
+        assert edited != expected[edit.file]
+        expected[edit.file] = edited
+    for file, text in expected.items():
+        assert (templates / file).read_text() == text
 
 
 def test_the_copy_skips_builds_and_the_variant_edits_only_the_copy(tmp_path):
