@@ -17,7 +17,7 @@ the milliseconds. With `--python`, the variants are two builds of the torch pack
 each a folder put first on PYTHONPATH (`pip install --target DIR`; `-` for the installed one),
 a case is a side_by_side.py shape with layer_step.py's options (`e64:--ragged`), and each run is
 `layer_step.py SHAPE OPTIONS --time --iters N`: the path the targets table times (bf16 weight
-gradients), where `gmjit bench` writes fp32 ones.
+gradients), where `gmjit bench` writes fp32 ones unless a case adds `--bf16-weight-grads`.
 
   python3 benchmarks/ab_bench.py --python --a /tmp/old-site --b - deepseek e64:--ragged
 

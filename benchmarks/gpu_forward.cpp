@@ -59,12 +59,12 @@ double forward_flops(const LayerSpec& layer, std::int64_t tokens) {
 }
 
 GpuTimings time_on_gpu(Engine& eng, const Preset& preset, const Recipe& recipe, int warmup,
-                       int repeats) {
+                       int repeats, bool bf16_weight_grads) {
   const LayerSpec& l = preset.layer;
   const std::int64_t T = l.experts * preset.tokens_per_expert;
   const std::vector<std::int64_t> split = expert_tokens(preset);  // balanced unless ragged
   engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
-  LayerTensors t(device, l, T, true, split);
+  LayerTensors t(device, l, T, true, split, bf16_weight_grads);
   engine::ScopedContext context(device.context());
   if (recipe.is_fp8()) t.add_fp8_weights(device, l, eng, recipe);
   GpuTimings timings;

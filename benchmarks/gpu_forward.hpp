@@ -24,8 +24,9 @@ struct CpuCallCost {
 // FLOPs of one forward: FC1 (2·T·H·F1) + FC2 (2·T·F·H). A backward costs twice that.
 double forward_flops(const LayerSpec& layer, std::int64_t tokens);
 
+// bf16_weight_grads: the forward+backward writes dW1 and dW2 in bf16 (else fp32).
 GpuTimings time_on_gpu(Engine& engine, const Preset& preset, const Recipe& recipe, int warmup,
-                       int repeats);
+                       int repeats, bool bf16_weight_grads = false);
 
 CpuCallCost measure_call_cost(Engine& engine);
 

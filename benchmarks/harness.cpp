@@ -367,8 +367,8 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   std::printf("  (torch.compile for comparison: about 9 s cold and 7 s in a restarted process)\n");
 
   if (have_gpu) {
-    const GpuTimings t =
-        time_on_gpu(engine, options.preset, recipe, options.warmup, options.repeats);
+    const GpuTimings t = time_on_gpu(engine, options.preset, recipe, options.warmup,
+                                     options.repeats, options.bf16_weight_grads);
     const CpuCallCost cost = measure_call_cost(engine);
     report["forward"] = {{"ran", true},
                          {"device", devices[0].name},
@@ -377,6 +377,7 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
                          {"repeats", options.repeats}};
     report["fwd_bwd"] = {{"ms", t.fwd_bwd_ms},
                          {"tflops", t.fwd_bwd_tflops},
+                         {"weight_grads", options.bf16_weight_grads ? "bf16" : "f32"},
                          {"saved_bytes_per_token", t.saved_bytes_per_token}};
     report["cpu_call"] = {{"forward_call_us", cost.forward_call_us},
                           {"raw_launches_us", cost.raw_launches_us},

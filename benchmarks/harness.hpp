@@ -21,6 +21,8 @@ struct BenchOptions {
   int warmup = 3;
   int repeats = 20;
   bool skip_gpu = false;
+  // Forward+backward timing: dW1 and dW2 in bf16, as the PyTorch op writes them (else fp32).
+  bool bf16_weight_grads = false;
   // "recompute": N steps of no-grad forward, grad-enabled forward and backward (on a GPU the
   // launches too, else plan builds and compiles only), reporting the engine's counters.
   std::string pattern;

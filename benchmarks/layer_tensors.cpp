@@ -50,7 +50,8 @@ void LayerTensors::add_fp8_weights(engine::DeviceContext& device, const LayerSpe
 }
 
 LayerTensors::LayerTensors(engine::DeviceContext& device, const LayerSpec& l, std::int64_t T,
-                           bool with_backward, std::span<const std::int64_t> split) {
+                           bool with_backward, std::span<const std::int64_t> split,
+                           bool bf16_weight_grads) {
   const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
   auto tensor = [&](DType dtype, std::initializer_list<std::int64_t> shape) {
     return this->tensor(device, dtype, shape);
@@ -90,8 +91,9 @@ LayerTensors::LayerTensors(engine::DeviceContext& device, const LayerSpec& l, st
   b.saved_preact = forward.saved_preact;
   // As torch autograd in benchmarks/side_by_side.py: gradients of x, W1 and W2.
   b.dx = tensor(DType::bf16, {T, H});
-  b.dw1 = tensor(DType::f32, {E, F1, H});
-  b.dw2 = tensor(DType::f32, {E, H, F});
+  const DType weight_grads = bf16_weight_grads ? DType::bf16 : DType::f32;
+  b.dw1 = tensor(weight_grads, {E, F1, H});
+  b.dw2 = tensor(weight_grads, {E, H, F});
 }
 
 }  // namespace gmjit::bench

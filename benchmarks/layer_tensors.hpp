@@ -19,8 +19,10 @@ struct LayerTensors {
   BackwardArgs backward;  // dy and, as torch autograd computes them, dx, dW1, dW2
 
   // `split`: tokens per expert (E of them, adding up to `tokens`); empty: balanced.
+  // bf16_weight_grads: dW1 and dW2 in bf16 (the PyTorch op's), else fp32.
   LayerTensors(engine::DeviceContext& device, const LayerSpec& layer, std::int64_t tokens,
-               bool with_backward, std::span<const std::int64_t> split = {});
+               bool with_backward, std::span<const std::int64_t> split = {},
+               bool bf16_weight_grads = false);
 
   // FP8 recipes: the quantized weights (written by `engine`) in both forward argument sets.
   void add_fp8_weights(engine::DeviceContext& device, const LayerSpec& layer, Engine& engine,

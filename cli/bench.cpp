@@ -143,6 +143,9 @@ Subcommand add_bench_command(CLI::App& app) {
       ->check(positive_number(1'000'000))
       ->capture_default_str();
   bench->add_flag("--no-gpu", s.options.skip_gpu, "run only the phases that need no GPU");
+  bench->add_flag("--bf16-weight-grads", s.options.bf16_weight_grads,
+                  "forward+backward writes dW1 and dW2 in bf16, as the PyTorch op does (default "
+                  "fp32)");
   bench->add_option("--pattern", s.options.pattern, "also run a call pattern: recompute")
       ->check(CLI::IsMember({"recompute"}));
   bench->add_option("--steps", s.options.steps, "steps of --pattern")

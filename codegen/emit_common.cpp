@@ -154,6 +154,8 @@ std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_
 }
 
 int sm90_fixed_smem_bytes(const TileConfig& t) {
+  // 2 consumer warpgroups x block_m / 128 m64 tiles x the boxes, 8 KiB each.
+  if (t.tma_store_boxes > 0) return 2048 + 2 * (t.block_m / 128) * t.tma_store_boxes * 8192;
   if (!t.deferred_epilogue) return kSm90FixedSmemBytes;
   // 8 consumer warps x 16 rows of each of block_m / 128 m64 tiles, block_n bf16 + 16 B each.
   return 2048 + 8 * (t.block_m / 128) * 16 * (t.block_n * 2 + 16);
@@ -167,9 +169,12 @@ std::string sm90_tile_fields(const TileConfig& t) {
   return fmt::format(
       "  static constexpr int block_m = {}, block_n = {}, block_k = {}, stages = {}, group_m = "
       "{};\n"
-      "  static constexpr int smem_bytes = {};\n{}",
+      "  static constexpr int smem_bytes = {};\n{}{}",
       t.block_m, t.block_n, t.block_k, t.stages, t.group_m, sm90_smem_bytes(t),
-      t.deferred_epilogue ? "  static constexpr bool deferred_epilogue = true;\n" : "");
+      t.deferred_epilogue ? "  static constexpr bool deferred_epilogue = true;\n" : "",
+      t.tma_store_boxes > 0
+          ? fmt::format("  static constexpr int tma_store_boxes = {};\n", t.tma_store_boxes)
+          : std::string());
 }
 
 void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t experts) {

@@ -67,6 +67,7 @@ KernelSource wgrad(KernelRole role, const GroupedMlpBackwardDesc& desc, std::int
           (desc.outputs.bf16_weight_grads ? "  static constexpr bool out_bf16 = true;\n" : ""));
   r.rows = rows;
   r.cols = cols;
+  r.bf16_out = desc.outputs.bf16_weight_grads;
   return families::emit_kernel(r);
 }
 

@@ -113,6 +113,8 @@ struct Sm90WgradParams {
   alignas(64) unsigned char tmap_b[128];
   WgradParams plain;           // the portable block; plain.a / plain.b are also encoded in the maps
   unsigned int* tile_counter;  // as in Sm90GemmParams
+  // bf16 out [E, M, N] (a TMA-store epilogue's: Cfg::tma_store_boxes); unset otherwise.
+  alignas(64) unsigned char tmap_out[128];
 };
 
 }  // namespace gmjit::kt

@@ -55,6 +55,18 @@ struct DeferredEpilogueOf<Cfg, decltype(void(Cfg::deferred_epilogue))> {
   static constexpr bool value = Cfg::deferred_epilogue;
 };
 
+// Optional Cfg field `static constexpr int tma_store_boxes = B` (codegen writes it for the BF16
+// weight gradients): the epilogue leaves through TMA stores from B staged 64 x 64 bf16 boxes per
+// m64 tile and consumer warpgroup (WgradEpilogue::store_tma) instead of the per-warp buffers.
+template <class Cfg, class = void>
+struct TmaStoreBoxesOf {
+  static constexpr int value = 0;
+};
+template <class Cfg>
+struct TmaStoreBoxesOf<Cfg, decltype(void(Cfg::tma_store_boxes))> {
+  static constexpr int value = Cfg::tma_store_boxes;
+};
+
 // The tile shape of the Hopper kernels: tile/pipeline constants derived from a Cfg (block_m,
 // block_n, block_k = 64, stages).
 template <class Cfg>
@@ -84,8 +96,13 @@ struct TileShape {
   // bytes so that the fragment writes and the 16-byte row reads are conflict-free.
   static constexpr int deferred_row_bytes = block_n * 2 + 16;
   static constexpr int deferred_warp_bytes = mt * 16 * deferred_row_bytes;
-  static constexpr int out_stage_bytes =
-      consumer_warps * (deferred ? deferred_warp_bytes : 16 * stage_row_bytes);
+  // TMA-store epilogue: per consumer warpgroup and m64 tile, tma_store_boxes boxes of 64 rows x
+  // 64 bf16 columns (8 KiB, 1024-aligned as the 128-byte swizzle needs).
+  static constexpr int tma_store_boxes = TmaStoreBoxesOf<Cfg>::value;
+  static constexpr int out_stage_bytes = tma_store_boxes > 0
+                                             ? 2 * mt* tma_store_boxes * 8192
+                                             : consumer_warps*(deferred ? deferred_warp_bytes
+                                                                        : 16 * stage_row_bytes);
   // Ring + 1024 B to align it + 1024 B for 48 B per stage (2 mbarriers, a 32 B tile-info slot)
   // + epilogue staging.
   static constexpr int smem_bytes = stages * (block_m + block_n) * 128 + 2048 + out_stage_bytes;
@@ -98,6 +115,8 @@ struct TileShape {
   // 232 consumer registers: at most 128 accumulators (so block_n = 192 needs block_m = 128).
   static_assert(mt * regs <= 128, "accumulators exceed 128 registers per thread");
   static_assert(stages >= 2 && stages <= 16, "stages must be in [2, 16]");
+  static_assert(tma_store_boxes == 0 || (!deferred && (block_n / 64) % tma_store_boxes == 0),
+                "tma_store_boxes must divide block_n / 64 (and excludes deferred_epilogue)");
   static_assert(Cfg::smem_bytes == smem_bytes,
                 "Cfg::smem_bytes != stages * (block_m + block_n) * 128 + 2048 + out_stage_bytes");
   static_assert(smem_bytes <= 232448, "exceeds the 227 KiB of shared memory of a CTA");
@@ -275,6 +294,11 @@ struct RingOf {
   // tile-info slots, 1024 bytes past `full` (TileShape's out_stage_bytes).
   __device__ __forceinline__ WarpStage warp_stage(int warp) const {
     return WarpStage{full + 1024 + (warp - 4) * 16 * WarpStage::kRowBytes};
+  }
+  // ... or consumer warpgroup `wg`'s TMA-store boxes (`bytes` each warpgroup: TileShape's
+  // out_stage_bytes / 2), 1024-aligned since `full` is.
+  __device__ __forceinline__ unsigned int tma_store_buffer(int wg, int bytes) const {
+    return full + 1024 + wg * bytes;
   }
   // ... or its deferred-epilogue buffer of `warp_bytes` (TileShape::deferred_warp_bytes).
   __device__ __forceinline__ unsigned int deferred_buffer(int warp, int warp_bytes) const {

@@ -30,8 +30,14 @@
 //   block_k                  int    must be 64 (token rows per K step)
 //   stages                   int    TMA ring depth, 2..16 (4 for 128 x 256)
 //   group_m                  int    M tiles per N sweep inside an expert, e.g. 8
-//   smem_bytes               int    must equal stages * (block_m + block_n) * 128 + 20480
-// Params: Sm90WgradParams; maps from encode_sm90_wgrad_maps (engine/families/tensor_maps.hpp).
+//   tma_store_boxes          int    optional, out_bf16 only: the epilogue stores through
+//                                   p.tmap_out from this many 64 x 64 staged boxes per m64 tile
+//                                   and warpgroup (a divisor of block_n / 64; store_tma)
+//   smem_bytes               int    must equal stages * (block_m + block_n) * 128 + 2048 +
+//                                   TileShape's out_stage_bytes (18432, or 16384 * mt *
+//                                   tma_store_boxes)
+// Params: Sm90WgradParams; maps from encode_sm90_wgrad_maps (engine/families/tensor_maps.hpp),
+//   tmap_out (with tma_store_boxes) from encode_sm90_wgrad_out_map.
 // Launch: blockDim 384, gridDim (#SMs, 1, 1) (persistent; any >= 1 is correct), dynamic smem =
 //   K::smem_bytes, `__launch_bounds__(384, 1)`. p.tile_counter: zeroed before the launch, or
 //   null. T == 0 with accumulate = 0 still needs the launch (it writes the zeros); T == 0 with
@@ -129,6 +135,62 @@ struct WgradEpilogue {
         else
           ws.flush_bytes(reinterpret_cast<unsigned char*>(p.plain.out), 4LL * kN, row0, row_end,
                          4 * col0, 4 * cols);
+      }
+    }
+  }
+
+  // bf16 out through TMA stores (Cfg::tma_store_boxes = kBoxes): the warpgroup writes its rows,
+  // kBoxes 64-column boxes of each m64 tile at a time, into its staging boxes at `buf` (128-byte
+  // swizzle, as the out map reads them), and its first thread stores them. The consumers go on to
+  // the next tile while the TMA unit writes, so only the shared-memory writes stay between two
+  // mainloops. Boxes past M or N are not stored, and the map drops the rows and columns of a box
+  // that reach past them (partial last tiles).
+  template <class P>
+  __device__ static __forceinline__ void store_tma(const P& p, float (&acc)[kMt][kRegs],
+                                                   const sm90::WgradTileInfo& ti, int wg,
+                                                   unsigned int buf) {
+    using namespace sm90;
+    constexpr int kBoxes = Cfg::tma_store_boxes, kTileBoxes = Cfg::block_n / 64;
+    const int t = static_cast<int>(threadIdx.x) & 127, lane = t & 31;
+    const int bar = 2 + wg;  // this warpgroup's named barrier (1 is both consumer warpgroups')
+    // Fragment (row lane/4 + 8h of the warp's 16, n8 chunk jj of a box) -> swizzled byte offset.
+    const int row_lo = (t >> 5) * 16 + (lane >> 2);
+    const int col0 = ti.tile_n * Cfg::block_n;
+#pragma unroll
+    for (int c = 0; c < kTileBoxes / kBoxes; ++c) {
+      if (col0 + c * kBoxes * 64 >= kN) break;  // partial last N tile: nothing left to store
+      if (t == 0) bulk_wait_read<0>();          // the boxes' previous stores have read them
+      named_barrier(bar, 128);
+#pragma unroll
+      for (int m = 0; m < kMt; ++m)
+#pragma unroll
+        for (int b = 0; b < kBoxes; ++b)
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int j = (c * kBoxes + b) * 8 + jj, r = row_lo + 8 * h;
+              const unsigned int a =
+                  buf + (m * kBoxes + b) * 8192 + r * 128 + ((jj ^ (r & 7)) << 4) + (lane & 3) * 4;
+              asm volatile("st.shared.b32 [%0], %1;" ::"r"(a),
+                           "r"(pack_bf16x2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]))
+                           : "memory");
+            }
+      fence_proxy_async();
+      named_barrier(bar, 128);
+      if (t == 0) {
+#pragma unroll
+        for (int m = 0; m < kMt; ++m) {
+          const int row = ti.tile_m * Cfg::block_m + (wg * kMt + m) * 64;
+          if (row >= kM) continue;  // partial last M tile
+#pragma unroll
+          for (int b = 0; b < kBoxes; ++b) {
+            const int col = col0 + (c * kBoxes + b) * 64;
+            if (col < kN)
+              tma_store_3d(p.tmap_out, buf + (m * kBoxes + b) * 8192, col, row, ti.expert);
+          }
+        }
+        bulk_commit();
       }
     }
   }
@@ -283,6 +345,10 @@ struct GroupedWgradSm90 {
     setmaxnreg_inc<S::consumer_regs>();
     const int wg = warp / 4 - 1, ctid = tid - 128;
     const WarpStage ws = ring.warp_stage(warp);
+    const unsigned int store_buf = ring.tma_store_buffer(wg, S::out_stage_bytes / 2);
+    if constexpr (S::tma_store_boxes > 0) {
+      if ((ctid & 127) == 0) tma_prefetch_map(p.tmap_out);
+    }
     float acc[S::mt][S::regs];
 #pragma unroll
     for (int m = 0; m < S::mt; ++m)
@@ -291,7 +357,13 @@ struct GroupedWgradSm90 {
     for (;;) {
       mbar_wait(full + 8 * stage, phase);
       const WgradTileInfo ti = info[stage];
-      if (ti.expert == -2) break;
+      if (ti.expert == -2) {
+        // The last tile's stores must have written (and read their boxes) before the CTA exits.
+        if constexpr (S::tma_store_boxes > 0) {
+          if ((ctid & 127) == 0) bulk_wait<0>();
+        }
+        break;
+      }
       const long long rows = ti.end - ti.beg;
       const int k_tiles = static_cast<int>((rows + 63) / 64);
       if (k_tiles == 0) {
@@ -338,7 +410,10 @@ struct GroupedWgradSm90 {
 #pragma unroll
       for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
       if (lane == 0) mbar_arrive(empty + 8 * prev);
-      Epilogue::store_staged(p, acc, ti, wg, ws);
+      if constexpr (S::tma_store_boxes > 0)
+        Epilogue::store_tma(p, acc, ti, wg, store_buf);
+      else
+        Epilogue::store_staged(p, acc, ti, wg, ws);
     }
   }
 

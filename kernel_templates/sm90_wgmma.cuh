@@ -85,6 +85,34 @@ __device__ __forceinline__ void tma_load_4d(unsigned int dst, const void* tmap, 
       : "memory");
 }
 
+// Stores the 3-D box at shared address `src` (written by this CTA, then fence_proxy_async and a
+// barrier) to the tensor at coordinates (c0 innermost, c1, c2); elements outside the tensor are
+// not written. The store belongs to this thread's open bulk group (bulk_commit closes it).
+__device__ __forceinline__ void tma_store_3d(const void* tmap, unsigned int src, int c0, int c1,
+                                             int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(tmap),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Waits until at most N of this thread's committed bulk groups still read their shared memory
+// (the source may then be overwritten; the global writes may still be in flight).
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+// Waits until at most N of this thread's committed bulk groups are incomplete (writes done).
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // Copies `bytes` (a multiple of 16; src and dst 16-byte aligned) from global memory into shared
 // memory at `dst`, completing on the mbarrier `bar` like a TMA box (no tensor map).
 __device__ __forceinline__ void bulk_load(unsigned int dst, const void* src, unsigned int bytes,

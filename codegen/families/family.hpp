@@ -31,6 +31,7 @@ struct KernelRequest {
   // family adds those of its tile and launch.
   std::string fields;
   std::int64_t rows = 0, cols = 0;  // weight gradients: rows x cols per expert; column sums: cols
+  bool bf16_out = false;            // weight gradients: written in bf16 (Cfg::out_bf16)
 };
 
 // The family's kernel for `request`, or nullopt where it does not apply (arch, widths, no tile).

@@ -1,5 +1,6 @@
 // Family sm90_wgrad (codegen/families/sm90_wgrad.cpp): the Hopper weight gradients,
-// Sm90WgradParams: the maps of a and b, encoded per call, then the block sm80_wgrad binds.
+// Sm90WgradParams: the maps of a and b (and of bf16 out), encoded per call, then the block
+// sm80_wgrad binds.
 #include "engine/families/operands.hpp"
 #include "engine/runtime/driver.hpp"
 #include "engine/runtime/loaded_kernel.hpp"
@@ -14,6 +15,14 @@ void* bind_sm90_wgrad(const CallTensors& call, const LoadedKernel& kernel, Param
                                        static_cast<int>(op.n)},
                                       params),
                "cuTensorMapEncodeTiled");
+  // bf16 weight gradients: the map of the TMA-store epilogue (the kernel reads it only where
+  // codegen gave it one, Cfg::tma_store_boxes; ~1 µs to encode).
+  if (call.bf16_weight_grads) {
+    check_driver(encode_sm90_wgrad_out_map(driver().cuTensorMapEncodeTiled, op.plain.out,
+                                           static_cast<int>(call.layer->experts),
+                                           static_cast<int>(op.m), static_cast<int>(op.n), params),
+                 "cuTensorMapEncodeTiled(out)");
+  }
   params.plain = op.plain;
   params.tile_counter = call.tile_counter;
   return &params;

@@ -40,7 +40,7 @@ static_assert(offsetof(Sm90Fc2DgradParams, plain.dy) == 256 &&
               offsetof(Sm90Fc2DgradParams, plain.dprobs) == 320 &&
               offsetof(Sm90Fc2DgradParams, plain.tokens) == 328 &&
               offsetof(Sm90Fc2DgradParams, tile_counter) == 352);
-static_assert(sizeof(Sm90WgradParams) == 320 && alignof(Sm90WgradParams) == 64);
+static_assert(alignof(Sm90WgradParams) == 64);
 static_assert(offsetof(Sm90WgradParams, tmap_a) == 0 && offsetof(Sm90WgradParams, tmap_b) == 128);
 static_assert(offsetof(Sm90WgradParams, plain) == 256);
 static_assert(offsetof(Sm90WgradParams, plain.a) == 256 &&
@@ -50,6 +50,7 @@ static_assert(offsetof(Sm90WgradParams, plain.a) == 256 &&
               offsetof(Sm90WgradParams, plain.tokens) == 288 &&
               offsetof(Sm90WgradParams, plain.accumulate) == 296 &&
               offsetof(Sm90WgradParams, tile_counter) == 304);
+static_assert(offsetof(Sm90WgradParams, tmap_out) == 320 && sizeof(Sm90WgradParams) == 448);
 
 // One bf16 map with 128-byte swizzle; dims/strides innermost first (strides in bytes, rank-1 of
 // them), box inner extent 64 elements.
@@ -167,6 +168,18 @@ CUresult encode_sm90_wgrad_maps(TensorMapEncodeTiledFn encode, const Sm90WgradOp
   const CUresult r = encode_2d(encode, params.tmap_a, o.a, o.tokens, o.m, 64);
   if (r != CUDA_SUCCESS) return r;
   return encode_2d(encode, params.tmap_b, o.b, o.tokens, o.n, 64);
+}
+
+CUresult encode_sm90_wgrad_out_map(TensorMapEncodeTiledFn encode, void* out, int experts, int m,
+                                   int n, gmjit::kt::Sm90WgradParams& params) {
+  if (encode == nullptr || experts <= 0 || m <= 0 || m % 8 != 0 || n <= 0 || n % 8 != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  // [E, M, N] as {N, M, E}: a box's rows past M and columns past N are not written.
+  const cuuint64_t nn = static_cast<cuuint64_t>(n), mm = static_cast<cuuint64_t>(m);
+  const cuuint64_t dims[3] = {nn, mm, static_cast<cuuint64_t>(experts)};
+  const cuuint64_t strides[2] = {nn * 2, nn * mm * 2};
+  const cuuint32_t box[3] = {64, 64, 1};
+  return encode_bf16(encode, params.tmap_out, out, 3, dims, strides, box);
 }
 
 CUresult encode_e4m3_map(TensorMapEncodeTiledFn encode, unsigned char (&out)[128], const void* base,

@@ -85,6 +85,11 @@ struct Sm90WgradOperands {
 CUresult encode_sm90_wgrad_maps(TensorMapEncodeTiledFn encode, const Sm90WgradOperands& ops,
                                 gmjit::kt::Sm90WgradParams& params);
 
+// The TMA-store epilogue's map of bf16 out [experts, m, n] (m, n multiples of 8, out 16-byte
+// aligned): 3-D {n, m, E}, box {64, 64, 1}, 128-byte swizzle. Fills params.tmap_out.
+CUresult encode_sm90_wgrad_out_map(TensorMapEncodeTiledFn encode, void* out, int experts, int m,
+                                   int n, gmjit::kt::Sm90WgradParams& params);
+
 // ---- FP8 (E4M3 bytes: sm90_fp8_gemm.cuh, sm90_fp8_wgrad.cuh) ----
 // uint8 maps, 128-byte swizzle, box inner extent 128 bytes (one K block), OOB zero-filled.
 // Any rank (dims innermost first, strides in bytes for dims 1..rank-1).

@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "codegen/embedded_templates.hpp"
 #include "codegen/emit_common.hpp"
@@ -458,6 +460,77 @@ TEST(GroupedMlpEmit, Fc2DgradDefersItsEpilogueWhereTheMainloopHidesIt) {
     setenv("GMJIT_DEFERRED_EPILOGUE", saved.c_str(), 1);
   } else {
     unsetenv("GMJIT_DEFERRED_EPILOGUE");
+  }
+}
+
+// A Cfg field's value in a generated source, or -1 where the source has no such field.
+int cfg_int(const std::string& source, const std::string& field) {
+  const std::size_t at = source.find(field + " = ");
+  return at == std::string::npos ? -1 : std::atoi(source.c_str() + at + field.size() + 3);
+}
+
+// BF16 weight gradients leave through TMA stores from staged 64-column boxes that divide the
+// tile, while the ring stays at least 4 stages deep (128 x 256 tiles: half the tile at a time);
+// fp32 ones keep the per-warp staging. GMJIT_WGRAD_TMA_STORE_BOXES forces the count (0: none)
+// and names itself when it does not divide the tile.
+TEST(GroupedMlpEmit, Bf16WeightGradientsLeaveThroughTmaStores) {
+  const char* outer = std::getenv("GMJIT_WGRAD_TMA_STORE_BOXES");
+  const std::string saved = outer != nullptr ? outer : "";
+  unsetenv("GMJIT_WGRAD_TMA_STORE_BOXES");
+  const auto wgrads = [](std::int64_t hidden, std::int64_t ffn, bool bf16) {
+    LayerSpec layer = mixtral();
+    layer.hidden = hidden;
+    layer.ffn = ffn;
+    GradientSet grads;
+    grads.bf16_weight_grads = bf16;
+    std::vector<KernelSource> out;
+    for (auto& k : emit_grouped_mlp_backward({layer, grads, "sm_90a", false})) {
+      if (k.role == KernelRole::wgrad_w1 || k.role == KernelRole::wgrad_w2) out.push_back(k);
+    }
+    return out;
+  };
+  // Column widths 4096 / 1408 / 2880 / 320 take tiles 256 / 128 / 192 / 64 wide.
+  for (const auto& [hidden, ffn] :
+       {std::pair<std::int64_t, std::int64_t>{4096, 1408}, {2880, 320}}) {
+    for (const KernelSource& k : wgrads(hidden, ffn, true)) {
+      const int boxes = cfg_int(k.source, "tma_store_boxes");
+      const int block_n = cfg_int(k.source, "block_n"), stages = cfg_int(k.source, "stages");
+      ASSERT_GT(boxes, 0) << k.entry;
+      EXPECT_EQ(block_n / 64 % boxes, 0) << k.entry;
+      EXPECT_GE(stages, 4) << k.entry;
+      if (block_n == 256) {
+        EXPECT_EQ(boxes, 2) << k.entry;
+      } else if (block_n == 192) {
+        EXPECT_EQ(boxes, 3) << k.entry;
+      }
+      EXPECT_EQ(static_cast<int>(k.launch.dynamic_smem_bytes), cfg_int(k.source, "smem_bytes"));
+      EXPECT_LE(k.launch.dynamic_smem_bytes, 232448u) << k.entry;
+    }
+    for (const KernelSource& k : wgrads(hidden, ffn, false)) {
+      EXPECT_EQ(cfg_int(k.source, "tma_store_boxes"), -1) << k.entry;
+    }
+  }
+  setenv("GMJIT_WGRAD_TMA_STORE_BOXES", "4", 1);
+  for (const KernelSource& k : wgrads(4096, 4096, true)) {
+    EXPECT_EQ(cfg_int(k.source, "tma_store_boxes"), 4) << k.entry;
+    EXPECT_EQ(cfg_int(k.source, "stages"), 3) << k.entry;
+  }
+  setenv("GMJIT_WGRAD_TMA_STORE_BOXES", "0", 1);
+  for (const KernelSource& k : wgrads(4096, 4096, true)) {
+    EXPECT_EQ(cfg_int(k.source, "tma_store_boxes"), -1) << k.entry;
+  }
+  setenv("GMJIT_WGRAD_TMA_STORE_BOXES", "3", 1);
+  try {
+    wgrads(4096, 4096, true);
+    ADD_FAILURE() << "3 boxes do not divide a 256-wide tile";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("GMJIT_WGRAD_TMA_STORE_BOXES"), std::string::npos)
+        << error.what();
+  }
+  if (outer != nullptr) {
+    setenv("GMJIT_WGRAD_TMA_STORE_BOXES", saved.c_str(), 1);
+  } else {
+    unsetenv("GMJIT_WGRAD_TMA_STORE_BOXES");
   }
 }
 

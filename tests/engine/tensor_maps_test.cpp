@@ -225,6 +225,28 @@ TEST_F(TensorMaps, WeightGradientsReadBothOperandsAlongTokens) {
   EXPECT_EQ(encoded()[1].box, (Box{64, 64}));
 }
 
+// The TMA-store epilogue writes bf16 dW [E, M, N] through a 3-D map, so that a box's rows past
+// M (a partial last M tile) are dropped at the expert's end instead of landing in the next one.
+TEST_F(TensorMaps, Bf16WeightGradientsAreStoredAsBoxesOfEachExpert) {
+  alignas(16) static unsigned char out_storage[16];
+  void* const out_ = out_storage;
+  kt::Sm90WgradParams params{};
+  ASSERT_EQ(encode_sm90_wgrad_out_map(record_encode, out_, 4, 2000, 1000, params), CUDA_SUCCESS);
+  ASSERT_EQ(encoded().size(), 1u);
+  const EncodedMap& m = encoded()[0];
+  EXPECT_EQ(m.type, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16);
+  EXPECT_EQ(m.base, out_);
+  EXPECT_EQ(m.dims, (Dims{1000, 2000, 4}));
+  EXPECT_EQ(m.strides, (Dims{1000ull * 2, 1000ull * 2000 * 2}));
+  EXPECT_EQ(m.box, (Box{64, 64, 1}));
+  EXPECT_EQ(m.swizzle, CU_TENSOR_MAP_SWIZZLE_128B);
+  // Rows that are not 16-byte aligned, and no experts, cannot be mapped.
+  EXPECT_EQ(encode_sm90_wgrad_out_map(record_encode, out_, 4, 2000, 1004, params),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(encode_sm90_wgrad_out_map(record_encode, out_, 0, 2000, 1000, params),
+            CUDA_ERROR_INVALID_VALUE);
+}
+
 // FP8 operands are E4M3 bytes: 128-byte K blocks (one swizzle row), rows along the tokens or
 // the weights' rows.
 TEST_F(TensorMaps, Fp8RowsAreBytesIn128ByteBlocks) {

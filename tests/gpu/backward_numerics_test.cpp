@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "engine/runtime/driver.hpp"
@@ -293,6 +294,32 @@ TEST(Bf16WeightGradients, ManyTilesPerCtaAndShortExperts) {
   std::int64_t tokens = 0;
   for (const std::int64_t n : splits) tokens += n;
   expect_bf16_weight_grads_are_fp32_rounded(l, splits, tokens + 7, false);
+}
+
+// The TMA-store epilogue with every staged-box count a 256-wide tile allows (1, 2 or 4 boxes of
+// 64 columns at a time: one, two or four rounds of stores per tile, the buffer reused between
+// them) and without it (0), on the same layer: bit for bit the fp32 gradients, rounded.
+TEST(Bf16WeightGradients, EveryTmaStoreBoxCountWritesTheSameGradients) {
+  GMJIT_REQUIRE_GPU();
+  const char* outer = std::getenv("GMJIT_WGRAD_TMA_STORE_BOXES");
+  const std::string saved = outer != nullptr ? outer : "";
+  LayerSpec l;
+  l.experts = 8;
+  l.hidden = 1024;
+  l.ffn = 1000;  // dW2: 256-wide tiles, the last of 232 columns; dW1: a last M tile of 80 rows
+  const std::vector<std::int64_t> splits = {300, 0, 64, 1, 650, 129, 0, 70};
+  std::int64_t tokens = 0;
+  for (const std::int64_t n : splits) tokens += n;
+  for (const char* boxes : {"1", "2", "4", "0"}) {
+    setenv("GMJIT_WGRAD_TMA_STORE_BOXES", boxes, 1);
+    SCOPED_TRACE(std::string("GMJIT_WGRAD_TMA_STORE_BOXES=") + boxes);
+    expect_bf16_weight_grads_are_fp32_rounded(l, splits, tokens, false);
+  }
+  if (outer != nullptr) {
+    setenv("GMJIT_WGRAD_TMA_STORE_BOXES", saved.c_str(), 1);
+  } else {
+    unsetenv("GMJIT_WGRAD_TMA_STORE_BOXES");
+  }
 }
 
 TEST(RecomputeOnGpu, EightStepsBuildTwoForwardPlansAndOneBackwardPlanThenOnlyHit) {
