@@ -1,6 +1,7 @@
 #include "codegen/emit_common.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -154,8 +155,10 @@ std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_
 }
 
 int sm90_fixed_smem_bytes(const TileConfig& t) {
-  // 2 consumer warpgroups x block_m / 128 m64 tiles x the boxes, 8 KiB each.
-  if (t.tma_store_boxes > 0) return 2048 + 2 * (t.block_m / 128) * t.tma_store_boxes * 8192;
+  // 2 consumer warpgroups x block_m / 128 m64 tiles x the boxes, 8 KiB each; at least 10 KiB a
+  // warpgroup, which also holds its warps' per-warp staging (TileShape::tma_store_wg_bytes).
+  if (t.tma_store_boxes > 0)
+    return 2048 + 2 * std::max((t.block_m / 128) * t.tma_store_boxes * 8192, 10240);
   if (!t.deferred_epilogue) return kSm90FixedSmemBytes;
   // 8 consumer warps x 16 rows of each of block_m / 128 m64 tiles, block_n bf16 + 16 B each.
   return 2048 + 8 * (t.block_m / 128) * 16 * (t.block_n * 2 + 16);
@@ -177,9 +180,34 @@ std::string sm90_tile_fields(const TileConfig& t) {
           : std::string());
 }
 
+int sm90_tma_store_boxes(const TileConfig& tile, std::string_view arch) {
+  const int tile_boxes = tile.block_n / 64;
+  int cap = tile_boxes;
+  if (const char* forced = std::getenv("GMJIT_TMA_STORE_BOXES")) {
+    char* end = nullptr;
+    const long n = std::strtol(forced, &end, 10);
+    if (end == forced || *end != '\0' || n < 0)
+      throw Error(Status::invalid_argument,
+                  fmt::format("GMJIT_TMA_STORE_BOXES must be a number >= 0 (the most staged "
+                              "64-column boxes per round; 0: no TMA stores), not '{}'",
+                              forced));
+    cap = static_cast<int>(std::min<long>(n, tile_boxes));
+  }
+  const int plain_stages = deepest_sm90_ring(tile, arch).stages;
+  for (int boxes = cap; boxes >= 1; --boxes) {
+    if (tile_boxes % boxes != 0) continue;
+    TileConfig with = tile;
+    with.tma_store_boxes = boxes;
+    const bool forced = std::getenv("GMJIT_TMA_STORE_BOXES") != nullptr;
+    if (forced || deepest_sm90_ring(with, arch).stages >= std::min(4, plain_stages)) return boxes;
+  }
+  return 0;
+}
+
 void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t experts) {
   launch.grid = LaunchShape::Grid::persistent;
-  launch.operands = LaunchShape::Operands::tensor_maps;
+  launch.operands = tile.tma_store_boxes > 0 ? LaunchShape::Operands::tensor_maps_out
+                                             : LaunchShape::Operands::tensor_maps;
   launch.threads = 384;
   launch.dynamic_smem_bytes = static_cast<std::uint32_t>(sm90_smem_bytes(tile));
   launch.block_m = static_cast<std::uint32_t>(tile.block_m);

@@ -59,6 +59,13 @@ int sm90_smem_bytes(const TileConfig& tile);  // the templates static_assert the
 // (docs/DECISIONS.md).
 TileConfig deepest_sm90_ring(TileConfig tile, std::string_view arch);
 std::string sm90_tile_fields(const TileConfig& tile);
+// Staged 64 x 64 boxes per m64 tile and consumer warpgroup for a TMA-store epilogue of `tile`
+// (TileConfig::tma_store_boxes): the most that divide the tile's boxes and keep the ring
+// min(4, its depth without them) deep; 128 x 256: 2 (half the tile per round). The kernels whose
+// output is plain bf16 rows take it (FC2 forward, FC1 dgrad, the BF16 weight gradients).
+// GMJIT_TMA_STORE_BOXES=N caps it at N (0: no TMA stores; A/B timing, tests);
+// Error(invalid_argument) naming the variable for a value that is not a number >= 0.
+int sm90_tma_store_boxes(const TileConfig& tile, std::string_view arch);
 // Persistent grid (one block per SM), 384 threads, operands as TMA descriptors.
 void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t experts);
 

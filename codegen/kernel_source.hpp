@@ -15,8 +15,10 @@ namespace gmjit::codegen {
 struct LaunchShape {
   enum class Grid : std::uint8_t { grouped_rows, fixed, persistent };
   // How the kernel takes its operands: plain pointers, or (Hopper kernels) TMA descriptors that
-  // the host encodes per call for block_m x block_n tiles.
-  enum class Operands : std::uint8_t { pointers, tensor_maps };
+  // the host encodes per call for block_m x block_n tiles, also of the output where the epilogue
+  // stores through TMA (tensor_maps_out: Sm90GemmParams / Sm90WgradParams::tmap_out). Stored in
+  // cache payloads: never renumber.
+  enum class Operands : std::uint8_t { pointers = 0, tensor_maps = 1, tensor_maps_out = 2 };
   Grid grid = Grid::grouped_rows;
   Operands operands = Operands::pointers;
   std::uint32_t threads = 0;

@@ -34,6 +34,9 @@ struct Sm90GemmParams {
   alignas(64) unsigned char tmap_b[128];
   GroupedGemmParams plain;     // the portable block; plain.a / plain.b are also encoded in the maps
   unsigned int* tile_counter;  // zeroed before the launch: tiles are claimed from it; null: static
+  // out [tokens, N] bf16, where the epilogue stores through TMA (Cfg::tma_store_boxes: FC2
+  // forward, FC1 dgrad); unset otherwise.
+  alignas(64) unsigned char tmap_out[128];
 };
 
 }  // namespace gmjit::kt

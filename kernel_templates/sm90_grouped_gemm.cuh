@@ -97,12 +97,17 @@ struct TileShape {
   static constexpr int deferred_row_bytes = block_n * 2 + 16;
   static constexpr int deferred_warp_bytes = mt * 16 * deferred_row_bytes;
   // TMA-store epilogue: per consumer warpgroup and m64 tile, tma_store_boxes boxes of 64 rows x
-  // 64 bf16 columns (8 KiB, 1024-aligned as the 128-byte swizzle needs).
+  // 64 bf16 columns (8 KiB, 1024-aligned as the 128-byte swizzle needs); a warpgroup's region
+  // also holds its 4 warps' per-warp staging (9 KiB, where a tile falls back to it), so it is
+  // at least 10 KiB.
   static constexpr int tma_store_boxes = TmaStoreBoxesOf<Cfg>::value;
-  static constexpr int out_stage_bytes = tma_store_boxes > 0
-                                             ? 2 * mt* tma_store_boxes * 8192
-                                             : consumer_warps*(deferred ? deferred_warp_bytes
-                                                                        : 16 * stage_row_bytes);
+  static constexpr int tma_store_box_bytes = mt * tma_store_boxes * 8192;
+  static constexpr int tma_store_wg_bytes =
+      tma_store_box_bytes > 10240 ? tma_store_box_bytes : 10240;
+  static constexpr int warp_stages_bytes =
+      consumer_warps * (deferred ? deferred_warp_bytes : 16 * stage_row_bytes);
+  static constexpr int out_stage_bytes =
+      tma_store_boxes > 0 ? 2 * tma_store_wg_bytes : warp_stages_bytes;
   // Ring + 1024 B to align it + 1024 B for 48 B per stage (2 mbarriers, a 32 B tile-info slot)
   // + epilogue staging.
   static constexpr int smem_bytes = stages * (block_m + block_n) * 128 + 2048 + out_stage_bytes;
@@ -117,6 +122,8 @@ struct TileShape {
   static_assert(stages >= 2 && stages <= 16, "stages must be in [2, 16]");
   static_assert(tma_store_boxes == 0 || (!deferred && (block_n / 64) % tma_store_boxes == 0),
                 "tma_store_boxes must divide block_n / 64 (and excludes deferred_epilogue)");
+  static_assert(tma_store_wg_bytes >= 4 * 16 * stage_row_bytes && tma_store_wg_bytes % 1024 == 0,
+                "a warpgroup's TMA-store region must hold its warps' staging, 1024-aligned");
   static_assert(Cfg::smem_bytes == smem_bytes,
                 "Cfg::smem_bytes != stages * (block_m + block_n) * 128 + 2048 + out_stage_bytes");
   static_assert(smem_bytes <= 232448, "exceeds the 227 KiB of shared memory of a CTA");
@@ -241,6 +248,54 @@ struct WarpStage {
   }
 };
 
+// A TMA-store epilogue of one consumer warpgroup (Cfg::tma_store_boxes): the warpgroup's kMt m64
+// tiles times kTileBoxes 64-column boxes leave in rounds of kBoxes boxes per m64 tile. Each round
+// waits until the previous round's boxes have been read (their stores were issued by thread 0 of
+// the warpgroup, which also waits), writes value(m, j, v) -- v[h]: the bf16x2 of n8 chunk j, row
+// half h of m64 tile m, as in a wgmma fragment -- into the boxes at `buf` (kMt * kBoxes boxes of 64
+// rows x 128 bytes, 128-byte swizzle: what a TMA map with that swizzle reads), and thread 0 then
+// calls store(m, box, smem address) for each box and closes the round's bulk group. Rounds from
+// `rounds` on are skipped (columns past the width). `bar`: a named barrier of the warpgroup's
+// 128 threads. The consumers then go on while the TMA unit writes.
+template <int kMt, int kTileBoxes, int kBoxes, class Value, class Store>
+__device__ __forceinline__ void tma_store_rounds(unsigned int buf, int bar, int rounds, Value value,
+                                                 Store store) {
+  static_assert(kBoxes > 0 && kTileBoxes % kBoxes == 0, "rounds of whole boxes");
+  const int t = static_cast<int>(threadIdx.x) & 127, lane = t & 31;
+  const int row_lo = (t >> 5) * 16 + (lane >> 2);  // the fragment's row, half 0
+#pragma unroll
+  for (int c = 0; c < kTileBoxes / kBoxes; ++c) {
+    if (c >= rounds) break;
+    if (t == 0) bulk_wait_read<0>();
+    named_barrier(bar, 128);
+#pragma unroll
+    for (int m = 0; m < kMt; ++m)
+#pragma unroll
+      for (int b = 0; b < kBoxes; ++b)
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          unsigned int v[2];
+          value(m, (c * kBoxes + b) * 8 + jj, v);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = row_lo + 8 * h;
+            const unsigned int a =
+                buf + (m * kBoxes + b) * 8192 + r * 128 + ((jj ^ (r & 7)) << 4) + (lane & 3) * 4;
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(a), "r"(v[h]) : "memory");
+          }
+        }
+    fence_proxy_async();
+    named_barrier(bar, 128);
+    if (t == 0) {
+#pragma unroll
+      for (int m = 0; m < kMt; ++m)
+#pragma unroll
+        for (int b = 0; b < kBoxes; ++b) store(m, c * kBoxes + b, buf + (m * kBoxes + b) * 8192);
+      bulk_commit();
+    }
+  }
+}
+
 // What the producer tells the consumers about the tile whose first stage carries it.
 struct TileInfo {
   long long row_begin, row_end;
@@ -296,9 +351,14 @@ struct RingOf {
     return WarpStage{full + 1024 + (warp - 4) * 16 * WarpStage::kRowBytes};
   }
   // ... or consumer warpgroup `wg`'s TMA-store boxes (`bytes` each warpgroup: TileShape's
-  // out_stage_bytes / 2), 1024-aligned since `full` is.
+  // out_stage_bytes / 2), 1024-aligned since `full` is. Where a tile cannot leave through TMA
+  // (grouped_gemm), the warpgroup's warps stage inside their own warpgroup's boxes instead.
   __device__ __forceinline__ unsigned int tma_store_buffer(int wg, int bytes) const {
     return full + 1024 + wg * bytes;
+  }
+  __device__ __forceinline__ WarpStage warp_stage_in_boxes(int warp, int bytes) const {
+    return WarpStage{tma_store_buffer(warp / 4 - 1, bytes) +
+                     (warp & 3) * 16 * WarpStage::kRowBytes};
   }
   // ... or its deferred-epilogue buffer of `warp_bytes` (TileShape::deferred_warp_bytes).
   __device__ __forceinline__ unsigned int deferred_buffer(int warp, int warp_bytes) const {
@@ -632,7 +692,12 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
   // Consumer warpgroups.
   if constexpr (!S::deferred) setmaxnreg_inc<S::consumer_regs>();
   const int wg = warp / 4 - 1;
-  const WarpStage ws = ring.warp_stage(warp);
+  constexpr int kWgBoxBytes = S::out_stage_bytes / 2;
+  const WarpStage ws =
+      S::tma_store_boxes > 0 ? ring.warp_stage_in_boxes(warp, kWgBoxBytes) : ring.warp_stage(warp);
+  if constexpr (S::tma_store_boxes > 0) {
+    if ((tid & 127) == 0) tma_prefetch_map(p.tmap_out);
+  }
   ParkingConsumer parking(handover);
   float acc[S::mt][S::regs];
 #pragma unroll
@@ -645,6 +710,10 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
     const TileInfo ti = info[stage];
     if (ti.expert == -2) {
       if constexpr (S::deferred) parking.park(ParkedTile{0, 0, -2, 0}, [] {});
+      // The last stores must have written (and read their boxes) before the CTA exits.
+      if constexpr (S::tma_store_boxes > 0) {
+        if ((tid & 127) == 0) bulk_wait<0>();
+      }
       break;
     }
     if (ti.expert < 0) {
@@ -709,6 +778,19 @@ __device__ __forceinline__ void grouped_gemm(const P& p) {
       const unsigned int buf = ring.deferred_buffer(warp, S::deferred_warp_bytes);
       parking.park(ParkedTile{ti.row_begin, ti.row_end, ti.expert, ti.tile_n},
                    [&] { Epi::defer(acc, buf); });
+    } else if constexpr (S::tma_store_boxes > 0) {
+      // TMA stores write whole 64-row boxes, clipped only at the tensor's end: a warpgroup whose
+      // rows end inside its block (an expert's last tile; the next expert's rows follow) stages
+      // per warp instead, in its own boxes once their last stores have read them.
+      const long long row0 = ti.row_begin + wg * S::mt * 64;
+      if (row0 + S::mt * 64 <= ti.row_end) {
+        Epi::store_tma(p, acc, ti.expert, ti.tile_n, row0, ring.tma_store_buffer(wg, kWgBoxBytes),
+                       2 + wg);
+      } else {
+        if ((tid & 127) == 0) bulk_wait_read<0>();
+        named_barrier(2 + wg, 128);
+        Epi::store(p, acc, rt, ti.tile_n, row0, ws);
+      }
     } else {
       Epi::store(p, acc, rt, ti.tile_n, ti.row_begin + wg * S::mt * 64, ws);
     }

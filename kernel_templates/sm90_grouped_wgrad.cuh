@@ -34,8 +34,8 @@
 //                                   p.tmap_out from this many 64 x 64 staged boxes per m64 tile
 //                                   and warpgroup (a divisor of block_n / 64; store_tma)
 //   smem_bytes               int    must equal stages * (block_m + block_n) * 128 + 2048 +
-//                                   TileShape's out_stage_bytes (18432, or 16384 * mt *
-//                                   tma_store_boxes)
+//                                   TileShape's out_stage_bytes (18432, or 2 *
+//                                   max(8192 * mt * tma_store_boxes, 10240))
 // Params: Sm90WgradParams; maps from encode_sm90_wgrad_maps (engine/families/tensor_maps.hpp),
 //   tmap_out (with tma_store_boxes) from encode_sm90_wgrad_out_map.
 // Launch: blockDim 384, gridDim (#SMs, 1, 1) (persistent; any >= 1 is correct), dynamic smem =
@@ -139,60 +139,29 @@ struct WgradEpilogue {
     }
   }
 
-  // bf16 out through TMA stores (Cfg::tma_store_boxes = kBoxes): the warpgroup writes its rows,
-  // kBoxes 64-column boxes of each m64 tile at a time, into its staging boxes at `buf` (128-byte
-  // swizzle, as the out map reads them), and its first thread stores them. The consumers go on to
-  // the next tile while the TMA unit writes, so only the shared-memory writes stay between two
+  // bf16 out through TMA stores (Cfg::tma_store_boxes): the warpgroup's rows leave in rounds
+  // of staged boxes (sm90::tma_store_rounds) through the 3-D map of out, and the consumers go on
+  // to the next tile while the TMA unit writes, so only the shared-memory writes stay between two
   // mainloops. Boxes past M or N are not stored, and the map drops the rows and columns of a box
-  // that reach past them (partial last tiles).
+  // that reach past them (partial last tiles). `bar`: the warpgroup's named barrier.
   template <class P>
   __device__ static __forceinline__ void store_tma(const P& p, float (&acc)[kMt][kRegs],
                                                    const sm90::WgradTileInfo& ti, int wg,
-                                                   unsigned int buf) {
-    using namespace sm90;
-    constexpr int kBoxes = Cfg::tma_store_boxes, kTileBoxes = Cfg::block_n / 64;
-    const int t = static_cast<int>(threadIdx.x) & 127, lane = t & 31;
-    const int bar = 2 + wg;  // this warpgroup's named barrier (1 is both consumer warpgroups')
-    // Fragment (row lane/4 + 8h of the warp's 16, n8 chunk jj of a box) -> swizzled byte offset.
-    const int row_lo = (t >> 5) * 16 + (lane >> 2);
-    const int col0 = ti.tile_n * Cfg::block_n;
+                                                   unsigned int buf, int bar) {
+    constexpr int kTileBoxes = Cfg::block_n / 64, kBoxes = Cfg::tma_store_boxes;
+    const int col0 = ti.tile_n * Cfg::block_n, row0 = ti.tile_m * Cfg::block_m + wg * kMt * 64;
+    const int rounds = (kN - col0 + kBoxes * 64 - 1) / (kBoxes * 64);
+    sm90::tma_store_rounds<kMt, kTileBoxes, kBoxes>(
+        buf, bar, rounds,
+        [&](int m, int j, unsigned int(&v)[2]) {
 #pragma unroll
-    for (int c = 0; c < kTileBoxes / kBoxes; ++c) {
-      if (col0 + c * kBoxes * 64 >= kN) break;  // partial last N tile: nothing left to store
-      if (t == 0) bulk_wait_read<0>();          // the boxes' previous stores have read them
-      named_barrier(bar, 128);
-#pragma unroll
-      for (int m = 0; m < kMt; ++m)
-#pragma unroll
-        for (int b = 0; b < kBoxes; ++b)
-#pragma unroll
-          for (int jj = 0; jj < 8; ++jj)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int j = (c * kBoxes + b) * 8 + jj, r = row_lo + 8 * h;
-              const unsigned int a =
-                  buf + (m * kBoxes + b) * 8192 + r * 128 + ((jj ^ (r & 7)) << 4) + (lane & 3) * 4;
-              asm volatile("st.shared.b32 [%0], %1;" ::"r"(a),
-                           "r"(pack_bf16x2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]))
-                           : "memory");
-            }
-      fence_proxy_async();
-      named_barrier(bar, 128);
-      if (t == 0) {
-#pragma unroll
-        for (int m = 0; m < kMt; ++m) {
-          const int row = ti.tile_m * Cfg::block_m + (wg * kMt + m) * 64;
-          if (row >= kM) continue;  // partial last M tile
-#pragma unroll
-          for (int b = 0; b < kBoxes; ++b) {
-            const int col = col0 + (c * kBoxes + b) * 64;
-            if (col < kN)
-              tma_store_3d(p.tmap_out, buf + (m * kBoxes + b) * 8192, col, row, ti.expert);
-          }
-        }
-        bulk_commit();
-      }
-    }
+          for (int h = 0; h < 2; ++h)
+            v[h] = pack_bf16x2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
+        },
+        [&](int m, int box, unsigned int src) {
+          const int row = row0 + m * 64, col = col0 + box * 64;
+          if (row < kM && col < kN) sm90::tma_store_3d(p.tmap_out, src, col, row, ti.expert);
+        });
   }
 
   // This warpgroup's rows of the tile: (m, h) -> M row tile_m*block_m + (wg*mt + m)*64 +
@@ -411,7 +380,7 @@ struct GroupedWgradSm90 {
       for (int m = 0; m < S::mt; ++m) fence_regs(acc[m]);
       if (lane == 0) mbar_arrive(empty + 8 * prev);
       if constexpr (S::tma_store_boxes > 0)
-        Epilogue::store_tma(p, acc, ti, wg, store_buf);
+        Epilogue::store_tma(p, acc, ti, wg, store_buf, 2 + wg);
       else
         Epilogue::store_staged(p, acc, ti, wg, ws);
     }

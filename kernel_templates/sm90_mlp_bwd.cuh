@@ -533,6 +533,27 @@ struct Fc1DgradSm90 {
       }
   }
 
+  // With Cfg::tma_store_boxes, where every row of the warpgroup's block belongs to the expert
+  // (grouped_gemm): dx leaves through TMA stores of its map.
+  __device__ static __forceinline__ void store_tma(const Sm90GemmParams& p,
+                                                   float (&acc)[S::mt][S::regs], int /*expert*/,
+                                                   int tile_n, long long row0, unsigned int buf,
+                                                   int bar) {
+    constexpr int kBoxes = Cfg::tma_store_boxes;
+    const int col0 = tile_n * Cfg::block_n;
+    sm90::tma_store_rounds<S::mt, Cfg::block_n / 64, kBoxes>(
+        buf, bar, (kH - col0 + kBoxes * 64 - 1) / (kBoxes * 64),
+        [&](int m, int j, unsigned int(&v)[2]) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            v[h] = pack_bf16x2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
+        },
+        [&](int m, int box, unsigned int src) {
+          const int col = col0 + box * 64;
+          if (col < kH) sm90::tma_store_2d(p.tmap_out, src, col, static_cast<int>(row0) + m * 64);
+        });
+  }
+
   __device__ static void zero_rows(const Sm90GemmParams& p, int tile_n, long long r0, long long r1,
                                    int tid, int nthreads) {
     const int c0 = tile_n * Cfg::block_n;

@@ -332,6 +332,47 @@ struct Fc2Sm90 {
     }
   }
 
+  // With Cfg::tma_store_boxes, where every row of the warpgroup's block belongs to the expert
+  // (grouped_gemm): the values store() writes, leaving through TMA stores of the map of y.
+  __device__ static __forceinline__ void store_tma(const Sm90GemmParams& p,
+                                                   float (&acc)[S::mt][S::regs], int expert,
+                                                   int tile_n, long long row0, unsigned int buf,
+                                                   int bar) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const int wrow = ((static_cast<int>(threadIdx.x) >> 5) & 3) * 16 + (lane >> 2);
+    const unsigned short* bias = Cfg::has_bias ? static_cast<const unsigned short*>(p.plain.bias) +
+                                                     static_cast<long long>(expert) * kN
+                                               : nullptr;
+    float prob[S::mt][2];
+#pragma unroll
+    for (int m = 0; m < S::mt; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        prob[m][h] = Cfg::has_probs ? p.plain.probs[row0 + m * 64 + wrow + h * 8] : 1.0f;
+    constexpr int kBoxes = Cfg::tma_store_boxes;
+    const int col0 = tile_n * Cfg::block_n;
+    sm90::tma_store_rounds<S::mt, Cfg::block_n / 64, kBoxes>(
+        buf, bar, (kNOut - col0 + kBoxes * 64 - 1) / (kBoxes * 64),
+        [&](int m, int j, unsigned int(&v)[2]) {
+          float b0 = 0.0f, b1 = 0.0f;
+          if constexpr (Cfg::has_bias) {
+            // Boxes of a partial last column tile past the width are computed but not stored:
+            // no bias read there either.
+            const int oc = col0 + j * 8 + (lane & 3) * 2;
+            if ((!kNTail && !kPartialGroup) || oc < kNOut) load_bf16x2(bias + oc, b0, b1);
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            v[h] = pack_bf16x2(acc[m][4 * j + 2 * h] + b0 * prob[m][h],
+                               acc[m][4 * j + 2 * h + 1] + b1 * prob[m][h]);
+        },
+        [&](int m, int box, unsigned int src) {
+          const int col = col0 + box * 64;
+          if (col < kNOut)
+            sm90::tma_store_2d(p.tmap_out, src, col, static_cast<int>(row0) + m * 64);
+        });
+  }
+
   __device__ static void zero_rows(const Sm90GemmParams& p, int tile_n, long long r0, long long r1,
                                    int tid, int nthreads) {
     const int c0 = tile_n * block_n_out;

@@ -85,14 +85,22 @@ __device__ __forceinline__ void tma_load_4d(unsigned int dst, const void* tmap, 
       : "memory");
 }
 
-// Stores the 3-D box at shared address `src` (written by this CTA, then fence_proxy_async and a
-// barrier) to the tensor at coordinates (c0 innermost, c1, c2); elements outside the tensor are
-// not written. The store belongs to this thread's open bulk group (bulk_commit closes it).
+// Stores the 3-D (or 2-D) box at shared address `src` (written by this CTA, then
+// fence_proxy_async and a barrier) to the tensor at coordinates (c0 innermost, ...); elements
+// outside the tensor are not written. The store joins this thread's open bulk group (bulk_commit
+// closes it).
 __device__ __forceinline__ void tma_store_3d(const void* tmap, unsigned int src, int c0, int c1,
                                              int c2) {
   asm volatile(
       "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];" ::"l"(tmap),
       "r"(src), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_store_2d(const void* tmap, unsigned int src, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(tmap),
+      "r"(src), "r"(c0), "r"(c1)
       : "memory");
 }
 

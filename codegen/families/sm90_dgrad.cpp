@@ -39,6 +39,9 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   // 1.01 ms). Each consumer warpgroup then holds two m64 tiles of 64 accumulators.
   if (tile->block_n == 128) tile->block_m = 256;
   if (fc2) tile->deferred_epilogue = deferred_epilogue_pays(r.layer.hidden);
+  // FC1 dgrad's dx leaves through TMA stores where a tile's rows all belong to its expert
+  // (Fc1DgradSm90::store_tma).
+  if (!fc2) tile->tma_store_boxes = detail::sm90_tma_store_boxes(*tile, r.arch);
   return detail::sm90_kernel(r, *tile, "sm90_mlp_bwd.cuh", fc2 ? "Fc2DgradSm90" : "Fc1DgradSm90",
                              fc2 ? "Sm90Fc2DgradParams" : "Sm90GemmParams");
 }

@@ -19,9 +19,13 @@ namespace {
 
 std::optional<KernelSource> emit(const KernelRequest& r) {
   if (!detail::sm90_allowed(r)) return std::nullopt;
-  const std::optional<TileConfig> tile = choose_sm90_tile(r.layer, r.role);
+  std::optional<TileConfig> tile = choose_sm90_tile(r.layer, r.role);
   if (!tile) return std::nullopt;
   const bool fc1 = r.role == KernelRole::fc1_forward;
+  // FC2's y (and a linear's output) leaves through TMA stores where a tile's rows all belong to
+  // its expert (Fc2Sm90::store_tma); FC1's epilogue writes the activation and the saved
+  // pre-activation, not one plain output.
+  if (!fc1) tile->tma_store_boxes = detail::sm90_tma_store_boxes(*tile, r.arch);
   return detail::sm90_kernel(r, *tile, "sm90_mlp_fwd.cuh", fc1 ? "Fc1Sm90" : "Fc2Sm90",
                              "Sm90GemmParams");
 }

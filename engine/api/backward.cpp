@@ -151,7 +151,6 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
   call.dw2 = static_cast<float*>(args.dw2.data);
   call.db2 = static_cast<float*>(args.db2.data);
   call.accumulate = args.accumulate ? 1 : 0;
-  call.bf16_weight_grads = gradients.bf16_weight_grads;
   if (fp8_dgrad) {
     call.w1t_fp8 = args.w1t_fp8.data;
     call.w1t_scales = static_cast<float*>(args.w1t_scales.data);

@@ -40,16 +40,15 @@ struct CallTensors {
   void* preact = nullptr;        // [T, F1] h between the op-by-op linear and activation
   void* act_scaled = nullptr;    // [T, F] a ⊙ p (a without router probs): FC2's input
   // Backward.
-  const void* dy = nullptr;        // [T, H] the gradient of y
-  void* dpreact = nullptr;         // [T, F1] dh
-  float* dprobs = nullptr;         // [T] fp32, zeroed before FC2 dgrad
-  void* dx = nullptr;              // [T, H]
-  float* dw1 = nullptr;            // [E, F1, H] fp32
-  float* db1 = nullptr;            // [E, F1] fp32
-  float* dw2 = nullptr;            // [E, H, F] fp32
-  float* db2 = nullptr;            // [E, H] fp32
-  int accumulate = 0;              // weight and bias gradients: 1 adds, 0 overwrites
-  bool bf16_weight_grads = false;  // dw1 and dw2 hold bf16 (then accumulate is 0)
+  const void* dy = nullptr;  // [T, H] the gradient of y
+  void* dpreact = nullptr;   // [T, F1] dh
+  float* dprobs = nullptr;   // [T] fp32, zeroed before FC2 dgrad
+  void* dx = nullptr;        // [T, H]
+  float* dw1 = nullptr;      // [E, F1, H] fp32
+  float* db1 = nullptr;      // [E, F1] fp32
+  float* dw2 = nullptr;      // [E, H, F] fp32
+  float* db2 = nullptr;      // [E, H] fp32
+  int accumulate = 0;        // weight and bias gradients: 1 adds, 0 overwrites
   // FP8 block recipe: quantized operands (E4M3) and their fp32 block scales.
   void* w1_fp8 = nullptr;       // [E, F1, H]; written by quantize_w1, read by FC1
   float* w1_scales = nullptr;   // [E, F1 / 128, H / 128]

@@ -1,6 +1,7 @@
 // Family sm90_dgrad (codegen/families/sm90_dgrad.cpp): the Hopper data gradients. Each block is
-// the maps of a (dy or dh) and b (W2 or W1), encoded per call, then the portable block that
-// sm80_dgrad binds: Sm90Fc2DgradParams for FC2 dgrad, Sm90GemmParams for FC1 dgrad.
+// the maps of a (dy or dh) and b (W2 or W1) (and of dx, where FC1 dgrad stores through TMA),
+// encoded per call, then the portable block that sm80_dgrad binds: Sm90Fc2DgradParams for FC2
+// dgrad, Sm90GemmParams for FC1 dgrad.
 #include "engine/families/operands.hpp"
 #include "engine/runtime/driver.hpp"
 #include "engine/runtime/loaded_kernel.hpp"
@@ -35,6 +36,11 @@ void* bind_sm90_dgrad(const CallTensors& call, const LoadedKernel& kernel, Param
   const kt::GroupedGemmParams fc1 = gemm_operands(kernel.role(), call).plain;
   auto& params = storage.emplace<kt::Sm90GemmParams>();
   encode_maps(fc1.a, fc1.tokens, l.fc1_out(), fc1.b, l.hidden, call, kernel, params);
+  if (kernel.launch_shape().operands == codegen::LaunchShape::Operands::tensor_maps_out) {
+    check_driver(encode_sm90_rows_out_map(driver().cuTensorMapEncodeTiled, fc1.out, fc1.tokens,
+                                          static_cast<int>(l.hidden), params.tmap_out),
+                 "cuTensorMapEncodeTiled(dx)");
+  }
   params.plain = fc1;
   params.tile_counter = call.tile_counter;
   return &params;

@@ -15,9 +15,8 @@ void* bind_sm90_wgrad(const CallTensors& call, const LoadedKernel& kernel, Param
                                        static_cast<int>(op.n)},
                                       params),
                "cuTensorMapEncodeTiled");
-  // bf16 weight gradients: the map of the TMA-store epilogue (the kernel reads it only where
-  // codegen gave it one, Cfg::tma_store_boxes; ~1 µs to encode).
-  if (call.bf16_weight_grads) {
+  // The map of bf16 out, where the kernel's epilogue stores through TMA (Cfg::tma_store_boxes).
+  if (kernel.launch_shape().operands == codegen::LaunchShape::Operands::tensor_maps_out) {
     check_driver(encode_sm90_wgrad_out_map(driver().cuTensorMapEncodeTiled, op.plain.out,
                                            static_cast<int>(call.layer->experts),
                                            static_cast<int>(op.m), static_cast<int>(op.n), params),

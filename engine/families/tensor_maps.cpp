@@ -13,7 +13,7 @@ namespace {
 using gmjit::kt::Sm90Fc2DgradParams;
 using gmjit::kt::Sm90GemmParams;
 using gmjit::kt::Sm90WgradParams;
-static_assert(sizeof(Sm90GemmParams) == 384 && alignof(Sm90GemmParams) == 64);
+static_assert(sizeof(Sm90GemmParams) == 512 && alignof(Sm90GemmParams) == 64);
 static_assert(offsetof(Sm90GemmParams, tmap_a) == 0 && offsetof(Sm90GemmParams, tmap_b) == 128);
 static_assert(offsetof(Sm90GemmParams, plain) == 256);
 static_assert(offsetof(Sm90GemmParams, plain.a) == 256 &&
@@ -24,7 +24,8 @@ static_assert(offsetof(Sm90GemmParams, plain.a) == 256 &&
               offsetof(Sm90GemmParams, plain.out) == 296 &&
               offsetof(Sm90GemmParams, plain.preact_out) == 304 &&
               offsetof(Sm90GemmParams, plain.tokens) == 312 &&
-              offsetof(Sm90GemmParams, tile_counter) == 320);
+              offsetof(Sm90GemmParams, tile_counter) == 320 &&
+              offsetof(Sm90GemmParams, tmap_out) == 384);
 static_assert(sizeof(Sm90Fc2DgradParams) == 384 && alignof(Sm90Fc2DgradParams) == 64);
 static_assert(offsetof(Sm90Fc2DgradParams, tmap_a) == 0 &&
               offsetof(Sm90Fc2DgradParams, tmap_b) == 128);
@@ -168,6 +169,12 @@ CUresult encode_sm90_wgrad_maps(TensorMapEncodeTiledFn encode, const Sm90WgradOp
   const CUresult r = encode_2d(encode, params.tmap_a, o.a, o.tokens, o.m, 64);
   if (r != CUDA_SUCCESS) return r;
   return encode_2d(encode, params.tmap_b, o.b, o.tokens, o.n, 64);
+}
+
+CUresult encode_sm90_rows_out_map(TensorMapEncodeTiledFn encode, void* out, long long rows,
+                                  int cols, unsigned char (&tmap_out)[128]) {
+  if (encode == nullptr || cols <= 0 || cols % 8 != 0 || rows < 0) return CUDA_ERROR_INVALID_VALUE;
+  return encode_2d(encode, tmap_out, out, rows, cols, 64);
 }
 
 CUresult encode_sm90_wgrad_out_map(TensorMapEncodeTiledFn encode, void* out, int experts, int m,

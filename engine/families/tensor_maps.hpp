@@ -85,6 +85,13 @@ struct Sm90WgradOperands {
 CUresult encode_sm90_wgrad_maps(TensorMapEncodeTiledFn encode, const Sm90WgradOperands& ops,
                                 gmjit::kt::Sm90WgradParams& params);
 
+// The TMA-store epilogue's map of bf16 out [rows, cols] (FC2 forward's y, FC1 dgrad's dx; cols a
+// multiple of 8, out 16-byte aligned; rows 0 allowed: one row, never written): 2-D {cols, rows},
+// box {64, 64}, 128-byte swizzle. The kernel stores only boxes whose rows all belong to the tile's
+// expert: the map clips at the tensor's end, not at an expert's.
+CUresult encode_sm90_rows_out_map(TensorMapEncodeTiledFn encode, void* out, long long rows,
+                                  int cols, unsigned char (&tmap_out)[128]);
+
 // The TMA-store epilogue's map of bf16 out [experts, m, n] (m, n multiples of 8, out 16-byte
 // aligned): 3-D {n, m, E}, box {64, 64, 1}, 128-byte swizzle. Fills params.tmap_out.
 CUresult encode_sm90_wgrad_out_map(TensorMapEncodeTiledFn encode, void* out, int experts, int m,

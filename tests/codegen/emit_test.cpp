@@ -189,7 +189,7 @@ TEST(GroupedMlpEmit, Sm90aGetsPersistentTensorMapKernelsWhereDimsAllow) {
   const auto hopper = emit_grouped_mlp_forward({mixtral(), false, "sm_90a", false});
   for (const auto& k : hopper) {
     EXPECT_EQ(k.launch.grid, LaunchShape::Grid::persistent) << k.entry;
-    EXPECT_EQ(k.launch.operands, LaunchShape::Operands::tensor_maps) << k.entry;
+    EXPECT_NE(k.launch.operands, LaunchShape::Operands::pointers) << k.entry;
     EXPECT_NE(k.source.find("sm90_mlp_fwd.cuh"), std::string::npos);
   }
   const auto portable = emit_grouped_mlp_forward({mixtral(), false, "sm_90a", true});
@@ -221,7 +221,7 @@ TEST(GroupedMlpEmit, Sm90aTakesHopperKernelsForEveryMultipleOf64) {
       layer.fc1_bias = layer.fc2_bias = layer.router_probs = true;
       const auto fwd = emit_grouped_mlp_forward({layer, true, "sm_90a", false});
       for (const auto& k : fwd) {
-        EXPECT_EQ(k.launch.operands, LaunchShape::Operands::tensor_maps) << k.entry;
+        EXPECT_NE(k.launch.operands, LaunchShape::Operands::pointers) << k.entry;
         EXPECT_TRUE(k.entry.ends_with("_sm90")) << k.entry;
         EXPECT_EQ(static_cast<int>(k.launch.block_n), sm90_block_n(k)) << k.entry;
       }
@@ -231,7 +231,7 @@ TEST(GroupedMlpEmit, Sm90aTakesHopperKernelsForEveryMultipleOf64) {
       all.db1 = all.db2 = true;
       for (const auto& k : emit_grouped_mlp_backward({layer, all, "sm_90a", false})) {
         if (k.role == KernelRole::bgrad_b1 || k.role == KernelRole::bgrad_b2) continue;
-        EXPECT_EQ(k.launch.operands, LaunchShape::Operands::tensor_maps) << k.entry;
+        EXPECT_NE(k.launch.operands, LaunchShape::Operands::pointers) << k.entry;
         EXPECT_TRUE(k.entry.ends_with("_sm90")) << k.entry;
         const bool wgrad = k.role == KernelRole::wgrad_w1 || k.role == KernelRole::wgrad_w2;
         EXPECT_EQ(sm90_block_n(k), wgrad ? dividing : partial) << k.entry;
@@ -347,7 +347,7 @@ TEST(GroupedMlpEmit, WidthsThatAreNotMultiplesOf64TakeTheHopperKernelsWithPartia
   const auto hopper = emit_grouped_mlp_forward({layer, true, "sm_90a", false});
   ASSERT_EQ(hopper.size(), 2u);
   for (const auto& k : hopper) {
-    EXPECT_EQ(k.launch.operands, LaunchShape::Operands::tensor_maps) << k.entry;
+    EXPECT_NE(k.launch.operands, LaunchShape::Operands::pointers) << k.entry;
     EXPECT_EQ(k.launch.block_n, 256u) << k.entry;
   }
   const auto fwd = emit_grouped_mlp_forward({layer, false, "sm_80", false});
@@ -358,9 +358,7 @@ TEST(GroupedMlpEmit, WidthsThatAreNotMultiplesOf64TakeTheHopperKernelsWithPartia
   all.db1 = all.db2 = true;
   for (const auto& k : emit_grouped_mlp_backward({layer, all, "sm_90a", false})) {
     const bool bias_grad = k.role == KernelRole::bgrad_b1 || k.role == KernelRole::bgrad_b2;
-    EXPECT_EQ(k.launch.operands,
-              bias_grad ? LaunchShape::Operands::pointers : LaunchShape::Operands::tensor_maps)
-        << k.entry;
+    EXPECT_EQ(k.launch.operands == LaunchShape::Operands::pointers, bias_grad) << k.entry;
   }
 }
 
@@ -379,8 +377,8 @@ TEST(GroupedMlpEmit, GptOssWidthsTakeHopperKernelsWithPartialLastTiles) {
   layer.activation.kind = Activation::clamped_swiglu;
   const auto kernels = emit_grouped_mlp_forward({layer, false, "sm_90a", false});
   // GLU FC1 emits 128 columns per 256-row B tile (2880 = 22.5 x 128); FC2: 2880 = 11.25 x 256.
-  EXPECT_EQ(kernels[0].launch.operands, LaunchShape::Operands::tensor_maps);
-  EXPECT_EQ(kernels[1].launch.operands, LaunchShape::Operands::tensor_maps);
+  EXPECT_NE(kernels[0].launch.operands, LaunchShape::Operands::pointers);
+  EXPECT_NE(kernels[1].launch.operands, LaunchShape::Operands::pointers);
   EXPECT_EQ(kernels[0].launch.block_n, 256u);
   EXPECT_EQ(kernels[1].launch.block_n, 256u);
   EXPECT_EQ(kernels[1].entry, "gmjit_fc2_fwd_e8_h2880_f2880_sm90");
@@ -391,12 +389,14 @@ TEST(GroupedMlpEmit, GptOssWidthsTakeHopperKernelsWithPartialLastTiles) {
       EXPECT_TRUE(k.role == KernelRole::bgrad_b1 || k.role == KernelRole::bgrad_b2) << k.entry;
       continue;
     }
-    // The data gradients: 256 wide, the last column tile partial (4 stages); the weight
-    // gradients: 2880 = 15 x 192 (5 stages).
+    // The data gradients: 256 wide, the last column tile partial (4 stages; FC1 dgrad's dx
+    // through TMA stores from 2 staged boxes per warpgroup, 32 KiB, in place of the 18 KiB
+    // per-warp staging); the weight gradients (fp32): 2880 = 15 x 192 (5 stages).
     const bool wgrad = k.role == KernelRole::wgrad_w1 || k.role == KernelRole::wgrad_w2;
     const unsigned block_n = wgrad ? 192u : 256u, stages = wgrad ? 5u : 4u;
+    const unsigned staging = k.role == KernelRole::fc1_dgrad ? 2048u + 32768u : 20480u;
     EXPECT_EQ(k.launch.block_n, block_n) << k.entry;
-    EXPECT_EQ(k.launch.dynamic_smem_bytes, stages * (128 + block_n) * 128 + 20480) << k.entry;
+    EXPECT_EQ(k.launch.dynamic_smem_bytes, stages * (128 + block_n) * 128 + staging) << k.entry;
   }
 }
 
@@ -471,12 +471,12 @@ int cfg_int(const std::string& source, const std::string& field) {
 
 // BF16 weight gradients leave through TMA stores from staged 64-column boxes that divide the
 // tile, while the ring stays at least 4 stages deep (128 x 256 tiles: half the tile at a time);
-// fp32 ones keep the per-warp staging. GMJIT_WGRAD_TMA_STORE_BOXES forces the count (0: none)
-// and names itself when it does not divide the tile.
+// fp32 ones keep the per-warp staging. GMJIT_TMA_STORE_BOXES caps the count (0: none) and names
+// itself when it is not a number.
 TEST(GroupedMlpEmit, Bf16WeightGradientsLeaveThroughTmaStores) {
-  const char* outer = std::getenv("GMJIT_WGRAD_TMA_STORE_BOXES");
+  const char* outer = std::getenv("GMJIT_TMA_STORE_BOXES");
   const std::string saved = outer != nullptr ? outer : "";
-  unsetenv("GMJIT_WGRAD_TMA_STORE_BOXES");
+  unsetenv("GMJIT_TMA_STORE_BOXES");
   const auto wgrads = [](std::int64_t hidden, std::int64_t ffn, bool bf16) {
     LayerSpec layer = mixtral();
     layer.hidden = hidden;
@@ -510,28 +510,63 @@ TEST(GroupedMlpEmit, Bf16WeightGradientsLeaveThroughTmaStores) {
       EXPECT_EQ(cfg_int(k.source, "tma_store_boxes"), -1) << k.entry;
     }
   }
-  setenv("GMJIT_WGRAD_TMA_STORE_BOXES", "4", 1);
+  setenv("GMJIT_TMA_STORE_BOXES", "4", 1);
   for (const KernelSource& k : wgrads(4096, 4096, true)) {
     EXPECT_EQ(cfg_int(k.source, "tma_store_boxes"), 4) << k.entry;
     EXPECT_EQ(cfg_int(k.source, "stages"), 3) << k.entry;
   }
-  setenv("GMJIT_WGRAD_TMA_STORE_BOXES", "0", 1);
+  setenv("GMJIT_TMA_STORE_BOXES", "0", 1);
   for (const KernelSource& k : wgrads(4096, 4096, true)) {
     EXPECT_EQ(cfg_int(k.source, "tma_store_boxes"), -1) << k.entry;
   }
-  setenv("GMJIT_WGRAD_TMA_STORE_BOXES", "3", 1);
+  setenv("GMJIT_TMA_STORE_BOXES", "3", 1);  // at most 3: 2 divide the tile's 4
+  for (const KernelSource& k : wgrads(4096, 4096, true)) {
+    EXPECT_EQ(cfg_int(k.source, "tma_store_boxes"), 2) << k.entry;
+  }
+  setenv("GMJIT_TMA_STORE_BOXES", "two", 1);
   try {
     wgrads(4096, 4096, true);
-    ADD_FAILURE() << "3 boxes do not divide a 256-wide tile";
+    ADD_FAILURE() << "GMJIT_TMA_STORE_BOXES=two must be rejected";
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("GMJIT_WGRAD_TMA_STORE_BOXES"), std::string::npos)
+    EXPECT_NE(std::string(error.what()).find("GMJIT_TMA_STORE_BOXES"), std::string::npos)
         << error.what();
   }
   if (outer != nullptr) {
-    setenv("GMJIT_WGRAD_TMA_STORE_BOXES", saved.c_str(), 1);
+    setenv("GMJIT_TMA_STORE_BOXES", saved.c_str(), 1);
   } else {
-    unsetenv("GMJIT_WGRAD_TMA_STORE_BOXES");
+    unsetenv("GMJIT_TMA_STORE_BOXES");
   }
+}
+
+// The plain bf16 outputs of the grouped GEMMs leave through TMA stores too: FC2 forward's y and
+// FC1 dgrad's dx; FC1 forward (activation and saved pre-activation) and FC2 dgrad (dh and a ⊙ p)
+// keep their epilogues. Their launches say so (the engine then encodes the output's map).
+TEST(GroupedMlpEmit, PlainBf16OutputsLeaveThroughTmaStores) {
+  const char* outer = std::getenv("GMJIT_TMA_STORE_BOXES");
+  const std::string saved = outer != nullptr ? outer : "";
+  unsetenv("GMJIT_TMA_STORE_BOXES");
+  LayerSpec layer = mixtral();
+  layer.hidden = 2880;
+  layer.ffn = 1408;
+  std::vector<KernelSource> kernels = emit_grouped_mlp_forward({layer, true, "sm_90a"});
+  for (auto& k : emit_grouped_mlp_backward({layer, GradientSet{}, "sm_90a", false})) {
+    kernels.push_back(k);
+  }
+  int stored = 0;
+  for (const KernelSource& k : kernels) {
+    const bool tma = cfg_int(k.source, "tma_store_boxes") > 0;
+    const bool plain = k.role == KernelRole::fc2_forward || k.role == KernelRole::fc1_dgrad;
+    if (k.launch.operands == LaunchShape::Operands::pointers) continue;  // bias gradients
+    EXPECT_EQ(tma, plain) << k.entry;
+    EXPECT_EQ(k.launch.operands == LaunchShape::Operands::tensor_maps_out, tma) << k.entry;
+    EXPECT_LE(k.launch.dynamic_smem_bytes, 232448u) << k.entry;
+    if (tma) {
+      EXPECT_GE(cfg_int(k.source, "stages"), 4) << k.entry;
+    }
+    stored += tma;
+  }
+  EXPECT_EQ(stored, 2);
+  if (outer != nullptr) setenv("GMJIT_TMA_STORE_BOXES", saved.c_str(), 1);
 }
 
 TEST(GroupedMlpEmit, InterleavedGluNeedsFfnMultipleOf32) {
