@@ -103,7 +103,7 @@ const std::set<std::string>& known_fields() {
   static const std::set<std::string> fields = {
       "name",   "experts",    "hidden",   "ffn",      "activation",   "limit",
       "alpha",  "glu_layout", "fc1_bias", "fc2_bias", "router_probs", "split_dtype",
-      "recipe", "grad",       "backward", "arches"};
+      "recipe", "grad",       "backward", "weight_grads", "arches"};
   return fields;
 }
 
@@ -174,6 +174,23 @@ CompileSpec parse_entry(const json& entry, std::size_t index,
     common.db1 = layer.fc1_bias;
     common.db2 = layer.fc2_bias;
     spec.backward.push_back(common);
+  }
+  // dW1 and dW2 in fp32 (main-grad buffers, the C and C++ callers'), in bf16 (what the PyTorch op
+  // hands autograd for bf16 weights: different kernels), or both. Sets without dw1 or dw2 keep
+  // their one plan.
+  const std::string weight_grads =
+      text(entry, where, "weight_grads", {"fp32", "bf16", "both"}, "fp32");
+  if (weight_grads != "fp32") {
+    std::vector<GradientSet> sets;
+    for (GradientSet set : spec.backward) {
+      const bool has_weight_grads = set.dw1 || set.dw2;
+      if (weight_grads == "both" || !has_weight_grads) sets.push_back(set);
+      if (has_weight_grads) {
+        set.bf16_weight_grads = true;
+        sets.push_back(set);
+      }
+    }
+    spec.backward = std::move(sets);
   }
   if (entry.contains("arches")) {
     const json& arches = entry.at("arches");
@@ -302,7 +319,7 @@ CompileReport compile_specs(const std::vector<CompileSpec>& specs, bool print) {
                engine.prepare(spec.layer, spec.recipe, GradMode::grad, arch).kernel_names.size());
           ++report.plans;
           for (const GradientSet& gradients : spec.backward) {
-            line(spec, arch, "backward",
+            line(spec, arch, gradients.bf16_weight_grads ? "bwd bf16" : "backward",
                  engine.prepare_backward(spec.layer, spec.recipe, gradients, arch)
                      .kernel_names.size());
             ++report.plans;

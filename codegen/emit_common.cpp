@@ -182,8 +182,9 @@ std::string sm90_tile_fields(const TileConfig& t) {
 
 int sm90_tma_store_boxes(const TileConfig& tile, std::string_view arch) {
   const int tile_boxes = tile.block_n / 64;
+  const char* forced = std::getenv("GMJIT_TMA_STORE_BOXES");
   int cap = tile_boxes;
-  if (const char* forced = std::getenv("GMJIT_TMA_STORE_BOXES")) {
+  if (forced != nullptr) {
     char* end = nullptr;
     const long n = std::strtol(forced, &end, 10);
     if (end == forced || *end != '\0' || n < 0)
@@ -193,13 +194,13 @@ int sm90_tma_store_boxes(const TileConfig& tile, std::string_view arch) {
                               forced));
     cap = static_cast<int>(std::min<long>(n, tile_boxes));
   }
-  const int plain_stages = deepest_sm90_ring(tile, arch).stages;
+  // A forced cap takes the largest divisor under it whatever the ring keeps (A/B timing).
+  const int min_stages = std::min(4, deepest_sm90_ring(tile, arch).stages);
   for (int boxes = cap; boxes >= 1; --boxes) {
     if (tile_boxes % boxes != 0) continue;
     TileConfig with = tile;
     with.tma_store_boxes = boxes;
-    const bool forced = std::getenv("GMJIT_TMA_STORE_BOXES") != nullptr;
-    if (forced || deepest_sm90_ring(with, arch).stages >= std::min(4, plain_stages)) return boxes;
+    if (forced != nullptr || deepest_sm90_ring(with, arch).stages >= min_stages) return boxes;
   }
   return 0;
 }

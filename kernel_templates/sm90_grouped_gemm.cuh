@@ -7,7 +7,8 @@
 //                B (block_n x 64) into a `stages`-deep ring; 128-byte swizzle, K-major
 //   warpgroups 1, 2  consumers: each owns block_m / 2 rows of the tile (block_m / 128 wgmma
 //                m64 tiles) times all block_n columns, issues wgmma from shared memory, and runs
-//                the epilogue (outputs leave through a per-warp smem buffer as 16-byte stores)
+//                the epilogue (outputs leave through a per-warp smem buffer as 16-byte stores,
+//                or with Cfg::tma_store_boxes as TMA stores of staged boxes: tma_store_rounds)
 // Ring protocol: full[s] (1 arrive + TMA transaction bytes) and empty[s] (one arrive per consumer
 // warp after its wgmma reading stage s retired). The producer runs ahead into the next tile while
 // the consumers store, so loads overlap the epilogue.
@@ -55,9 +56,10 @@ struct DeferredEpilogueOf<Cfg, decltype(void(Cfg::deferred_epilogue))> {
   static constexpr bool value = Cfg::deferred_epilogue;
 };
 
-// Optional Cfg field `static constexpr int tma_store_boxes = B` (codegen writes it for the BF16
-// weight gradients): the epilogue leaves through TMA stores from B staged 64 x 64 bf16 boxes per
-// m64 tile and consumer warpgroup (WgradEpilogue::store_tma) instead of the per-warp buffers.
+// Optional Cfg field `static constexpr int tma_store_boxes = B` (codegen writes it where the
+// output is plain bf16: FC2 forward, FC1 dgrad, the BF16 weight gradients): the epilogue leaves
+// through TMA stores from B staged 64 x 64 bf16 boxes per m64 tile and consumer warpgroup
+// (tma_store_rounds) instead of the per-warp buffers.
 template <class Cfg, class = void>
 struct TmaStoreBoxesOf {
   static constexpr int value = 0;
@@ -312,7 +314,10 @@ struct TileInfo {
 //   store(p, acc, rt, tile_n, row0, ws): epilogue of one consumer warpgroup, rows from row0,
 //     ws = this warp's output staging buffer,
 //   zero_rows(p, tile_n, r0, r1, tid, nthreads): tail rows of the column tile set to zero
-//     (tail_rows.cuh).
+//     (tail_rows.cuh),
+//   with Cfg::tma_store_boxes also store_tma(p, acc, expert, tile_n, row0, buf, bar): the
+//     warpgroup's rows through TMA stores of p.tmap_out (tma_store_rounds), called only where
+//     all of them belong to the expert.
 // Optional: `static constexpr bool kBMnMajor = true` when load_b writes B as MN-major boxes of
 // {64 N, 64 K} (8 KiB each, block_n / 64 of them; backward dgrad reading W [K, N] row-major); the
 // default is K-major B (block_n rows x 64 K). P: Sm90GemmParams or any params struct with

@@ -59,6 +59,36 @@ TEST(Specs, EveryFieldIsRead) {
   EXPECT_EQ(s.arches, (std::vector<std::string>{"sm_80", "sm_90a"}));
 }
 
+// The PyTorch op writes bf16 weight gradients (other kernels than the fp32 ones): "bf16" prepares
+// those, "both" both; gradient sets without dw1 or dw2 are prepared once either way.
+TEST(Specs, WeightGradientsInBf16ForThePyTorchOp) {
+  const auto parse = [](const std::string& extra) {
+    return parse_specs(json::parse(R"([{"experts": 8, "hidden": 256, "ffn": 128,
+        "backward": [["dx", "dw1", "dw2"], ["dx"]])" +
+                                   extra + "}]"),
+                       kDefaultArches);
+  };
+  const GradientSet all{true, true, false, true, false};
+  const GradientSet dx_only{true, false, false, false, false};
+  GradientSet all_bf16 = all;
+  all_bf16.bf16_weight_grads = true;
+  const auto bits = [](const std::vector<GradientSet>& sets) {
+    std::vector<unsigned> out;
+    for (const GradientSet& s : sets) out.push_back(s.bits());
+    return out;
+  };
+  using Bits = std::vector<unsigned>;
+  EXPECT_EQ(bits(parse("").at(0).backward), (Bits{all.bits(), dx_only.bits()}));
+  EXPECT_EQ(bits(parse(R"(, "weight_grads": "bf16")").at(0).backward),
+            (Bits{all_bf16.bits(), dx_only.bits()}));
+  EXPECT_EQ(bits(parse(R"(, "weight_grads": "both")").at(0).backward),
+            (Bits{all.bits(), all_bf16.bits(), dx_only.bits()}));
+  EXPECT_NE(error_of(json::parse(R"([{"experts": 8, "hidden": 256, "ffn": 128,
+                                      "weight_grads": "fp16"}])"))
+                .find("specs[0].weight_grads"),
+            std::string::npos);
+}
+
 TEST(Specs, DefaultsAreBothGradModesTheCommonBackwardAndTheDefaultArches) {
   const std::vector<CompileSpec> specs = parse_specs(
       json::parse(R"({"layers": [{"experts": 8, "hidden": 256, "ffn": 128, "fc2_bias": true}]})"),
