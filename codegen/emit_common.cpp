@@ -183,6 +183,7 @@ std::string sm90_tile_fields(const TileConfig& t) {
 int sm90_tma_store_boxes(const TileConfig& tile, std::string_view arch) {
   const int tile_boxes = tile.block_n / 64;
   const char* forced = std::getenv("GMJIT_TMA_STORE_BOXES");
+  if (forced != nullptr && *forced == '\0') forced = nullptr;  // set but empty: unset
   int cap = tile_boxes;
   if (forced != nullptr) {
     char* end = nullptr;

@@ -50,8 +50,9 @@ struct TileConfig {
   // 18 KiB staging) and the producer warpgroup's 3 idle warps run its epilogue during the next
   // tile's mainloop (sm90_grouped_gemm.cuh, run_epilogue_warps).
   bool deferred_epilogue = false;
-  // Hopper BF16 weight gradients only: the epilogue stores through TMA from this many staged
-  // 64 x 64 boxes per m64 tile and consumer warpgroup (0: the per-warp staging).
+  // Hopper kernels with a plain bf16 output (FC2 forward and op-by-op linears, FC1 dgrad, the BF16
+  // weight gradients): the epilogue stores through TMA from this many staged 64 x 64 boxes per
+  // m64 tile and consumer warpgroup (0: the per-warp staging).
   int tma_store_boxes = 0;
 
   int threads() const { return 32 * warps_m * warps_n; }

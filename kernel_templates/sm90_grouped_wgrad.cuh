@@ -226,6 +226,8 @@ struct GroupedWgradSm90 {
   static constexpr int threads = S::threads;
   static constexpr int smem_bytes = S::smem_bytes;
   static_assert(kM % 8 == 0 && kN % 8 == 0, "rows and cols must be multiples of 8");
+  static_assert(S::tma_store_boxes == 0 || OutBf16<Cfg>::value,
+                "tma_store_boxes stores bf16: it needs out_bf16 (fp32 out keeps the staging)");
   using Epilogue = WgradEpilogue<Cfg, S::mt, S::regs>;
 
   // A boxes (64 M rows of out each) of M tile `tile_m` that start inside M: all of them except in

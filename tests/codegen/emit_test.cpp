@@ -566,6 +566,11 @@ TEST(GroupedMlpEmit, PlainBf16OutputsLeaveThroughTmaStores) {
     stored += tma;
   }
   EXPECT_EQ(stored, 2);
+  // An op-by-op linear writes plain bf16 rows too (Fc2Sm90).
+  const KernelSource linear = emit_grouped_linear(
+      {layer.experts, layer.hidden, layer.fc1_out(), false, false, DType::i64, "sm_90a", false});
+  EXPECT_GT(cfg_int(linear.source, "tma_store_boxes"), 0) << linear.entry;
+  EXPECT_EQ(linear.launch.operands, LaunchShape::Operands::tensor_maps_out) << linear.entry;
   if (outer != nullptr) setenv("GMJIT_TMA_STORE_BOXES", saved.c_str(), 1);
 }
 
