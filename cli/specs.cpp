@@ -101,8 +101,8 @@ GradientSet gradient_set(const json& value, const std::string& where, const Laye
 
 const std::set<std::string>& known_fields() {
   static const std::set<std::string> fields = {
-      "name",   "experts",    "hidden",   "ffn",      "activation",   "limit",
-      "alpha",  "glu_layout", "fc1_bias", "fc2_bias", "router_probs", "split_dtype",
+      "name",   "experts",    "hidden",   "ffn",          "activation",   "limit",
+      "alpha",  "glu_layout", "fc1_bias", "fc2_bias",     "router_probs", "split_dtype",
       "recipe", "grad",       "backward", "weight_grads", "arches"};
   return fields;
 }
