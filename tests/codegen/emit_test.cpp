@@ -10,6 +10,7 @@
 #include "codegen/emit_common.hpp"
 #include "codegen/grouped_mlp.hpp"
 #include "gmjit/error.hpp"
+#include "testing/scoped_env.hpp"
 
 namespace gmjit::codegen {
 namespace {
@@ -445,22 +446,16 @@ TEST(GroupedMlpEmit, Fc2DgradDefersItsEpilogueWhereTheMainloopHidesIt) {
     return fc2;
   };
   // The caller's setting, put back at the end.
-  const char* outer = std::getenv("GMJIT_DEFERRED_EPILOGUE");
-  const std::string saved = outer != nullptr ? outer : "";
-  unsetenv("GMJIT_DEFERRED_EPILOGUE");
+  const testing::ScopedEnv deferral("GMJIT_DEFERRED_EPILOGUE");  // the caller's value is put back
+  deferral.unset();
   EXPECT_FALSE(deferred(2048));
   EXPECT_FALSE(deferred(2880));
   EXPECT_TRUE(deferred(4096));
   EXPECT_TRUE(deferred(7168));
-  setenv("GMJIT_DEFERRED_EPILOGUE", "1", 1);
+  deferral.set("1");
   EXPECT_TRUE(deferred(256));
-  setenv("GMJIT_DEFERRED_EPILOGUE", "0", 1);
+  deferral.set("0");
   EXPECT_FALSE(deferred(4096));
-  if (outer != nullptr) {
-    setenv("GMJIT_DEFERRED_EPILOGUE", saved.c_str(), 1);
-  } else {
-    unsetenv("GMJIT_DEFERRED_EPILOGUE");
-  }
 }
 
 // A Cfg field's value in a generated source, or -1 where the source has no such field.
@@ -474,9 +469,9 @@ int cfg_int(const std::string& source, const std::string& field) {
 // fp32 ones keep the per-warp staging. GMJIT_TMA_STORE_BOXES caps the count (0: none) and names
 // itself when it is not a number.
 TEST(GroupedMlpEmit, Bf16WeightGradientsLeaveThroughTmaStores) {
-  const char* outer = std::getenv("GMJIT_TMA_STORE_BOXES");
-  const std::string saved = outer != nullptr ? outer : "";
-  unsetenv("GMJIT_TMA_STORE_BOXES");
+  const testing::ScopedEnv tma_store_boxes(
+      "GMJIT_TMA_STORE_BOXES");  // the caller's value is put back
+  tma_store_boxes.unset();
   const auto wgrads = [](std::int64_t hidden, std::int64_t ffn, bool bf16) {
     LayerSpec layer = mixtral();
     layer.hidden = hidden;
@@ -510,20 +505,20 @@ TEST(GroupedMlpEmit, Bf16WeightGradientsLeaveThroughTmaStores) {
       EXPECT_EQ(cfg_int(k.source, "tma_store_boxes"), -1) << k.entry;
     }
   }
-  setenv("GMJIT_TMA_STORE_BOXES", "4", 1);
+  tma_store_boxes.set("4");
   for (const KernelSource& k : wgrads(4096, 4096, true)) {
     EXPECT_EQ(cfg_int(k.source, "tma_store_boxes"), 4) << k.entry;
     EXPECT_EQ(cfg_int(k.source, "stages"), 3) << k.entry;
   }
-  setenv("GMJIT_TMA_STORE_BOXES", "0", 1);
+  tma_store_boxes.set("0");
   for (const KernelSource& k : wgrads(4096, 4096, true)) {
     EXPECT_EQ(cfg_int(k.source, "tma_store_boxes"), -1) << k.entry;
   }
-  setenv("GMJIT_TMA_STORE_BOXES", "3", 1);  // at most 3: 2 divide the tile's 4
+  tma_store_boxes.set("3");  // at most 3: 2 divide the tile's 4
   for (const KernelSource& k : wgrads(4096, 4096, true)) {
     EXPECT_EQ(cfg_int(k.source, "tma_store_boxes"), 2) << k.entry;
   }
-  setenv("GMJIT_TMA_STORE_BOXES", "two", 1);
+  tma_store_boxes.set("two");
   try {
     wgrads(4096, 4096, true);
     ADD_FAILURE() << "GMJIT_TMA_STORE_BOXES=two must be rejected";
@@ -531,20 +526,15 @@ TEST(GroupedMlpEmit, Bf16WeightGradientsLeaveThroughTmaStores) {
     EXPECT_NE(std::string(error.what()).find("GMJIT_TMA_STORE_BOXES"), std::string::npos)
         << error.what();
   }
-  if (outer != nullptr) {
-    setenv("GMJIT_TMA_STORE_BOXES", saved.c_str(), 1);
-  } else {
-    unsetenv("GMJIT_TMA_STORE_BOXES");
-  }
 }
 
 // The plain bf16 outputs of the grouped GEMMs leave through TMA stores too: FC2 forward's y and
 // FC1 dgrad's dx; FC1 forward (activation and saved pre-activation) and FC2 dgrad (dh and a ⊙ p)
 // keep their epilogues. Their launches say so (the engine then encodes the output's map).
 TEST(GroupedMlpEmit, PlainBf16OutputsLeaveThroughTmaStores) {
-  const char* outer = std::getenv("GMJIT_TMA_STORE_BOXES");
-  const std::string saved = outer != nullptr ? outer : "";
-  unsetenv("GMJIT_TMA_STORE_BOXES");
+  const testing::ScopedEnv tma_store_boxes(
+      "GMJIT_TMA_STORE_BOXES");  // the caller's value is put back
+  tma_store_boxes.unset();
   LayerSpec layer = mixtral();
   layer.hidden = 2880;
   layer.ffn = 1408;
@@ -571,7 +561,6 @@ TEST(GroupedMlpEmit, PlainBf16OutputsLeaveThroughTmaStores) {
       {layer.experts, layer.hidden, layer.fc1_out(), false, false, DType::i64, "sm_90a", false});
   EXPECT_GT(cfg_int(linear.source, "tma_store_boxes"), 0) << linear.entry;
   EXPECT_EQ(linear.launch.operands, LaunchShape::Operands::tensor_maps_out) << linear.entry;
-  if (outer != nullptr) setenv("GMJIT_TMA_STORE_BOXES", saved.c_str(), 1);
 }
 
 TEST(GroupedMlpEmit, InterleavedGluNeedsFfnMultipleOf32) {

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "engine/runtime/driver.hpp"
+#include "testing/scoped_env.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
 #include "tests/gpu/training_layer.hpp"
 
@@ -302,8 +303,8 @@ TEST(Bf16WeightGradients, ManyTilesPerCtaAndShortExperts) {
 // rounded.
 TEST(Bf16WeightGradients, EveryTmaStoreBoxCountWritesTheSameGradients) {
   GMJIT_REQUIRE_GPU();
-  const char* outer = std::getenv("GMJIT_TMA_STORE_BOXES");
-  const std::string saved = outer != nullptr ? outer : "";
+  const testing::ScopedEnv tma_store_boxes(
+      "GMJIT_TMA_STORE_BOXES");  // the caller's value is put back
   LayerSpec l;
   l.experts = 8;
   l.hidden = 1024;
@@ -312,14 +313,9 @@ TEST(Bf16WeightGradients, EveryTmaStoreBoxCountWritesTheSameGradients) {
   std::int64_t tokens = 0;
   for (const std::int64_t n : splits) tokens += n;
   for (const char* boxes : {"1", "2", "4", "0"}) {
-    setenv("GMJIT_TMA_STORE_BOXES", boxes, 1);
+    tma_store_boxes.set(boxes);
     SCOPED_TRACE(std::string("GMJIT_TMA_STORE_BOXES=") + boxes);
     expect_bf16_weight_grads_are_fp32_rounded(l, splits, tokens, false);
-  }
-  if (outer != nullptr) {
-    setenv("GMJIT_TMA_STORE_BOXES", saved.c_str(), 1);
-  } else {
-    unsetenv("GMJIT_TMA_STORE_BOXES");
   }
 }
 
@@ -330,8 +326,8 @@ TEST(Bf16WeightGradients, EveryTmaStoreBoxCountWritesTheSameGradients) {
 // expert (zeroed), and a width (1000) whose last column tile ends inside a box.
 TEST(TmaStoreEpilogues, WriteWhatThePerWarpStagingWrites) {
   GMJIT_REQUIRE_GPU();
-  const char* outer = std::getenv("GMJIT_TMA_STORE_BOXES");
-  const std::string saved = outer != nullptr ? outer : "";
+  const testing::ScopedEnv tma_store_boxes(
+      "GMJIT_TMA_STORE_BOXES");  // the caller's value is put back
   LayerSpec l;
   l.experts = 8;
   l.hidden = 1000;
@@ -343,17 +339,12 @@ TEST(TmaStoreEpilogues, WriteWhatThePerWarpStagingWrites) {
   TrainingLayer t(make_host_layer(l, splits, tokens, 11));
   std::vector<std::vector<std::vector<std::byte>>> runs;
   for (const char* boxes : {"0", "1", "2"}) {
-    setenv("GMJIT_TMA_STORE_BOXES", boxes, 1);
+    tma_store_boxes.set(boxes);
     Engine engine;  // a fresh plan: the switch changes the generated kernels
     t.poison_outputs();
     const ForwardContext ctx = engine.forward(l, Recipe::bf16(), t.device.args, GradMode::grad);
     engine.backward(ctx, Recipe::bf16(), t.grads);
     runs.push_back(t.outputs());
-  }
-  if (outer != nullptr) {
-    setenv("GMJIT_TMA_STORE_BOXES", saved.c_str(), 1);
-  } else {
-    unsetenv("GMJIT_TMA_STORE_BOXES");
   }
   // dprobs (the last output) is left out: FC2 dgrad sums it with atomics, in an order that
   // varies from run to run, and no TMA-store kernel writes it.
