@@ -120,6 +120,31 @@ double sm90_width_speed(int block_n) {
   }
 }
 
+// The weight gradients' tile shapes, block_m x block_n. 256 x 128 loads as few operand bytes per
+// FLOP as 128 x 256 (each consumer warpgroup holds two m64 tiles of 64 accumulators), so it is
+// rated at 128 x 256's speed; the others at their width's (sm90_width_speed).
+struct WgradTile {
+  int block_m, block_n;
+  double speed() const { return sm90_width_speed(block_m * block_n / 128); }
+  TileConfig config() const {
+    TileConfig tile = sm90_tile(block_n);
+    tile.block_m = block_m;
+    return tile;
+  }
+};
+constexpr WgradTile kWgradTiles[] = {{128, 256}, {256, 128}, {128, 192}, {128, 128}, {128, 64}};
+
+// GMJIT_WGRAD_TILE=MxN forces one of them (A/B timing, tests).
+TileConfig forced_wgrad_tile(std::string_view forced) {
+  for (const WgradTile& t : kWgradTiles) {
+    if (forced == fmt::format("{}x{}", t.block_m, t.block_n)) return t.config();
+  }
+  throw Error(Status::invalid_argument,
+              fmt::format("GMJIT_WGRAD_TILE must be one of 128x256, 256x128, 128x192, 128x128, "
+                          "128x64 (block_m x block_n of the weight gradients), not '{}'",
+                          forced));
+}
+
 }  // namespace
 
 std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_rows_per_column) {
@@ -308,10 +333,24 @@ bool sm90_allowed(const families::KernelRequest& request) {
 
 std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols) {
   // The wgrad kernel takes rows that block_m does not divide in a partial last M tile, and
-  // columns that no tile divides in a partial last N tile.
-  if (rows <= 0 || rows % 8 != 0) return std::nullopt;
-  if (std::optional<TileConfig> dividing = sm90_tile_dividing(cols, 1)) return dividing;
-  return sm90_column_tile(cols, 1);
+  // columns that block_n does not divide in a partial last N tile.
+  if (rows <= 0 || rows % 8 != 0 || cols <= 0 || cols % 8 != 0) return std::nullopt;
+  if (const char* forced = std::getenv("GMJIT_WGRAD_TILE"); forced != nullptr && *forced != '\0')
+    return forced_wgrad_tile(forced);
+  // The least padded area per unit of speed: e64's dW2 (2048 x 1408) takes 8 x 11 tiles of
+  // 256 x 128 (not 128 x 128, which had it at 60 % of the tensor pipe); gpt-oss's 2880-wide
+  // gradients pad 2-7 % in tiles of 256 x 128 or 128 x 256 instead of taking 128 x 192 ones.
+  std::optional<TileConfig> best;
+  double best_cost = 0.0;
+  for (const WgradTile& t : kWgradTiles) {
+    const double padded = static_cast<double>((rows + t.block_m - 1) / t.block_m * t.block_m) *
+                          static_cast<double>((cols + t.block_n - 1) / t.block_n * t.block_n);
+    const double cost = padded / t.speed();
+    if (best && cost >= best_cost) continue;
+    best = t.config();
+    best_cost = cost;
+  }
+  return best;
 }
 
 KernelSource sm90_kernel(const families::KernelRequest& request, const TileConfig& chosen,

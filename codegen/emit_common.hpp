@@ -109,8 +109,8 @@ DecodeGemmDims decode_gemm_dims(const families::KernelRequest& request, bool fc1
 // take every width the layer allows, multiples of 8).
 bool sm90_allowed(const families::KernelRequest& request);
 // The Hopper tile of a weight gradient whose output is rows x cols per expert (multiples of 8):
-// the widest tile dividing cols (sm90_tile_dividing), else sm90_column_tile's, whose last column
-// tile is partial.
+// of 128 x 256, 256 x 128, 128 x 192, 128 x 128 and 128 x 64, the least padded area (last tiles
+// may be partial both ways) per unit of the shape's speed; GMJIT_WGRAD_TILE=MxN forces one.
 std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols);
 // The Hopper kernel `header`'s template `kernel` taking `params`, on `chosen` with the deepest
 // ring that fits (deepest_sm90_ring), checked against the arch (check_sm90_fits): entry +

@@ -100,9 +100,9 @@ struct WgradEpilogue {
                                                       const sm90::WarpStage& ws) {
     constexpr bool kBf16 = OutBf16<Cfg>::value;
     constexpr int kChunks = kBf16 ? 8 : 4;  // n8 chunks per staged block (128 bytes a row)
-    // Widths that 64 does not divide: rows past M and columns past N (8-column steps) are not
-    // stored; elsewhere these limits fold to constants.
-    constexpr bool kMTail = kM % 64 != 0, kNTail = kN % 64 != 0;
+    // Rows past M (an m64 tile that M ends inside) and columns past N (a partial last N tile,
+    // whose blocks past N store nothing) are not stored; elsewhere these limits fold to constants.
+    constexpr bool kMTail = kM % 64 != 0, kNTail = kN % Cfg::block_n != 0;
     const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3;
 #pragma unroll
     for (int m = 0; m < kMt; ++m) {

@@ -209,9 +209,8 @@ int sm90_block_n(const KernelSource& k) {
 
 TEST(GroupedMlpEmit, Sm90aTakesHopperKernelsForEveryMultipleOf64) {
   // The forward GEMMs and the data gradients take sm90_column_tile's width (the last column tile
-  // may be partial), the weight gradients the widest tile dividing their columns.
+  // may be partial), the weight gradients sm90_output_tile's shape.
   for (std::int64_t columns : {2880, 192, 576, 320, 640, 768, 64}) {
-    const int dividing = detail::sm90_tile_dividing(columns, 1)->block_n;
     const int partial = detail::sm90_column_tile(columns, 1)->block_n;
     const int glu = detail::sm90_column_tile(columns, 2)->block_n;
     for (Activation act : {Activation::relu, Activation::swiglu}) {
@@ -234,8 +233,12 @@ TEST(GroupedMlpEmit, Sm90aTakesHopperKernelsForEveryMultipleOf64) {
         if (k.role == KernelRole::bgrad_b1 || k.role == KernelRole::bgrad_b2) continue;
         EXPECT_NE(k.launch.operands, LaunchShape::Operands::pointers) << k.entry;
         EXPECT_TRUE(k.entry.ends_with("_sm90")) << k.entry;
-        const bool wgrad = k.role == KernelRole::wgrad_w1 || k.role == KernelRole::wgrad_w2;
-        EXPECT_EQ(sm90_block_n(k), wgrad ? dividing : partial) << k.entry;
+        if (k.role == KernelRole::wgrad_w1 || k.role == KernelRole::wgrad_w2) {
+          const std::int64_t rows = k.role == KernelRole::wgrad_w1 ? layer.fc1_out() : columns;
+          EXPECT_EQ(sm90_block_n(k), detail::sm90_output_tile(rows, columns)->block_n) << k.entry;
+        } else {
+          EXPECT_EQ(sm90_block_n(k), partial) << k.entry;
+        }
       }
       const KernelSource linear =
           emit_grouped_linear({8, 1024, columns, true, true, DType::i64, "sm_90a", false});
@@ -363,12 +366,36 @@ TEST(GroupedMlpEmit, WidthsThatAreNotMultiplesOf64TakeTheHopperKernelsWithPartia
   }
 }
 
-TEST(Sm90Tiles, WeightGradientsTakeADividingTileElseAPartialLastOne) {
-  EXPECT_EQ(detail::sm90_output_tile(2880, 2880)->block_n, 192);   // 15 x 192
-  EXPECT_EQ(detail::sm90_output_tile(1448, 1056)->block_n, 256);   // 4 x 256 + 32
-  EXPECT_EQ(detail::sm90_output_tile(8, 16)->block_n, 128);        // one partial tile
+TEST(Sm90Tiles, WeightGradientsTakeTheTileOfLeastPaddedWorkPerSpeed) {
+  auto shape = [](std::int64_t rows, std::int64_t cols) {
+    const TileConfig t = *detail::sm90_output_tile(rows, cols);
+    return std::pair{t.block_m, t.block_n};
+  };
+  EXPECT_EQ(shape(4096, 7168), (std::pair{128, 256}));  // deepseek dW1: both divide, 128 rows
+  EXPECT_EQ(shape(2048, 1408), (std::pair{256, 128}));  // e64 dW2: only 128 divides the columns
+  EXPECT_EQ(shape(5760, 2880), (std::pair{256, 128}));  // gpt-oss dW1: 2 % padded, not 192-wide
+  EXPECT_EQ(shape(2880, 2880), (std::pair{128, 256}));  // gpt-oss dW2: 7 % padded either way
+  EXPECT_EQ(shape(1448, 1056), (std::pair{256, 128}));  // partial both ways: 6 x 9 tiles
+  EXPECT_EQ(shape(8, 16), (std::pair{128, 128}));       // one partial tile
   EXPECT_FALSE(detail::sm90_output_tile(1004, 1056).has_value());  // rows not a multiple of 8
   EXPECT_FALSE(detail::sm90_output_tile(1448, 1060).has_value());  // cols not a multiple of 8
+}
+
+TEST(Sm90Tiles, AForcedWeightGradientTileIsTakenOrRefusedByName) {
+  const testing::ScopedEnv forced("GMJIT_WGRAD_TILE");  // the caller's value is put back
+  forced.set("128x192");
+  const TileConfig t = *detail::sm90_output_tile(4096, 7168);
+  EXPECT_EQ(t.block_m, 128);
+  EXPECT_EQ(t.block_n, 192);
+  forced.set("256x256");
+  try {
+    (void)detail::sm90_output_tile(4096, 7168);
+    FAIL() << "256x256 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("GMJIT_WGRAD_TILE"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'256x256'"), std::string::npos) << e.what();
+  }
 }
 
 TEST(GroupedMlpEmit, GptOssWidthsTakeHopperKernelsWithPartialLastTiles) {
@@ -392,12 +419,14 @@ TEST(GroupedMlpEmit, GptOssWidthsTakeHopperKernelsWithPartialLastTiles) {
     }
     // The data gradients: 256 wide, the last column tile partial (4 stages; FC1 dgrad's dx
     // through TMA stores from 2 staged boxes per warpgroup, 32 KiB, in place of the 18 KiB
-    // per-warp staging); the weight gradients (fp32): 2880 = 15 x 192 (5 stages).
-    const bool wgrad = k.role == KernelRole::wgrad_w1 || k.role == KernelRole::wgrad_w2;
-    const unsigned block_n = wgrad ? 192u : 256u, stages = wgrad ? 5u : 4u;
+    // per-warp staging); the weight gradients (fp32) 256 x 128 (dW1, 5760 x 2880: 2 % padded)
+    // and 128 x 256 (dW2, 2880 x 2880: 7 % padded either way), not 15 x 192.
+    const bool w1 = k.role == KernelRole::wgrad_w1;
+    const unsigned block_m = w1 ? 256u : 128u, block_n = w1 ? 128u : 256u;
     const unsigned staging = k.role == KernelRole::fc1_dgrad ? 2048u + 32768u : 20480u;
+    EXPECT_EQ(k.launch.block_m, block_m) << k.entry;
     EXPECT_EQ(k.launch.block_n, block_n) << k.entry;
-    EXPECT_EQ(k.launch.dynamic_smem_bytes, stages * (128 + block_n) * 128 + staging) << k.entry;
+    EXPECT_EQ(k.launch.dynamic_smem_bytes, 4 * (block_m + block_n) * 128 + staging) << k.entry;
   }
 }
 
@@ -484,7 +513,8 @@ TEST(GroupedMlpEmit, Bf16WeightGradientsLeaveThroughTmaStores) {
     }
     return out;
   };
-  // Column widths 4096 / 1408 / 2880 / 320 take tiles 256 / 128 / 192 / 64 wide.
+  // (rows x cols) 2816 x 4096 and 640 x 2880 take 128 x 256 tiles, 4096 x 1408 and 2880 x 320
+  // 256 x 128 ones (two m64 tiles per warpgroup: one box a round keeps 4 stages).
   for (const auto& [hidden, ffn] :
        {std::pair<std::int64_t, std::int64_t>{4096, 1408}, {2880, 320}}) {
     for (const KernelSource& k : wgrads(hidden, ffn, true)) {
@@ -493,11 +523,8 @@ TEST(GroupedMlpEmit, Bf16WeightGradientsLeaveThroughTmaStores) {
       ASSERT_GT(boxes, 0) << k.entry;
       EXPECT_EQ(block_n / 64 % boxes, 0) << k.entry;
       EXPECT_GE(stages, 4) << k.entry;
-      if (block_n == 256) {
-        EXPECT_EQ(boxes, 2) << k.entry;
-      } else if (block_n == 192) {
-        EXPECT_EQ(boxes, 3) << k.entry;
-      }
+      const int block_m = cfg_int(k.source, "block_m");
+      EXPECT_EQ(boxes, block_m == 256 ? 1 : 2) << k.entry;
       EXPECT_EQ(static_cast<int>(k.launch.dynamic_smem_bytes), cfg_int(k.source, "smem_bytes"));
       EXPECT_LE(k.launch.dynamic_smem_bytes, 232448u) << k.entry;
     }

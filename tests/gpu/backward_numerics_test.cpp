@@ -319,6 +319,50 @@ TEST(Bf16WeightGradients, EveryTmaStoreBoxCountWritesTheSameGradients) {
   }
 }
 
+// Every weight-gradient tile shape the rule weighs (forced by GMJIT_WGRAD_TILE) writes the same
+// fp32 gradients on a layer whose gradients end in partial tiles both ways for each of them (dW1
+// 400 x 1000, dW2 1000 x 200), up to the summation order of the MMAs, and its bf16 ones are those
+// rounded once (through the TMA-store epilogue: one box a round for 256 x 128).
+TEST(WeightGradients, EveryTileShapeWritesTheSameGradients) {
+  GMJIT_REQUIRE_GPU();
+  const testing::ScopedEnv wgrad_tile("GMJIT_WGRAD_TILE");  // the caller's value is put back
+  LayerSpec l;
+  l.experts = 8;
+  l.hidden = 1000;
+  l.ffn = 200;
+  l.router_probs = true;
+  const std::vector<std::int64_t> splits = {300, 0, 64, 1, 650, 129, 0, 70};
+  std::int64_t tokens = 0;
+  for (const std::int64_t n : splits) tokens += n;
+  const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
+  std::vector<float> first_dw1, first_dw2;
+  for (const char* tile : {"128x256", "256x128", "128x192", "128x128", "128x64"}) {
+    wgrad_tile.set(tile);
+    SCOPED_TRACE(std::string("GMJIT_WGRAD_TILE=") + tile);
+    TrainingLayer t(make_host_layer(l, splits, tokens, 23));
+    Engine engine(EngineOptions{.use_disk_cache = false});
+    const ForwardContext ctx = engine.forward(l, Recipe::bf16(), t.device.args, GradMode::grad);
+    engine.backward(ctx, Recipe::bf16(), t.grads);
+    std::vector<float> dw1(E * F1 * H), dw2(E * H * F);
+    t.dw1.download(std::as_writable_bytes(std::span(dw1)));
+    t.dw2.download(std::as_writable_bytes(std::span(dw2)));
+    std::int64_t non_finite = 0;
+    for (const std::vector<float>* dw : {&dw1, &dw2})
+      for (const float v : *dw) non_finite += !std::isfinite(v);
+    EXPECT_EQ(non_finite, 0) << "unwritten gradients";
+    if (first_dw1.empty()) {
+      first_dw1 = dw1;
+      first_dw2 = dw2;
+    } else {
+      std::vector<double> want1(first_dw1.begin(), first_dw1.end());
+      std::vector<double> want2(first_dw2.begin(), first_dw2.end());
+      EXPECT_LT(relative_error(dw1, want1), 1e-5) << "dw1";
+      EXPECT_LT(relative_error(dw2, want2), 1e-5) << "dw2";
+    }
+    expect_bf16_weight_grads_are_fp32_rounded(l, splits, tokens, false);
+  }
+}
+
 // FC2 forward's y and FC1 dgrad's dx leave through TMA stores where a warpgroup's rows all belong
 // to the tile's expert, and through the per-warp staging where they do not: with 1 or 2 boxes per
 // round and with no TMA stores (0), every output is the same, bit for bit. The layer has experts
