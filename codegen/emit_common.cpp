@@ -120,9 +120,11 @@ double sm90_width_speed(int block_n) {
   }
 }
 
-// The weight gradients' tile shapes, block_m x block_n. 256 x 128 loads as few operand bytes per
-// FLOP as 128 x 256 (each consumer warpgroup holds two m64 tiles of 64 accumulators), so it is
-// rated at 128 x 256's speed; the others at their width's (sm90_width_speed).
+// The weight gradients' tile shapes, block_m x block_n, in order of preference on ties. 256 x 128
+// loads as few operand bytes per FLOP as 128 x 256 (each consumer warpgroup holds two m64 tiles
+// of 64 accumulators) and is rated at its speed; at equal padding 128 x 256 measured 2-8 % faster
+// (docs/PERFORMANCE.md, session 32), so it comes first. The others: their width's speed
+// (sm90_width_speed).
 struct WgradTile {
   int block_m, block_n;
   double speed() const { return sm90_width_speed(block_m * block_n / 128); }
