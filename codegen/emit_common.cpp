@@ -120,21 +120,23 @@ double sm90_width_speed(int block_n) {
   }
 }
 
-// The weight gradients' tile shapes, block_m x block_n, in order of preference on ties. 256 x 128
-// loads as few operand bytes per FLOP as 128 x 256 (each consumer warpgroup holds two m64 tiles
-// of 64 accumulators) and is rated at its speed; at equal padding 128 x 256 measured 2-8 % faster
-// (docs/PERFORMANCE.md, session 32), so it comes first. The others: their width's speed
-// (sm90_width_speed).
+// The weight gradients' tile shapes, block_m x block_n, in order of preference on ties, and their
+// speed relative to one another (bf16, ncu on the H200, docs/PERFORMANCE.md, session 32). 256 x
+// 128 loads as few operand bytes per FLOP as 128 x 256 (each consumer warpgroup holds two m64
+// tiles of 64 accumulators) and is rated the same, but at equal padding 128 x 256 measured 2-8 %
+// faster, so it comes first. 128 x 192: gpt-oss's dW1 and dW2 against both 256-wide shapes;
+// 128 x 128: e64's dW2 against 256 x 128; 128 x 64: not measured, taken below half of 128.
 struct WgradTile {
   int block_m, block_n;
-  double speed() const { return sm90_width_speed(block_m * block_n / 128); }
+  double speed;
   TileConfig config() const {
     TileConfig tile = sm90_tile(block_n);
     tile.block_m = block_m;
     return tile;
   }
 };
-constexpr WgradTile kWgradTiles[] = {{128, 256}, {256, 128}, {128, 192}, {128, 128}, {128, 64}};
+constexpr WgradTile kWgradTiles[] = {
+    {128, 256, 0.90}, {256, 128, 0.90}, {128, 192, 0.83}, {128, 128, 0.70}, {128, 64, 0.30}};
 
 // GMJIT_WGRAD_TILE=MxN forces one of them (A/B timing, tests).
 TileConfig forced_wgrad_tile(std::string_view forced) {
@@ -340,14 +342,15 @@ std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols)
   if (const char* forced = std::getenv("GMJIT_WGRAD_TILE"); forced != nullptr && *forced != '\0')
     return forced_wgrad_tile(forced);
   // The least padded area per unit of speed: e64's dW2 (2048 x 1408) takes 8 x 11 tiles of
-  // 256 x 128 (not 128 x 128, which had it at 60 % of the tensor pipe); gpt-oss's 2880-wide
-  // gradients pad 2-7 % in tiles of 256 x 128 or 128 x 256 instead of taking 128 x 192 ones.
+  // 256 x 128 (not 128 x 128, which had it at 60 % of the tensor pipe); gpt-oss's dW1 (5760 x
+  // 2880) 256 x 128 (2 % padded), its dW2 128 x 256 (7 %), each measured faster than 128 x 192;
+  // 576 columns keep 3 tiles of 192 (256-wide ones would pad 11-33 %).
   std::optional<TileConfig> best;
   double best_cost = 0.0;
   for (const WgradTile& t : kWgradTiles) {
     const double padded = static_cast<double>((rows + t.block_m - 1) / t.block_m * t.block_m) *
                           static_cast<double>((cols + t.block_n - 1) / t.block_n * t.block_n);
-    const double cost = padded / t.speed();
+    const double cost = padded / t.speed;
     if (best && cost >= best_cost) continue;
     best = t.config();
     best_cost = cost;

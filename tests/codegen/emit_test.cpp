@@ -376,6 +376,7 @@ TEST(Sm90Tiles, WeightGradientsTakeTheTileOfLeastPaddedWorkPerSpeed) {
   EXPECT_EQ(shape(5760, 2880), (std::pair{256, 128}));  // gpt-oss dW1: 2 % padded, not 192-wide
   EXPECT_EQ(shape(2880, 2880), (std::pair{128, 256}));  // gpt-oss dW2: 7 % padded either way
   EXPECT_EQ(shape(1448, 1056), (std::pair{256, 128}));  // partial both ways: 6 x 9 tiles
+  EXPECT_EQ(shape(2048, 576), (std::pair{128, 192}));   // 256-wide tiles would pad 11-33 %
   EXPECT_EQ(shape(8, 16), (std::pair{128, 128}));       // one partial tile
   EXPECT_FALSE(detail::sm90_output_tile(1004, 1056).has_value());  // rows not a multiple of 8
   EXPECT_FALSE(detail::sm90_output_tile(1448, 1060).has_value());  // cols not a multiple of 8
