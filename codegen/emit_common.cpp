@@ -92,7 +92,7 @@ namespace {
 // A 128-row Hopper tile of block_n B rows; block_m stays 128 (one m64 tile per consumer
 // warpgroup): two m64 tiles 192 wide would need 192 accumulators per thread, over the 128 that
 // the consumers' 232 registers allow. (The data gradients raise a 128-wide tile to 256 rows:
-// codegen/families/sm90_dgrad.cpp.)
+// codegen/families/sm90_dgrad.cpp, and the weight gradients weigh 256 x 128 among their shapes.)
 TileConfig sm90_tile(int block_n) {
   TileConfig tile;
   tile.block_m = 128;
@@ -150,19 +150,6 @@ TileConfig forced_wgrad_tile(std::string_view forced) {
 }
 
 }  // namespace
-
-std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_rows_per_column) {
-  // Widest first (more reuse of each A tile): 2880 = 15 x 192. A GLU FC1 tile (2 B rows per
-  // column) emits block_n / 2 output columns, which must be whole interleave groups of 32:
-  // gpt-oss's F = 2880 = 30 x 96 takes 192-row tiles (a 128-row one reuses each A tile 2/3 as
-  // often).
-  for (int block_n : {256, 192, 128, 64}) {
-    if (block_n / b_rows_per_column % (b_rows_per_column == 1 ? 64 : 32) != 0) continue;
-    if (out_columns % (block_n / b_rows_per_column) != 0) continue;
-    return sm90_tile(block_n);
-  }
-  return std::nullopt;
-}
 
 std::optional<TileConfig> sm90_column_tile(std::int64_t out_columns, int b_rows_per_column) {
   if (out_columns <= 0 || out_columns % 8 != 0) return std::nullopt;

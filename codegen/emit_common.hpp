@@ -35,10 +35,6 @@ struct Instantiation {
 };
 std::string translation_unit(const Instantiation& inst);
 
-// Hopper (TMA + wgmma) kernels: 128-row tiles of 256, 192, 128 or 64 B rows, block_k 64. The
-// widest B tile whose output columns (block_n / b_rows_per_column, a multiple of 64) divide
-// `out_columns`, or nullopt. Its ring depth is left to deepest_sm90_ring (stages = 0).
-std::optional<TileConfig> sm90_tile_dividing(std::int64_t out_columns, int b_rows_per_column);
 // The Hopper tile of a kernel whose last column tile may be partial (the forward GEMMs and the
 // data gradients): of 256, 192, 128 and 64 B rows, the one with the least padded output width
 // per unit of measured tile speed (256 wide ran at 0.90 of the tensor pipe's time, 192 at 0.75,

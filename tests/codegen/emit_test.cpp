@@ -250,27 +250,25 @@ TEST(GroupedMlpEmit, Sm90aTakesHopperKernelsForEveryMultipleOf64) {
 TEST(GroupedMlpEmit, Sm90TilesFitTheirSharedMemoryAndRegisters) {
   for (std::int64_t columns : {64, 128, 192, 256, 320, 576, 2880}) {
     for (int rows_per_column : {1, 2}) {
-      for (bool partial : {false, true}) {
-        const auto chosen = partial ? detail::sm90_column_tile(columns, rows_per_column)
-                                    : detail::sm90_tile_dividing(columns, rows_per_column);
-        ASSERT_TRUE(chosen.has_value()) << columns << " " << rows_per_column;
-        const TileConfig tile = detail::deepest_sm90_ring(*chosen, "sm_90a");
-        EXPECT_EQ(tile.block_m, 128) << columns;  // 192 columns: 96 accumulators, one m64 tile
-        EXPECT_LE(detail::sm90_smem_bytes(tile), 232448) << columns;
-        const int out = tile.block_n / rows_per_column;
-        // Whole output tiles, or a partial last one of whole 64-column groups.
-        EXPECT_TRUE(columns % out == 0 || (partial && out % 64 == 0)) << columns;
-        // Whole 64-column output groups, or (GLU) whole 32-row interleave groups of each half.
-        EXPECT_EQ(out % (rows_per_column == 1 ? 64 : 32), 0) << columns;
-      }
+      const auto chosen = detail::sm90_column_tile(columns, rows_per_column);
+      ASSERT_TRUE(chosen.has_value()) << columns << " " << rows_per_column;
+      const TileConfig tile = detail::deepest_sm90_ring(*chosen, "sm_90a");
+      EXPECT_EQ(tile.block_m, 128) << columns;  // 192 columns: 96 accumulators, one m64 tile
+      EXPECT_LE(detail::sm90_smem_bytes(tile), 232448) << columns;
+      const int out = tile.block_n / rows_per_column;
+      // Whole output tiles, or a partial last one of whole 64-column groups.
+      EXPECT_TRUE(columns % out == 0 || out % 64 == 0) << columns;
+      // Whole 64-column output groups, or (GLU) whole 32-row interleave groups of each half.
+      EXPECT_EQ(out % (rows_per_column == 1 ? 64 : 32), 0) << columns;
     }
+    // The weight gradients' shapes: at most 128 accumulators a thread (block_m x block_n / 256).
+    const TileConfig wgrad =
+        detail::deepest_sm90_ring(*detail::sm90_output_tile(columns, columns), "sm_90a");
+    EXPECT_LE(wgrad.block_m * wgrad.block_n, 32768) << columns;
+    EXPECT_LE(detail::sm90_smem_bytes(wgrad), 232448) << columns;
   }
-  EXPECT_FALSE(detail::sm90_tile_dividing(2880 + 8, 1).has_value());
   EXPECT_FALSE(detail::sm90_column_tile(2880 + 4, 1).has_value());  // rows not 16-byte aligned
   EXPECT_EQ(detail::sm90_column_tile(2880 + 8, 1)->block_n, 256);   // a partial last group
-  EXPECT_EQ(detail::sm90_tile_dividing(2880, 1)->block_n, 192);
-  EXPECT_EQ(detail::sm90_tile_dividing(2880, 2)->block_n, 192);  // 96 gate + 96 lin rows
-  EXPECT_EQ(detail::sm90_tile_dividing(320, 2)->block_n, 128);
 }
 
 // 192-wide tiles ran at 0.73-0.78 of the tensor pipe where 256-wide ones ran at 0.90 (same
