@@ -321,8 +321,9 @@ TEST(Bf16WeightGradients, EveryTmaStoreBoxCountWritesTheSameGradients) {
 
 // Every weight-gradient tile shape the rule weighs (forced by GMJIT_WGRAD_TILE) writes the same
 // fp32 gradients on a layer whose gradients end in partial tiles both ways for each of them (dW1
-// 400 x 1000, dW2 1000 x 200), up to the summation order of the MMAs, and its bf16 ones are those
-// rounded once (through the TMA-store epilogue: one box a round for 256 x 128).
+// 400 x 1000, dW2 1000 x 200), up to the summation order of the MMAs; accumulated twice into
+// zeros (main-grad buffers) they are exactly doubled, and its bf16 ones are the fp32 ones rounded
+// once (through the TMA-store epilogue: one box a round for 256 x 128).
 TEST(WeightGradients, EveryTileShapeWritesTheSameGradients) {
   GMJIT_REQUIRE_GPU();
   const testing::ScopedEnv wgrad_tile("GMJIT_WGRAD_TILE");  // the caller's value is put back
@@ -359,6 +360,19 @@ TEST(WeightGradients, EveryTileShapeWritesTheSameGradients) {
       EXPECT_LT(relative_error(dw1, want1), 1e-5) << "dw1";
       EXPECT_LT(relative_error(dw2, want2), 1e-5) << "dw2";
     }
+    // Main-grad accumulation into zeros, twice: exactly twice the gradient (x + x is exact).
+    t.dw1.fill_bytes(0);
+    t.dw2.fill_bytes(0);
+    BackwardArgs accumulating = t.grads;
+    accumulating.accumulate = true;
+    for (int i = 0; i < 2; ++i) engine.backward(ctx, Recipe::bf16(), accumulating);
+    std::vector<float> twice1(dw1.size()), twice2(dw2.size());
+    t.dw1.download(std::as_writable_bytes(std::span(twice1)));
+    t.dw2.download(std::as_writable_bytes(std::span(twice2)));
+    std::int64_t differ = 0;
+    for (std::size_t i = 0; i < dw1.size(); ++i) differ += twice1[i] != 2.0f * dw1[i];
+    for (std::size_t i = 0; i < dw2.size(); ++i) differ += twice2[i] != 2.0f * dw2[i];
+    EXPECT_EQ(differ, 0) << "accumulated twice";
     expect_bf16_weight_grads_are_fp32_rounded(l, splits, tokens, false);
   }
 }
