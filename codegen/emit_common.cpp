@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -140,13 +141,16 @@ constexpr WgradTile kWgradTiles[] = {
 
 // GMJIT_WGRAD_TILE=MxN forces one of them (A/B timing, tests).
 TileConfig forced_wgrad_tile(std::string_view forced) {
+  std::string names;
   for (const WgradTile& t : kWgradTiles) {
-    if (forced == fmt::format("{}x{}", t.block_m, t.block_n)) return t.config();
+    const std::string name = fmt::format("{}x{}", t.block_m, t.block_n);
+    if (forced == name) return t.config();
+    names += (names.empty() ? "" : ", ") + name;
   }
   throw Error(Status::invalid_argument,
-              fmt::format("GMJIT_WGRAD_TILE must be one of 128x256, 256x128, 128x192, 128x128, "
-                          "128x64 (block_m x block_n of the weight gradients), not '{}'",
-                          forced));
+              fmt::format("GMJIT_WGRAD_TILE must be one of {} (block_m x block_n of the weight "
+                          "gradients), not '{}'",
+                          names, forced));
 }
 
 }  // namespace
