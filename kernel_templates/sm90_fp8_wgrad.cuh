@@ -15,10 +15,12 @@
 // blocks), then the stores of the BF16 kernel (WgradEpilogue). Experts without rows: zeros
 // (accumulate = 0) or untouched.
 //
-// Cfg (static constexpr): experts, rows (M, multiple of 128), cols (N, multiple of block_n),
-// split_int64, block_m = 128, block_n = 128 or 256 (the wider tile halves the L2 traffic per
-// MMA), stages, group_m, smem_bytes = stages * ((128 + block_n) * 128 + scale_bytes) + 2048 with
-// scale_bytes = (128 + block_n) * 4 rounded up to 1024, optional out_bf16. Params:
+// Cfg (static constexpr): experts, rows (M, multiple of 128), cols (N, multiple of 128: where
+// block_n does not divide it, the last N tile is partial: its B rows past N read as zeros from
+// TMA, its column scales past N are not loaded, its MMAs past N are skipped and its columns past
+// N not stored), split_int64, block_m = 128, block_n = 128 or 256 (the wider tile halves the L2
+// traffic per MMA), stages, group_m, smem_bytes = stages * ((128 + block_n) * 128 + scale_bytes)
+// + 2048 with scale_bytes = (128 + block_n) * 4 rounded up to 1024, optional out_bf16. Params:
 // Sm90Fp8WgradParams (params.cuh). Launch: 384 threads, persistent grid, smem_bytes,
 // __launch_bounds__(384, 1); T == 0 with accumulate = 0 still launches.
 
@@ -34,7 +36,7 @@ template <class Cfg>
 struct GroupedWgradFp8Sm90 {
   using SplitT = typename SplitType<Cfg::split_int64>::type;
   static constexpr int kM = Cfg::rows, kN = Cfg::cols;
-  static constexpr int num_m = kM / Cfg::block_m, num_n = kN / Cfg::block_n;
+  static constexpr int num_m = kM / Cfg::block_m, num_n = (kN + Cfg::block_n - 1) / Cfg::block_n;
   static constexpr int threads = 384, consumer_warps = 8, stages = Cfg::stages;
   static constexpr int nt = Cfg::block_n / 128;  // n128 wgmma groups per tile
   static constexpr int regs = Cfg::block_n / 2;  // fp32 accumulators per thread
@@ -46,8 +48,7 @@ struct GroupedWgradFp8Sm90 {
   using Epilogue = WgradEpilogue<Cfg, 1, regs>;
   static_assert(Cfg::block_m == 128 && (Cfg::block_n == 128 || Cfg::block_n == 256),
                 "the FP8 wgrad tile is 128 x 128 or 128 x 256");
-  static_assert(kM % 128 == 0 && kN % Cfg::block_n == 0,
-                "rows must be a multiple of 128 and cols of block_n");
+  static_assert(kM % 128 == 0 && kN % 128 == 0, "rows and cols must be multiples of 128");
   static_assert(Cfg::stages >= 2 && Cfg::stages <= 16, "stages must be in [2, 16]");
   static_assert(Cfg::smem_bytes == smem_bytes,
                 "Cfg::smem_bytes != stages * ((128 + block_n) * 128 + scale_bytes) + 2048");
@@ -100,13 +101,16 @@ struct GroupedWgradFp8Sm90 {
             const unsigned int dst = base + stage * stage_bytes;
             const long long block = padded_beg / 128 + kt;
             const int m0 = tile_m * Cfg::block_m, n0 = tile_n * Cfg::block_n;
-            mbar_arrive_expect_tx(bar, a_bytes + b_bytes + (Cfg::block_m + Cfg::block_n) * 4);
+            // A partial last N tile's scales stop at N (the B box's rows past it are zeros, and
+            // its columns are not stored), so the copy never reads past the scale rows.
+            const int n_in = kN - n0 < Cfg::block_n ? kN - n0 : Cfg::block_n;
+            mbar_arrive_expect_tx(bar, a_bytes + b_bytes + (Cfg::block_m + n_in) * 4);
             tma_load_2d(dst, p.tmap_a, bar, static_cast<int>(block * 128), m0);
             tma_load_2d(dst + a_bytes, p.tmap_b, bar, static_cast<int>(block * 128), n0);
             bulk_load(dst + a_bytes + b_bytes, p.plain.a_scales + block * kM + m0, Cfg::block_m * 4,
                       bar);
             bulk_load(dst + a_bytes + b_bytes + Cfg::block_m * 4,
-                      p.plain.b_scales + block * kN + n0, Cfg::block_n * 4, bar);
+                      p.plain.b_scales + block * kN + n0, n_in * 4, bar);
           }
         }
         __syncwarp();
@@ -143,6 +147,10 @@ struct GroupedWgradFp8Sm90 {
       }
 #pragma unroll
       for (int i = 0; i < regs; ++i) acc[0][i] = 0.0f;
+      // n128 groups of the tile inside N: a partial last N tile skips the MMAs of the rest.
+      const int groups_in = kN % Cfg::block_n != 0 && (ti.tile_n + 1) * Cfg::block_n > kN
+                                ? (kN - ti.tile_n * Cfg::block_n) / 128
+                                : nt;
 #pragma unroll 1
       for (int kt = 0; kt < k_tiles; ++kt) {
         if (kt > 0) mbar_wait(full + 8 * stage, phase);
@@ -155,6 +163,7 @@ struct GroupedWgradFp8Sm90 {
           asm volatile("ld.shared.f32 %0, [%1];" : "=f"(sa[h]) : "r"(sa_s + (wrow + 8 * h) * 4));
 #pragma unroll
         for (int g = 0; g < nt; ++g) {
+          if (g >= groups_in) break;
           fence_regs(tmp);
           wgmma_fence();
 #pragma unroll

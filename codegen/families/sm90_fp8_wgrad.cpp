@@ -1,11 +1,16 @@
 // Family sm90_fp8_wgrad: the FP8 recipes' weight gradients dW2 and dW1 on the FP8 tensor
-// cores (GroupedWgradFp8Sm90, sm90_fp8_wgrad.cuh, Sm90Fp8WgradParams): 128 x 256 (or 128 x 128)
-// tiles of the gradient, 128 tokens per K block, persistent with one block per SM. sm_90a only (the
-// FP8 backward's emitter checks the widths). Bound by engine/families/sm90_fp8_wgrad.cpp.
+// cores (GroupedWgradFp8Sm90, sm90_fp8_wgrad.cuh, Sm90Fp8WgradParams): 128 x 256 tiles of the
+// gradient (128 x 128 where it has 128 columns), 128 tokens per K block, persistent with one block
+// per SM. sm_90a only (the FP8 backward's emitter checks the widths). Bound by
+// engine/families/sm90_fp8_wgrad.cpp.
 #include <fmt/format.h>
+
+#include <cstdlib>
+#include <string_view>
 
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
+#include "gmjit/error.hpp"
 
 namespace gmjit::codegen::families {
 namespace {
@@ -19,10 +24,25 @@ int smem_bytes(int block_n, int stages) {
   return stages * ((kBlockM + block_n) * 128 + scale_bytes) + 2048;
 }
 
+// 128 x 256 wherever the gradient has more than 128 columns, with a partial last tile where 256
+// does not divide them (e64's F = 1408: 5 full tiles and a half): 128 x 128 tiles leave the FP8
+// MMAs waiting on L2, and the half tile skips its unused MMAs, so it costs no more than a
+// 128 x 128 one. GMJIT_WGRAD_TILE=128x256 or 128x128 forces a width (A/B timing, tests).
+int fp8_wgrad_block_n(std::int64_t cols) {
+  if (const char* forced = std::getenv("GMJIT_WGRAD_TILE"); forced != nullptr && *forced != '\0') {
+    const std::string_view tile = forced;
+    if (tile == "128x256" || tile == "128x128") return tile == "128x256" ? 256 : 128;
+    throw Error(Status::invalid_argument,
+                fmt::format("GMJIT_WGRAD_TILE must be 128x256 or 128x128 for the FP8 weight "
+                            "gradients (block_m x block_n), not '{}'",
+                            tile));
+  }
+  return cols > 128 ? 256 : 128;
+}
+
 std::optional<KernelSource> emit(const KernelRequest& r) {
   if (r.arch != "sm_90a") return std::nullopt;
-  // 128 x 256 where the gradient's columns allow: 128 x 128 tiles leave FP8 MMAs waiting on L2.
-  const int block_n = r.cols % 256 == 0 ? 256 : 128;
+  const int block_n = fp8_wgrad_block_n(r.cols);
   int stages = 2;
   while (stages < 8 && smem_bytes(block_n, stages + 1) <= kSmemLimit) ++stages;
   KernelSource k;

@@ -397,6 +397,42 @@ TEST(Sm90Tiles, AForcedWeightGradientTileIsTakenOrRefusedByName) {
   }
 }
 
+// The FP8 weight gradients take 128 x 256 tiles wherever there are more than 128 columns, the last
+// one partial where 256 does not divide them (e64's F = 1408: dW2), and 128 x 128 at 128 columns;
+// GMJIT_WGRAD_TILE forces either width and refuses the BF16-only shapes by name.
+TEST(Sm90Tiles, Fp8WeightGradientsTake256WideTilesWithAPartialLastOne) {
+  const testing::ScopedEnv forced("GMJIT_WGRAD_TILE");  // the caller's value is put back
+  auto wgrad_block_n = [](std::int64_t hidden, std::int64_t ffn) {
+    LayerSpec l;
+    l.experts = 64;
+    l.hidden = hidden;
+    l.ffn = ffn;
+    std::pair<int, int> w2_w1{0, 0};
+    for (const KernelSource& k :
+         emit_grouped_mlp_backward({l, GradientSet{}, "sm_90a", false, Fp8Scaling{}})) {
+      if (k.role == KernelRole::wgrad_w2_fp8) w2_w1.first = static_cast<int>(k.launch.block_n);
+      if (k.role == KernelRole::wgrad_w1_fp8) w2_w1.second = static_cast<int>(k.launch.block_n);
+      if (k.role == KernelRole::wgrad_w2_fp8 || k.role == KernelRole::wgrad_w1_fp8) {
+        EXPECT_EQ(sm90_block_n(k), static_cast<int>(k.launch.block_n)) << k.entry;
+      }
+    }
+    return w2_w1;
+  };
+  EXPECT_EQ(wgrad_block_n(2048, 1408), (std::pair{256, 256}));  // dW2 2048 x 1408: 5.5 tiles
+  EXPECT_EQ(wgrad_block_n(384, 128), (std::pair{128, 256}));    // dW2 has 128 columns
+  forced.set("128x128");
+  EXPECT_EQ(wgrad_block_n(2048, 1408), (std::pair{128, 128}));
+  forced.set("256x128");
+  try {
+    (void)wgrad_block_n(2048, 1408);
+    FAIL() << "256x128 accepted for the FP8 weight gradients";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("GMJIT_WGRAD_TILE"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'256x128'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GroupedMlpEmit, GptOssWidthsTakeHopperKernelsWithPartialLastTiles) {
   LayerSpec layer = mixtral();
   layer.hidden = 2880;  // a multiple of 64, not of 128

@@ -163,7 +163,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(NvrtcCompile, Fp8BackwardPlansInLaunchOrder) {
   LayerSpec l;
   l.experts = 4;
-  l.hidden = 384;  // dW1's columns: 128 x 128 wgrad tiles; dW2's (F = 256): 128 x 256
+  l.hidden = 384;  // dW1's columns: 128 x 256 wgrad tiles, the last one partial; dW2's: whole
   l.ffn = 256;
   l.router_probs = l.fc1_bias = l.fc2_bias = true;
   using R = KernelRole;

@@ -18,11 +18,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/runtime/driver.hpp"
+#include "testing/scoped_env.hpp"
 #include "tests/gpu/fp8_reference.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
 #include "tests/gpu/graph_capture.hpp"
@@ -398,6 +401,76 @@ TEST(Fp8Backward, CapturedInAGraphReplaysEagerBitsAndZeroTokensGiveZeroGradients
     engine.backward(context, recipe, eb);
     const auto dw1 = download_as<float>(empty.dw1, l.experts * l.fc1_out() * l.hidden);
     EXPECT_TRUE(std::all_of(dw1.begin(), dw1.end(), [](float v) { return v == 0.0f; }));
+  }
+}
+
+// The FP8 weight gradients in 128 x 256 tiles whose last one is partial (dW1's 384 columns and
+// dW2's 640 end half way into a tile) and in 128 x 128 tiles (forced by GMJIT_WGRAD_TILE) are the
+// same, bit for bit: a column's sums do not depend on the tile around it. Accumulated twice into
+// zeros (main-grad buffers) they are exactly doubled, and bf16 gradients are the fp32 ones
+// rounded once. The splits leave an expert empty and end experts inside 128-token K blocks.
+TEST(Fp8WeightGradients, BothTileWidthsWriteTheSameGradientsWithAPartialLastTile) {
+  GMJIT_REQUIRE_GPU();
+  if (Engine::devices()[0].arch != "sm_90a") GTEST_SKIP() << "FP8 kernels need sm_90a";
+  const testing::ScopedEnv wgrad_tile("GMJIT_WGRAD_TILE");  // the caller's value is put back
+  const LayerSpec l = fp8_layer_spec(4, 384, 640, Activation::swiglu, true, true, DType::i64);
+  const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
+  const std::vector<std::int64_t> splits = {300, 0, 129, 257};
+  const Recipe recipe = Recipe::fp8_block();
+  std::vector<float> first_dw1, first_dw2;
+  for (const char* tile : {"128x256", "128x128"}) {
+    wgrad_tile.set(tile);
+    SCOPED_TRACE(std::string("GMJIT_WGRAD_TILE=") + tile);
+    TrainingLayer t(make_host_layer(l, splits, 690, 99));
+    Fp8Weights w(l, false, t.device.args);
+    Engine engine(EngineOptions{.use_disk_cache = false});
+    engine.quantize_weights(l, recipe, w.q);
+    ForwardArgs f = t.device.args;
+    w.set_forward(f);
+    const ForwardContext context = engine.forward(l, recipe, f, GradMode::grad);
+    BackwardArgs b = t.grads;
+    w.set_backward(b);
+    engine.backward(context, recipe, b);
+    const auto dw1 = download_as<float>(t.dw1, E * F1 * H);
+    const auto dw2 = download_as<float>(t.dw2, E * H * F);
+    std::int64_t non_finite = 0;
+    for (const std::vector<float>* dw : {&dw1, &dw2})
+      for (const float v : *dw) non_finite += !std::isfinite(v);
+    EXPECT_EQ(non_finite, 0) << "unwritten gradients";
+    if (first_dw1.empty()) {
+      first_dw1 = dw1;
+      first_dw2 = dw2;
+    } else {
+      EXPECT_TRUE(dw1 == first_dw1) << "dW1 differs between the tile widths";
+      EXPECT_TRUE(dw2 == first_dw2) << "dW2 differs between the tile widths";
+    }
+    t.dw1.fill_bytes(0);
+    t.dw2.fill_bytes(0);
+    BackwardArgs accumulating = b;
+    accumulating.accumulate = true;
+    for (int i = 0; i < 2; ++i) engine.backward(context, recipe, accumulating);
+    const auto twice1 = download_as<float>(t.dw1, E * F1 * H);
+    const auto twice2 = download_as<float>(t.dw2, E * H * F);
+    std::int64_t differ = 0;
+    for (std::size_t i = 0; i < dw1.size(); ++i) differ += twice1[i] != 2.0f * dw1[i];
+    for (std::size_t i = 0; i < dw2.size(); ++i) differ += twice2[i] != 2.0f * dw2[i];
+    EXPECT_EQ(differ, 0) << "accumulated twice";
+    engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
+    engine::DeviceBuffer b1(device, E * F1 * H * 2), b2(device, E * H * F * 2);
+    b1.fill_bytes(0xFF);  // NaN bf16: an unwritten element shows
+    b2.fill_bytes(0xFF);
+    BackwardArgs bf16_grads = b;
+    const Device dev{Device::Kind::cuda, 0};
+    bf16_grads.dw1 = make_tensor(b1.data(), DType::bf16, {E, F1, H}, dev);
+    bf16_grads.dw2 = make_tensor(b2.data(), DType::bf16, {E, H, F}, dev);
+    engine.backward(context, recipe, bf16_grads);
+    for (const auto& [fp32, bf16] : {std::pair{&dw1, &b1}, std::pair{&dw2, &b2}}) {
+      const auto got = DeviceLayer::download(*bf16, static_cast<std::int64_t>(fp32->size()));
+      std::int64_t rounded_differently = 0;
+      for (std::size_t i = 0; i < got.size(); ++i)
+        rounded_differently += got[i] != to_bf16((*fp32)[i]);
+      EXPECT_EQ(rounded_differently, 0) << "bf16 weight gradients";
+    }
   }
 }
 
