@@ -12,7 +12,9 @@
 // into a `stages`-deep ring; two consumer warpgroups own 64 rows of M each. Per K block a
 // consumer runs wgmma m64n128k32 into a temporary and adds it into the fp32 accumulator times
 // sa[row] · sb[col] (the scales vary along both M and N, unlike the forward's 128 x 128 weight
-// blocks), then the stores of the BF16 kernel (WgradEpilogue). Experts without rows: zeros
+// blocks), then the staged stores of the BF16 kernel (WgradEpilogue::store_staged: whole
+// 128-byte row segments through each warp's 16-row buffer after the ring, which costs no ring
+// stage at these tile sizes). Experts without rows: zeros
 // (accumulate = 0) or untouched.
 //
 // Cfg (static constexpr): experts, rows (M, multiple of 128), cols (N, multiple of 128: where
@@ -20,7 +22,8 @@
 // TMA, its column scales past N are not loaded, its MMAs past N are skipped and its columns past
 // N not stored), split_int64, block_m = 128, block_n = 128 or 256 (the wider tile halves the L2
 // traffic per MMA), stages, group_m, smem_bytes = stages * ((128 + block_n) * 128 + scale_bytes)
-// + 2048 with scale_bytes = (128 + block_n) * 4 rounded up to 1024, optional out_bf16. Params:
+// + 20480 (the barriers, tile infos and alignment slack, then 8 warps' staging buffers of 2304)
+// with scale_bytes = (128 + block_n) * 4 rounded up to 1024, optional out_bf16. Params:
 // Sm90Fp8WgradParams (params.cuh). Launch: 384 threads, persistent grid, smem_bytes,
 // __launch_bounds__(384, 1); T == 0 with accumulate = 0 still launches.
 
@@ -44,14 +47,17 @@ struct GroupedWgradFp8Sm90 {
   // sa then sb, rounded up to keep every stage 1024-byte aligned (the 128-byte swizzle's unit).
   static constexpr int scale_bytes = ((Cfg::block_m + Cfg::block_n) * 4 + 1023) / 1024 * 1024;
   static constexpr int stage_bytes = a_bytes + b_bytes + scale_bytes;
-  static constexpr int smem_bytes = Cfg::stages * stage_bytes + 2048;
+  // The ring, its barriers and tile infos (2048 with the alignment slack), then the consumer
+  // warps' staging buffers (RingOf::warp_stage).
+  static constexpr int out_stage_bytes = consumer_warps * 16 * sm90::WarpStage::kRowBytes;
+  static constexpr int smem_bytes = Cfg::stages * stage_bytes + 2048 + out_stage_bytes;
   using Epilogue = WgradEpilogue<Cfg, 1, regs>;
   static_assert(Cfg::block_m == 128 && (Cfg::block_n == 128 || Cfg::block_n == 256),
                 "the FP8 wgrad tile is 128 x 128 or 128 x 256");
   static_assert(kM % 128 == 0 && kN % 128 == 0, "rows and cols must be multiples of 128");
   static_assert(Cfg::stages >= 2 && Cfg::stages <= 16, "stages must be in [2, 16]");
   static_assert(Cfg::smem_bytes == smem_bytes,
-                "Cfg::smem_bytes != stages * ((128 + block_n) * 128 + scale_bytes) + 2048");
+                "Cfg::smem_bytes != stages * ((128 + block_n) * 128 + scale_bytes) + 20480");
   static_assert(smem_bytes <= 232448, "exceeds the 227 KiB of shared memory of a CTA");
 
   __device__ static void run(const Sm90Fp8WgradParams& p) {
@@ -64,7 +70,7 @@ struct GroupedWgradFp8Sm90 {
       return;
     }
     setmaxnreg_inc<232>();
-    consume(p, ring.base, ring.full, ring.empty, ring.info);
+    consume(p, ring.base, ring.full, ring.empty, ring.info, ring.warp_stage(warp));
   }
 
   __device__ static void produce(const Sm90Fp8WgradParams& p, unsigned int base, unsigned int full,
@@ -125,7 +131,8 @@ struct GroupedWgradFp8Sm90 {
   }
 
   __device__ static void consume(const Sm90Fp8WgradParams& p, unsigned int base, unsigned int full,
-                                 unsigned int empty, sm90::WgradTileInfo* info) {
+                                 unsigned int empty, sm90::WgradTileInfo* info,
+                                 const sm90::WarpStage& ws) {
     using namespace sm90;
     const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int wg = warp / 4 - 1, wrow = wg * 64 + (warp & 3) * 16 + (lane >> 2);
@@ -191,7 +198,7 @@ struct GroupedWgradFp8Sm90 {
         if (lane == 0) mbar_arrive(empty + 8 * stage);
         if (++stage == Cfg::stages) stage = 0, phase ^= 1u;
       }
-      Epilogue::store(p, acc, ti, wg);
+      Epilogue::store_staged(p, acc, ti, wg, ws);
     }
   }
 };

@@ -90,10 +90,11 @@ struct WgradEpilogue {
     }
   }
 
-  // store() through this warp's staging buffer: each warp instruction then writes whole
-  // 128-byte row segments (16 B per lane) instead of 8 rows x 32 B (fp32) or 16 B (bf16), a
-  // quarter to an eighth of the L1 wavefronts, which bounded the epilogue of short-K tiles.
-  // Same rows, columns and values as store().
+  // This warpgroup's rows of the tile, through this warp's staging buffer: fragment (m, h) holds
+  // M row tile_m*block_m + (wg*mt + m)*64 + (warp%4)*16 + lane/4 + 8h and n8 chunk j columns
+  // 8j + 2*(lane%4) + {0, 1}; each warp instruction then writes whole 128-byte row segments (16 B
+  // per lane) instead of 8 rows x 32 B (fp32) or 16 B (bf16) from the fragments, a quarter to an
+  // eighth of the L1 wavefronts, which bounded the epilogue of short-K tiles.
   template <class P>
   __device__ static __forceinline__ void store_staged(const P& p, float (&acc)[kMt][kRegs],
                                                       const sm90::WgradTileInfo& ti, int wg,
@@ -162,65 +163,6 @@ struct WgradEpilogue {
           const int row = row0 + m * 64, col = col0 + box * 64;
           if (row < kM && col < kN) sm90::tma_store_3d(p.tmap_out, src, col, row, ti.expert);
         });
-  }
-
-  // This warpgroup's rows of the tile: (m, h) -> M row tile_m*block_m + (wg*mt + m)*64 +
-  // (warp%4)*16 + lane/4 + 8h; n8 chunk j -> columns 8j + 2*(lane%4) + {0, 1}. An m64 tile past M
-  // (partial last M tile) holds no rows of out and is skipped, and so is an n8 chunk past N
-  // (partial last N tile: N is a multiple of 8, so a chunk is all inside or all past it).
-  template <class P>
-  __device__ static __forceinline__ void store(const P& p, float (&acc)[kMt][kRegs],
-                                               const sm90::WgradTileInfo& ti, int wg) {
-    const int lane = static_cast<int>(threadIdx.x) & 31;
-    const int wq = (static_cast<int>(threadIdx.x) >> 5) & 3;
-    float* out = p.plain.out + static_cast<long long>(ti.expert) * kM * kN;
-    const int col0 = ti.tile_n * Cfg::block_n + (lane & 3) * 2;
-    // Chunks of this tile inside N; every chunk (a compile-time true) where block_n divides N.
-    const int chunks_in = kN % Cfg::block_n != 0 ? (kN - ti.tile_n * Cfg::block_n) / 8 : kRegs / 4;
-#pragma unroll
-    for (int m = 0; m < kMt; ++m) {
-      if (ti.tile_m * Cfg::block_m + (wg * kMt + m) * 64 >= kM) continue;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const long long r = static_cast<long long>(ti.tile_m) * Cfg::block_m + (wg * kMt + m) * 64 +
-                            wq * 16 + (lane >> 2) + 8 * h;
-        float* o = out + r * kN + col0;
-        if constexpr (OutBf16<Cfg>::value) {  // the same element offsets, 2-byte elements
-          unsigned short* ob = reinterpret_cast<unsigned short*>(p.plain.out) +
-                               (static_cast<long long>(ti.expert) * kM + r) * kN + col0;
-#pragma unroll
-          for (int j = 0; j < kRegs / 4; ++j)
-            if (j < chunks_in)
-              store_bf16x2(ob + 8 * j, acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
-        } else if (p.plain.accumulate) {
-#pragma unroll
-          for (int j0 = 0; j0 < kRegs / 4; j0 += 8) {
-            if (j0 >= chunks_in) break;
-            float prev[16];  // 8 loads in flight, then the adds and stores
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-              if (j0 + j < chunks_in)
-                asm volatile("ld.global.v2.f32 {%0, %1}, [%2];"
-                             : "=f"(prev[2 * j]), "=f"(prev[2 * j + 1])
-                             : "l"(o + 8 * (j0 + j)));
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-              if (j0 + j < chunks_in)
-                asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(o + 8 * (j0 + j)),
-                             "f"(acc[m][4 * (j0 + j) + 2 * h] + prev[2 * j]),
-                             "f"(acc[m][4 * (j0 + j) + 2 * h + 1] + prev[2 * j + 1])
-                             : "memory");
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < kRegs / 4; ++j)
-            if (j < chunks_in)
-              asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(o + 8 * j),
-                           "f"(acc[m][4 * j + 2 * h]), "f"(acc[m][4 * j + 2 * h + 1])
-                           : "memory");
-        }
-      }
-    }
   }
 };
 

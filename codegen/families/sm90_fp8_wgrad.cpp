@@ -18,10 +18,12 @@ namespace {
 constexpr int kBlockM = 128;
 constexpr int kSmemLimit = 232448;  // sm_90a's per-block dynamic shared memory
 
-// A ring stage: the A and B boxes and their scales (rounded up to 1 KiB); plus 2 KiB.
+// A ring stage: the A and B boxes and their scales (rounded up to 1 KiB); plus 2 KiB (barriers,
+// tile infos, alignment) and the 8 consumer warps' epilogue staging (16 rows of 144 bytes each),
+// which takes no stage from either tile's ring (4 stages of 128 x 256, 6 of 128 x 128).
 int smem_bytes(int block_n, int stages) {
   const int scale_bytes = ((kBlockM + block_n) * 4 + 1023) / 1024 * 1024;
-  return stages * ((kBlockM + block_n) * 128 + scale_bytes) + 2048;
+  return stages * ((kBlockM + block_n) * 128 + scale_bytes) + 2048 + 8 * 16 * 144;
 }
 
 // 128 x 256 wherever the gradient has more than 128 columns, with a partial last tile where 256
