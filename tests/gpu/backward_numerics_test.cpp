@@ -6,11 +6,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 
 #include "engine/runtime/driver.hpp"
 #include "testing/scoped_env.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
 #include "tests/gpu/training_layer.hpp"
+#include "tests/gpu/weight_gradient_checks.hpp"
 
 namespace gmjit::testing {
 namespace {
@@ -238,32 +240,16 @@ INSTANTIATE_TEST_SUITE_P(Layers, BackwardMatchesFloat64Reference, ::testing::Val
 void expect_bf16_weight_grads_are_fp32_rounded(const LayerSpec& l,
                                                const std::vector<std::int64_t>& splits,
                                                std::int64_t tokens, bool portable) {
+  SCOPED_TRACE(::testing::Message()
+               << "portable " << portable << " H " << l.hidden << " F " << l.ffn);
   TrainingLayer t(make_host_layer(l, splits, tokens, 5));
   Engine engine(EngineOptions{.portable_kernels_only = portable});
-  const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
   auto run = [&](const BackwardArgs& grads) {
     const ForwardContext ctx = engine.forward(l, Recipe::bf16(), t.device.args, GradMode::grad);
     engine.backward(ctx, Recipe::bf16(), grads);
   };
   run(t.grads);
-  std::vector<float> dw1(E * F1 * H), dw2(E * H * F);
-  t.dw1.download(std::as_writable_bytes(std::span(dw1)));
-  t.dw2.download(std::as_writable_bytes(std::span(dw2)));
-  engine::DeviceContext& ctx = engine::DeviceRegistry::instance().get(0);
-  engine::DeviceBuffer b1(ctx, E * F1 * H * 2), b2(ctx, E * H * F * 2);
-  b1.fill_bytes(0xFF);
-  b2.fill_bytes(0xFF);
-  BackwardArgs grads = t.grads;
-  const Device dev{Device::Kind::cuda, 0};
-  grads.dw1 = make_tensor(b1.data(), DType::bf16, {E, F1, H}, dev);
-  grads.dw2 = make_tensor(b2.data(), DType::bf16, {E, H, F}, dev);
-  run(grads);
-  for (const auto& [fp32, bf16] : {std::pair{&dw1, &b1}, std::pair{&dw2, &b2}}) {
-    const auto got = DeviceLayer::download(*bf16, static_cast<std::int64_t>(fp32->size()));
-    std::int64_t differ = 0;
-    for (std::size_t i = 0; i < got.size(); ++i) differ += got[i] != to_bf16((*fp32)[i]);
-    EXPECT_EQ(differ, 0) << "portable " << portable << " H " << H << " F " << F;
-  }
+  expect_bf16_grads_are_fp32_rounded(l, t.grads, WeightGrads(t), run);
 }
 
 // On the Hopper and the portable kernels, the latter with widths that end in partial tiles, and
@@ -335,8 +321,7 @@ TEST(WeightGradients, EveryTileShapeWritesTheSameGradients) {
   const std::vector<std::int64_t> splits = {300, 0, 64, 1, 650, 129, 0, 70};
   std::int64_t tokens = 0;
   for (const std::int64_t n : splits) tokens += n;
-  const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
-  std::vector<float> first_dw1, first_dw2;
+  std::optional<WeightGrads> first;  // the first tile shape's, which the others must match
   for (const char* tile : {"128x256", "256x128", "128x192", "128x128", "128x64"}) {
     wgrad_tile.set(tile);
     SCOPED_TRACE(std::string("GMJIT_WGRAD_TILE=") + tile);
@@ -344,35 +329,18 @@ TEST(WeightGradients, EveryTileShapeWritesTheSameGradients) {
     Engine engine(EngineOptions{.use_disk_cache = false});
     const ForwardContext ctx = engine.forward(l, Recipe::bf16(), t.device.args, GradMode::grad);
     engine.backward(ctx, Recipe::bf16(), t.grads);
-    std::vector<float> dw1(E * F1 * H), dw2(E * H * F);
-    t.dw1.download(std::as_writable_bytes(std::span(dw1)));
-    t.dw2.download(std::as_writable_bytes(std::span(dw2)));
-    std::int64_t non_finite = 0;
-    for (const std::vector<float>* dw : {&dw1, &dw2})
-      for (const float v : *dw) non_finite += !std::isfinite(v);
-    EXPECT_EQ(non_finite, 0) << "unwritten gradients";
-    if (first_dw1.empty()) {
-      first_dw1 = dw1;
-      first_dw2 = dw2;
+    const WeightGrads once(t);
+    expect_all_written(once);
+    if (!first) {
+      first = once;
     } else {
-      std::vector<double> want1(first_dw1.begin(), first_dw1.end());
-      std::vector<double> want2(first_dw2.begin(), first_dw2.end());
-      EXPECT_LT(relative_error(dw1, want1), 1e-5) << "dw1";
-      EXPECT_LT(relative_error(dw2, want2), 1e-5) << "dw2";
+      const std::vector<double> want1(first->dw1.begin(), first->dw1.end());
+      const std::vector<double> want2(first->dw2.begin(), first->dw2.end());
+      EXPECT_LT(relative_error(once.dw1, want1), 1e-5) << "dw1";
+      EXPECT_LT(relative_error(once.dw2, want2), 1e-5) << "dw2";
     }
-    // Main-grad accumulation into zeros, twice: exactly twice the gradient (x + x is exact).
-    t.dw1.fill_bytes(0);
-    t.dw2.fill_bytes(0);
-    BackwardArgs accumulating = t.grads;
-    accumulating.accumulate = true;
-    for (int i = 0; i < 2; ++i) engine.backward(ctx, Recipe::bf16(), accumulating);
-    std::vector<float> twice1(dw1.size()), twice2(dw2.size());
-    t.dw1.download(std::as_writable_bytes(std::span(twice1)));
-    t.dw2.download(std::as_writable_bytes(std::span(twice2)));
-    std::int64_t differ = 0;
-    for (std::size_t i = 0; i < dw1.size(); ++i) differ += twice1[i] != 2.0f * dw1[i];
-    for (std::size_t i = 0; i < dw2.size(); ++i) differ += twice2[i] != 2.0f * dw2[i];
-    EXPECT_EQ(differ, 0) << "accumulated twice";
+    auto backward = [&](const BackwardArgs& args) { engine.backward(ctx, Recipe::bf16(), args); };
+    expect_accumulating_twice_doubles(t, t.grads, once, backward);
     expect_bf16_weight_grads_are_fp32_rounded(l, splits, tokens, false);
   }
 }

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "tests/gpu/gpu_fixture.hpp"
 #include "tests/gpu/graph_capture.hpp"
 #include "tests/gpu/training_layer.hpp"
+#include "tests/gpu/weight_gradient_checks.hpp"
 
 namespace gmjit::testing {
 namespace {
@@ -414,10 +416,9 @@ TEST(Fp8WeightGradients, BothTileWidthsWriteTheSameGradientsWithAPartialLastTile
   if (Engine::devices()[0].arch != "sm_90a") GTEST_SKIP() << "FP8 kernels need sm_90a";
   const testing::ScopedEnv wgrad_tile("GMJIT_WGRAD_TILE");  // the caller's value is put back
   const LayerSpec l = fp8_layer_spec(4, 384, 640, Activation::swiglu, true, true, DType::i64);
-  const std::int64_t E = l.experts, H = l.hidden, F = l.ffn, F1 = l.fc1_out();
   const std::vector<std::int64_t> splits = {300, 0, 129, 257};
   const Recipe recipe = Recipe::fp8_block();
-  std::vector<float> first_dw1, first_dw2;
+  std::optional<WeightGrads> first;  // the first tile shape's, which the others must match
   for (const char* tile : {"128x256", "128x128"}) {
     wgrad_tile.set(tile);
     SCOPED_TRACE(std::string("GMJIT_WGRAD_TILE=") + tile);
@@ -431,46 +432,17 @@ TEST(Fp8WeightGradients, BothTileWidthsWriteTheSameGradientsWithAPartialLastTile
     BackwardArgs b = t.grads;
     w.set_backward(b);
     engine.backward(context, recipe, b);
-    const auto dw1 = download_as<float>(t.dw1, E * F1 * H);
-    const auto dw2 = download_as<float>(t.dw2, E * H * F);
-    std::int64_t non_finite = 0;
-    for (const std::vector<float>* dw : {&dw1, &dw2})
-      for (const float v : *dw) non_finite += !std::isfinite(v);
-    EXPECT_EQ(non_finite, 0) << "unwritten gradients";
-    if (first_dw1.empty()) {
-      first_dw1 = dw1;
-      first_dw2 = dw2;
+    const WeightGrads once(t);
+    expect_all_written(once);
+    if (!first) {
+      first = once;
     } else {
-      EXPECT_TRUE(dw1 == first_dw1) << "dW1 differs between the tile widths";
-      EXPECT_TRUE(dw2 == first_dw2) << "dW2 differs between the tile widths";
+      EXPECT_TRUE(once.dw1 == first->dw1) << "dW1 differs between the tile widths";
+      EXPECT_TRUE(once.dw2 == first->dw2) << "dW2 differs between the tile widths";
     }
-    t.dw1.fill_bytes(0);
-    t.dw2.fill_bytes(0);
-    BackwardArgs accumulating = b;
-    accumulating.accumulate = true;
-    for (int i = 0; i < 2; ++i) engine.backward(context, recipe, accumulating);
-    const auto twice1 = download_as<float>(t.dw1, E * F1 * H);
-    const auto twice2 = download_as<float>(t.dw2, E * H * F);
-    std::int64_t differ = 0;
-    for (std::size_t i = 0; i < dw1.size(); ++i) differ += twice1[i] != 2.0f * dw1[i];
-    for (std::size_t i = 0; i < dw2.size(); ++i) differ += twice2[i] != 2.0f * dw2[i];
-    EXPECT_EQ(differ, 0) << "accumulated twice";
-    engine::DeviceContext& device = engine::DeviceRegistry::instance().get(0);
-    engine::DeviceBuffer b1(device, E * F1 * H * 2), b2(device, E * H * F * 2);
-    b1.fill_bytes(0xFF);  // NaN bf16: an unwritten element shows
-    b2.fill_bytes(0xFF);
-    BackwardArgs bf16_grads = b;
-    const Device dev{Device::Kind::cuda, 0};
-    bf16_grads.dw1 = make_tensor(b1.data(), DType::bf16, {E, F1, H}, dev);
-    bf16_grads.dw2 = make_tensor(b2.data(), DType::bf16, {E, H, F}, dev);
-    engine.backward(context, recipe, bf16_grads);
-    for (const auto& [fp32, bf16] : {std::pair{&dw1, &b1}, std::pair{&dw2, &b2}}) {
-      const auto got = DeviceLayer::download(*bf16, static_cast<std::int64_t>(fp32->size()));
-      std::int64_t rounded_differently = 0;
-      for (std::size_t i = 0; i < got.size(); ++i)
-        rounded_differently += got[i] != to_bf16((*fp32)[i]);
-      EXPECT_EQ(rounded_differently, 0) << "bf16 weight gradients";
-    }
+    auto backward = [&](const BackwardArgs& args) { engine.backward(context, recipe, args); };
+    expect_accumulating_twice_doubles(t, b, once, backward);
+    expect_bf16_grads_are_fp32_rounded(l, b, once, backward);
   }
 }
 
