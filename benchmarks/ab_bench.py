@@ -31,7 +31,9 @@ hence faster, and the step gains what the changed kernel did not (docs/PERFORMAN
   python3 benchmarks/ab_bench.py --a old/cli/gmjit --b new/cli/gmjit --ncu fc2_dgrad e64 mixtral
 
 `--stop-after-s` skips the cases that would start after that many seconds (a device call has a
-time limit), `--json` keeps every round.
+time limit), `--json` keeps every round. A case that fails (a bench error, an `--ncu` regex that
+matches none of its kernels, a missing binary) is reported with its error and the run goes on
+with the others: the table shows what ran, the JSON lists the failures, and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -242,21 +244,33 @@ def main(argv: list[str] | None = None) -> int:
     b = Variant("B", args.b, parse_env(args.b_env, "--b-env"), args.python)
     start = time.monotonic()
     done: list[Case] = []
+    failed: list[tuple[str, str]] = []  # (case, error)
     for case in args.cases:
         if args.stop_after_s is not None and time.monotonic() - start > args.stop_after_s:
             print(f"skipped {case.label}: past --stop-after-s", file=sys.stderr)
             continue
-        for _ in range(args.rounds):
-            for v in (a, b):
-                case.rounds.setdefault(v.name, []).append(run_once(v, case, args.repeats, ncu))
+        try:
+            for _ in range(args.rounds):
+                for v in (a, b):
+                    case.rounds.setdefault(v.name, []).append(
+                        run_once(v, case, args.repeats, ncu))
+        except (RuntimeError, OSError) as e:
+            # One case's failure costs that case only: a device call's time is too scarce to
+            # lose the cases that ran before it.
+            print(f"failed {case.label}: {e}", file=sys.stderr)
+            failed.append((case.label, str(e)))
+            continue
         done.append(case)
     print(kernel_table(done, a, b) if ncu else table(done, a, b))
+    for label, error in failed:
+        print(f"FAILED {label}: {error.strip().splitlines()[0] if error.strip() else '?'}")
     if args.json:
         record = {"a": vars(a), "b": vars(b), "repeats": args.repeats, "ncu": args.ncu,
-                  "cases": [{"case": c.label, "rounds": c.rounds} for c in done]}  # fmt: skip
+                  "cases": [{"case": c.label, "rounds": c.rounds} for c in done],
+                  "failed": [{"case": c, "error": e} for c, e in failed]}  # fmt: skip
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

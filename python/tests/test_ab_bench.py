@@ -65,13 +65,35 @@ def test_a_report_without_times_names_what_is_missing():
         ab.times_of("  forward 1.0 ms\n  skipped: fwd+bwd (no GPU)")
 
 
-def test_a_failing_bench_stops_the_run_with_its_stderr(tmp_path):
+def test_a_failing_case_is_reported_with_its_stderr_and_the_others_still_run(
+        stub, tmp_path, capsys):  # fmt: skip
     ab = load("ab_bench")
-    failing = tmp_path / "gmjit"
-    failing.write_text("#!/bin/sh\necho 'bench: no such preset' >&2\nexit 2\n")
-    failing.chmod(0o755)
-    with pytest.raises(RuntimeError, match="no such preset"):
-        ab.main(["--a", str(failing), "--b", str(failing), "nosuch"])
+    binary, log = stub
+    picky = tmp_path / "picky"  # the stub, except that it knows no preset "nosuch"
+    picky.write_text(f"#!/bin/sh\nif [ \"$3\" = nosuch ]; then echo 'bench: no such preset' >&2; "
+                     f"exit 2; fi\nexec {binary} \"$@\"\n")  # fmt: skip
+    picky.chmod(0o755)
+    out = tmp_path / "ab.json"
+    assert ab.main(["--a", str(picky), "--b", str(picky), "--rounds", "1", "--json", str(out),
+                    "mixtral", "nosuch", "e64"]) == 1  # fmt: skip
+    captured = capsys.readouterr()
+    assert "failed nosuch" in captured.err and "no such preset" in captured.err
+    lines = captured.out.splitlines()
+    assert [line.split()[0] for line in lines if line.startswith(("mixtral", "e64"))] == [
+        "mixtral", "e64"]  # fmt: skip
+    assert any(line.startswith("FAILED nosuch") for line in lines)
+    record = json.loads(out.read_text())
+    assert [c["case"] for c in record["cases"]] == ["mixtral", "e64"]
+    assert record["failed"][0]["case"] == "nosuch"
+    assert "no such preset" in record["failed"][0]["error"]
+
+
+def test_a_missing_binary_fails_every_case_without_a_traceback(tmp_path, capsys):
+    ab = load("ab_bench")
+    missing = str(tmp_path / "no-such-gmjit")
+    assert ab.main(["--a", missing, "--b", missing, "--rounds", "1", "mixtral", "e64"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED mixtral" in out and "FAILED e64" in out
 
 
 def test_malformed_cases_and_environments_are_refused():
