@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -138,20 +140,6 @@ struct WgradTile {
 };
 constexpr WgradTile kWgradTiles[] = {
     {128, 256, 0.90}, {256, 128, 0.90}, {128, 192, 0.83}, {128, 128, 0.70}, {128, 64, 0.30}};
-
-// GMJIT_WGRAD_TILE=MxN forces one of them (A/B timing, tests).
-TileConfig forced_wgrad_tile(std::string_view forced) {
-  std::string names;
-  for (const WgradTile& t : kWgradTiles) {
-    const std::string name = fmt::format("{}x{}", t.block_m, t.block_n);
-    if (forced == name) return t.config();
-    names += (names.empty() ? "" : ", ") + name;
-  }
-  throw Error(Status::invalid_argument,
-              fmt::format("GMJIT_WGRAD_TILE must be one of {} (block_m x block_n of the weight "
-                          "gradients), not '{}'",
-                          names, forced));
-}
 
 }  // namespace
 
@@ -330,8 +318,12 @@ std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols)
   // The wgrad kernel takes rows that block_m does not divide in a partial last M tile, and
   // columns that block_n does not divide in a partial last N tile.
   if (rows <= 0 || rows % 8 != 0 || cols <= 0 || cols % 8 != 0) return std::nullopt;
-  if (const char* forced = std::getenv("GMJIT_WGRAD_TILE"); forced != nullptr && *forced != '\0')
-    return forced_wgrad_tile(forced);
+  std::vector<std::pair<int, int>> shapes;
+  for (const WgradTile& t : kWgradTiles) shapes.emplace_back(t.block_m, t.block_n);
+  if (const auto forced = forced_wgrad_shape(shapes)) {
+    for (const WgradTile& t : kWgradTiles)
+      if (std::pair{t.block_m, t.block_n} == *forced) return t.config();
+  }
   // The least padded area per unit of speed: e64's dW2 (2048 x 1408) takes 8 x 11 tiles of
   // 256 x 128 (not 128 x 128, which had it at 60 % of the tensor pipe); gpt-oss's dW1 (5760 x
   // 2880) 256 x 128 (2 % padded), its dW2 128 x 256 (7 %), each measured faster than 128 x 192;
@@ -347,6 +339,22 @@ std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols)
     best_cost = cost;
   }
   return best;
+}
+
+std::optional<std::pair<int, int>> forced_wgrad_shape(
+    std::span<const std::pair<int, int>> allowed) {
+  const char* forced = std::getenv("GMJIT_WGRAD_TILE");
+  if (forced == nullptr || *forced == '\0') return std::nullopt;
+  std::string names;
+  for (const auto& [block_m, block_n] : allowed) {
+    const std::string name = fmt::format("{}x{}", block_m, block_n);
+    if (name == forced) return std::pair{block_m, block_n};
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  throw Error(Status::invalid_argument,
+              fmt::format("GMJIT_WGRAD_TILE must be one of {} (block_m x block_n of these weight "
+                          "gradients), not '{}'",
+                          names, forced));
 }
 
 KernelSource sm90_kernel(const families::KernelRequest& request, const TileConfig& chosen,

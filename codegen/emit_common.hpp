@@ -4,8 +4,10 @@
 // a Cfg, declare the entry), tile fitting, and what the Hopper families have in common.
 #include <initializer_list>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "codegen/families/family.hpp"
 #include "codegen/grouped_mlp.hpp"
@@ -108,6 +110,10 @@ bool sm90_allowed(const families::KernelRequest& request);
 // of 128 x 256, 256 x 128, 128 x 192, 128 x 128 and 128 x 64, the least padded area (last tiles
 // may be partial both ways) per unit of the shape's speed; GMJIT_WGRAD_TILE=MxN forces one.
 std::optional<TileConfig> sm90_output_tile(std::int64_t rows, std::int64_t cols);
+// GMJIT_WGRAD_TILE=MxN (A/B timing, tests): the forced weight-gradient tile, one of `allowed`
+// ({block_m, block_n} pairs), or nullopt when the variable is unset or empty; any other value is
+// an error naming the variable, the value and the allowed shapes.
+std::optional<std::pair<int, int>> forced_wgrad_shape(std::span<const std::pair<int, int>> allowed);
 // The Hopper kernel `header`'s template `kernel` taking `params`, on `chosen` with the deepest
 // ring that fits (deepest_sm90_ring), checked against the arch (check_sm90_fits): entry +
 // "_sm90", Cfg = request.fields + sm90_tile_fields, launch bounds (384, 1) and the persistent

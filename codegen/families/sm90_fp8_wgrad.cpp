@@ -5,12 +5,10 @@
 // engine/families/sm90_fp8_wgrad.cpp.
 #include <fmt/format.h>
 
-#include <cstdlib>
-#include <string_view>
+#include <utility>
 
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
-#include "gmjit/error.hpp"
 
 namespace gmjit::codegen::families {
 namespace {
@@ -31,13 +29,9 @@ int smem_bytes(int block_n, int stages) {
 // MMAs waiting on L2, and the half tile skips its unused MMAs, so it costs no more than a
 // 128 x 128 one. GMJIT_WGRAD_TILE=128x256 or 128x128 forces a width (A/B timing, tests).
 int fp8_wgrad_block_n(std::int64_t cols) {
-  if (const char* forced = std::getenv("GMJIT_WGRAD_TILE"); forced != nullptr && *forced != '\0') {
-    const std::string_view tile = forced;
-    if (tile == "128x256" || tile == "128x128") return tile == "128x256" ? 256 : 128;
-    throw Error(Status::invalid_argument,
-                fmt::format("GMJIT_WGRAD_TILE must be 128x256 or 128x128 for the FP8 weight "
-                            "gradients (block_m x block_n), not '{}'",
-                            tile));
+  constexpr std::pair<int, int> kShapes[] = {{128, 256}, {128, 128}};
+  if (const auto forced = detail::forced_wgrad_shape(kShapes)) {
+    return forced->second;
   }
   return cols > 128 ? 256 : 128;
 }

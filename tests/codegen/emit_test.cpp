@@ -380,6 +380,19 @@ TEST(Sm90Tiles, WeightGradientsTakeTheTileOfLeastPaddedWorkPerSpeed) {
   EXPECT_FALSE(detail::sm90_output_tile(1448, 1060).has_value());  // cols not a multiple of 8
 }
 
+// `plan` refuses GMJIT_WGRAD_TILE=`value`: invalid_argument naming the variable and the value.
+template <class Plan>
+void expect_forced_tile_refused(Plan&& plan, const std::string& value) {
+  try {
+    plan();
+    FAIL() << value << " accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("GMJIT_WGRAD_TILE"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'" + value + "'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Sm90Tiles, AForcedWeightGradientTileIsTakenOrRefusedByName) {
   const testing::ScopedEnv forced("GMJIT_WGRAD_TILE");  // the caller's value is put back
   forced.set("128x192");
@@ -387,14 +400,7 @@ TEST(Sm90Tiles, AForcedWeightGradientTileIsTakenOrRefusedByName) {
   EXPECT_EQ(t.block_m, 128);
   EXPECT_EQ(t.block_n, 192);
   forced.set("256x256");
-  try {
-    (void)detail::sm90_output_tile(4096, 7168);
-    FAIL() << "256x256 accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::invalid_argument);
-    EXPECT_NE(std::string(e.what()).find("GMJIT_WGRAD_TILE"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("'256x256'"), std::string::npos) << e.what();
-  }
+  expect_forced_tile_refused([] { (void)detail::sm90_output_tile(4096, 7168); }, "256x256");
 }
 
 // The FP8 weight gradients take 128 x 256 tiles wherever there are more than 128 columns, the last
@@ -423,14 +429,7 @@ TEST(Sm90Tiles, Fp8WeightGradientsTake256WideTilesWithAPartialLastOne) {
   forced.set("128x128");
   EXPECT_EQ(wgrad_block_n(2048, 1408), (std::pair{128, 128}));
   forced.set("256x128");
-  try {
-    (void)wgrad_block_n(2048, 1408);
-    FAIL() << "256x128 accepted for the FP8 weight gradients";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::invalid_argument);
-    EXPECT_NE(std::string(e.what()).find("GMJIT_WGRAD_TILE"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("'256x128'"), std::string::npos) << e.what();
-  }
+  expect_forced_tile_refused([&] { (void)wgrad_block_n(2048, 1408); }, "256x128");
 }
 
 TEST(GroupedMlpEmit, GptOssWidthsTakeHopperKernelsWithPartialLastTiles) {
