@@ -38,6 +38,14 @@ timeout 420 "$py" -m pytest "$root/python/tests" -m gpu -q -rfE -p no:cacheprovi
   --junitxml="$OUT/pytest_gpu.xml" >"$OUT/pytest_gpu.log" 2>&1
 rc=$?
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_gpu.log" | tail -25
+# The FP8 tests' layers are narrow, and take the BF16 weight gradients by default: again with
+# the FP8 ones forced (a fresh process reads the variable).
+echo "== FP8 GPU tests with FP8 weight gradients (GMJIT_FP8_WGRAD=fp8)"
+GMJIT_FP8_WGRAD=fp8 timeout 200 "$py" -m pytest "$root/python/tests/test_gpu_fp8.py" \
+  -m gpu -q -rfE -p no:cacheprovider >"$OUT/pytest_gpu_fp8_wgrad.log" 2>&1
+rc_fp8=$?
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_gpu_fp8_wgrad.log" | tail -10
+[ "$rc" -eq 0 ] && rc=$rc_fp8
 "$py" -c "import gmjit; print('counters after the tests:', gmjit.counters())"
 
 if [ -z "${GMJIT_SKIP_BENCH:-}" ]; then

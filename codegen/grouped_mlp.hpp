@@ -78,19 +78,26 @@ struct Fp8Scaling {
   bool per_tensor = false;
 };
 
+// The weight-gradient kernels of a backward with FP8 data gradients: FP8 (each after its two
+// quantizations along tokens), BF16 (from the same bf16 operands), or both, the engine choosing
+// per call (engine/plan/fp8_weight_grads.hpp).
+enum class Fp8WeightGradKernels : std::uint8_t { fp8, bf16, both };
+
 struct GroupedMlpBackwardDesc {
   LayerSpec layer;
   GradientSet outputs;
   std::string arch = "sm_80";  // "sm_90a": the Hopper dgrad and wgrad kernels where dims allow
   bool portable_only = false;
   // Set: the data gradients run in FP8 (codegen/fp8_backward.hpp; sm_90a), from the weights'
-  // transposed E4M3 copies, and so do the weight gradients.
+  // transposed E4M3 copies, and the weight gradients as weight_grad_kernels says.
   std::optional<Fp8Scaling> fp8_dgrad;
+  Fp8WeightGradKernels weight_grad_kernels = Fp8WeightGradKernels::fp8;
 };
 
 // Kernels in launch order: fc2_dgrad first (it produces dh and a ⊙ p), then wgrad_w2, bgrad_b2,
 // wgrad_w1, bgrad_b1, fc1_dgrad as asked for. With fp8_dgrad, FC2 dgrad is preceded by the
-// quantization of dy and FC1 dgrad by that of dh.
+// quantization of dy and FC1 dgrad by that of dh, and each weight gradient is its FP8 kernels
+// (quantizations along tokens, then the GEMM), its BF16 kernel, or both in that order.
 std::vector<KernelSource> emit_grouped_mlp_backward(const GroupedMlpBackwardDesc& desc);
 
 // Throws Error(Status::invalid_argument) for dims the kernels cannot serve: hidden and ffn must be

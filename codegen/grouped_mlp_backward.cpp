@@ -99,27 +99,29 @@ std::vector<KernelSource> emit_grouped_mlp_backward(const GroupedMlpBackwardDesc
   } else {
     kernels.push_back(fc2_dgrad(desc));
   }
-  // With FP8 data gradients the weight gradients run on the FP8 tensor cores too.
-  const bool fp8_wgrad = desc.fp8_dgrad.has_value();
-  auto fp8_weight_gradient = [&](bool w2) {
-    for (KernelSource& k :
-         emit_fp8_weight_gradient(layer, *desc.fp8_dgrad, desc.arch, w2, out.bf16_weight_grads)) {
-      kernels.push_back(std::move(k));
+  // With FP8 data gradients the weight gradients run on the FP8 tensor cores, in BF16, or either
+  // (both sets in the plan, FP8 first; Engine::backward runs one of them per call).
+  const bool fp8_wgrad =
+      desc.fp8_dgrad.has_value() && desc.weight_grad_kernels != Fp8WeightGradKernels::bf16;
+  const bool bf16_wgrad =
+      !desc.fp8_dgrad.has_value() || desc.weight_grad_kernels != Fp8WeightGradKernels::fp8;
+  auto weight_gradient = [&](bool w2) {
+    if (fp8_wgrad) {
+      for (KernelSource& k :
+           emit_fp8_weight_gradient(layer, *desc.fp8_dgrad, desc.arch, w2, out.bf16_weight_grads)) {
+        kernels.push_back(std::move(k));
+      }
+    }
+    if (bf16_wgrad) {
+      kernels.push_back(w2 ? wgrad(KernelRole::wgrad_w2, desc, layer.hidden, layer.ffn)
+                           : wgrad(KernelRole::wgrad_w1, desc, layer.fc1_out(), layer.hidden));
     }
   };
-  if (out.dw2 && fp8_wgrad) {
-    fp8_weight_gradient(true);
-  } else if (out.dw2) {
-    kernels.push_back(wgrad(KernelRole::wgrad_w2, desc, layer.hidden, layer.ffn));
-  }
+  if (out.dw2) weight_gradient(true);
   if (out.db2) {
     kernels.push_back(column_sum(KernelRole::bgrad_b2, desc, layer.hidden, layer.router_probs));
   }
-  if (out.dw1 && fp8_wgrad) {
-    fp8_weight_gradient(false);
-  } else if (out.dw1) {
-    kernels.push_back(wgrad(KernelRole::wgrad_w1, desc, layer.fc1_out(), layer.hidden));
-  }
+  if (out.dw1) weight_gradient(false);
   if (out.db1) kernels.push_back(column_sum(KernelRole::bgrad_b1, desc, layer.fc1_out(), false));
   if (out.dx && desc.fp8_dgrad) {
     for (KernelSource& k : emit_fp8_fc1_dgrad(layer, *desc.fp8_dgrad, desc.arch)) {

@@ -1,6 +1,7 @@
 // Engine::backward: validate against the forward's context, find the backward plan, launch its
 // kernels in order (FC2 dgrad with the activation backward first; then the weight and bias
-// gradients and FC1 dgrad that were asked for; FP8 data gradients quantize dy and dh first). Each
+// gradients and FC1 dgrad that were asked for; FP8 data gradients quantize dy and dh first; of
+// an FP8 plan's weight gradients, the FP8 or the BF16 set: engine/plan/fp8_weight_grads.hpp). Each
 // kernel's family (engine/families/) binds the call's tensors to its parameter block: plain
 // pointers (portable kernels) or with TMA descriptors (Hopper kernels).
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include "engine/api/engine_impl.hpp"
 #include "engine/api/validate.hpp"
 #include "engine/families/family.hpp"
+#include "engine/plan/fp8_weight_grads.hpp"
 #include "engine/runtime/capture_mode.hpp"
 #include "engine/runtime/device_context.hpp"
 #include "engine/runtime/driver.hpp"
@@ -56,14 +58,18 @@ struct BackwardWorkspace {
     return (tokens + 127) / 128 * 128 + 128 * experts;
   }
 
-  BackwardWorkspace(const LayerSpec& layer, std::int64_t tokens, RecipeKind recipe) {
-    add_scratch(layer, tokens, recipe);
+  // recipe: the data gradients' (bf16 where the backward has no FP8 weights); fp8_weight_grads:
+  // whether the weight gradients are the FP8 ones (their operands along tokens need room).
+  BackwardWorkspace(const LayerSpec& layer, std::int64_t tokens, RecipeKind recipe,
+                    bool fp8_weight_grads) {
+    add_scratch(layer, tokens, recipe, fp8_weight_grads);
     // Last: the counters move no other buffer (each starts where it would without them).
     if (tokens > 0) tile_counters = layout.add(engine::TileCounters::kBytes);
   }
 
  private:
-  void add_scratch(const LayerSpec& layer, std::int64_t tokens, RecipeKind recipe) {
+  void add_scratch(const LayerSpec& layer, std::int64_t tokens, RecipeKind recipe,
+                   bool fp8_weight_grads) {
     const auto T = static_cast<std::size_t>(tokens);
     const auto H = static_cast<std::size_t>(layer.hidden);
     const auto F1 = static_cast<std::size_t>(layer.fc1_out());
@@ -78,6 +84,7 @@ struct BackwardWorkspace {
     dh_scales = layout.add(per_tensor ? 4 : T * (F1 / 128) * 4);
     // Amax slots (fp8_tensor): dy, dh, a ⊙ p, x.
     if (per_tensor) amax = layout.add(4 * 4);
+    if (!fp8_weight_grads) return;
     tokens_ld = padded_tokens(tokens, layer.experts);
     const auto ld = static_cast<std::size_t>(tokens_ld);
     const std::size_t a_rows = std::max(H, F1);
@@ -94,7 +101,10 @@ struct BackwardWorkspace {
 std::size_t Engine::backward_workspace_bytes(const LayerSpec& spec, std::int64_t tokens,
                                              const Recipe& recipe) const {
   engine::validate_workspace_query(spec, tokens);
-  return BackwardWorkspace(spec, tokens, recipe.kind()).layout.total();
+  // The most a backward of this recipe can need: with the FP8 data gradients.
+  const bool fp8_wgrad = recipe.is_fp8() && engine::fp8_weight_grads_for_call(
+                                                impl_->options.fp8_weight_grads, spec, tokens);
+  return BackwardWorkspace(spec, tokens, recipe.kind(), fp8_wgrad).layout.total();
 }
 
 void Engine::backward(const ForwardContext& context, const Recipe& recipe, const BackwardArgs& args,
@@ -128,7 +138,10 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
   }
   engine::ScopedContext scope(plan.device->context());
   // A backward without the transposed weights is BF16 whatever the recipe: no FP8 scratch.
-  const BackwardWorkspace parts(layer, tokens, fp8_dgrad ? recipe.kind() : RecipeKind::bf16);
+  const bool fp8_wgrad = fp8_dgrad && engine::fp8_weight_grads_for_call(
+                                          impl_->options.fp8_weight_grads, layer, tokens);
+  const BackwardWorkspace parts(layer, tokens, fp8_dgrad ? recipe.kind() : RecipeKind::bf16,
+                                fp8_wgrad);
   const engine::WorkspaceLease workspace(impl_->workspaces, *plan.device, cu_stream,
                                          parts.layout.total(), args.workspace);
   engine::CallTensors call;
@@ -186,6 +199,7 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
   const engine::TileCounters counters(workspace.at(parts.tile_counters), plan.kernels.size(),
                                       cu_stream);
   for (std::size_t i = 0; i < plan.kernels.size(); ++i) {
+    if (!engine::runs_with_weight_grads(plan.kernels[i]->role(), fp8_wgrad)) continue;
     call.tile_counter = counters.at(i);
     engine::bind_and_launch(*plan.kernels[i], *plan.device, call, cu_stream);
   }

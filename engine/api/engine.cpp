@@ -10,6 +10,7 @@
 #include "codegen/grouped_mlp.hpp"
 #include "codegen/nvrtc_compiler.hpp"
 #include "engine/api/engine_impl.hpp"
+#include "engine/plan/fp8_weight_grads.hpp"
 #include "engine/plan/fuser.hpp"
 #include "engine/runtime/capture_mode.hpp"
 #include "engine/runtime/device_context.hpp"
@@ -88,20 +89,40 @@ std::unique_ptr<cache::DiskCache> open_disk_cache(const EngineOptions& options) 
   return std::make_unique<cache::DiskCache>(std::move(config));
 }
 
-// `given` with GMJIT_DECODE_TOKENS_PER_EXPERT applied, checked.
-EngineOptions with_environment(EngineOptions given) {
-  if (const char* value = std::getenv("GMJIT_DECODE_TOKENS_PER_EXPERT");
-      value != nullptr && *value != '\0') {
-    char* end = nullptr;
-    const long parsed = std::strtol(value, &end, 10);
-    if (*end != '\0' || parsed < 0 || parsed > (1 << 20)) {
-      throw Error(Status::invalid_argument,
-                  fmt::format("GMJIT_DECODE_TOKENS_PER_EXPERT must be an integer in [0, 2^20], "
-                              "got '{}'",
-                              value));
-    }
-    given.decode_tokens_per_expert = static_cast<int>(parsed);
+// `field` replaced by the integer in [0, 2^20] that environment variable `name` holds, if set.
+void apply_count_from_environment(const char* name, int& field) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return;
+  char* end = nullptr;
+  const long parsed = std::strtol(value, &end, 10);
+  if (*end != '\0' || parsed < 0 || parsed > (1 << 20)) {
+    throw Error(Status::invalid_argument,
+                fmt::format("{} must be an integer in [0, 2^20], got '{}'", name, value));
   }
+  field = static_cast<int>(parsed);
+}
+
+// `field` replaced by the policy environment variable `name` names (auto, fp8 or bf16), if set.
+void apply_fp8_weight_grads_from_environment(const char* name, Fp8WeightGrads& field) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return;
+  const std::string_view v = value;
+  if (v == "auto") {
+    field = Fp8WeightGrads::automatic;
+  } else if (v == "fp8") {
+    field = Fp8WeightGrads::fp8;
+  } else if (v == "bf16") {
+    field = Fp8WeightGrads::bf16;
+  } else {
+    throw Error(Status::invalid_argument,
+                fmt::format("{} must be auto, fp8 or bf16, got '{}'", name, value));
+  }
+}
+
+// `given` with GMJIT_DECODE_TOKENS_PER_EXPERT and GMJIT_FP8_WGRAD applied, checked.
+EngineOptions with_environment(EngineOptions given) {
+  apply_count_from_environment("GMJIT_DECODE_TOKENS_PER_EXPERT", given.decode_tokens_per_expert);
+  apply_fp8_weight_grads_from_environment("GMJIT_FP8_WGRAD", given.fp8_weight_grads);
   if (given.decode_tokens_per_expert < 0) {
     throw Error(Status::invalid_argument,
                 fmt::format("EngineOptions::decode_tokens_per_expert must be 0 or more, got {}",
@@ -151,8 +172,9 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engin
     std::optional<codegen::Fp8Scaling> fp8_dgrad;
     if (key.fp8_dgrad)
       fp8_dgrad = codegen::Fp8Scaling{key.pow2_scales != 0, key.recipe == fp8_tensor};
-    sources = codegen::emit_grouped_mlp_backward({layer, GradientSet::from_bits(key.gradients),
-                                                  arch, options.portable_kernels_only, fp8_dgrad});
+    sources = codegen::emit_grouped_mlp_backward(
+        {layer, GradientSet::from_bits(key.gradients), arch, options.portable_kernels_only,
+         fp8_dgrad, engine::weight_grad_kernels_in_plans(options.fp8_weight_grads, layer)});
   } else if (fp8) {
     // FP8 plans are one fused shape (no op-by-op variant): quantize x, FC1, FC2.
     sources = codegen::emit_fp8_forward(

@@ -94,6 +94,18 @@ struct BackwardArgs {
   TensorRef w2t_scales;  // fp8_block: [E, F / 128, H / 128]; fp8_tensor: [E]
 };
 
+// The weight gradients of a backward with FP8 data gradients come from FP8 GEMMs, whose
+// operands (dy, a ⊙ p, dh, x) are first quantized along tokens, or from the BF16 weight-gradient
+// kernels over the same bf16 operands (more precise, no quantization passes).
+enum class Fp8WeightGrads : std::uint8_t {
+  // FP8 where it was measured faster (docs/DESIGN.md §8): layers wide enough that the four
+  // quantization passes are small beside the GEMMs, and calls with enough tokens per expert on
+  // average; the BF16 kernels elsewhere. The plans of such layers carry both sets.
+  automatic,
+  fp8,   // always FP8
+  bf16,  // always the BF16 kernels
+};
+
 struct EngineOptions {
   bool use_disk_cache = true;  // the environment can still disable it (GMJIT_CACHE_DISABLE)
   // Use the portable (mma.sync) forward kernels even where Hopper kernels exist: for testing
@@ -109,6 +121,10 @@ struct EngineOptions {
   // more tokens per expert. The environment variable GMJIT_DECODE_TOKENS_PER_EXPERT, when set,
   // replaces it.
   int decode_tokens_per_expert = 16;
+  // Which kernels compute the weight gradients of an FP8 backward (the transposed FP8 weights
+  // given; Fp8WeightGrads says when). The environment variable GMJIT_FP8_WGRAD (auto, fp8 or
+  // bf16), when set, replaces it.
+  Fp8WeightGrads fp8_weight_grads = Fp8WeightGrads::automatic;
 };
 
 struct EngineCounters {
@@ -167,8 +183,10 @@ class Engine {
   // Scratch bytes a call with `tokens` tokens needs when the caller provides the workspace.
   std::size_t forward_workspace_bytes(const LayerSpec& spec, GradMode grad, std::int64_t tokens,
                                       const Recipe& recipe = Recipe::bf16()) const;
-  // FP8 recipes: enough for the FP8 backward (dy, dh and the weight gradients' operands in
-  // E4M3 with their scales); a backward without the transposed weights needs the BF16 size.
+  // FP8 recipes: enough for the FP8 backward (dy and dh in E4M3 with their scales, and where
+  // the weight gradients are the FP8 ones for this layer and this many tokens
+  // (EngineOptions::fp8_weight_grads) their operands too); a backward without the transposed
+  // weights needs the BF16 size.
   std::size_t backward_workspace_bytes(const LayerSpec& spec, std::int64_t tokens,
                                        const Recipe& recipe = Recipe::bf16()) const;
 

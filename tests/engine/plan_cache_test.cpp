@@ -102,6 +102,62 @@ TEST_F(PlanCache, TheEnvironmentOverridesTheDecodeThresholdAndBadValuesAreRefuse
   EXPECT_THROW(Engine(EngineOptions{.decode_tokens_per_expert = -2}), Error);
 }
 
+// The FP8 backward plans carry the FP8 weight gradients, the BF16 ones, or both, as
+// EngineOptions::fp8_weight_grads (or GMJIT_FP8_WGRAD) and the layer's width say; the workspace a
+// call needs follows the set it runs.
+TEST_F(PlanCache, TheFp8WeightGradientPolicyPicksThePlansSetsAndTheWorkspace) {
+  LayerSpec wide = testing::small_layer();
+  wide.hidden = 4096;
+  wide.ffn = 4096;  // effective width 4096: both sets under `automatic`
+  LayerSpec narrow = wide;
+  narrow.hidden = narrow.ffn = 256;
+  const GradientSet all{.dx = true, .dw1 = true, .db1 = false, .dw2 = true};
+  const Recipe fp8 = Recipe::fp8_block();
+  auto wgrads = [&](Engine& engine, const LayerSpec& layer) {
+    int bf16 = 0, quantize_tokens = 0;
+    for (const std::string& name :
+         engine.prepare_backward(layer, fp8, all, "sm_90a").kernel_names) {
+      if (name.find("quantize_tokens") != std::string::npos) ++quantize_tokens;
+      if (name.starts_with("gmjit_wgrad_w") && name.find("_h") != std::string::npos) ++bf16;
+    }
+    return std::pair(bf16, quantize_tokens);
+  };
+  Engine automatic(EngineOptions{.use_disk_cache = false});
+  EXPECT_EQ(wgrads(automatic, wide), std::pair(2, 4));  // two BF16 GEMMs; two quantizations each
+  EXPECT_EQ(wgrads(automatic, narrow), std::pair(2, 0));
+  Engine fp8_only(EngineOptions{.use_disk_cache = false, .fp8_weight_grads = Fp8WeightGrads::fp8});
+  EXPECT_EQ(wgrads(fp8_only, narrow), std::pair(0, 4));
+  Engine bf16_only(
+      EngineOptions{.use_disk_cache = false, .fp8_weight_grads = Fp8WeightGrads::bf16});
+  EXPECT_EQ(wgrads(bf16_only, wide), std::pair(2, 0));
+  // Below 512 tokens per expert no room for the operands along tokens; from there on, the FP8
+  // size.
+  const std::int64_t few = 512 * wide.experts - 1, many = 512 * wide.experts;
+  EXPECT_EQ(automatic.backward_workspace_bytes(wide, few, fp8),
+            bf16_only.backward_workspace_bytes(wide, few, fp8));
+  EXPECT_EQ(automatic.backward_workspace_bytes(wide, many, fp8),
+            fp8_only.backward_workspace_bytes(wide, many, fp8));
+  EXPECT_LT(bf16_only.backward_workspace_bytes(wide, many, fp8),
+            fp8_only.backward_workspace_bytes(wide, many, fp8));
+
+  setenv("GMJIT_FP8_WGRAD", "fp8", 1);
+  {
+    Engine engine(EngineOptions{.use_disk_cache = false});
+    EXPECT_EQ(wgrads(engine, narrow), std::pair(0, 4));
+  }
+  for (const char* bad : {"FP8", "on", "1"}) {
+    setenv("GMJIT_FP8_WGRAD", bad, 1);
+    try {
+      Engine engine;
+      ADD_FAILURE() << "accepted GMJIT_FP8_WGRAD=" << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("GMJIT_FP8_WGRAD"), std::string::npos);
+    }
+  }
+  unsetenv("GMJIT_FP8_WGRAD");
+}
+
 TEST_F(PlanCache, GradFlipBuildsExactlyTwoPlansThenOnlyHits) {
   const LayerSpec layer = testing::small_layer();
   Engine engine;
