@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
 #include <thread>
 
 #include "testing/layers.hpp"
@@ -80,6 +81,22 @@ TEST_F(PlanCache, NoGradHopperPlansEndInTheDecodePairsUnlessTurnedOff) {
             2u);
 }
 
+// An engine does not start with `variable` set to any of `values`: an invalid_argument error that
+// names the variable. Leaves the variable unset.
+void expect_engine_refuses(const char* variable, std::initializer_list<const char*> values) {
+  for (const char* bad : values) {
+    setenv(variable, bad, 1);
+    try {
+      Engine engine;
+      ADD_FAILURE() << "accepted " << variable << "=" << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(variable), std::string::npos) << e.what();
+    }
+  }
+  unsetenv(variable);
+}
+
 TEST_F(PlanCache, TheEnvironmentOverridesTheDecodeThresholdAndBadValuesAreRefused) {
   const LayerSpec layer = testing::small_layer();
   setenv("GMJIT_DECODE_TOKENS_PER_EXPERT", "0", 1);
@@ -88,17 +105,7 @@ TEST_F(PlanCache, TheEnvironmentOverridesTheDecodeThresholdAndBadValuesAreRefuse
     EXPECT_EQ(
         engine.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a").kernel_names.size(), 2u);
   }
-  for (const char* bad : {"-1", "many", "16x"}) {
-    setenv("GMJIT_DECODE_TOKENS_PER_EXPERT", bad, 1);
-    try {
-      Engine engine;
-      ADD_FAILURE() << "accepted GMJIT_DECODE_TOKENS_PER_EXPERT=" << bad;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.status(), Status::invalid_argument);
-      EXPECT_NE(std::string(e.what()).find("GMJIT_DECODE_TOKENS_PER_EXPERT"), std::string::npos);
-    }
-  }
-  unsetenv("GMJIT_DECODE_TOKENS_PER_EXPERT");
+  expect_engine_refuses("GMJIT_DECODE_TOKENS_PER_EXPERT", {"-1", "many", "16x"});
   EXPECT_THROW(Engine(EngineOptions{.decode_tokens_per_expert = -2}), Error);
 }
 
@@ -145,17 +152,7 @@ TEST_F(PlanCache, TheFp8WeightGradientPolicyPicksThePlansSetsAndTheWorkspace) {
     Engine engine(EngineOptions{.use_disk_cache = false});
     EXPECT_EQ(wgrads(engine, narrow), std::pair(0, 4));
   }
-  for (const char* bad : {"FP8", "on", "1"}) {
-    setenv("GMJIT_FP8_WGRAD", bad, 1);
-    try {
-      Engine engine;
-      ADD_FAILURE() << "accepted GMJIT_FP8_WGRAD=" << bad;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.status(), Status::invalid_argument);
-      EXPECT_NE(std::string(e.what()).find("GMJIT_FP8_WGRAD"), std::string::npos);
-    }
-  }
-  unsetenv("GMJIT_FP8_WGRAD");
+  expect_engine_refuses("GMJIT_FP8_WGRAD", {"FP8", "on", "1"});
 }
 
 TEST_F(PlanCache, GradFlipBuildsExactlyTwoPlansThenOnlyHits) {
