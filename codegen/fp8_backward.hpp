@@ -13,7 +13,8 @@
 namespace gmjit::codegen {
 
 // fp8_block: [quantize_dy, fc2_dgrad_fp8]; fp8_tensor: [tensor_amax_dy, tensor_quantize_dy,
-// fc2_dgrad_fp8] and, with `dh_amax` (dh is quantized later: dx or dW1 wanted), tensor_amax_dh.
+// fc2_dgrad_fp8] and, with `dh_amax` (dh is quantized later: dx, or dW1 with the FP8 set, wanted),
+// tensor_amax_dh.
 std::vector<KernelSource> emit_fp8_fc2_dgrad(const LayerSpec& layer, const Fp8Scaling& scaling,
                                              const std::string& arch, bool dh_amax);
 

@@ -93,18 +93,20 @@ std::vector<KernelSource> emit_grouped_mlp_backward(const GroupedMlpBackwardDesc
   const GradientSet& out = desc.outputs;
   check_supported(layer);
   if (desc.fp8_dgrad) check_fp8_supported(layer, desc.arch);
-  std::vector<KernelSource> kernels;
-  if (desc.fp8_dgrad) {
-    kernels = emit_fp8_fc2_dgrad(layer, *desc.fp8_dgrad, desc.arch, out.dx || out.dw1);
-  } else {
-    kernels.push_back(fc2_dgrad(desc));
-  }
   // With FP8 data gradients the weight gradients run on the FP8 tensor cores, in BF16, or either
   // (both sets in the plan, FP8 first; Engine::backward runs one of them per call).
   const bool fp8_wgrad =
       desc.fp8_dgrad.has_value() && desc.weight_grad_kernels != Fp8WeightGradKernels::bf16;
   const bool bf16_wgrad =
       !desc.fp8_dgrad.has_value() || desc.weight_grad_kernels != Fp8WeightGradKernels::fp8;
+  std::vector<KernelSource> kernels;
+  if (desc.fp8_dgrad) {
+    // dh is quantized later for FC1 dgrad, and along tokens for the FP8 dW1.
+    kernels =
+        emit_fp8_fc2_dgrad(layer, *desc.fp8_dgrad, desc.arch, out.dx || (out.dw1 && fp8_wgrad));
+  } else {
+    kernels.push_back(fc2_dgrad(desc));
+  }
   auto weight_gradient = [&](bool w2) {
     if (fp8_wgrad) {
       for (KernelSource& k :

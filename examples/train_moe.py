@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Trains a tiny random-initialised Qwen3-MoE language model twice, with transformers'
 "grouped_mm" experts and with gmjit's, and prints both loss curves, step time, peak memory.
-`--recipe fp8_block` runs gmjit's experts with the FP8 block recipe (E4M3 forward GEMMs, data
-and weight gradients; needs a Hopper GPU): the same model from the same seed, so its
+`--recipe fp8_block` runs gmjit's experts with the FP8 block recipe (E4M3 forward GEMMs and data
+gradients, weight gradients where faster; needs a Hopper GPU): the same model from the same seed, so its
 loss curve should track the BF16 one.
 
 The data is synthetic but learnable: each sequence counts up from a random start with a random
@@ -90,8 +90,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--recipe", choices=("bf16", "fp8_block"), default="bf16",
-                    help="gmjit's recipe (fp8_block: E4M3 forward GEMMs, data and weight "
-                         "gradients)")
+                    help="gmjit's recipe (fp8_block: E4M3 forward GEMMs and data gradients, "
+                         "weight gradients where faster)")
     return ap.parse_args(argv)
 
 

@@ -24,6 +24,7 @@ class ScopedEnv {
 
   void set(const std::string& value) const { setenv(name_.c_str(), value.c_str(), 1); }
   void unset() const { unsetenv(name_.c_str()); }
+  const std::string& name() const { return name_; }
 
  private:
   std::string name_;

@@ -173,11 +173,13 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
     call.dy_scales = static_cast<float*>(workspace.at(parts.dy_scales));
     call.dh_fp8 = workspace.at(parts.dh_fp8);
     call.dh_scales = static_cast<float*>(workspace.at(parts.dh_scales));
-    call.tokens_ld = parts.tokens_ld;
-    call.tokens_a = workspace.at(parts.tokens_a);
-    call.tokens_a_scales = static_cast<float*>(workspace.at(parts.tokens_a_scales));
-    call.tokens_b = workspace.at(parts.tokens_b);
-    call.tokens_b_scales = static_cast<float*>(workspace.at(parts.tokens_b_scales));
+    if (fp8_wgrad) {  // else no room was made for them, and no kernel that runs reads them
+      call.tokens_ld = parts.tokens_ld;
+      call.tokens_a = workspace.at(parts.tokens_a);
+      call.tokens_a_scales = static_cast<float*>(workspace.at(parts.tokens_a_scales));
+      call.tokens_b = workspace.at(parts.tokens_b);
+      call.tokens_b_scales = static_cast<float*>(workspace.at(parts.tokens_b_scales));
+    }
     if (recipe.kind() == RecipeKind::fp8_tensor) {
       // Current scaling: the amax of dy, dh, a ⊙ p and x are taken in this call, into zeroed
       // slots.

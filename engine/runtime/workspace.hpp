@@ -79,7 +79,9 @@ class WorkspaceLease {
 // claim their tiles from it (dynamic tile scheduling), so it must read zero when each launches.
 class TileCounters {
  public:
-  static constexpr std::size_t kMaxKernels = 16;
+  // The largest plan: an FP8 per-tensor backward with both biases, every gradient and both
+  // weight-gradient sets (engine/plan/fp8_weight_grads.hpp) has 18 kernels.
+  static constexpr std::size_t kMaxKernels = 24;
   static constexpr std::size_t kBytes = kMaxKernels * sizeof(unsigned int);
 
   // Zeroes the first `kernels` counters at `slot` (kBytes of workspace) on `stream`; with

@@ -40,8 +40,9 @@ typedef enum gmjit_glu_layout {
  * block (fp32 scales and accumulation); Hopper (sm_90a) only, hidden and ffn multiples of 128,
  * the halves GLU layout. FP8_BLOCK_POW2: the same with every scale rounded up to a power of two.
  * FP8_TENSOR: per-tensor current scaling (one scale for x, one per expert matrix of the weights).
- * The backward of an FP8 forward is BF16 through gmjit_backward, FP8 (data and weight gradients)
- * through gmjit_backward_ex with the transposed quantized weights. */
+ * The backward of an FP8 forward is BF16 through gmjit_backward, FP8 (data gradients, and weight
+ * gradients where faster: GMJIT_FP8_WGRAD) through gmjit_backward_ex with the transposed
+ * quantized weights. */
 typedef enum gmjit_recipe {
   GMJIT_RECIPE_BF16 = 0,
   GMJIT_RECIPE_FP8_BLOCK = 1,
@@ -161,8 +162,9 @@ gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmjit_layer* 
 
 /* gmjit_backward with the transposed FP8 weights of an FP8 recipe (gmjit_quantize_weights_ex's
  * out_transposed): the data gradients (dx, and dh for the weight gradients) then run on the FP8
- * tensor cores, with dy and dh quantized like x, and so do the weight gradients; args->w1 / w2
- * may be NULL. NULL: as gmjit_backward (a BF16 backward). */
+ * tensor cores, with dy and dh quantized like x, and so do the weight gradients of wide layers
+ * in calls of 512 or more tokens per expert (else BF16 kernels; GMJIT_FP8_WGRAD=fp8|bf16 forces
+ * one); args->w1 / w2 may be NULL. NULL: as gmjit_backward (a BF16 backward). */
 gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context* context,
                                const gmjit_backward_args* args,
                                const gmjit_fp8_weights* fp8_transposed, void* stream);

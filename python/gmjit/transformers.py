@@ -5,7 +5,7 @@
 
 FP8: `experts_implementation="gmjit_fp8_block"` (or "gmjit_fp8_block_pow2") runs the experts'
 forward GEMMs with that recipe (gmjit.torch.grouped_mlp's `recipe`), and in training the
-backward's data and weight gradients too. The quantized weights (with
+backward's data gradients (and its weight gradients where faster) too. The quantized weights (with
 their transposed copies in training: a grad-enabled call, or the module in training mode with
 weights requiring grad) are kept on the module and made again only when a weight's version
 counter or address changes (optimizer steps); modules whose widths are not multiples of 128 run

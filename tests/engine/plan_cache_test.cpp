@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "testing/layers.hpp"
+#include "testing/scoped_env.hpp"
 
 namespace gmjit {
 namespace {
@@ -81,31 +82,34 @@ TEST_F(PlanCache, NoGradHopperPlansEndInTheDecodePairsUnlessTurnedOff) {
             2u);
 }
 
-// An engine does not start with `variable` set to any of `values`: an invalid_argument error that
-// names the variable. Leaves the variable unset.
-void expect_engine_refuses(const char* variable, std::initializer_list<const char*> values) {
+// An engine does not start with `variable` (a ScopedEnv, which puts the caller's value back) set
+// to any of `values`: an invalid_argument error that names the variable.
+void expect_engine_refuses(const testing::ScopedEnv& variable,
+                           std::initializer_list<const char*> values) {
+  const std::string& name = variable.name();
   for (const char* bad : values) {
-    setenv(variable, bad, 1);
+    variable.set(bad);
     try {
       Engine engine;
-      ADD_FAILURE() << "accepted " << variable << "=" << bad;
+      ADD_FAILURE() << "accepted " << name << "=" << bad;
     } catch (const Error& e) {
       EXPECT_EQ(e.status(), Status::invalid_argument);
-      EXPECT_NE(std::string(e.what()).find(variable), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
     }
   }
-  unsetenv(variable);
 }
 
 TEST_F(PlanCache, TheEnvironmentOverridesTheDecodeThresholdAndBadValuesAreRefused) {
   const LayerSpec layer = testing::small_layer();
-  setenv("GMJIT_DECODE_TOKENS_PER_EXPERT", "0", 1);
+  const testing::ScopedEnv decode("GMJIT_DECODE_TOKENS_PER_EXPERT");
+  decode.set("0");
   {
     Engine engine(EngineOptions{.use_disk_cache = false});
     EXPECT_EQ(
         engine.prepare(layer, Recipe::bf16(), GradMode::no_grad, "sm_90a").kernel_names.size(), 2u);
   }
-  expect_engine_refuses("GMJIT_DECODE_TOKENS_PER_EXPERT", {"-1", "many", "16x"});
+  expect_engine_refuses(decode, {"-1", "many", "16x"});
+  decode.unset();
   EXPECT_THROW(Engine(EngineOptions{.decode_tokens_per_expert = -2}), Error);
 }
 
@@ -147,12 +151,13 @@ TEST_F(PlanCache, TheFp8WeightGradientPolicyPicksThePlansSetsAndTheWorkspace) {
   EXPECT_LT(bf16_only.backward_workspace_bytes(wide, many, fp8),
             fp8_only.backward_workspace_bytes(wide, many, fp8));
 
-  setenv("GMJIT_FP8_WGRAD", "fp8", 1);
+  const testing::ScopedEnv policy("GMJIT_FP8_WGRAD");
+  policy.set("fp8");
   {
     Engine engine(EngineOptions{.use_disk_cache = false});
     EXPECT_EQ(wgrads(engine, narrow), std::pair(0, 4));
   }
-  expect_engine_refuses("GMJIT_FP8_WGRAD", {"FP8", "on", "1"});
+  expect_engine_refuses(policy, {"FP8", "on", "1"});
 }
 
 TEST_F(PlanCache, GradFlipBuildsExactlyTwoPlansThenOnlyHits) {

@@ -35,8 +35,10 @@ TEST(TileCounters, TheLargestBackwardPlansFit) {
     EXPECT_LE(bf16.size(), TileCounters::kMaxKernels) << arch;
   }
   for (const bool per_tensor : {false, true}) {
-    const auto fp8 = codegen::emit_grouped_mlp_backward(
-        {layer, every_gradient(), "sm_90a", false, codegen::Fp8Scaling{false, per_tensor}});
+    // Both weight-gradient sets: the most kernels an FP8 backward plan carries.
+    const auto fp8 = codegen::emit_grouped_mlp_backward({layer, every_gradient(), "sm_90a", false,
+                                                         codegen::Fp8Scaling{false, per_tensor},
+                                                         codegen::Fp8WeightGradKernels::both});
     EXPECT_LE(fp8.size(), TileCounters::kMaxKernels) << "per_tensor=" << per_tensor;
   }
 }

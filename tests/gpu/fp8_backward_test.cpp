@@ -463,5 +463,45 @@ TEST(Fp8WeightGradients, BothTileWidthsWriteTheSameGradientsWithAPartialLastTile
   }
 }
 
+// Under the default policy a layer wide enough for FP8 weight gradients (effective width 3511)
+// runs the BF16 set below 512 tokens per expert and the FP8 set from there on: every output is
+// bit for bit that of an engine forced to the same set, and the weight gradients differ from the
+// other set's. No probs (dprobs is summed atomically, in no fixed order).
+TEST(Fp8WeightGradients, TheDefaultPolicyRunsTheBf16SetBelow512TokensPerExpertAndFp8FromThere) {
+  GMJIT_REQUIRE_GPU();
+  if (Engine::devices()[0].arch != "sm_90a") GTEST_SKIP() << "FP8 kernels need sm_90a";
+  const LayerSpec l = fp8_layer_spec(2, 4096, 2048, Activation::swiglu, false, false, DType::i64);
+  const Recipe recipe = Recipe::fp8_block();
+  Engine automatic(EngineOptions{.fp8_weight_grads = Fp8WeightGrads::automatic});
+  Engine fp8(EngineOptions{.fp8_weight_grads = Fp8WeightGrads::fp8});
+  Engine bf16(EngineOptions{.fp8_weight_grads = Fp8WeightGrads::bf16});
+  for (const std::int64_t per_expert : {448, 512}) {
+    SCOPED_TRACE(std::to_string(per_expert) + " tokens per expert");
+    TrainingLayer t(make_host_layer(l, {per_expert, per_expert}, 2 * per_expert, 31));
+    Fp8Weights w(l, false, t.device.args);
+    auto outputs_of = [&](Engine& engine) {
+      t.poison_outputs();  // nothing left from the previous engine's run can pass for a result
+      engine.quantize_weights(l, recipe, w.q);
+      ForwardArgs f = t.device.args;
+      w.set_forward(f);
+      const ForwardContext context = engine.forward(l, recipe, f, GradMode::grad);
+      BackwardArgs b = t.grads;
+      w.set_backward(b);
+      engine.backward(context, recipe, b);
+      return t.outputs();
+    };
+    const auto by_default = outputs_of(automatic);
+    const auto fp8_set = outputs_of(fp8);
+    const auto bf16_set = outputs_of(bf16);
+    const bool expect_fp8 = per_expert >= 512;
+    EXPECT_TRUE(by_default == (expect_fp8 ? fp8_set : bf16_set))
+        << "the default policy's outputs are not those of the " << (expect_fp8 ? "FP8" : "BF16")
+        << " set";
+    // outputs(): y, h, dx, dW1, dW2, db1, db2, dprobs.
+    EXPECT_TRUE(fp8_set[3] != bf16_set[3] && fp8_set[4] != bf16_set[4])
+        << "dW1 and dW2 should differ between the FP8 and the BF16 set";
+  }
+}
+
 }  // namespace
 }  // namespace gmjit::testing

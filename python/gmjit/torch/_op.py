@@ -264,7 +264,8 @@ def _run_backward(
     buffer, that gradient is added into it and None is returned in its place. `recipe` is the
     forward's code (the engine checks it against the forward's). `transposed`: an FP8 recipe's
     (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales), with which the data gradients run in FP8; None:
-    in BF16 from w1 and w2. The weight gradients then run in FP8 too; else BF16.
+    in BF16 from w1 and w2. The weight gradients then run in FP8 too where that is faster (wide
+    layers, 512 or more tokens per expert; GMJIT_FP8_WGRAD forces a set); else BF16.
     """
     T = x.shape[0]
     accumulate = main_grads is not _NO_MAINS and any(g is not None for g in main_grads)
@@ -843,8 +844,9 @@ def grouped_mlp(
             FP8 needs a Hopper GPU (sm_90a), hidden and ffn multiples of 128 and the halves GLU
             layout. The backward's data gradients (dx, and dh through FC2) run in FP8 as well
             when the call has the transposed FP8 weights (the default when it quantizes w1 and
-            w2 itself, see fp8_weights), dy and dh quantized like x; the weight gradients are
-            BF16 GEMMs from the bf16 x and the saved pre-activation in every recipe.
+            w2 itself, see fp8_weights), dy and dh quantized like x; the weight gradients then
+            too on layers wide enough and with 512 or more tokens per expert, else BF16 GEMMs
+            from the bf16 x, dy and what FC2's data gradient writes (docs/PYTHON.md).
         fp8_weights: for an FP8 recipe, (w1_fp8, w1_scales, w2_fp8, w2_scales) as
             `quantize_weights(w1, w2, recipe)` returns them (quantize once per optimizer step):
             the backward's data gradients run in BF16 from w1 and w2; or the 8-tuple of

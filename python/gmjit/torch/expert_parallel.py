@@ -164,7 +164,7 @@ class ExpertParallelMoE(nn.Module):
             "fp8_block_pow2", "fp8_tensor"; experts="gmjit", hidden and ffn multiples of 128):
             the local experts' forward in FP8, their weights quantized in each call (in
             training with the transposed copies, so that the backward's data gradients run in
-            FP8 too, and the weight gradients as well).
+            FP8 too, and the weight gradients where faster: docs/PYTHON.md).
         seed: expert e's weights are drawn from a generator seeded with (seed, e) and the
             router's from (seed, -1), so every rank (and a single-process layer with the same
             seed) agrees on the full layer while drawing only its own experts. None: a seed is
