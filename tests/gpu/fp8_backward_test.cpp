@@ -89,6 +89,25 @@ struct Fp8Weights {
   }
 };
 
+// One FP8 training step of `t` through `engine`: the weights quantized with their transposed
+// copies, the forward in grad mode from them, the backward with the copies (FP8 data gradients).
+// Returns what another backward of the same step needs.
+struct Fp8Step {
+  ForwardContext context;
+  BackwardArgs backward;
+};
+Fp8Step fp8_training_step(Engine& engine, const Recipe& recipe, const TrainingLayer& t,
+                          Fp8Weights& w) {
+  const LayerSpec& l = t.host.layer;
+  engine.quantize_weights(l, recipe, w.q);
+  ForwardArgs f = t.device.args;
+  w.set_forward(f);
+  Fp8Step step{engine.forward(l, recipe, f, GradMode::grad), t.grads};
+  w.set_backward(step.backward);
+  engine.backward(step.context, recipe, step.backward);
+  return step;
+}
+
 Recipe recipe_of(RecipeKind kind, bool pow2) {
   return kind == RecipeKind::fp8_tensor ? Recipe::fp8_tensor({.power_of_two_scales = pow2})
                                         : Recipe::fp8_block({.power_of_two_scales = pow2});
@@ -442,13 +461,7 @@ TEST(Fp8WeightGradients, BothTileWidthsWriteTheSameGradientsWithAPartialLastTile
     TrainingLayer t(make_host_layer(l, splits, 690, 99));
     Fp8Weights w(l, false, t.device.args);
     Engine engine(EngineOptions{.use_disk_cache = false, .fp8_weight_grads = Fp8WeightGrads::fp8});
-    engine.quantize_weights(l, recipe, w.q);
-    ForwardArgs f = t.device.args;
-    w.set_forward(f);
-    const ForwardContext context = engine.forward(l, recipe, f, GradMode::grad);
-    BackwardArgs b = t.grads;
-    w.set_backward(b);
-    engine.backward(context, recipe, b);
+    const auto [context, b] = fp8_training_step(engine, recipe, t, w);
     const WeightGrads once(t);
     expect_all_written(once);
     if (!first) {
@@ -481,13 +494,7 @@ TEST(Fp8WeightGradients, TheDefaultPolicyRunsTheBf16SetBelow512TokensPerExpertAn
     Fp8Weights w(l, false, t.device.args);
     auto outputs_of = [&](Engine& engine) {
       t.poison_outputs();  // nothing left from the previous engine's run can pass for a result
-      engine.quantize_weights(l, recipe, w.q);
-      ForwardArgs f = t.device.args;
-      w.set_forward(f);
-      const ForwardContext context = engine.forward(l, recipe, f, GradMode::grad);
-      BackwardArgs b = t.grads;
-      w.set_backward(b);
-      engine.backward(context, recipe, b);
+      fp8_training_step(engine, recipe, t, w);
       return t.outputs();
     };
     const auto by_default = outputs_of(automatic);
