@@ -131,15 +131,20 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
   engine::DevicePlan& plan = impl_->device_plan(key, layer, stream);
   plan.device->check_stream(cu_stream);
 
+  // Of an FP8 plan's weight gradients, the set this call runs (engine/plan/fp8_weight_grads.hpp).
+  const bool fp8_wgrad = fp8_dgrad && engine::fp8_weight_grads_for_call(
+                                          impl_->options.fp8_weight_grads, layer, tokens);
+
   engine::NvtxRange range("gmjit backward");
   if (engine::log_enabled(engine::LogLevel::debug)) {
-    engine::log(engine::LogLevel::debug, "backward {} T={} on cuda:{} stream {}", layer.describe(),
-                tokens, plan.device->ordinal(), stream);
+    engine::log(engine::LogLevel::debug, "backward {} T={} on cuda:{} stream {}{}",
+                layer.describe(), tokens, plan.device->ordinal(), stream,
+                fp8_dgrad ? (fp8_wgrad ? ", FP8 data and weight gradients"
+                                       : ", FP8 data gradients, BF16 weight gradients")
+                          : "");
   }
   engine::ScopedContext scope(plan.device->context());
   // A backward without the transposed weights is BF16 whatever the recipe: no FP8 scratch.
-  const bool fp8_wgrad = fp8_dgrad && engine::fp8_weight_grads_for_call(
-                                          impl_->options.fp8_weight_grads, layer, tokens);
   const BackwardWorkspace parts(layer, tokens, fp8_dgrad ? recipe.kind() : RecipeKind::bf16,
                                 fp8_wgrad);
   const engine::WorkspaceLease workspace(impl_->workspaces, *plan.device, cu_stream,
