@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Trains a tiny random-initialised Qwen3-MoE language model twice, with transformers'
 "grouped_mm" experts and with gmjit's, and prints both loss curves, step time, peak memory.
-`--recipe fp8_block` runs gmjit's experts with the FP8 block recipe (E4M3 forward GEMMs and data
-gradients, weight gradients where faster; needs a Hopper GPU): the same model from the same seed, so its
-loss curve should track the BF16 one.
+`--recipe fp8_block` runs gmjit's experts with the FP8 block recipe (E4M3 forward GEMMs and
+data gradients, weight gradients where faster; needs a Hopper GPU): the same model from the same
+seed, so its loss curve should track the BF16 one.
 
 The data is synthetic but learnable: each sequence counts up from a random start with a random
 stride (mod the vocabulary), so the loss falls quickly once the model finds the stride. Gradient

@@ -98,9 +98,9 @@ struct BackwardArgs {
 // operands (dy, a ⊙ p, dh, x) are first quantized along tokens, or from the BF16 weight-gradient
 // kernels over the same bf16 operands (more precise, no quantization passes).
 enum class Fp8WeightGrads : std::uint8_t {
-  // FP8 where it was measured faster (docs/DESIGN.md §1, Recipes): layers wide enough that the four
-  // quantization passes are small beside the GEMMs, and calls with enough tokens per expert on
-  // average; the BF16 kernels elsewhere. The plans of such layers carry both sets.
+  // FP8 where it was measured faster (docs/DESIGN.md §1, Recipes): layers wide enough that the
+  // four quantization passes are small beside the GEMMs, and calls with enough tokens per expert
+  // on average; the BF16 kernels elsewhere. The plans of such layers carry both sets.
   automatic,
   fp8,   // always FP8
   bf16,  // always the BF16 kernels
