@@ -45,20 +45,21 @@ inline codegen::Fp8WeightGradKernels weight_grad_kernels_in_plans(Fp8WeightGrads
                                                  : Fp8WeightGradKernels::bf16;
 }
 
-// Whether a backward with FP8 data gradients over `tokens` runs the FP8 weight gradients: the
-// tokens per expert are an average, as the decode pairs' are.
+// Whether a backward with FP8 data gradients over `tokens` runs the FP8 weight gradients: those
+// its plan carries, and of both, FP8 from kFp8WeightGradsMinTokensPerExpert tokens per expert on
+// average (as the decode pairs, an average).
 inline bool fp8_weight_grads_for_call(Fp8WeightGrads policy, const LayerSpec& layer,
                                       std::int64_t tokens) {
-  switch (policy) {
-    case Fp8WeightGrads::fp8:
+  using codegen::Fp8WeightGradKernels;
+  switch (weight_grad_kernels_in_plans(policy, layer)) {
+    case Fp8WeightGradKernels::fp8:
       return true;
-    case Fp8WeightGrads::bf16:
+    case Fp8WeightGradKernels::bf16:
       return false;
-    case Fp8WeightGrads::automatic:
+    case Fp8WeightGradKernels::both:
       break;
   }
-  return wide_enough_for_fp8_weight_grads(layer) &&
-         tokens >= kFp8WeightGradsMinTokensPerExpert * layer.experts;
+  return tokens >= kFp8WeightGradsMinTokensPerExpert * layer.experts;
 }
 
 // The kernels that exist only for the FP8 weight gradients.
