@@ -52,12 +52,12 @@ void check_fp8_supported(const LayerSpec& layer, const std::string& arch) {
   }
   if (layer.hidden % 128 != 0 || layer.ffn % 128 != 0) {
     fail(
-        fmt::format("the fp8_block recipe needs hidden and ffn in whole 128-wide scale blocks, "
-                    "got hidden {} and ffn {}",
+        fmt::format("the FP8 recipes need hidden and ffn in multiples of 128 (whole 128-wide "
+                    "scale blocks and K tiles), got hidden {} and ffn {}",
                     layer.hidden, layer.ffn));
   }
   if (is_glu(layer.activation.kind) && layer.activation.layout != GluLayout::halves) {
-    fail("the fp8_block recipe needs the halves GLU layout (gate rows, then lin rows)");
+    fail("the FP8 recipes need the halves GLU layout (gate rows, then lin rows)");
   }
 }
 

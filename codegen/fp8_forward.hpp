@@ -21,7 +21,8 @@ struct Fp8ForwardDesc {
 };
 
 // Throws Error(Status::unsupported) unless the layer and arch suit the FP8 kernels: sm_90a,
-// hidden and ffn multiples of 128 (whole scale blocks), the halves GLU layout.
+// hidden and ffn multiples of 128 (whole scale blocks and K tiles, for either recipe), the
+// halves GLU layout.
 void check_fp8_supported(const LayerSpec& layer, const std::string& arch);
 
 // fp8_block: [quantize_x, fc1_forward_fp8, fc2_forward_fp8]; fp8_tensor: [tensor_amax_x,

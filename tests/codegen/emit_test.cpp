@@ -8,6 +8,7 @@
 
 #include "codegen/embedded_templates.hpp"
 #include "codegen/emit_common.hpp"
+#include "codegen/fp8_forward.hpp"
 #include "codegen/grouped_mlp.hpp"
 #include "gmjit/error.hpp"
 #include "testing/scoped_env.hpp"
@@ -639,6 +640,29 @@ TEST(GroupedMlpEmit, InterleavedGluNeedsFfnMultipleOf32) {
   layer.activation.layout = GluLayout::halves;
   layer.ffn = 72;
   EXPECT_NO_THROW(emit_grouped_mlp_forward({layer, false}));
+}
+
+// Both FP8 recipes refuse widths that are not multiples of 128 (gpt-oss's 2880) by status, and the
+// message names the recipes and the widths, not only the block recipe.
+TEST(Fp8Emit, RefusesWidthsThatAreNotMultiplesOf128ForEitherRecipe) {
+  LayerSpec layer = mixtral();
+  layer.hidden = 2880;
+  layer.ffn = 2880;
+  for (const bool per_tensor : {false, true}) {
+    try {
+      emit_fp8_forward({layer, false, false, per_tensor, "sm_90a"});
+      FAIL() << "hidden 2880 must be refused, per_tensor " << per_tensor;
+    } catch (const Error& error) {
+      const std::string what = error.what();
+      EXPECT_EQ(error.status(), Status::unsupported) << what;
+      EXPECT_NE(what.find("FP8 recipes"), std::string::npos) << what;
+      EXPECT_NE(what.find("hidden 2880 and ffn 2880"), std::string::npos) << what;
+    }
+  }
+  layer.hidden = 4096;
+  EXPECT_THROW(emit_fp8_forward({layer, false, false, false, "sm_90a"}), Error);  // ffn 2880
+  layer.ffn = 1408;  // 11 blocks of 128
+  EXPECT_NO_THROW(emit_fp8_forward({layer, false, false, false, "sm_90a"}));
 }
 
 TEST(EmbeddedTemplates, ContainEveryHeaderTheKernelsInclude) {
