@@ -206,7 +206,7 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
   const engine::TileCounters counters(workspace.at(parts.tile_counters), plan.kernels.size(),
                                       cu_stream);
   for (std::size_t i = 0; i < plan.kernels.size(); ++i) {
-    if (!engine::runs_with_weight_grads(plan.kernels[i]->role(), fp8_wgrad)) continue;
+    if (!engine::runs_in_backward_call(plan.kernels[i]->role(), fp8_wgrad, gradients.dx)) continue;
     call.tile_counter = counters.at(i);
     engine::bind_and_launch(*plan.kernels[i], *plan.device, call, cu_stream);
   }

@@ -80,9 +80,13 @@ constexpr bool is_fp8_weight_grad_kernel(codegen::KernelRole role) {
   }
 }
 
-// Whether a kernel of that role runs in a call whose weight gradients are (not) the FP8 ones.
-constexpr bool runs_with_weight_grads(codegen::KernelRole role, bool fp8_weight_grads) {
+// Whether a kernel of that role runs in a call whose weight gradients are (not) the FP8 ones and
+// that does (not) compute dx. fp8_tensor's dh amax feeds dh's quantizer for FC1 dgrad (dx) and
+// the FP8 dW1's; a plan with both sets and no dx carries it for the FP8 set only.
+constexpr bool runs_in_backward_call(codegen::KernelRole role, bool fp8_weight_grads,
+                                     bool computes_dx) {
   using codegen::KernelRole;
+  if (role == KernelRole::tensor_amax_dh) return computes_dx || fp8_weight_grads;
   const bool bf16_wgrad = role == KernelRole::wgrad_w1 || role == KernelRole::wgrad_w2;
   return fp8_weight_grads ? !bf16_wgrad : !is_fp8_weight_grad_kernel(role);
 }

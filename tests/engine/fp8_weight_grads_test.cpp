@@ -74,42 +74,50 @@ std::vector<std::string> entries(const codegen::GroupedMlpBackwardDesc& desc, bo
                                  bool fp8_weight_grads) {
   std::vector<std::string> names;
   for (const codegen::KernelSource& k : codegen::emit_grouped_mlp_backward(desc)) {
-    if (!filter || runs_with_weight_grads(k.role, fp8_weight_grads)) names.push_back(k.entry);
+    if (!filter || runs_in_backward_call(k.role, fp8_weight_grads, desc.outputs.dx)) {
+      names.push_back(k.entry);
+    }
   }
   return names;
 }
 
+// With dx and without (a first layer's backward): fp8_tensor's dh amax runs only where dx's or
+// the FP8 dW1's quantizer reads it.
 TEST(Fp8WeightGrads, APlanWithBothSetsRunsExactlyTheKernelsOfAPlanWithOne) {
   for (const bool per_tensor : {false, true}) {
-    SCOPED_TRACE(per_tensor ? "fp8_tensor" : "fp8_block");
-    LayerSpec layer = testing::small_layer();
-    layer.ffn = 256;
-    layer.activation.kind = Activation::swiglu;
-    layer.fc1_bias = layer.fc2_bias = true;
-    GradientSet all;
-    all.dw1 = all.dw2 = all.db1 = all.db2 = all.dx = true;
-    codegen::GroupedMlpBackwardDesc desc{layer, all, "sm_90a", false,
-                                         codegen::Fp8Scaling{false, per_tensor}};
-    desc.weight_grad_kernels = Fp8WeightGradKernels::both;
-    const auto fp8_call = entries(desc, true, true);
-    const auto bf16_call = entries(desc, true, false);
-    desc.weight_grad_kernels = Fp8WeightGradKernels::fp8;
-    EXPECT_EQ(fp8_call, entries(desc, false, false));
-    desc.weight_grad_kernels = Fp8WeightGradKernels::bf16;
-    const auto bf16_only = entries(desc, false, false);
-    EXPECT_EQ(bf16_call, bf16_only);
-    // The BF16 set is the BF16 recipe's weight gradients, with no quantization along tokens.
-    int wgrads = 0;
-    for (const std::string& name : bf16_only) {
-      EXPECT_EQ(name.find("quantize_tokens"), std::string::npos) << name;
-      EXPECT_EQ(name.find("amax_act"), std::string::npos) << name;
-      wgrads += name.starts_with("gmjit_wgrad_w") ? 1 : 0;
-    }
-    EXPECT_EQ(wgrads, 2);
-    // A BF16 backward runs its weight gradients whatever the call.
-    for (const codegen::KernelSource& k :
-         codegen::emit_grouped_mlp_backward({layer, all, "sm_90a", false})) {
-      EXPECT_TRUE(runs_with_weight_grads(k.role, false)) << k.entry;
+    for (const bool dx : {true, false}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (per_tensor ? "fp8_tensor" : "fp8_block") << " dx " << dx);
+      LayerSpec layer = testing::small_layer();
+      layer.ffn = 256;
+      layer.activation.kind = Activation::swiglu;
+      layer.fc1_bias = layer.fc2_bias = true;
+      GradientSet all;
+      all.dw1 = all.dw2 = all.db1 = all.db2 = true;
+      all.dx = dx;
+      codegen::GroupedMlpBackwardDesc desc{layer, all, "sm_90a", false,
+                                           codegen::Fp8Scaling{false, per_tensor}};
+      desc.weight_grad_kernels = Fp8WeightGradKernels::both;
+      const auto fp8_call = entries(desc, true, true);
+      const auto bf16_call = entries(desc, true, false);
+      desc.weight_grad_kernels = Fp8WeightGradKernels::fp8;
+      EXPECT_EQ(fp8_call, entries(desc, false, false));
+      desc.weight_grad_kernels = Fp8WeightGradKernels::bf16;
+      const auto bf16_only = entries(desc, false, false);
+      EXPECT_EQ(bf16_call, bf16_only);
+      // The BF16 set is the BF16 recipe's weight gradients, with no quantization along tokens.
+      int wgrads = 0;
+      for (const std::string& name : bf16_only) {
+        EXPECT_EQ(name.find("quantize_tokens"), std::string::npos) << name;
+        EXPECT_EQ(name.find("amax_act"), std::string::npos) << name;
+        wgrads += name.starts_with("gmjit_wgrad_w") ? 1 : 0;
+      }
+      EXPECT_EQ(wgrads, 2);
+      // A BF16 backward runs its weight gradients whatever the call.
+      for (const codegen::KernelSource& k :
+           codegen::emit_grouped_mlp_backward({layer, all, "sm_90a", false})) {
+        EXPECT_TRUE(runs_in_backward_call(k.role, false, dx)) << k.entry;
+      }
     }
   }
 }
