@@ -1,6 +1,7 @@
 #include "codegen/grouped_mlp.hpp"
 
 #include <cmath>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -73,6 +74,18 @@ void check_supported(const LayerSpec& layer) {
   }
   check_width("hidden", layer.hidden);
   check_width("ffn", layer.ffn);
+  // Enum values past the last one would reach the templates' static_asserts as compile errors
+  // (activation_name's switch names every value there is).
+  if (std::string_view(activation_name(layer.activation.kind)) == "unknown") {
+    fail(
+        fmt::format("activation must be one of swiglu, geglu, clamped_swiglu, srelu, gelu, relu; "
+                    "got enum value {}",
+                    static_cast<int>(layer.activation.kind)));
+  }
+  if (static_cast<int>(layer.activation.layout) > static_cast<int>(GluLayout::interleaved32)) {
+    fail(fmt::format("the GLU layout must be halves or interleaved32, got enum value {}",
+                     static_cast<int>(layer.activation.layout)));
+  }
   check_glu_layout(layer.activation, layer.ffn);
   check_clamp(layer.activation);
   if (layer.split_dtype != DType::i32 && layer.split_dtype != DType::i64) {

@@ -3,8 +3,10 @@
 
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -193,7 +195,11 @@ gmjit::TensorRef to_ref(const DLTensor* t, const char* name) {
       throw gmjit::Error(gmjit::Status::invalid_argument,
                          fmt::format("argument '{}': must be contiguous (row-major)", name));
     }
-    expected_stride *= t->shape[i];
+    // Saturated: the shape is validated later, and a product past int64 is no stride a
+    // contiguous tensor can have.
+    if (i > 0 && __builtin_mul_overflow(expected_stride, t->shape[i], &expected_stride)) {
+      expected_stride = std::numeric_limits<std::int64_t>::max();
+    }
   }
   ref.data = t->data == nullptr ? nullptr : static_cast<char*>(t->data) + t->byte_offset;
   ref.dtype = dtype_of(*t, name);
@@ -232,6 +238,26 @@ gmjit_status guarded(Body&& body) noexcept {
   } catch (...) {
     set_last_error("internal error: an exception not derived from std::exception");
     return GMJIT_INTERNAL;
+  }
+}
+
+// The C++ checks name the transposed FP8 weights as BackwardArgs and QuantizeWeightsArgs do
+// (w1t_fp8, ...); a C caller passed them as `prefix`->w1_fp8, ..., and reads those names.
+template <class Body>
+void naming_transposed_weights(const char* prefix, Body&& body) {
+  try {
+    body();
+  } catch (const gmjit::Error& error) {
+    std::string what = error.what();
+    for (const char* field : {"w1_fp8", "w1_scales", "w2_fp8", "w2_scales"}) {
+      std::string cpp_name = fmt::format("'{}t{}'", std::string_view(field, 2), field + 2);
+      const std::string c_name = fmt::format("'{}->{}'", prefix, field);
+      for (std::size_t at = what.find(cpp_name); at != std::string::npos;
+           at = what.find(cpp_name, at + c_name.size())) {
+        what.replace(at, cpp_name.size(), c_name);
+      }
+    }
+    throw gmjit::Error(error.status(), what);
   }
 }
 
@@ -397,7 +423,8 @@ gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmjit_layer* 
       q.w2t_fp8 = to_ref(out_transposed->w2_fp8, "out_transposed->w2_fp8");
       q.w2t_scales = to_ref(out_transposed->w2_scales, "out_transposed->w2_scales");
     }
-    engine->engine.quantize_weights(spec, r, q, stream);
+    naming_transposed_weights("out_transposed",
+                              [&] { engine->engine.quantize_weights(spec, r, q, stream); });
   });
 }
 
@@ -440,7 +467,9 @@ gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context
       b.w2t_fp8 = to_ref(fp8_transposed->w2_fp8, "fp8_transposed->w2_fp8");
       b.w2t_scales = to_ref(fp8_transposed->w2_scales, "fp8_transposed->w2_scales");
     }
-    engine->engine.backward(context->context, context->recipe, b, stream);
+    naming_transposed_weights("fp8_transposed", [&] {
+      engine->engine.backward(context->context, context->recipe, b, stream);
+    });
   });
 }
 

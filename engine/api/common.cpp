@@ -43,8 +43,9 @@ std::string LayerSpec::describe() const {
 }
 
 std::int64_t TensorRef::numel() const noexcept {
-  // Shapes come from callers (DLPack, PyTorch) before any check: a negative extent gives -1 and
-  // a product past int64 saturates, instead of overflowing.
+  // Shapes come from callers (DLPack, PyTorch) before any check: a negative extent or a
+  // dimension count past 4 gives -1 and a product past int64 saturates, instead of overflowing.
+  if (ndim < 0 || ndim > static_cast<int>(shape.size())) return -1;
   std::int64_t n = 1;
   for (int i = 0; i < ndim; ++i) {
     if (shape[i] < 0) return -1;

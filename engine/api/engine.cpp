@@ -10,6 +10,7 @@
 #include "codegen/grouped_mlp.hpp"
 #include "codegen/nvrtc_compiler.hpp"
 #include "engine/api/engine_impl.hpp"
+#include "engine/api/validate.hpp"
 #include "engine/plan/fp8_weight_grads.hpp"
 #include "engine/plan/fuser.hpp"
 #include "engine/runtime/capture_mode.hpp"
@@ -256,6 +257,7 @@ Engine::~Engine() = default;
 PreparedPlanInfo Engine::prepare(const LayerSpec& spec, const Recipe& recipe, GradMode grad,
                                  const std::string& arch) {
   codegen::check_supported(spec);
+  engine::validate_grad_mode(grad);
   return engine::describe(
       *impl_->prepared_plan(engine::PlanKey::make(spec, recipe, grad, -1), spec, arch));
 }

@@ -17,6 +17,9 @@ constexpr std::int64_t kMaxRowTiles = 65535;
 constexpr std::int64_t kRowsPerTile = 128;
 
 std::string shape_text(const TensorRef& t) {
+  if (t.ndim < 0 || t.ndim > static_cast<int>(t.shape.size())) {
+    return fmt::format("<{} dimensions>", t.ndim);
+  }
   std::string text = "[";
   for (int i = 0; i < t.ndim; ++i) text += fmt::format("{}{}", i ? ", " : "", t.shape[i]);
   return text + "]";
@@ -26,9 +29,27 @@ std::string shape_text(const TensorRef& t) {
   throw Error(Status::invalid_argument, fmt::format("argument '{}': {}", name, what));
 }
 
+// The device every tensor of a call must be on, and which argument set it (for messages).
+struct CallDevice {
+  Device device;
+  const char* source;  // "'x'", "'w1'", "the forward (its context)"
+};
+
+// What any tensor, even one whose dtype and shape are free (a caller's workspace), must be:
+// 0 to 4 dimensions and a dtype gmjit knows (their sizes are taken from these).
+void check_layout_fields(const char* name, const TensorRef& t) {
+  if (t.ndim < 0 || t.ndim > static_cast<int>(t.shape.size())) {
+    fail(name, fmt::format("has {} dimensions; tensors have 0 to {}", t.ndim, t.shape.size()));
+  }
+  if (dtype_size(t.dtype) == 0) {
+    fail(name, fmt::format("has an unknown dtype (enum value {})", static_cast<int>(t.dtype)));
+  }
+}
+
 void check_tensor(const char* name, const TensorRef& t, DType dtype,
-                  std::initializer_list<std::int64_t> shape, const Device& device) {
+                  std::initializer_list<std::int64_t> shape, const CallDevice& device) {
   if (!t.present()) fail(name, "is required but was null");
+  check_layout_fields(name, t);
   if (t.dtype != dtype) {
     fail(name, fmt::format("expected dtype {}, got {}", dtype_name(dtype), dtype_name(t.dtype)));
   }
@@ -40,10 +61,10 @@ void check_tensor(const char* name, const TensorRef& t, DType dtype,
     fail(name, fmt::format("expected shape {}, got {}", shape_text(expected), shape_text(t)));
   }
   if (t.device.kind != Device::Kind::cuda) fail(name, "must be on a CUDA device, not the CPU");
-  if (!(t.device == device)) {
-    fail(name, fmt::format("is on cuda:{} but 'x' is on cuda:{}; all tensors of a call must be "
+  if (!(t.device == device.device)) {
+    fail(name, fmt::format("is on cuda:{} but {} is on cuda:{}; all tensors of a call must be "
                            "on one device",
-                           t.device.ordinal, device.ordinal));
+                           t.device.ordinal, device.source, device.device.ordinal));
   }
   if (t.data == nullptr && t.numel() != 0) fail(name, "has elements but a null data pointer");
   if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) {
@@ -59,7 +80,7 @@ void check_absent(const char* name, const TensorRef& t, const char* flag) {
 
 // An optional output: absent is fine; present must match.
 void check_optional(const char* name, const TensorRef& t, DType dtype,
-                    std::initializer_list<std::int64_t> shape, const Device& device) {
+                    std::initializer_list<std::int64_t> shape, const CallDevice& device) {
   if (t.present()) check_tensor(name, t, dtype, shape, device);
 }
 
@@ -107,7 +128,7 @@ void check_no_overlap(std::initializer_list<NamedTensor> outputs,
 // block (fp8_block) or per expert matrix (fp8_tensor).
 void check_fp8_weight(const char* data_name, const TensorRef& data, const char* scales_name,
                       const TensorRef& scales, const Recipe& recipe, std::int64_t E,
-                      std::int64_t rows, std::int64_t cols, const Device& device) {
+                      std::int64_t rows, std::int64_t cols, const CallDevice& device) {
   check_tensor(data_name, data, DType::f8e4m3, {E, rows, cols}, device);
   if (recipe.kind() == RecipeKind::fp8_tensor) {
     check_tensor(scales_name, scales, DType::f32, {E}, device);
@@ -118,7 +139,7 @@ void check_fp8_weight(const char* data_name, const TensorRef& data, const char* 
 
 void check_fp8_weights(const LayerSpec& layer, const Recipe& recipe, const TensorRef& w1_fp8,
                        const TensorRef& w1_scales, const TensorRef& w2_fp8,
-                       const TensorRef& w2_scales, const Device& device) {
+                       const TensorRef& w2_scales, const CallDevice& device) {
   const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
   check_fp8_weight("w1_fp8", w1_fp8, "w1_scales", w1_scales, recipe, E, F1, H, device);
   check_fp8_weight("w2_fp8", w2_fp8, "w2_scales", w2_scales, recipe, E, H, F, device);
@@ -128,7 +149,7 @@ void check_fp8_weights(const LayerSpec& layer, const Recipe& recipe, const Tenso
 // Returns whether they are there.
 template <class Args>
 bool check_transposed_fp8_weights(const LayerSpec& layer, const Recipe& recipe, const Args& args,
-                                  const Device& device) {
+                                  const CallDevice& device) {
   const bool any = args.w1t_fp8.present() || args.w1t_scales.present() || args.w2t_fp8.present() ||
                    args.w2t_scales.present();
   if (!any) return false;
@@ -163,7 +184,7 @@ Device validate_quantize_weights(const LayerSpec& layer, const Recipe& recipe,
   if (!recipe.is_fp8()) fail("recipe", "is BF16, which has no quantized weights");
   codegen::check_fp8_supported(layer, "sm_90a");
   if (!args.w1.present()) fail("w1", "is required but was null");
-  const Device device = args.w1.device;
+  const CallDevice device{args.w1.device, "'w1'"};
   const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
   check_tensor("w1", args.w1, DType::bf16, {E, F1, H}, device);
   check_tensor("w2", args.w2, DType::bf16, {E, H, F}, device);
@@ -179,16 +200,22 @@ Device validate_quantize_weights(const LayerSpec& layer, const Recipe& recipe,
                     {"w2t_fp8", &args.w2t_fp8},
                     {"w2t_scales", &args.w2t_scales}},
                    {{"w1", &args.w1}, {"w2", &args.w2}});
-  return device;
+  return device.device;
 }
 
 namespace {
 void check_weights(const LayerSpec& layer, const Recipe& recipe, const ForwardArgs& args,
-                   const Device& device) {
+                   const CallDevice& device) {
   const std::int64_t E = layer.experts, H = layer.hidden, F = layer.ffn, F1 = layer.fc1_out();
   if (!recipe.is_fp8()) {
     check_tensor("w1", args.w1, DType::bf16, {E, F1, H}, device);
     check_tensor("w2", args.w2, DType::bf16, {E, H, F}, device);
+    for (const NamedTensor fp8 :
+         {NamedTensor{"w1_fp8", &args.w1_fp8}, NamedTensor{"w1_scales", &args.w1_scales},
+          NamedTensor{"w2_fp8", &args.w2_fp8}, NamedTensor{"w2_scales", &args.w2_scales}}) {
+      // Not read by a BF16 plan: given, they say the caller meant another recipe.
+      if (fp8.tensor->present()) fail(fp8.name, "is given, but a BF16 recipe has no FP8 weights");
+    }
     return;
   }
   // The shape limits of the FP8 kernels; the arch is checked when the plan is built.
@@ -200,16 +227,25 @@ void check_weights(const LayerSpec& layer, const Recipe& recipe, const ForwardAr
 }
 }  // namespace
 
+void validate_grad_mode(GradMode grad) {
+  if (grad != GradMode::no_grad && grad != GradMode::grad) {
+    fail("grad", fmt::format("expected GradMode::no_grad or GradMode::grad, got enum value {}",
+                             static_cast<int>(grad)));
+  }
+}
+
 std::int64_t validate_forward(const LayerSpec& layer, const Recipe& recipe, GradMode grad,
                               const ForwardArgs& args) {
   codegen::check_supported(layer);  // widths and layouts, also for calls without tokens
+  validate_grad_mode(grad);
   const TensorRef& x = args.x;
   if (!x.present()) fail("x", "is required but was null");
+  check_layout_fields("x", x);
   if (x.device.kind != Device::Kind::cuda) fail("x", "must be on a CUDA device, not the CPU");
   if (x.ndim != 2) fail("x", fmt::format("expected a 2-D tensor [T, H], got {}", shape_text(x)));
   const std::int64_t tokens = x.shape[0];
   const std::int64_t E = layer.experts, H = layer.hidden, F1 = layer.fc1_out();
-  const Device device = x.device;
+  const CallDevice device{x.device, "'x'"};
 
   validate_token_count("x", tokens, E);
   check_tensor("x", x, DType::bf16, {tokens, H}, device);
@@ -236,6 +272,7 @@ std::int64_t validate_forward(const LayerSpec& layer, const Recipe& recipe, Grad
   } else {
     check_absent("saved_preact", args.saved_preact, "grad mode");
   }
+  if (args.workspace.present()) check_layout_fields("workspace", args.workspace);
   check_no_overlap(
       {{"y", &args.y}, {"saved_preact", &args.saved_preact}, {"workspace", &args.workspace}},
       {{"x", &x},
@@ -269,7 +306,7 @@ GradientSet validate_backward(const ForwardContext& context, const Recipe& recip
   validate_token_count("context", context.tokens, layer.experts);
   const std::int64_t T = context.tokens, E = layer.experts, H = layer.hidden, F = layer.ffn;
   const std::int64_t F1 = layer.fc1_out();
-  const Device device = context.device;
+  const CallDevice device{context.device, "the forward (its context)"};
   check_tensor("dy", args.dy, DType::bf16, {T, H}, device);
   check_tensor("x", args.x, DType::bf16, {T, H}, device);
   check_tensor("split_sizes", args.split_sizes, layer.split_dtype, {E}, device);
@@ -315,6 +352,7 @@ GradientSet validate_backward(const ForwardContext& context, const Recipe& recip
   check_optional("dw2", args.dw2, weight_grad_dtype, {E, H, F}, device);
   check_optional("db2", args.db2, DType::f32, {E, H}, device);
   check_optional("dprobs", args.dprobs, DType::f32, {T}, device);
+  if (args.workspace.present()) check_layout_fields("workspace", args.workspace);
   check_no_overlap({{"dx", &args.dx},
                     {"dw1", &args.dw1},
                     {"db1", &args.db1},

@@ -13,6 +13,9 @@ void validate_token_count(const char* name, std::int64_t tokens, std::int64_t ex
 // The workspace-size queries: a supported layer and a valid token count.
 void validate_workspace_query(const LayerSpec& layer, std::int64_t tokens);
 
+// Checks that `grad` is one of GradMode's values (a wider enum value would select another plan).
+void validate_grad_mode(GradMode grad);
+
 // Returns the token count T. Checks every tensor's presence, dtype, shape, device (all on
 // args.x's CUDA device) and 16-byte alignment, and that no output (y, saved_preact) shares
 // memory with another tensor of the call.

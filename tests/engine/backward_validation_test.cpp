@@ -53,6 +53,17 @@ TEST(BackwardValidation, ReturnsTheGradientsAskedFor) {
   EXPECT_FALSE(wanted.db1);
 }
 
+// The backward's device is its context's: a message about another device names the context,
+// not an 'x' that is on that other device too.
+TEST(BackwardValidation, TensorsOnAnotherDeviceThanTheForwardAreRejectedNamingTheContext) {
+  Fixture f;
+  for (TensorRef* t : {&f.args.dy, &f.args.x, &f.args.split_sizes, &f.args.w1, &f.args.w2,
+                       &f.args.saved_preact, &f.args.probs, &f.args.dw1, &f.args.dw2}) {
+    t->device.ordinal = 1;
+  }
+  expect_rejected(f, "but the forward (its context) is on cuda:0");
+}
+
 TEST(BackwardValidation, ContextOfANoGradForwardIsRejected) {
   Fixture f;
   f.context.grad = GradMode::no_grad;

@@ -285,7 +285,8 @@ TEST_F(CApi, QuantizeWeightsChecksRecipeAndTensors) {
 }
 
 // The transposed copies: W1ᵀ [E, H, F1], W2ᵀ [E, F, H] with their scales, checked before anything
-// runs; the messages name the transposed output.
+// runs; the messages name the transposed output as the C caller passed it (out_transposed->...,
+// not the C++ field w2t_fp8).
 TEST_F(CApi, QuantizeWeightsExChecksTheTransposedOutputs) {
   Tensors t;
   Fp8Tensors q;
@@ -296,7 +297,8 @@ TEST_F(CApi, QuantizeWeightsExChecksTheTransposedOutputs) {
   EXPECT_EQ(gmjit_quantize_weights_ex(engine_, &layer, GMJIT_RECIPE_FP8_BLOCK, &t.w1, &t.w2, &out,
                                       &out_t, nullptr),
             GMJIT_INVALID_ARGUMENT);
-  EXPECT_TRUE(last_error_names("'w2t_fp8'")) << gmjit_last_error();
+  EXPECT_TRUE(last_error_names("'out_transposed->w2_fp8'")) << gmjit_last_error();
+  EXPECT_FALSE(last_error_names("w2t_fp8")) << gmjit_last_error();
 }
 
 TEST_F(CApi, BackwardExChecksItsArguments) {
@@ -325,6 +327,20 @@ TEST_F(CApi, ATensorWithDimensionsButNoShapeIsRejectedNotRead) {
   EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_INVALID_ARGUMENT);
   EXPECT_NE(std::string(gmjit_last_error()).find("'x'"), std::string::npos) << gmjit_last_error();
   EXPECT_NE(std::string(gmjit_last_error()).find("null shape"), std::string::npos);
+}
+
+// Self-consistent strides of a tensor past int64 elements: the contiguity check saturates
+// instead of overflowing (UBSan), and the shape check rejects the tensor by name.
+TEST_F(CApi, ContiguityOfAHugeTensorIsCheckedWithoutOverflow) {
+  Tensors t;
+  std::int64_t huge_shape[2] = {std::int64_t{1} << 33, std::int64_t{1} << 31};
+  std::int64_t strides[2] = {std::int64_t{1} << 31, 1};
+  t.x.shape = huge_shape;
+  t.x.strides = strides;
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(last_error_names("'x'")) << gmjit_last_error();
 }
 
 TEST_F(CApi, ATensorWithoutElementsIsContiguousWhateverItsStrides) {

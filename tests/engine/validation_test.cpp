@@ -61,6 +61,21 @@ TEST(ForwardValidation, RejectsEachBadArgumentByName) {
       {"other device", [](ForwardArgs& a) { a.w2.device.ordinal = 1; }, "one device"},
       {"cpu tensor", [](ForwardArgs& a) { a.y.device.kind = Device::Kind::cpu; }, "CUDA"},
       {"preact in no-grad", [](ForwardArgs& a) { a.saved_preact = a.x; }, "'saved_preact'"},
+      {"FP8 weights with a BF16 recipe", [](ForwardArgs& a) { a.w1_fp8 = a.w1; }, "'w1_fp8'"},
+      {"x of 7 dimensions", [](ForwardArgs& a) { a.x.ndim = 7; }, "'x'"},
+      {"w2 of 5 dimensions", [](ForwardArgs& a) { a.w2.ndim = 5; }, "'w2'"},
+      {"workspace of an unknown dtype",
+       [](ForwardArgs& a) {
+         a.workspace =
+             make_tensor(gmjit::testing::fake_pointer(20), static_cast<DType>(9), {64}, a.x.device);
+       },
+       "'workspace'"},
+      {"workspace of 6 dimensions",
+       [](ForwardArgs& a) {
+         a.workspace = make_tensor(gmjit::testing::fake_pointer(20), DType::bf16, {64}, a.x.device);
+         a.workspace.ndim = 6;
+       },
+       "'workspace'"},
   };
   for (const auto& m : mutations) {
     SCOPED_TRACE(m.name);
@@ -124,6 +139,12 @@ TEST(ForwardValidation, GradModeRequiresTheSavedPreactivation) {
   expect_rejected(layer, fake_args(layer, 10), "'saved_preact'", GradMode::grad);
 }
 
+// A GradMode past the enum's two values would select a grad plan without saved_preact.
+TEST(ForwardValidation, GradModeOutsideTheEnumIsRejected) {
+  const LayerSpec layer = small_layer();
+  expect_rejected(layer, fake_args(layer, 10), "'grad'", static_cast<GradMode>(2));
+}
+
 // Layer widths are checked when a plan is built (Engine::prepare, the first call of a layer).
 void expect_layer_rejected(const LayerSpec& layer, const std::vector<std::string>& needles) {
   try {
@@ -169,6 +190,17 @@ TEST(LayerValidation, RejectsInterleaved32GluWithFfnNotAMultipleOf32) {
   layer.activation.kind = Activation::relu;  // no GLU: the layout does not apply
   layer.ffn = 72;
   EXPECT_NO_THROW(codegen::check_supported(layer));
+}
+
+// Enum values a C++ caller can cast into the fields: rejected as arguments, not left to fail as
+// compile errors of the generated source.
+TEST(LayerValidation, ActivationAndGluLayoutOutsideTheirEnumsAreRejected) {
+  LayerSpec layer = small_layer();
+  layer.activation.kind = static_cast<Activation>(17);
+  expect_layer_rejected(layer, {"activation", "17"});
+  layer = small_layer();
+  layer.activation.layout = static_cast<GluLayout>(5);
+  expect_layer_rejected(layer, {"GLU layout", "5"});
 }
 
 TEST(LayerValidation, ClampedSwigluNeedsAFiniteLimitAboveZeroAndAFiniteAlpha) {
