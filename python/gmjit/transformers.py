@@ -35,7 +35,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from gmjit.torch import layouts
+from gmjit.torch import _weight_cache, layouts
 from gmjit.torch._checks import FP8_BLOCK, MAX_EXPERTS, MAX_WIDTH
 from gmjit.torch._op import grouped_mlp, quantize_weights
 
@@ -266,7 +266,8 @@ def _fallback(experts: nn.Module, reason: str, *args) -> Tensor:
 def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
     """(w1, w2, b1, b2) in gmjit's layout. Mixtral/Qwen-style weights are used as they are;
     transposed or interleaved ones are converted by differentiable copies on each call, reused
-    while neither grad mode nor the parameters' version counters say they may have changed."""
+    while neither grad mode nor the parameters' keys (gmjit.torch._weight_cache: version
+    counters, optimizer steps) say they may have changed."""
     up, down = _weights(experts, plan.has_gate)
     b_up = getattr(experts, "gate_up_proj_bias" if plan.has_gate else "up_proj_bias", None)
     b_down = getattr(experts, "down_proj_bias", None)
@@ -278,7 +279,7 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
     grad = torch.is_grad_enabled() and any(p.requires_grad for p in params)
     cacheable = not grad and not torch.compiler.is_compiling()
     if cacheable:
-        key = tuple((p.data_ptr(), p._version) for p in params)
+        key = _weight_cache.weights_key(*params)
         cached = experts.__dict__.get("_gmjit_weights")
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -306,12 +307,13 @@ def _fp8_weights(experts: nn.Module, plan: ExpertsPlan, recipe: str, w1: Tensor,
                  transposed: bool = False):  # fmt: skip
     """The quantized (w1, w2) of `recipe` (with `transposed`, the 8-tuple with the transposed
     copies the backward's FP8 data gradients read), kept on the module while its weights'
-    versions and addresses stay the same (they change at optimizer steps). None while compiling:
-    the op then quantizes inside the graph."""
-    if torch.compiler.is_compiling():
+    keys stay the same (gmjit.torch._weight_cache: they change at optimizer steps and in-place
+    writes). None while compiling, and while capturing a CUDA graph of training (`transposed`):
+    the op then quantizes inside the graph, so that replays read the current weights."""
+    if torch.compiler.is_compiling() or (transposed and _weight_cache.capturing()):
         return None
     params = [t for t in _weights(experts, plan.has_gate) if t is not None]
-    key = (recipe,) + tuple((id(p), p.data_ptr(), p._version) for p in params)
+    key = (recipe,) + _weight_cache.weights_key(*params)
     cached = experts.__dict__.get("_gmjit_fp8_weights")
     if cached is not None and cached[0] == key and (len(cached[1]) == 8 or not transposed):
         return cached[1]

@@ -12,7 +12,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import reference
-from gmjit.torch import GroupedMLP, _checks, _op, grouped_mlp, quantize_weights
+import gmjit.torch
+from gmjit.torch import GroupedMLP, _checks, _op, _weight_cache, grouped_mlp, quantize_weights
 from test_fake_engine import StandIn, at_offset, view
 
 BF, F32, FP8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
@@ -751,6 +752,58 @@ def test_module_quantizes_again_only_when_a_weight_changes(fp8_engine, monkeypat
     m.invalidate_fp8_weights()
     m(x, split)
     assert quantizations() == 5 and m.fp8_quantizations == 5
+
+
+class _DataWritingOptimizer(torch.optim.Optimizer):
+    """Megatron's mixed-precision pattern: the step's result reaches the model's parameters
+    through `.data`, which their version counters do not see."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.data.mul_(0.5)
+
+
+def test_module_quantizes_again_after_any_optimizer_step_and_on_invalidation(fp8_engine,
+                                                                             monkeypatch):  # fmt: skip
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    torch.manual_seed(0)
+    m = GroupedMLP(E, H, F, recipe="fp8_block")
+    opt = _DataWritingOptimizer(m.parameters())
+    x = torch.randn(T, H, dtype=BF)
+    split = torch.tensor(SPLITS)
+    y0 = m(x, split)
+    m(x, split)
+    assert m.fp8_quantizations == 1
+    versions = (m.w1._version, m.w2._version)
+    opt.step()
+    assert (m.w1._version, m.w2._version) == versions  # the counters did not see the write
+    y1 = m(x, split)
+    assert m.fp8_quantizations == 2 and not torch.equal(y0, y1)
+    # FSDP2's pattern without a step: a write under a preserved counter, at the same address.
+    with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(m.w1):
+        m.w1.mul_(2)
+    m(x, split)
+    assert m.fp8_quantizations == 2
+    gmjit.torch.invalidate_weight_caches()
+    m(x, split)
+    assert m.fp8_quantizations == 3
+
+
+def test_a_training_module_quantizes_inside_a_captured_cuda_graph(fp8_engine, monkeypatch):
+    # Cached weights would be constants of the graph, stale after the next optimizer step.
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    m = GroupedMLP(E, H, F, recipe="fp8_block")
+    m(torch.randn(T, H, dtype=BF), torch.tensor(SPLITS))  # the warm-up before a capture
+    assert m._fp8_cache is not None
+    monkeypatch.setattr(_weight_cache, "capturing", lambda: True)
+    assert m.fp8_weights() is None
+    m.eval().requires_grad_(False)  # inference: the cached weights serve the graph
+    assert m.fp8_weights() is m._fp8_cache[1]
 
 
 def test_module_caches_inference_weights_until_a_grad_call_wants_them(fp8_engine, monkeypatch):

@@ -246,6 +246,31 @@ def test_module_requantizes_after_an_optimizer_step_and_not_otherwise():
     assert m.fp8_quantizations == 3
 
 
+def test_a_graphed_training_module_reads_the_weights_an_optimizer_step_wrote():
+    # The warm-up fills the module's cache; the capture must quantize inside the graph anyway, or
+    # every replay after a step would run the weights of before the capture.
+    torch.manual_seed(0)
+    m = GroupedMLP(E, H, F, recipe="fp8_block", device="cuda")
+    x = torch.randn(T, H, dtype=BF, device="cuda")
+    split = torch.tensor(SPLITS, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            m(x, split).float().square().mean().backward()
+    torch.cuda.current_stream().wait_stream(s)
+    assert m._fp8_cache is not None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        y = m(x, split)
+    with torch.no_grad():
+        m.w1.mul_(0.5)  # as an optimizer step would, between replays
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, grouped_mlp(x, split, m.w1, m.w2, recipe="fp8_block"), rtol=0,
+                               atol=0)  # fmt: skip
+
+
 def test_compiled_fp8_module_matches_eager():
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -149,6 +149,28 @@ def test_converted_weights_are_reused_until_a_parameter_changes():
         assert gt._converted_weights(m, plan)[0] is not first[0]
 
 
+def test_converted_weights_are_made_again_after_an_optimizer_step():
+    # Megatron and FSDP2 write weights where the version counters do not see it, after a step.
+    m = hf_configs.experts_module("gpt_oss")
+    plan = gt.plan_for(m)
+    with torch.no_grad():
+        first = gt._converted_weights(m, plan)
+    torch.optim.SGD(m.parameters(), lr=0.1).step()  # no gradients: nothing written, still a step
+    with torch.no_grad():
+        assert gt._converted_weights(m, plan)[0] is not first[0]
+
+
+def test_fp8_weights_are_quantized_inside_a_captured_training_graph(monkeypatch):
+    m = hf_configs.experts_module("mixtral")
+    plan = gt.plan_for(m)
+    monkeypatch.setattr(gt, "quantize_weights", lambda w1, w2, recipe, transposed=False: ("q",))
+    w1, w2 = m.gate_up_proj, m.down_proj
+    assert gt._fp8_weights(m, plan, "fp8_block", w1, w2, transposed=True) == ("q",)
+    monkeypatch.setattr(gt._weight_cache, "capturing", lambda: True)
+    assert gt._fp8_weights(m, plan, "fp8_block", w1, w2, transposed=True) is None
+    assert gt._fp8_weights(m, plan, "fp8_block", w1, w2, transposed=False) == ("q",)
+
+
 @pytest.mark.parametrize("name", ["mixtral", "gpt_oss"])
 def test_grouped_mlp_module_from_transformers_experts_has_the_same_math(name):
     m = hf_configs.experts_module(name)

@@ -3,14 +3,17 @@ expert-parallel `ExpertParallelMoE` layer.
 
 The op is registered as torch.ops.gmjit.grouped_mlp (forward, with its fake kernel and autograd)
 and torch.ops.gmjit.grouped_mlp_backward; `grouped_mlp` is the function to call.
-`quantize_weights` (torch.ops.gmjit.quantize_weights) makes the FP8 recipes' weights.
+`quantize_weights` (torch.ops.gmjit.quantize_weights) makes the FP8 recipes' weights;
+`invalidate_weight_caches` marks the copies cached from weights stale after writes that neither
+move a version counter nor follow an optimizer step.
 """
 
 from gmjit.torch import layouts
 from gmjit.torch._checks import ACTIVATIONS, GLU_LAYOUTS, RECIPES
 from gmjit.torch._op import grouped_mlp, quantize_weights
+from gmjit.torch._weight_cache import invalidate_weight_caches
 from gmjit.torch.expert_parallel import ExpertParallelMoE
 from gmjit.torch.module import GroupedMLP
 
 __all__ = ["ACTIVATIONS", "ExpertParallelMoE", "GLU_LAYOUTS", "GroupedMLP", "RECIPES", "grouped_mlp",
-           "layouts", "quantize_weights"]
+           "invalidate_weight_caches", "layouts", "quantize_weights"]

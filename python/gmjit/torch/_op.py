@@ -523,15 +523,26 @@ def _setup_context(ctx, inputs, output) -> None:
     transposed = tuple(inputs[17:21])
     if len(transposed) != 4 or transposed[0] is None:
         transposed = ()
-    ctx.save_for_backward(x, split_sizes, w1, w2, b2, probs, saved, *transposed)
+    # Called with save_preact=False (the op is public; gmjit's wrappers save it where a backward
+    # is to come), the backward recomputes the pre-activation from b1 and the FP8 weights given
+    # (inputs 13-16) as the forward had them.
+    recompute = () if save_preact else (b1, *(tuple(inputs[13:17]) + (None,) * 4)[:4])
+    ctx.save_for_backward(x, split_sizes, w1, w2, b2, probs, saved, *recompute, *transposed)
     # The recipe (input 12, "bf16" when the call left it out); the FP8 weights get no gradient.
     recipe = inputs[12] if len(inputs) > 12 else "bf16"
-    ctx.options = (activation, glu_layout, limit, alpha, b1 is not None, recipe, len(inputs))
+    ctx.options = (activation, glu_layout, limit, alpha, b1 is not None, recipe, len(inputs),
+                   len(recompute))  # fmt: skip
 
 
 def _op_backward(ctx, dy, _dsaved):
-    x, split_sizes, w1, w2, b2, probs, saved, *transposed = ctx.saved_tensors
-    activation, glu_layout, limit, alpha, has_b1, recipe, n_inputs = ctx.options
+    x, split_sizes, w1, w2, b2, probs, saved, *rest = ctx.saved_tensors
+    activation, glu_layout, limit, alpha, has_b1, recipe, n_inputs, n_recompute = ctx.options
+    recompute, transposed = rest[:n_recompute], rest[n_recompute:]
+    if recompute:
+        b1, *fp8 = recompute
+        _, saved = torch.ops.gmjit.grouped_mlp(x, split_sizes, w1, w2, b1, b2, probs, activation,
+                                               glu_layout, limit, alpha, True, recipe,
+                                               *fp8)  # fmt: skip
     wanted = _wanted(ctx.needs_input_grad)
     grads = torch.ops.gmjit.grouped_mlp_backward(dy, x, split_sizes, w1, w2, b2, probs, saved,
                                                  activation, glu_layout, limit, alpha, has_b1,

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from gmjit.torch import layouts
+from gmjit.torch import _weight_cache, layouts
 from gmjit.torch._checks import GLU_ACTIVATIONS, _check_fp8_layer, _parse_options, _parse_recipe
 from gmjit.torch._op import grouped_mlp, quantize_weights
 
@@ -32,11 +32,14 @@ class GroupedMLP(nn.Module):
     quantized weights, in training with the transposed copies the FP8 data gradients read (a
     grad-enabled call where an input requires grad, or any call while the module is in training
     mode with w1 or w2 requiring grad, e.g. the no-grad first pass of reentrant checkpointing),
-    and quantizes again only when w1 or w2 changed: a new tensor, or an in-place update
-    (optimizer step, copy_, load_state_dict) that moves the parameter's version counter, when
+    and quantizes again when w1 or w2 may have changed: a new tensor, an in-place update
+    (copy_, load_state_dict) that moves the parameter's version counter, any torch optimizer's
+    step (Megatron's and FSDP2's write the weights where the counter does not see it), when
     `recipe` was set to another FP8 recipe, or when training finds only the inference weights
-    (no transposed copies) cached. Writes that bypass
-    the counter (through `.data`) are not seen: call `invalidate_fp8_weights()` after them.
+    (no transposed copies) cached. Other writes that bypass the counter (through `.data`) are
+    not seen: call `invalidate_fp8_weights()` after them. In CUDA-graph capture a module that
+    trains its weights quantizes inside the graph (each replay reads the current weights); an
+    inference module's cached weights become constants of the graph.
     """
 
     def __init__(
@@ -111,8 +114,8 @@ class GroupedMLP(nn.Module):
         (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales) after them, for FP8 data gradients in the
         backward: cached, quantized again only when w1 or w2 changed or the transposed copies
         are wanted and not cached. (The cached 8-tuple also serves calls that do not want them.)
-        None for the BF16 recipe, while compiling (the op then quantizes inside the graph) and
-        for weights off the GPU."""
+        None for the BF16 recipe, while compiling or capturing a training module's CUDA graph
+        (the op then quantizes inside the graph) and for weights off the GPU."""
         if self.recipe == "bf16" or torch.compiler.is_compiling():
             return None
         w1, w2 = self.w1, self.w2
@@ -120,12 +123,11 @@ class GroupedMLP(nn.Module):
             return None
         if transposed is None:
             transposed = self._trains_weights()
-        # In-place updates move _version; a new tensor (.to(), assignment, .data = ...) has
-        # another address. The tensors' ids guard against a new one at a freed address. The
-        # recipe, which may be switched on the module, sets the scales (pow2 or not, per block
-        # or per tensor).
-        key = (self.recipe, id(w1), w1.data_ptr(), w1._version, id(w2), w2.data_ptr(),
-               w2._version)  # fmt: skip
+        if transposed and _weight_cache.capturing() and self._trains_weights():
+            return None
+        # The recipe, which may be switched on the module, sets the scales (pow2 or not, per
+        # block or per tensor).
+        key = (self.recipe,) + _weight_cache.weights_key(w1, w2)
         cached = self._fp8_cache
         if cached is not None and cached[0] == key and (len(cached[1]) == 8 or not transposed):
             return cached[1]

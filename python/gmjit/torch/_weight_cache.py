@@ -1,0 +1,52 @@
+"""When a copy made from weights (quantized FP8 weights, weights in gmjit's layout) is stale.
+
+The caches of `GroupedMLP` and of the transformers integration key a copy by each weight's
+identity, address and version counter, and by a count of optimizer steps. The version counter
+sees in-place updates (torch optimizers, `copy_`, `load_state_dict`). Training stacks also write
+weights where it does not: Megatron's mixed-precision optimizers copy the main params in through
+`.data`, FSDP2 all-gathers into the same unsharded parameter under a preserved counter, DeepSpeed
+writes through `.data`. Each of them runs a `torch.optim.Optimizer` step before such writes (the
+inner optimizer of Megatron's, FSDP2's on the shards), so every optimizer step makes every copy
+stale. Writes of neither kind (EMA swaps through `.data`, ...) need `invalidate_weight_caches()`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+_generation = itertools.count(1)
+_current = 0
+
+
+def _stale_after_step(optimizer, args, kwargs) -> None:
+    invalidate_weight_caches()
+
+
+# Global: runs after the step of every torch.optim.Optimizer (subclasses included: the base class
+# wraps their step), before any write that copies its result into the model's weights.
+register_optimizer_step_post_hook(_stale_after_step)
+
+
+def invalidate_weight_caches() -> None:
+    """Marks every cached copy of any weights stale: the next call makes them again. For writes
+    into weights that neither move their version counters nor follow an optimizer step."""
+    global _current
+    _current = next(_generation)
+
+
+def weights_key(*weights: Optional[Tensor]) -> tuple:
+    """What a copy of `weights` was made from; a copy is current while this stays equal. The ids
+    guard against a new tensor at a freed tensor's address."""
+    return (_current,) + tuple((id(w), w.data_ptr(), w._version) for w in weights if w is not None)
+
+
+def capturing() -> bool:
+    """Whether the current stream is being captured into a CUDA graph. A copy cached before the
+    capture becomes a constant of the graph: training callers quantize inside it instead, so that
+    each replay reads the weights the optimizer last wrote."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
