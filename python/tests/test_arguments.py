@@ -40,6 +40,8 @@ BAD_ARGUMENTS = [
     (dict(probs=torch.ones(T, 2)[:, 0]), r"'probs' must be contiguous"),
     (dict(activation="silu"), r"'activation' must be one of"),
     (dict(glu_layout="interleaved"), r"'glu_layout' must be one of"),
+    (dict(activation=["swiglu"]), r"'activation' must be one of"),  # unhashable, not a name
+    (dict(glu_layout=["halves"]), r"'glu_layout' must be one of"),
 ]
 
 

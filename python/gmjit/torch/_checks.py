@@ -33,15 +33,18 @@ _options: dict[tuple[str, str], tuple[int, int, bool]] = {}
 
 def _parse_options(activation: str, glu_layout: str) -> tuple[int, int, bool]:
     key = (activation, glu_layout)
-    parsed = _options.get(key)
+    try:
+        parsed = _options.get(key)
+    except TypeError:  # unhashable (a list, ...): not a name, the checks below say which
+        parsed = None
     if parsed is not None:
         return parsed
-    if activation not in ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise ValueError(
             f"grouped_mlp: argument 'activation' must be one of {sorted(ACTIVATIONS)}, "
             f"got {activation!r}"
         )
-    if glu_layout not in GLU_LAYOUTS:
+    if not isinstance(glu_layout, str) or glu_layout not in GLU_LAYOUTS:
         raise ValueError(
             f"grouped_mlp: argument 'glu_layout' must be one of {sorted(GLU_LAYOUTS)}, "
             f"got {glu_layout!r}"
