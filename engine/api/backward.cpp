@@ -118,7 +118,12 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
     // without any to overwrite the call touches no device (as a forward without tokens).
     const std::vector<const TensorRef*> zeroed = gradients_to_zero(args);
     if (zeroed.empty()) return;
-    engine::DeviceContext& device = engine::DeviceRegistry::instance().get(context.device.ordinal);
+    // A first touch of the device sets up its context, which a capture in global mode (an
+    // expert-parallel rank with no tokens, inside a graphed step) must not see.
+    engine::DeviceContext& device = [&]() -> engine::DeviceContext& {
+      const engine::RelaxedCaptureMode relaxed;
+      return engine::DeviceRegistry::instance().get(context.device.ordinal);
+    }();
     device.check_stream(cu_stream);
     engine::ScopedContext scope(device.context());
     zero_gradients(zeroed, cu_stream);
