@@ -165,7 +165,8 @@ struct DecodeGemv {
 #pragma unroll
           for (int q = 0; q < kP; ++q)
             wv[i][h][q] = decode::load_weights<Cfg::l2_prefetch>(
-                wbase + Epi::row_step(i, h) * kK + k0 + 32 * q, wok[i][h] && kok[q]);
+                wbase + Epi::row_step(i, h) * static_cast<long long>(kK) + k0 + 32 * q,
+                wok[i][h] && kok[q]);
 #pragma unroll
       for (int j = 0; j < kNT; ++j)
 #pragma unroll

@@ -153,7 +153,8 @@ struct Fc2Dgrad {
   // dp_t += <dy_t, b2_g>, once per row (by the blocks of column tile 0): a warp per row.
   __device__ static void add_dy_dot_b2(const Fc2DgradParams& p, const RowTile& rt) {
     const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-    const unsigned short* b2 = static_cast<const unsigned short*>(p.b2) + rt.expert * kH;
+    const unsigned short* b2 =
+        static_cast<const unsigned short*>(p.b2) + static_cast<long long>(rt.expert) * kH;
     for (long long row = rt.row_begin + warp; row < rt.row_end; row += threads / 32) {
       const unsigned short* dy = static_cast<const unsigned short*>(p.dy) + row * kH;
       float s = 0.0f;
