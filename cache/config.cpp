@@ -167,8 +167,15 @@ DiskCacheConfig DiskCacheConfig::from_environment(
     }
   } else if (const char* xdg = non_empty(getenv("XDG_CACHE_HOME")); xdg && xdg[0] == '/') {
     config.root = std::filesystem::path(xdg) / "gmjit";  // relative XDG paths are invalid
-  } else if (home != nullptr) {
+  } else if (home != nullptr && home[0] == '/') {
     config.root = std::filesystem::path(home) / ".cache" / "gmjit";
+  } else if (home != nullptr) {
+    if (!config.disabled) {  // a relative HOME: as a relative GMJIT_CACHE_DIR above
+      config.disabled = true;
+      warnings.push_back(std::string("gmjit cache: HOME='") + home +
+                         "' is not an absolute path and neither GMJIT_CACHE_DIR nor "
+                         "XDG_CACHE_HOME is set; the disk cache is disabled");
+    }
   } else if (!config.disabled) {  // no warning when the user disabled the cache anyway
     config.disabled = true;
     warnings.emplace_back(

@@ -44,18 +44,21 @@ struct DiskCache::State {
   // The versioned directory, opened once; replaced only when it was removed from the tree.
   std::mutex directory_mutex;
   std::shared_ptr<const fs::UniqueFd> directory;
-  // 0: writes on. Otherwise the time before which stores are skipped after a failed write.
+  // 0: writes on. Otherwise the time (fs::monotonic_ns) before which stores are skipped after
+  // a failed write.
   std::atomic<std::int64_t> writes_off_until_ns{0};
   std::atomic<bool> warned_unwritable{false};
   std::atomic<bool> warned_writable_again{false};
   std::atomic<bool> warned_untrusted{false};
+  std::atomic<bool> warned_unopenable{false};  // a trusted directory open() refused (EMFILE, EIO)
   std::atomic<bool> warned_unreadable_entry{false};
   std::atomic<bool> warned_undeletable{false};  // eviction met an entry it cannot remove
   std::array<std::atomic<bool>, static_cast<std::size_t>(Operation::count)> warned_swallowed{};
   std::atomic<std::int64_t> size_estimate{-1};  // -1: unknown, scan on the next store
   std::atomic<std::uint64_t> stores_since_scan{0};
   std::mutex reported_mutex;
-  std::unordered_set<std::string> reported_read_only;  // bad entries a read-only cache keeps
+  // Bad entries kept (a read-only cache, or their removal failed), each reported once.
+  std::unordered_set<std::string> reported_read_only;
   std::atomic<std::uint64_t> hits{0}, shared_hits{0}, misses{0}, bad_entries{0}, stores{0},
       store_failures{0}, evictions{0}, scans{0};
 };
@@ -139,6 +142,24 @@ bool DiskCache::trusted_or_warn(const std::filesystem::path& dir, fs::DirTrust t
   return false;
 }
 
+// A directory that passes the trust checks but cannot be opened (too many open files, an I/O or
+// stale NFS handle error, a shared layer not readable by this user) is an error, not a trust
+// problem: a store hands the errno to fail_store (writes off for a while, one warning), a load
+// misses with one warning of its own.
+void DiskCache::report_open_error(const std::filesystem::path& dir, int error,
+                                  int* create_error) const {
+  if (create_error != nullptr) {
+    *create_error = error;
+    return;
+  }
+  if (state_->warned_unopenable.exchange(true)) return;
+  warn("gmjit cache: " + dir.string() + " is not accessible (" + fs::errno_text(error) +
+       "); treated as a miss (reported once)" +
+       (shared_layer_ && error == EACCES
+            ? "; a shared layer must be readable by its users (chmod -R a+rX)"
+            : ""));
+}
+
 fs::DirTrust DiskCache::trust_of(int dir_fd) const {
   return fs::check_directory(dir_fd, shared_layer_ ? fs::Owners::self_or_root : fs::Owners::self);
 }
@@ -166,14 +187,13 @@ std::shared_ptr<const fs::UniqueFd> DiskCache::open_directory(bool create,
   if (!fd.valid()) {
     const int error = errno;
     // By path only to word the warning: lstat tells a symlink from a missing parent.
-    fs::DirTrust trust = fs::check_directory(
+    const fs::DirTrust trust = fs::check_directory(
         directory_, shared_layer_ ? fs::Owners::self_or_root : fs::Owners::self);
-    // A shared layer someone else made may exist and be fine but not readable by this user
-    // (made 0700 and shipped without chmod a+rX): say so rather than miss silently.
-    if (shared_layer_ && trust == fs::DirTrust::kTrusted && error != ENOENT) {
-      trust = fs::DirTrust::kInaccessible;
+    if (trust == fs::DirTrust::kTrusted && error != ENOENT) {
+      report_open_error(directory_, error, create ? create_error : nullptr);
+    } else {
+      trusted_or_warn(directory_, trust);
     }
-    trusted_or_warn(directory_, trust);
     return nullptr;
   }
   if (!trusted_or_warn(directory_, trust_of(fd.get()))) return nullptr;
@@ -197,7 +217,13 @@ fs::UniqueFd DiskCache::open_fanout(int dir_fd, const std::string& name, bool cr
   }
   fs::UniqueFd fd = fs::open_directory_at(dir_fd, name.c_str());
   if (!fd.valid()) {
-    trusted_or_warn(directory_ / name, fs::trust_after_open_error(dir_fd, name, errno));
+    const int error = errno;
+    const fs::DirTrust trust = fs::trust_after_open_error(dir_fd, name, error);
+    if (trust == fs::DirTrust::kInaccessible) {  // a directory there, open() refused
+      report_open_error(directory_ / name, error, create ? create_error : nullptr);
+    } else {
+      trusted_or_warn(directory_ / name, trust);
+    }
     return {};
   }
   // The umask may have removed bits we need; never add any for group/others.
@@ -329,7 +355,16 @@ void DiskCache::report_bad_entry(int fanout_fd, const std::string& name,
     const fs::FileInfo judged = fs::info_of(fd);
     if (judged.dev != now->dev || judged.ino != now->ino) return;
   }
-  if (now) unlinkat(fanout_fd, name.c_str(), 0);
+  if (!now) return;  // another process removed it (and said so)
+  if (unlinkat(fanout_fd, name.c_str(), 0) != 0 && errno != ENOENT) {
+    // A read-only mount or folder the configuration did not declare: ignored, said once.
+    const std::string error = fs::errno_text(errno);
+    const std::lock_guard<std::mutex> lock(state_->reported_mutex);
+    if (state_->reported_read_only.insert(path.string()).second) {
+      warn("gmjit cache: ignoring bad entry " + what + " (cannot remove it: " + error + ")");
+    }
+    return;
+  }
   warn("gmjit cache: removed bad entry " + what);
 }
 
@@ -338,7 +373,8 @@ bool DiskCache::fail_store(int error) {
   // Memory only for a while: no retry storm on a full disk, but no giving up for good either.
   const std::int64_t retry_ns = std::min<std::int64_t>(
       config_.write_retry_seconds, std::numeric_limits<std::int64_t>::max() / kNsPerSecond / 2);
-  state_->writes_off_until_ns = fs::now_ns() + std::max<std::int64_t>(retry_ns, 0) * kNsPerSecond;
+  state_->writes_off_until_ns =
+      fs::monotonic_ns() + std::max<std::int64_t>(retry_ns, 0) * kNsPerSecond;
   if (!state_->warned_unwritable.exchange(true)) {
     warn("gmjit cache: cannot write to " + directory_.string() + " (" + fs::errno_text(error) +
          "); disk writes are off and new kernels are kept in memory only; a write is tried "
@@ -352,7 +388,7 @@ bool DiskCache::store(const Key128& key, const EntryLabels& labels,
                       std::span<const std::byte> payload) {
   if (config_.disabled || config_.read_only) return false;
   const std::int64_t off_until = state_->writes_off_until_ns.load();
-  if (off_until != 0 && fs::now_ns() < off_until) {
+  if (off_until != 0 && fs::monotonic_ns() < off_until) {
     ++state_->store_failures;
     return false;
   }
@@ -519,7 +555,7 @@ PruneResult DiskCache::clear() {
 bool DiskCache::writable() const {
   if (config_.disabled || config_.read_only) return false;
   if (const std::int64_t off_until = state_->writes_off_until_ns.load();
-      off_until != 0 && fs::now_ns() < off_until) {
+      off_until != 0 && fs::monotonic_ns() < off_until) {
     return false;
   }
   // Without side effects: the nearest existing directory must let us create what is missing.
@@ -529,7 +565,9 @@ bool DiskCache::writable() const {
       if (probe == directory_ && fs::check_directory(probe) != fs::DirTrust::kTrusted) {
         return false;
       }
-      return info->is_directory() && access(probe.c_str(), W_OK | X_OK) == 0;
+      // The cache's own directory is also read (opened, listed); its parents only traversed.
+      const int mode = probe == directory_ ? R_OK | W_OK | X_OK : W_OK | X_OK;
+      return info->is_directory() && access(probe.c_str(), mode) == 0;
     }
     if (!probe.has_relative_path()) break;
     probe = probe.parent_path();

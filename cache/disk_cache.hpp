@@ -195,6 +195,7 @@ class DiskCache {
   void warn(std::string_view message) const;
   void warn_swallowed(Operation operation, const std::exception& error) const;
   bool trusted_or_warn(const std::filesystem::path& dir, fs::DirTrust trust) const;
+  void report_open_error(const std::filesystem::path& dir, int error, int* create_error) const;
   std::shared_ptr<const fs::UniqueFd> open_directory(bool create, int* create_error) const;
   fs::UniqueFd open_fanout(int dir_fd, const std::string& name, bool create,
                            int* create_error) const;

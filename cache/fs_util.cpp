@@ -214,6 +214,12 @@ std::int64_t now_ns() {
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
+std::int64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
 int set_mtime(const std::filesystem::path& path, std::int64_t mtime_ns) {
   timespec times[2];
   times[0].tv_sec = static_cast<time_t>(mtime_ns / 1'000'000'000);

@@ -1,5 +1,7 @@
 // Degraded modes: disabled, read-only, unwritable or full disk, no HOME; and the environment.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <map>
 #include <memory>
@@ -162,6 +164,58 @@ TEST(UnwritableDirectory, WithinTheRetryDelayNoWriteIsAttempted) {
   EXPECT_EQ(warnings.size(), 1u) << warnings.all();
 }
 
+// Lowers this process's open-file limit so that every open() fails with EMFILE (as in a job that
+// ran out of descriptors), and restores it.
+class NoFreeDescriptors {
+ public:
+  NoFreeDescriptors() {
+    getrlimit(RLIMIT_NOFILE, &saved_);
+    const int lowest_free = dup(0);  // open() returns the lowest free number
+    close(lowest_free);
+    rlimit limit = saved_;
+    limit.rlim_cur = static_cast<rlim_t>(lowest_free);
+    ok_ = setrlimit(RLIMIT_NOFILE, &limit) == 0;
+  }
+  ~NoFreeDescriptors() { setrlimit(RLIMIT_NOFILE, &saved_); }
+  NoFreeDescriptors(const NoFreeDescriptors&) = delete;
+  NoFreeDescriptors& operator=(const NoFreeDescriptors&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  rlimit saved_{};
+  bool ok_ = false;
+};
+
+// A trusted directory open() refuses is an error with its cause, not a trust problem (whose one
+// warning it would use up) and not a silent miss: a load warns once, a store pauses writes.
+TEST(UnopenableDirectory, TooManyOpenFilesIsAMissAndAPausedWriteEachSayingWhy) {
+  TempDir tmp;
+  Warnings warnings;
+  {
+    DiskCache writer(config_for(tmp.path(), warnings));
+    ASSERT_TRUE(writer.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  }
+  DiskCache cache(config_for(tmp.path(), warnings));  // opens its directory at first use
+  bool limited = false;
+  {
+    const NoFreeDescriptors no_descriptors;
+    limited = no_descriptors.ok();
+    if (limited) {
+      EXPECT_FALSE(cache.load(key_for(1)).has_value());
+      EXPECT_FALSE(cache.load(key_for(1)).has_value());
+      EXPECT_FALSE(cache.store(key_for(2), labels_for(2), payload_for(key_for(2))));
+    }
+  }
+  if (!limited) GTEST_SKIP() << "cannot lower RLIMIT_NOFILE here";
+  ASSERT_EQ(warnings.size(), 2u) << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find("not accessible (Too many open files"), std::string::npos)
+      << warnings.all();
+  EXPECT_NE(warnings.lines()[1].find("cannot write"), std::string::npos) << warnings.all();
+  EXPECT_NE(warnings.lines()[1].find("Too many open files"), std::string::npos) << warnings.all();
+  EXPECT_EQ(warnings.all().find("private"), std::string::npos) << "not a trust problem";
+  EXPECT_EQ(cache.load(key_for(1)), payload_for(key_for(1)));  // descriptors back: a hit
+}
+
 // Removes every temp file in `dir` before the first rename, as another process's maintenance
 // does with a temp file it judges stale (older than an hour: a writer stopped for that long).
 class RemoveTempBeforeFirstRename final : public PublishHooks {
@@ -292,6 +346,17 @@ TEST(Environment, RelativeCacheDirDisablesTheDiskCacheWithAWarningNamingIt) {
   EXPECT_TRUE(ConfigFrom({{"GMJIT_CACHE_DIR", "gm"}, {"GMJIT_CACHE_DISABLE", "1"}})
                   .environment_warnings.empty())
       << "no warning when the user disabled the cache";
+}
+
+TEST(Environment, RelativeHomeDisablesTheDiskCacheWithAWarningNamingIt) {
+  // $HOME/.cache/gmjit would follow each process's working directory.
+  const DiskCacheConfig config = ConfigFrom({{"HOME", "relhome"}});
+  EXPECT_TRUE(config.disabled);
+  EXPECT_TRUE(config.root.empty()) << config.root;
+  ASSERT_EQ(config.environment_warnings.size(), 1u);
+  EXPECT_NE(config.environment_warnings[0].find("HOME='relhome'"), std::string::npos)
+      << config.environment_warnings[0];
+  EXPECT_EQ(ConfigFrom({{"HOME", "relhome"}, {"XDG_CACHE_HOME", "/x"}}).root, "/x/gmjit");
 }
 
 TEST(Environment, MaxSizeAcceptsBytesAndBinarySuffixes) {

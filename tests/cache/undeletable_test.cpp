@@ -45,6 +45,24 @@ TEST(UndeletableEntry, EvictionNeverRemovesTheEntryJustStoredAndWarnsOnceNamingI
   EXPECT_NE(warnings.lines()[0].find("cannot remove"), std::string::npos) << warnings.all();
 }
 
+// A bad entry that cannot be removed is a miss reported once as kept, never as "removed".
+TEST(UndeletableEntry, ABadEntryItCannotRemoveIsIgnoredWithOneWarningSayingSo) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  ASSERT_TRUE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  const stdfs::path path = entry_path(cache, key_for(1), labels_for(1));
+  stdfs::resize_file(path, 30);
+  const Undeletable undeletable(path);
+  if (!undeletable.supported()) GTEST_SKIP() << "cannot make a file undeletable here";
+  EXPECT_FALSE(cache.load(key_for(1)).has_value());
+  EXPECT_FALSE(cache.load(key_for(1)).has_value());
+  EXPECT_TRUE(stdfs::exists(path));
+  ASSERT_EQ(warnings.size(), 1u) << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find("cannot remove it"), std::string::npos) << warnings.all();
+  EXPECT_EQ(warnings.all().find("removed bad entry"), std::string::npos) << warnings.all();
+}
+
 TEST(UndeletableEntry, ClearReturnsTheEntriesItCouldNotRemove) {
   TempDir tmp;
   Warnings warnings;
