@@ -101,8 +101,12 @@ int make_private_directories(const std::filesystem::path& dir) {
   for (const std::filesystem::path& part : dir) {
     current /= part;
     if (mkdir(current.c_str(), 0700) == 0) {
-      // The umask may have removed bits we need; never add any for group/others.
-      chmod(current.c_str(), 0700);
+      // The umask may have removed bits we need; never add any for group/others. Through a
+      // handle that does not follow a symlink: a writable parent's owner could swap the new
+      // folder for a link to a file of ours between the two calls.
+      if (const UniqueFd made = open_directory_at(AT_FDCWD, current.c_str()); made.valid()) {
+        fchmod(made.get(), 0700);
+      }
       continue;
     }
     const int error = errno;
