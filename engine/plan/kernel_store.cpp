@@ -125,6 +125,17 @@ cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view a
   cache::KeyBuilder builder;
   // The payload format too: a new format never meets an entry written in an old one.
   builder.add(kEngineFormat).add(payload).add(source.entry).add(source.source);
+  // What the reader checks beside the cubin (its accept), also when a host constant (a fixed
+  // grid's width) sets it without a trace in the source: two builds that differ there then
+  // keep separate entries instead of removing each other's.
+  const codegen::LaunchShape& l = source.launch;
+  builder.add(static_cast<std::uint64_t>(source.role))
+      .add(static_cast<std::uint64_t>(l.grid))
+      .add(static_cast<std::uint64_t>(l.operands));
+  for (const std::uint32_t field : {l.threads, l.dynamic_smem_bytes, l.grid_x, l.grid_y, l.grid_z,
+                                    l.block_m, l.block_n, l.experts}) {
+    builder.add(std::uint64_t{field});
+  }
   const cache::Key128& templates = templates_digest();
   builder.add(templates.high).add(templates.low);
   for (const auto& option : codegen::canonical_nvrtc_options(arch)) builder.add(option);

@@ -87,6 +87,31 @@ TEST(KernelKey, ADifferentNvrtcVersionStringGivesADifferentKey) {
   EXPECT_FALSE(kernel_key(source, "sm_90a", full) == kernel_key(source, "sm_90a", full + "x"));
 }
 
+TEST(KernelKey, TheRoleAndEachLaunchFieldAreInTheKey) {
+  codegen::GroupedMlpForwardDesc desc;
+  desc.layer.hidden = 256;
+  desc.layer.ffn = 128;
+  const codegen::KernelSource source = codegen::emit_grouped_mlp_forward(desc).front();
+  const cache::Key128 reference = kernel_key(source, "sm_90a");
+  std::vector<codegen::KernelSource> variants(10, source);
+  variants[0].role = codegen::KernelRole::fc2_forward;
+  variants[1].launch.grid = codegen::LaunchShape::Grid::fixed;
+  variants[2].launch.operands = codegen::LaunchShape::Operands::tensor_maps;
+  variants[3].launch.threads += 32;
+  variants[4].launch.dynamic_smem_bytes += 1024;
+  variants[5].launch.grid_x += 1;
+  variants[6].launch.grid_y += 1;
+  variants[7].launch.grid_z += 1;
+  variants[8].launch.block_m *= 2;
+  variants[9].launch.block_n *= 2;
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    EXPECT_FALSE(kernel_key(variants[i], "sm_90a") == reference) << "variant " << i;
+  }
+  codegen::KernelSource experts = source;
+  experts.launch.experts += 1;
+  EXPECT_FALSE(kernel_key(experts, "sm_90a") == reference);
+}
+
 TEST(KernelKey, ADifferentPayloadFormatGivesADifferentKey) {
   // A new payload format then never meets an entry written in the old one.
   codegen::GroupedMlpForwardDesc desc;
