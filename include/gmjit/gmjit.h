@@ -55,7 +55,8 @@ typedef struct gmjit_layer {
   gmjit_activation activation;
   gmjit_glu_layout glu_layout;
   float clamp_limit, clamp_alpha; /* ClampedSwiGLU only */
-  /* Biases and router probs are used when the matching tensor below is non-null. */
+  /* Biases and router probs are used when the matching tensor of gmjit_forward_args is
+   * non-null. */
 } gmjit_layer;
 
 /* Optional tensors (b1, b2, probs, saved_preact) may be NULL. split_sizes is int32 or int64 on
@@ -132,7 +133,7 @@ gmjit_status gmjit_backward(gmjit_engine* engine, const gmjit_forward_context* c
 /* Recipes (additions; the functions above run GMJIT_RECIPE_BF16). */
 
 /* gmjit_forward with a recipe. FP8 recipes read the quantized weights in *fp8 (required) and
- * ignore args->w1/w2, which may be NULL; BF16 takes fp8 = NULL. */
+ * not args->w1/w2, which may be NULL (given, they are still checked); BF16 takes fp8 = NULL. */
 gmjit_status gmjit_forward_ex(gmjit_engine* engine, const gmjit_layer* layer, gmjit_recipe recipe,
                               const gmjit_forward_args* args, const gmjit_fp8_weights* fp8,
                               int grad, void* stream);

@@ -86,8 +86,9 @@ struct BackwardArgs {
   TensorRef workspace;
   // FP8 recipes: the transposed quantized weights (QuantizeWeightsArgs' optional outputs).
   // Given, the data gradients (FC2 dgrad, FC1 dgrad) run on FP8 tensor cores with dy and dh
-  // quantized like x, and w1 / w2 are not read; so do the weight gradients, their operands
-  // quantized along tokens. Absent, the whole backward is BF16 (reading w1 / w2).
+  // quantized like x, and w1 / w2 are not read; the weight gradients run in FP8 too (their
+  // operands quantized along tokens) or in BF16, as EngineOptions::fp8_weight_grads decides.
+  // Absent, the whole backward is BF16 (reading w1 / w2).
   TensorRef w1t_fp8;     // [E, H, F1] float8_e4m3fn
   TensorRef w1t_scales;  // fp8_block: [E, H / 128, F1 / 128]; fp8_tensor: [E]
   TensorRef w2t_fp8;     // [E, F, H] float8_e4m3fn

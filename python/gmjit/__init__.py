@@ -17,7 +17,8 @@ def counters() -> dict[str, int | float]:
     """The process-wide engine's counters.
 
     Keys: plans_built (forward_plans_built + backward_plans_built), kernels_compiled,
-    nvrtc_seconds, disk_reads, disk_writes, memory_hits (plan lookups served from memory),
+    nvrtc_seconds, disk_reads (disk_shared_reads of them from shared layers), disk_writes,
+    memory_hits (plan lookups served from memory),
     workspace_bytes (device memory the engine holds for scratch).
     """
     return _C.counters()
