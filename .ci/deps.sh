@@ -8,6 +8,13 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
+# The Python package's venv and extension: Debian's python3 ships venv (ensurepip) and the
+# headers as separate packages; a python3 from elsewhere (pyenv) has both.
+if command -v python3 >/dev/null; then
+  python3 -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
+  py_inc=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])" 2>/dev/null || true)
+  [ -n "$py_inc" ] && [ -f "$py_inc/Python.h" ] || missing+=(python3-dev)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   sudo_cmd=""
