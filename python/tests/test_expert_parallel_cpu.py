@@ -57,6 +57,74 @@ def test_expert_parallel_gloo_matches_reference():
     assert cases == {c[0] for c in ep_common.CASES}
 
 
+def _scale_worker(rank: int, world: int, init_file: str, result_file: str) -> None:
+    """seed=None with per-rank generators: one router; average=True: every gradient / W."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(100 + rank)  # ranks seeded differently, as for dropout
+        layer = ep_common.ExpertParallelMoE(64, 64, 4, 2, experts="torch")
+        routers = [torch.empty_like(layer.router.weight) for _ in range(world)]
+        dist.all_gather(routers, layer.router.weight.detach().contiguous())
+        same = all(torch.equal(r, routers[0]) for r in routers)
+        x = torch.randn(16, 64).to(torch.bfloat16)
+        layer(x).float().square().sum().backward()
+        summed = [p.grad.clone() for p in (layer.w1, layer.w2)]
+        router_local = layer.router.weight.grad.clone()
+        layer.allreduce_router_grad(average=True)
+        router_sum = router_local.clone()
+        dist.all_reduce(router_sum)
+        ok = same and all(torch.allclose(p.grad, g / world) for p, g in
+                          zip((layer.w1, layer.w2), summed)) and torch.allclose(
+                              layer.router.weight.grad, router_sum / world)  # fmt: skip
+        if rank == 0:
+            with open(result_file, "w") as f:
+                f.write(f"{int(same)} {int(ok)}\n")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_replicated_router_is_shared_and_average_puts_every_gradient_on_one_scale():
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "init")
+        result_file = os.path.join(tmp, "result")
+        mp.spawn(_scale_worker, args=(WORLD, init_file, result_file), nprocs=WORLD, join=True)
+        with open(result_file) as f:
+            same, ok = f.read().split()
+    assert same == "1", "seed=None gave the ranks different routers"
+    assert ok == "1", "average=True left the experts' and the router's gradients on two scales"
+
+
+def test_the_router_runs_in_fp32_under_autocast():
+    # Autocast would run the linear in bf16 and move tokens between experts.
+    torch.manual_seed(0)
+    layer = ep_common.ExpertParallelMoE(256, 64, 64, 8, distributed=False, experts="torch",
+                                        seed=1)  # fmt: skip
+    x = torch.randn(512, 256)
+    weights, experts = layer.route(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        weights_ac, experts_ac = layer.route(x)
+        y = layer(x)
+    assert weights_ac.dtype == torch.float32
+    assert torch.equal(experts, experts_ac) and torch.equal(weights, weights_ac)
+    assert y.shape == x.shape
+
+
+def test_misuse_is_refused_before_any_collective(monkeypatch):
+    layer = ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, experts="torch", seed=1)
+    with pytest.raises(ValueError, match=r"hidden=64\], got \[64, 20\]"):
+        layer(torch.randn(64, 20).to(torch.bfloat16))  # transposed [H, T]
+    with pytest.raises(ValueError, match="distributed=False"):
+        ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, group=object())
+    # torchrun's environment, but no process group yet: not a silent single-process layer.
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match="init_process_group"):
+        ep_common.ExpertParallelMoE(64, 64, 4, 2, experts="torch")
+    ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, experts="torch")
+
+
 def test_single_process_layer_matches_reference():
     """distributed=False (no collectives), torch experts, against the reference."""
     torch.manual_seed(0)

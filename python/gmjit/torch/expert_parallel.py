@@ -27,6 +27,7 @@ data-parallel wrapper can leave them out.
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Callable, Optional
 
@@ -208,10 +209,23 @@ class ExpertParallelMoE(nn.Module):
             self.group = group if group is not None else dist.group.WORLD
             self.world_size = dist.get_world_size(self.group)
             self.rank = dist.get_rank(self.group)
+            if self.rank < 0:
+                raise ValueError("ExpertParallelMoE: this process is not a member of `group`; "
+                                 "build the layer on the group's ranks only")  # fmt: skip
         else:
-            if group is not None and distributed:
-                raise ValueError("ExpertParallelMoE: a group was given but torch.distributed "
-                                 "is not initialised")  # fmt: skip
+            if group is not None:
+                raise ValueError("ExpertParallelMoE: a group was given but " + (
+                    "distributed=False" if not distributed
+                    else "torch.distributed is not initialised"))  # fmt: skip
+            # Launched as one of several processes (torchrun sets WORLD_SIZE) before
+            # init_process_group: a single-process layer here would hold every expert and
+            # silently train apart from the other ranks.
+            if distributed and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                raise ValueError("ExpertParallelMoE: WORLD_SIZE is "
+                                 f"{os.environ['WORLD_SIZE']} but torch.distributed is not "
+                                 "initialised; call init_process_group before building the "
+                                 "layer, or pass distributed=False for a single-process "
+                                 "layer")  # fmt: skip
             self.group, self.world_size, self.rank = None, 1, 0
         if num_experts % self.world_size != 0:
             raise ValueError(f"ExpertParallelMoE: num_experts ({num_experts}) must be divisible "
@@ -241,9 +255,20 @@ class ExpertParallelMoE(nn.Module):
             if p is not None:
                 p.expert_parallel = True
         if seed is None:
-            seed = int(torch.randint(0, 2**62, ()).item())
+            seed = self._shared_seed(int(torch.randint(0, 2**62, ()).item()))
         self.seed = seed
         self.reset_parameters()
+
+    def _shared_seed(self, local: int) -> int:
+        """The group's first rank's draw: the replicated router must be the same on every rank,
+        also where each rank seeded its generator differently (dropout, data order)."""
+        if self.world_size == 1:
+            return local
+        on_gpu = dist.get_backend(self.group) == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        t = torch.tensor([local], dtype=torch.int64, device=device)
+        dist.broadcast(t, group=self.group, group_src=0)
+        return int(t.item())
 
     def _make_experts(self, experts) -> ExpertsFn:
         opts = (self.activation, self.glu_layout, self.limit, self.alpha)
@@ -300,18 +325,39 @@ class ExpertParallelMoE(nn.Module):
             self.router.weight.copy_(router_weight)
 
     def allreduce_router_grad(self, average: bool = False) -> None:
-        """Sums (or averages) the replicated router's gradient over the group."""
+        """Sums the replicated router's gradient over the group: every gradient of the layer is
+        then that of the sum of the ranks' losses (the experts' already are: every rank's rows
+        flowed back to them). average=True makes every gradient that of their mean instead: the
+        router's is averaged and the local experts' divided by the group size, so that the two
+        stay on one scale (as DDP-averaged dense gradients need; see scale_expert_grads)."""
         g = self.router.weight.grad
         if self.world_size > 1 and g is not None:
             dist.all_reduce(g, group=self.group)
             if average:
                 g.div_(self.world_size)
+        if average:
+            self.scale_expert_grads(1.0 / self.world_size)
+
+    def scale_expert_grads(self, factor: float) -> None:
+        """Multiplies the local experts' gradients by `factor`: 1 / world_size puts them on the
+        scale of gradients averaged over the ranks (DDP's, when DDP reduces the router and the
+        other dense parameters), since each already sums every rank's rows."""
+        if factor == 1.0:
+            return
+        for p in (self.w1, self.w2, self.b1, self.b2):
+            if p is not None and p.grad is not None:
+                p.grad.mul_(factor)
 
     # ----------------------------------------------------------------------- forward
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Top-k (weights [T, k] fp32, experts [T, k] int64) of softmax(x Wrᵀ) in fp32."""
-        logits = F.linear(x.float(), self.router.weight.float())
+        """Top-k (weights [T, k] fp32, experts [T, k] int64 in [0, num_experts)) of
+        softmax(x Wrᵀ) in fp32. An override must keep the experts in range and return the same
+        on every rank for the same tokens: the counts exchanged depend on them."""
+        # In fp32 under autocast too (it would run the linear in bf16 and move tokens between
+        # experts).
+        with torch.autocast(x.device.type, enabled=False):
+            logits = F.linear(x.float(), self.router.weight.float())
         probs = torch.softmax(logits, dim=-1)
         weights, experts = probs.topk(self.top_k, dim=-1)
         if self.renormalize:
@@ -320,6 +366,9 @@ class ExpertParallelMoE(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
+        if x.dim() == 0 or shape[-1] != self.hidden:
+            raise ValueError(f"ExpertParallelMoE: x must be [..., hidden={self.hidden}], got "
+                             f"{list(shape)}")  # fmt: skip
         x = x.reshape(-1, self.hidden)
         T, k, E, W, El = x.shape[0], self.top_k, self.num_experts, self.world_size, self.local_experts
         clock = _Clock(x.device) if self.profile else None
@@ -332,7 +381,10 @@ class ExpertParallelMoE(nn.Module):
         order = torch.argsort(flat, stable=True)
         token = order // k
         rows = x[token]
-        counts = torch.bincount(flat, minlength=E)  # [E] rows per global expert
+        if torch.is_autocast_enabled(x.device.type) and rows.dtype != self.w1.dtype:
+            rows = rows.to(self.w1.dtype)  # what the experts would cast them to: half the bytes
+        # [E] rows per global expert, without a host sync (CUDA's bincount reads min and max).
+        counts = flat.new_zeros(E).scatter_add_(0, flat, torch.ones_like(flat))
 
         if W == 1:
             recv, local_counts, regroup = rows, counts, None
