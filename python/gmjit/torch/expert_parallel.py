@@ -168,8 +168,9 @@ class ExpertParallelMoE(nn.Module):
             FP8 too, and the weight gradients where faster: docs/PYTHON.md).
         seed: expert e's weights are drawn from a generator seeded with (seed, e) and the
             router's from (seed, -1), so every rank (and a single-process layer with the same
-            seed) agrees on the full layer while drawing only its own experts. None: a seed is
-            drawn from torch's default generator (seed that identically on every rank).
+            seed) agrees on the full layer while drawing only its own experts. None: the
+            group's first rank draws one from torch's default generator and broadcasts it
+            (a collective: every rank of the group builds the layer).
         profile: record the forward's phase times in `last_timings` (milliseconds; CUDA events,
             read when `last_timings` is accessed, which synchronises).
     """
