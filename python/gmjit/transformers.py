@@ -282,13 +282,14 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
         key = _weight_cache.weights_key(*params)
         cached = experts.__dict__.get("_gmjit_weights")
         if cached is not None and cached[0] == key:
+            _weight_cache.ready_on_current_stream(cached[2], cached[1])
             return cached[1]
     w1 = layouts.fc1_from_gate_up(up, transposed=plan.transposed, interleaved=plan.interleaved)
     w2 = layouts.fc2_from_down(down, transposed=plan.transposed)
     b1 = layouts.maybe(layouts.fc1_bias_from_gate_up, b_up, interleaved=plan.interleaved)
     out = tuple(_aligned(t) for t in (w1, w2, b1, b_down))
     if cacheable:
-        experts.__dict__["_gmjit_weights"] = (key, out)
+        experts.__dict__["_gmjit_weights"] = (key, out, _weight_cache.fence_after(out))
     else:
         experts.__dict__.pop("_gmjit_weights", None)
     return out
@@ -316,10 +317,11 @@ def _fp8_weights(experts: nn.Module, plan: ExpertsPlan, recipe: str, w1: Tensor,
     key = (recipe,) + _weight_cache.weights_key(*params)
     cached = experts.__dict__.get("_gmjit_fp8_weights")
     if cached is not None and cached[0] == key and (len(cached[1]) == 8 or not transposed):
+        _weight_cache.ready_on_current_stream(cached[2], cached[1])
         return cached[1]
     experts.__dict__.pop("_gmjit_fp8_weights", None)
     weights = quantize_weights(w1, w2, recipe, transposed=transposed)
-    experts.__dict__["_gmjit_fp8_weights"] = (key, weights)
+    experts.__dict__["_gmjit_fp8_weights"] = (key, weights, _weight_cache.fence_after(weights))
     return weights
 
 

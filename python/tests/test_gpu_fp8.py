@@ -271,6 +271,27 @@ def test_a_graphed_training_module_reads_the_weights_an_optimizer_step_wrote():
                                atol=0)  # fmt: skip
 
 
+def test_a_second_stream_waits_for_the_weights_the_first_one_quantized():
+    # A server's streams sharing one module: the first call's quantization runs behind a long
+    # kernel on stream a; stream b's call hits the cache at once and must wait for it.
+    torch.manual_seed(0)
+    m = GroupedMLP(E, H, F, recipe="fp8_block", device="cuda").eval().requires_grad_(False)
+    x = torch.randn(T, H, dtype=BF, device="cuda")
+    split = torch.tensor(SPLITS, device="cuda")
+    with torch.no_grad():
+        expected = grouped_mlp(x, split, m.w1, m.w2, recipe="fp8_block")
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(a):
+            torch.cuda._sleep(200_000_000)  # a few tens of ms of GPU time before the quantization
+            m.fp8_weights()
+        with torch.cuda.stream(b):
+            y = m(x, split)
+        torch.cuda.synchronize()
+    assert m.fp8_quantizations == 1
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+
+
 def test_compiled_fp8_module_matches_eager():
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -50,3 +50,41 @@ def capturing() -> bool:
     capture becomes a constant of the graph: training callers quantize inside it instead, so that
     each replay reads the weights the optimizer last wrote."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class StreamFence:
+    """The stream a cached copy was made on and an event after its kernels. A call on another
+    stream waits for the event before it reads the copy (a server's second stream must not read
+    weights the first one is still quantizing), and marks the tensors as used there, so that the
+    allocator does not hand their memory out while that stream may still read them."""
+
+    __slots__ = ("device", "stream", "event")
+
+    def __init__(self, device: int, stream: int, event: "torch.cuda.Event") -> None:
+        self.device, self.stream, self.event = device, stream, event
+
+
+def fence_after(tensors) -> Optional[StreamFence]:
+    """A fence after the kernels just queued on the current stream that made `tensors`; None
+    off the GPU and inside a capture (the graph orders its own nodes)."""
+    cuda = next((t for t in tensors if isinstance(t, Tensor) and t.is_cuda), None)
+    if cuda is None or capturing():
+        return None
+    device = cuda.device.index
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return StreamFence(device, torch._C._cuda_getCurrentRawStream(device), event)
+
+
+def ready_on_current_stream(fence: Optional[StreamFence], tensors) -> None:
+    """Orders the current stream after `fence` where it is another stream (nothing to do on the
+    stream that made the tensors: the common case costs one raw-stream query)."""
+    if fence is None or torch._C._cuda_getCurrentRawStream(fence.device) == fence.stream:
+        return
+    if capturing():  # the caller synchronised before the capture, as torch's graphs require
+        return
+    stream = torch.cuda.current_stream(fence.device)
+    stream.wait_event(fence.event)
+    for t in tensors:
+        if isinstance(t, Tensor) and t.is_cuda:
+            t.record_stream(stream)

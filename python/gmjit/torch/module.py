@@ -71,7 +71,7 @@ class GroupedMLP(nn.Module):
         self.accumulate_main_grad = accumulate_main_grad
         self.recipe = recipe
         # FP8: (key of the weights they came from, (w1_fp8, w1_scales, w2_fp8, w2_scales) and,
-        # in training, (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)).
+        # in training, (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales), the stream fence after them).
         self._fp8_cache: Optional[tuple] = None
         self.fp8_quantizations = 0  # how many times the weights were quantized (for tests)
         f1 = 2 * ffn if activation in GLU_ACTIVATIONS else ffn
@@ -130,10 +130,11 @@ class GroupedMLP(nn.Module):
         key = (self.recipe,) + _weight_cache.weights_key(w1, w2)
         cached = self._fp8_cache
         if cached is not None and cached[0] == key and (len(cached[1]) == 8 or not transposed):
+            _weight_cache.ready_on_current_stream(cached[2], cached[1])
             return cached[1]
         self._fp8_cache = None  # free the old ones before making new ones
         weights = quantize_weights(w1, w2, self.recipe, transposed=bool(transposed))
-        self._fp8_cache = (key, weights)
+        self._fp8_cache = (key, weights, _weight_cache.fence_after(weights))
         self.fp8_quantizations += 1
         return weights
 
