@@ -23,6 +23,7 @@
 #include "benchmarks/temp_dir.hpp"
 #include "cache/disk_cache.hpp"
 #include "codegen/arch_limits.hpp"
+#include "codegen/fp8_forward.hpp"
 #include "codegen/grouped_mlp.hpp"
 #include "engine/api/validate.hpp"
 
@@ -154,6 +155,17 @@ void check_bench_options(const BenchOptions& o) {
     fail(fmt::format("--arch '{}' is not supported; expected one of {}", *o.arch,
                      codegen::supported_arch_names()));
   }
+  // The FP8 recipes' own limits (widths in 128-wide blocks, Hopper), before the header too; a
+  // GPU's arch is checked when it is known.
+  if (recipe_by_name(o.recipe).is_fp8()) {
+    try {
+      codegen::check_fp8_supported(o.preset.layer, o.arch.value_or("sm_90a"));
+    } catch (const Error& error) {
+      throw Error(error.status(), fmt::format("--recipe {} with the layer {} ({}{}): {}", o.recipe,
+                                              o.preset.name, o.preset.layer.describe(),
+                                              o.arch ? ", --arch " + *o.arch : "", error.what()));
+    }
+  }
 }
 
 nlohmann::json load_reference(const std::string& path) {
@@ -246,6 +258,8 @@ int run_disk_hit_child(const BenchOptions& options) {
 nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   check_bench_options(input);
   BenchOptions options = input;
+  // Before the driver starts: NVRTC and the driver may read CUDA_CACHE_DISABLE when they load.
+  use_own_cache();
   std::string why_no_gpu;
   bool have_gpu = !options.skip_gpu && Engine::driver_available(&why_no_gpu);
   std::vector<DeviceInfo> devices;
@@ -264,7 +278,6 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
                             "--arch and --no-gpu to time the compile phases alone",
                             *options.arch, codegen::supported_arch_names()));
   }
-  use_own_cache();
   // Removed on every way out of this function, a failed phase too.
   std::optional<TempDir> temporary;
   if (!options.cache_dir) temporary.emplace("gmjit-bench-");
@@ -312,12 +325,12 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   engine.prepare(layer, recipe, options.grad, *options.arch);
   const double compile_s = seconds_since(start);
   const EngineCounters after_compile = engine.counters();
-  if (after_compile.kernels_compiled == 0) {
+  if (after_compile.kernels_compiled == 0 || after_compile.disk_reads != 0) {
     throw Error(Status::invalid_argument,
-                fmt::format("the compile phase compiled nothing: the cache {} already holds this "
-                            "layer's kernels, so there is no compile to time; give --cache-dir "
+                fmt::format("the compile phase read {} of its kernels from the cache {} (and "
+                            "compiled {}), so it would not time a cold compile; give --cache-dir "
                             "an empty or new folder, or leave it out for a fresh one",
-                            cache_dir));
+                            after_compile.disk_reads, cache_dir, after_compile.kernels_compiled));
   }
 
   const nlohmann::json child = disk_hit_in_child(options, self);

@@ -140,7 +140,7 @@ Subcommand add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"bf16", "fp8-block", "fp8-block-pow2", "fp8-tensor"}))
       ->capture_default_str();
   bench->add_option("--repeats", s.options.repeats, "timed forward repeats")
-      ->check(positive_number(1'000'000))
+      ->transform(positive_number(1'000'000))
       ->capture_default_str();
   bench->add_flag("--no-gpu", s.options.skip_gpu, "run only the phases that need no GPU");
   bench->add_flag("--bf16-weight-grads", s.options.bf16_weight_grads,
@@ -149,7 +149,7 @@ Subcommand add_bench_command(CLI::App& app) {
   bench->add_option("--pattern", s.options.pattern, "also run a call pattern: recompute")
       ->check(CLI::IsMember({"recompute"}));
   bench->add_option("--steps", s.options.steps, "steps of --pattern")
-      ->check(positive_number(1'000'000))
+      ->transform(positive_number(1'000'000))
       ->capture_default_str();
   bench->add_option(
       "--reference", s.reference_json,

@@ -12,8 +12,10 @@
 
 namespace gmjit::cli {
 
-// A CLI11 check for a whole number in [1, max], decimal only: CLI11's own conversion reads 010
-// as octal and clamps 99999999999999999999 to INT64_MAX. The message names the option.
+// A CLI11 transform for a whole number in [1, max], decimal only: CLI11's own conversion reads
+// 010 as octal and clamps 99999999999999999999 to INT64_MAX, so the transform hands it the
+// number's plain decimal digits (use ->transform, not ->check, which would drop them). The
+// message names the option.
 CLI::Validator positive_number(std::int64_t max);
 
 // Layer selection shared by bench and compile: a preset, optionally overridden dim by dim.

@@ -17,7 +17,11 @@ CLI::Validator positive_number(std::int64_t max) {
         std::int64_t value = 0;
         const char* end = input.data() + input.size();
         const auto [stop, error] = std::from_chars(input.data(), end, value);
-        if (error == std::errc() && stop == end && value >= 1 && value <= max) return {};
+        if (error == std::errc() && stop == end && value >= 1 && value <= max) {
+          // CLI11 reads a leading 0 as octal (0100 would be 64): hand it the decimal digits.
+          input = std::to_string(value);
+          return {};
+        }
         if (max == std::numeric_limits<std::int64_t>::max()) {
           return fmt::format("expected a positive whole number, got '{}'", input);
         }
@@ -35,11 +39,11 @@ void add_layer_options(CLI::App& command, LayerOptions& o) {
   // The engine's own limits (experts, widths, tokens per launch) are checked before the bench
   // runs (check_bench_options); here only what a size is.
   const CLI::Validator size = positive_number(std::numeric_limits<std::int64_t>::max());
-  command.add_option("--experts", o.experts, "override E")->check(size);
-  command.add_option("--hidden", o.hidden, "override H")->check(size);
-  command.add_option("--ffn", o.ffn, "override F")->check(size);
+  command.add_option("--experts", o.experts, "override E")->transform(size);
+  command.add_option("--hidden", o.hidden, "override H")->transform(size);
+  command.add_option("--ffn", o.ffn, "override F")->transform(size);
   command.add_option("--tokens-per-expert", o.tokens_per_expert, "override tokens per expert")
-      ->check(size);
+      ->transform(size);
   command.add_option("--activation", o.activation, "swiglu|geglu|clamped_swiglu|srelu|gelu|relu");
   command.add_flag("--no-probs", o.no_probs, "no router probabilities");
   command.add_flag("--ragged", o.ragged,

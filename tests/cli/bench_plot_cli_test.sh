@@ -112,9 +112,16 @@ bench_measures_a_real_compile_and_a_real_disk_hit)
   [ "$(phase_kernels "$work/r2.json" disk_hit)" = 0 ] || fail "disk-hit compiled: $(cat "$work/r2.json")"
   grep -qF "ignoring CUDA_CACHE_DISABLE=0" "$work/out" || fail "CUDA_CACHE_DISABLE=0 kept: $(cat "$work/out")"
   grep -qF '"nvrtc_own_cache": "off"' "$work/r2.json" || fail "no nvrtc_own_cache: $(cat "$work/r2.json")"
-  # A warm --cache-dir: the compile phase would compile nothing.
+  # A warm --cache-dir: the compile phase would compile nothing; a partly warm one (the no-grad
+  # forward's FC2 is the grad-enabled one's too) would time a compile with disk reads in it.
   (cd "$work" && expect_failure "--cache-dir" "${bench[@]}" --cache-dir b1)
-  grep -qF "compiled nothing" "$work/err" || fail "warm --cache-dir: $(cat "$work/err")"
+  grep -qF "would not time a cold compile" "$work/err" || fail "warm --cache-dir: $(cat "$work/err")"
+  (cd "$work" && expect_failure "--cache-dir" "${bench[@]}" --cache-dir b1 --grad)
+  grep -qF "would not time a cold compile" "$work/err" || fail "partly warm: $(cat "$work/err")"
+  # Sizes with a leading zero are decimal (CLI11 alone would read 0100 as octal 64).
+  "${bench[@]}" --tokens-per-expert 0100 --json "$work/r3.json" >"$work/out" 2>&1 ||
+    fail "--tokens-per-expert 0100: $(cat "$work/out")"
+  grep -qF '"tokens_per_expert": 100' "$work/r3.json" || fail "0100 was not 100: $(cat "$work/r3.json")"
   touch "$work/afile"
   expect_refusal "--cache-dir '$work/afile'" "${bench[@]}" --cache-dir "$work/afile"
   # A cache too small to keep the kernels: the disk-hit child compiles, which is no disk hit.
