@@ -208,6 +208,22 @@ void add_reference(const std::string& path, nlohmann::json& report) {
     // side_by_side.py records "ragged": true beside the shape's name.
     const std::string shape = r.value("shape", "") + (r.value("ragged", false) ? "-ragged" : "");
     if (shape != report.at("preset").get<std::string>()) continue;
+    // The same layer, not only the same name (a run with --hidden, a CPU dry run's file).
+    const nlohmann::json& layer = report.at("layer");
+    const std::int64_t tokens =
+        layer.at("tokens_per_expert").get<std::int64_t>() * layer.at("experts").get<std::int64_t>();
+    if (r.value("experts", std::int64_t{0}) != layer.at("experts").get<std::int64_t>() ||
+        r.value("hidden", std::int64_t{0}) != layer.at("hidden").get<std::int64_t>() ||
+        r.value("ffn", std::int64_t{0}) != layer.at("ffn").get<std::int64_t>() ||
+        r.value("tokens", std::int64_t{0}) != tokens) {
+      std::printf(
+          "  (the '%s' entry of %s is another layer: E=%lld H=%lld F=%lld T=%lld; no ratio)\n",
+          shape.c_str(), path.c_str(), static_cast<long long>(r.value("experts", std::int64_t{0})),
+          static_cast<long long>(r.value("hidden", std::int64_t{0})),
+          static_cast<long long>(r.value("ffn", std::int64_t{0})),
+          static_cast<long long>(r.value("tokens", std::int64_t{0})));
+      return;
+    }
     const double fwd = report.at("forward").at("tflops").get<double>();
     const double fb = report.at("fwd_bwd").at("tflops").get<double>();
     nlohmann::json ref = {{"source", path}, {"torch", r.value("torch", "")}};
@@ -398,8 +414,10 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
                           {"overhead_us", cost.forward_call_us - cost.raw_launches_us}};
     std::printf("  %-12s %11.3f ms %9.1f TFLOP/s  (%s, median of %d)\n", "forward", t.forward_ms,
                 t.forward_tflops, devices[0].name.c_str(), options.repeats);
-    std::printf("  %-12s %11.3f ms %9.1f TFLOP/s  (grad forward + backward: dx, dW1, dW2)\n",
-                "fwd+bwd", t.fwd_bwd_ms, t.fwd_bwd_tflops);
+    std::printf(
+        "  %-12s %11.3f ms %9.1f TFLOP/s  (grad forward + backward: dx, dW1, dW2%s)\n", "fwd+bwd",
+        t.fwd_bwd_ms, t.fwd_bwd_tflops,
+        std::string(layer.fc1_bias ? ", db1" : "").append(layer.fc2_bias ? ", db2" : "").c_str());
     std::printf("  %-12s %11.2f us  vs %.2f us for %d raw cuLaunchKernel: overhead %.2f us\n",
                 "cpu/call", cost.forward_call_us, cost.raw_launches_us, cost.kernels_per_forward,
                 cost.forward_call_us - cost.raw_launches_us);

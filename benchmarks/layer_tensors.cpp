@@ -89,11 +89,14 @@ LayerTensors::LayerTensors(engine::DeviceContext& device, const LayerSpec& l, st
   b.probs = forward.probs;
   b.b2 = forward.b2;  // dprobs reads ⟨dy, b2⟩
   b.saved_preact = forward.saved_preact;
-  // As torch autograd in benchmarks/side_by_side.py: gradients of x, W1 and W2.
+  // As torch autograd in benchmarks/side_by_side.py: gradients of x, W1 and W2, and of the
+  // biases where the layer has them.
   b.dx = tensor(DType::bf16, {T, H});
   const DType weight_grads = bf16_weight_grads ? DType::bf16 : DType::f32;
   b.dw1 = tensor(weight_grads, {E, F1, H});
   b.dw2 = tensor(weight_grads, {E, H, F});
+  if (l.fc1_bias) b.db1 = tensor(DType::f32, {E, F1});
+  if (l.fc2_bias) b.db2 = tensor(DType::f32, {E, H});
 }
 
 }  // namespace gmjit::bench
