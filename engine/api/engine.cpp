@@ -291,7 +291,9 @@ EngineCounters Engine::counters() const {
   c.disk_shared_reads = impl_->store_counters.disk_shared_reads.load();
   c.disk_writes = impl_->store_counters.disk_writes.load();
   c.memory_hits = impl_->memory_hits.load();
-  if (engine::driver_available()) c.workspace_bytes = impl_->workspaces.reserved_bytes();
+  // No driver call without a pool (a pool means the driver runs): reading the counters must not
+  // start CUDA in a process that has not used a GPU through gmjit (a forked worker, a CPU job).
+  c.workspace_bytes = impl_->workspaces.reserved_bytes();
   return c;
 }
 

@@ -16,19 +16,32 @@ std::string arch_for_compute_capability(int major, int minor) {
   return fmt::format("sm_{}{}", major, minor);
 }
 
+namespace {
+
+// Device-level queries only: no context is made (describing every GPU must not create one on
+// each, hundreds of MB apiece, in every rank of a job).
+DeviceInfo describe_device(int ordinal) {
+  const DriverApi& api = driver();
+  CUdevice device = 0;
+  check_driver(api.cuDeviceGet(&device, ordinal), "cuDeviceGet");
+  std::array<char, 256> name{};
+  api.cuDeviceGetName(name.data(), static_cast<int>(name.size()), device);
+  int major = 0, minor = 0, sms = 0;
+  api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
+  api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
+  api.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
+  size_t memory = 0;
+  api.cuDeviceTotalMem(&memory, device);
+  return DeviceInfo{ordinal, name.data(), arch_for_compute_capability(major, minor), sms, memory};
+}
+
+}  // namespace
+
 DeviceContext::DeviceContext(int ordinal) : ordinal_(ordinal) {
   const DriverApi& api = driver();
   check_driver(api.cuDeviceGet(&device_, ordinal), "cuDeviceGet");
   check_driver(api.cuDevicePrimaryCtxRetain(&context_, device_), "cuDevicePrimaryCtxRetain");
-  std::array<char, 256> name{};
-  api.cuDeviceGetName(name.data(), static_cast<int>(name.size()), device_);
-  int major = 0, minor = 0, sms = 0;
-  api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device_);
-  api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_);
-  api.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device_);
-  size_t memory = 0;
-  api.cuDeviceTotalMem(&memory, device_);
-  info_ = DeviceInfo{ordinal, name.data(), arch_for_compute_capability(major, minor), sms, memory};
+  info_ = describe_device(ordinal);
 }
 
 DeviceContext::~DeviceContext() {
@@ -116,7 +129,7 @@ DeviceContext& DeviceRegistry::get(int ordinal) {
 
 std::vector<DeviceInfo> DeviceRegistry::describe_all() {
   std::vector<DeviceInfo> infos;
-  for (int i = 0; i < device_count(); ++i) infos.push_back(get(i).info());
+  for (int i = 0; i < device_count(); ++i) infos.push_back(describe_device(i));
   return infos;
 }
 

@@ -51,9 +51,9 @@ std::string arch_for_compute_capability(int major, int minor);
 class DeviceRegistry {
  public:
   static DeviceRegistry& instance();
-  int device_count();               // 0 when no driver
-  DeviceContext& get(int ordinal);  // throws Status::no_device for a bad ordinal
-  std::vector<DeviceInfo> describe_all();
+  int device_count();                      // 0 when no driver
+  DeviceContext& get(int ordinal);         // throws Status::no_device for a bad ordinal
+  std::vector<DeviceInfo> describe_all();  // device queries only: no context is made
 
  private:
   DeviceRegistry();

@@ -231,7 +231,8 @@ void backward(const Layer& layer, std::int64_t tokens, int device, std::uintptr_
   const gmjit::Device dev{gmjit::Device::Kind::cuda, device};
   const std::int64_t T = tokens, E = s.experts, H = s.hidden, F = s.ffn, F1 = s.fc1_out();
   // The context a grad-enabled forward of this layer returned: it is a plain value, so the
-  // torch layer keeps the tensors and this rebuilds it; the engine still checks saved_preact.
+  // torch layer keeps the tensors and this rebuilds it, with the recipe it was given (so the
+  // engine's recipe check cannot catch a wrong one here: the torch layer passes the forward's).
   const gmjit::ForwardContext context{s,
                                       gmjit::GradMode::grad,
                                       r.options_key(),
@@ -275,7 +276,11 @@ std::vector<std::string> prepare(const Layer& layer, bool grad, const std::strin
 }
 
 nb::dict counters() {
-  const gmjit::EngineCounters c = engine().counters();
+  gmjit::EngineCounters c;
+  {
+    nb::gil_scoped_release release;  // the first call makes the engine (cache set-up)
+    c = engine().counters();
+  }
   nb::dict d;
   d["plans_built"] = c.plans_built;
   d["forward_plans_built"] = c.forward_plans_built;
@@ -291,8 +296,13 @@ nb::dict counters() {
 }
 
 nb::list devices() {
+  std::vector<gmjit::DeviceInfo> infos;
+  {
+    nb::gil_scoped_release release;  // the first call loads the driver (cuInit)
+    infos = gmjit::Engine::devices();
+  }
   nb::list out;
-  for (const gmjit::DeviceInfo& info : gmjit::Engine::devices()) {
+  for (const gmjit::DeviceInfo& info : infos) {
     nb::dict d;
     d["ordinal"] = info.ordinal;
     d["name"] = info.name;
@@ -306,6 +316,7 @@ nb::list devices() {
 
 std::pair<bool, std::string> driver_available() {
   std::string why;
+  nb::gil_scoped_release release;  // the first call loads the driver (cuInit)
   const bool ok = gmjit::Engine::driver_available(&why);
   return {ok, why};
 }
@@ -402,7 +413,9 @@ NB_MODULE(_C, m) {
         "Compiles (or loads from the caches) the forward plan's kernels for `arch`; no GPU "
         "needed. Returns the kernel names.");
   m.def("counters", &counters, "The engine's counters as a dict.");
-  m.def("devices", &devices, "CUDA devices the driver sees (raises gmjit.Error without one).");
+  m.def("devices", &devices,
+        "CUDA devices the driver sees (an empty list without a driver); device queries only, "
+        "no context is made on any of them.");
   m.def("driver_available", &driver_available, "(available, why not)");
   m.def("cache_directory", [] { return engine().cache_directory(); });
   m.def("nvrtc_version", &gmjit::nvrtc_version);

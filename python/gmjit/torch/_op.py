@@ -262,7 +262,8 @@ def _run_backward(
     Weight and bias gradients are fp32, dW1 and dW2 bf16 with `bf16_weights` when nothing is
     accumulated. Where `main_grads` (for dw1, db1, dw2, db2) holds a
     buffer, that gradient is added into it and None is returned in its place. `recipe` is the
-    forward's code (the engine checks it against the forward's). `transposed`: an FP8 recipe's
+    forward's code: the binding rebuilds the forward's context from it, so the caller (the
+    autograd functions here, which saved it) must pass the forward's. `transposed`: an FP8 recipe's
     (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales), with which the data gradients run in FP8; None:
     in BF16 from w1 and w2. The weight gradients then run in FP8 too where that is faster (wide
     layers, 512 or more tokens per expert; GMJIT_FP8_WGRAD forces a set); else BF16.
