@@ -15,14 +15,33 @@ TEST(TorchReference, RatiosForTheMatchingShape) {
     {"shape": "qwen-moe", "forward_tflops": 300.0, "fwd_bwd_tflops": 250.0,
      "forward_compiled_tflops": 500.0, "fwd_bwd_compiled_tflops": 400.0, "torch": "2.11"},
     {"shape": "mixtral", "forward_tflops": 550.0, "fwd_bwd_tflops": 500.0,
-     "forward_compiled_tflops": 640.0, "fwd_bwd_compiled_tflops": 600.0, "torch": "2.11"}])";
+     "forward_compiled_tflops": 640.0, "fwd_bwd_compiled_tflops": 600.0, "torch": "2.11",
+     "experts": 8, "hidden": 4096, "ffn": 14336, "tokens": 32768}])";
   nlohmann::json report = {
-      {"preset", "mixtral"}, {"forward", {{"tflops", 660.0}}}, {"fwd_bwd", {{"tflops", 600.0}}}};
+      {"preset", "mixtral"},
+      {"layer", {{"experts", 8}, {"hidden", 4096}, {"ffn", 14336}, {"tokens_per_expert", 4096}}},
+      {"forward", {{"tflops", 660.0}}},
+      {"fwd_bwd", {{"tflops", 600.0}}}};
   add_reference(path.string(), report);
   ASSERT_TRUE(report.contains("reference"));
   EXPECT_DOUBLE_EQ(report["reference"]["forward_tflops"], 550.0);
   EXPECT_DOUBLE_EQ(report["reference"]["forward_tflops_ratio"], 1.2);
   EXPECT_DOUBLE_EQ(report["reference"]["fwd_bwd_compiled_tflops_ratio"], 1.0);
+  std::filesystem::remove(path);
+}
+
+// The name alone is not enough: a run with --hidden (or a CPU dry run's file) is another layer.
+TEST(TorchReference, AnotherLayerUnderTheSameNameGivesNoRatio) {
+  const auto path = std::filesystem::temp_directory_path() / "gmjit-torch-ref-test3.json";
+  std::ofstream(path) << R"([{"shape": "mixtral", "forward_tflops": 550.0, "fwd_bwd_tflops": 1.0,
+     "experts": 8, "hidden": 64, "ffn": 14336, "tokens": 32768}])";
+  nlohmann::json report = {
+      {"preset", "mixtral"},
+      {"layer", {{"experts", 8}, {"hidden", 4096}, {"ffn", 14336}, {"tokens_per_expert", 4096}}},
+      {"forward", {{"tflops", 660.0}}},
+      {"fwd_bwd", {{"tflops", 600.0}}}};
+  add_reference(path.string(), report);
+  EXPECT_FALSE(report.contains("reference"));
   std::filesystem::remove(path);
 }
 
