@@ -60,7 +60,12 @@ std::string layer_arguments(const BenchOptions& o) {
 nlohmann::json disk_hit_in_child(const BenchOptions& options, const std::string& self) {
   const std::string command =
       fmt::format("{} bench --child-disk-hit {}", shell_quote(self), layer_arguments(options));
+  // The child runs without GMJIT_LOG: its lines to stderr would be timed with the loads.
+  const char* log = std::getenv("GMJIT_LOG");
+  const std::optional<std::string> saved_log = log ? std::optional<std::string>(log) : std::nullopt;
+  unsetenv("GMJIT_LOG");
   FILE* pipe = popen(command.c_str(), "r");
+  if (saved_log) setenv("GMJIT_LOG", saved_log->c_str(), 1);
   if (pipe == nullptr) throw Error(Status::internal, "could not start the disk-hit child");
   std::string output;
   char buffer[4096];
@@ -287,6 +292,14 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
     }
   }
   if (options.skip_gpu) why_no_gpu = "--no-gpu was given";
+  // The forward runs GPU 0's kernels: another --arch would time those while the compile phases
+  // and the report named the other arch's.
+  if (have_gpu && options.arch && *options.arch != devices[0].arch) {
+    throw Error(Status::invalid_argument,
+                fmt::format("--arch {}: GPU 0 is {}, whose kernels the forward would time; give "
+                            "--no-gpu to time the compile phases for {} alone",
+                            *options.arch, devices[0].arch, *options.arch));
+  }
   if (!options.arch) options.arch = have_gpu ? devices[0].arch : std::string("sm_90a");
   if (codegen::find_arch(*options.arch) == nullptr) {
     throw Error(Status::unsupported,
@@ -393,7 +406,9 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
               child.at("cuinit_seconds").get<double>() * 1e3);
   std::printf("  %-12s %11.3f us %11.0fx\n", "memory-hit", memory_s * 1e6, compile_s / memory_s);
   // Measured on an H200 with torch 2.11 for this MLP (docs/DESIGN.md §9); not re-measured here.
-  std::printf("  (torch.compile for comparison: about 9 s cold and 7 s in a restarted process)\n");
+  std::printf(
+      "  (torch.compile for comparison, measured once on mixtral: about 9 s cold and 7 s in a "
+      "restarted process, docs/PERFORMANCE.md)\n");
 
   if (have_gpu) {
     const GpuTimings t = time_on_gpu(engine, options.preset, recipe, options.warmup,
