@@ -41,15 +41,20 @@ def _worker(rank: int, world: int, init_file: str, result_file: str) -> None:
         dist.destroy_process_group()
 
 
-def test_expert_parallel_gloo_matches_reference():
+def _spawn(worker) -> str:
+    """Runs worker(rank, WORLD, init_file, result_file) on WORLD gloo ranks; rank 0's result."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
         result_file = os.path.join(tmp, "result")
-        mp.spawn(_worker, args=(WORLD, init_file, result_file), nprocs=WORLD, join=True)
+        mp.spawn(worker, args=(WORLD, init_file, result_file), nprocs=WORLD, join=True)
         with open(result_file) as f:
-            rows = [line.rstrip("\n").split("\t") for line in f]
+            return f.read()
+
+
+def test_expert_parallel_gloo_matches_reference():
+    rows = [line.split("\t") for line in _spawn(_worker).splitlines()]
     assert rows, "rank 0 wrote no results"
     bad = [r for r in rows if r[3] != "1"]
     assert not bad, "\n".join(" ".join(r) for r in bad)
@@ -85,14 +90,7 @@ def _scale_worker(rank: int, world: int, init_file: str, result_file: str) -> No
 
 
 def test_replicated_router_is_shared_and_average_puts_every_gradient_on_one_scale():
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "init")
-        result_file = os.path.join(tmp, "result")
-        mp.spawn(_scale_worker, args=(WORLD, init_file, result_file), nprocs=WORLD, join=True)
-        with open(result_file) as f:
-            same, ok = f.read().split()
+    same, ok = _spawn(_scale_worker).split()
     assert same == "1", "seed=None gave the ranks different routers"
     assert ok == "1", "average=True left the experts' and the router's gradients on two scales"
 
