@@ -121,12 +121,6 @@ __device__ __forceinline__ float sigmoid(float x) {
   return rcp_approx(1.0f + fast_exp(-x));
 }
 
-// tanh(x) = 1 - 2 / (exp(2x) + 1): exact limits at +-inf; absolute error ~1e-7 near 0, which is
-// what gelu needs (it multiplies by x).
-__device__ __forceinline__ float tanh_fast(float x) {
-  return 1.0f - 2.0f * rcp_approx(fast_exp(2.0f * x) + 1.0f);
-}
-
 constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluK1 = 0.044715f;
 
@@ -134,24 +128,31 @@ __device__ __forceinline__ float silu(float x) {
   return x * sigmoid(x);
 }
 
+// 0.5 x (1 + tanh(u)) written as x sigmoid(2u), u = K0 (x + K1 x^3): the same function, but
+// 1 + tanh(u) = 1 - 2 / (exp(2u) + 1) cancels for negative x (0 from x = -5 on, where gelu is
+// -2.3e-7), while the sigmoid keeps the tail's relative precision.
 __device__ __forceinline__ float gelu_tanh(float x) {
-  const float t = tanh_fast(kGeluK0 * (x + kGeluK1 * x * x * x));
-  return 0.5f * x * (1.0f + t);
+  return x * sigmoid(2.0f * kGeluK0 * (x + kGeluK1 * x * x * x));
 }
 
-// gelu_tanh(x) and its derivative from one tanh (the backward needs both at the same point).
+// gelu_tanh(x) and its derivative from one sigmoid (the backward needs both at the same point):
+// d/dx [x s(2u)] = s + 2 x s (1 - s) u', u' = K0 (1 + 3 K1 x^2).
 struct GeluAndSlope {
   float value, slope;
 };
 __device__ __forceinline__ GeluAndSlope gelu_tanh_and_slope(float x) {
   const float x2 = x * x;
-  const float t = tanh_fast(kGeluK0 * x * (1.0f + kGeluK1 * x2));
-  return {0.5f * x * (1.0f + t),
-          0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluK0 * (1.0f + 3.0f * kGeluK1 * x2)};
+  const float s = sigmoid(2.0f * kGeluK0 * x * (1.0f + kGeluK1 * x2));
+  return {x * s, s + 2.0f * x * s * (1.0f - s) * kGeluK0 * (1.0f + 3.0f * kGeluK1 * x2)};
 }
 
+// Written so that NaN passes (torch's relu and its backward do): a NaN that became 0 here would
+// give a finite loss and a weight that stays NaN without a sign.
+__device__ __forceinline__ bool relu_passes(float x) {
+  return !(x <= 0.0f);
+}
 __device__ __forceinline__ float relu(float x) {
-  return x > 0.0f ? x : 0.0f;
+  return relu_passes(x) ? x : 0.0f;
 }
 
 }  // namespace detail
@@ -179,7 +180,7 @@ __device__ __forceinline__ float glu_fwd(float gate, float lin, ActParams ap) {
   } else if constexpr (A == Act::kGeGLU) {
     return detail::gelu_tanh(gate) * lin;
   } else {
-    const float g = gate < ap.limit ? gate : ap.limit;
+    const float g = gate > ap.limit ? ap.limit : gate;  // a NaN gate stays NaN, as in torch.clamp
     const float l = lin < -ap.limit ? -ap.limit : (lin > ap.limit ? ap.limit : lin);
     return g * detail::sigmoid(ap.alpha * g) * (l + 1.0f);
   }
@@ -206,12 +207,13 @@ __device__ __forceinline__ ActGrad act_fwd_bwd(float h, float da, ActParams) {
     const detail::GeluAndSlope g = detail::gelu_tanh_and_slope(h);
     return {g.value, g.slope * da, 0.0f};
   } else {
-    return {detail::relu(h), h > 0.0f ? da : 0.0f, 0.0f};
+    return {detail::relu(h), detail::relu_passes(h) ? da : 0.0f, 0.0f};
   }
 }
 
 // GLU: value and gradients at (gate, lin). Clamps pass gradient where the input lies inside the
-// closed range (torch.clamp's convention).
+// closed range, as torch.clamp's backward did through torch 2.11 (the version the tests run;
+// later torch may return 0 at the bound itself); a NaN gate passes as in the forward.
 template <Act A>
 __device__ __forceinline__ ActGrad glu_fwd_bwd(float gate, float lin, float da, ActParams ap) {
   static_assert(is_glu(A), "glu_fwd_bwd is for GLU activations; use act_fwd_bwd");
@@ -223,7 +225,7 @@ __device__ __forceinline__ ActGrad glu_fwd_bwd(float gate, float lin, float da, 
     return {g.value * lin, g.slope * lin * da, g.value * da};
   } else {
     // min(gate, limit) written as the select whose condition the gradient needs as well.
-    const bool g_in = gate <= ap.limit;
+    const bool g_in = !(gate > ap.limit);
     const bool l_in = lin >= -ap.limit && lin <= ap.limit;
     const float g = g_in ? gate : ap.limit;
     const float l = lin < -ap.limit ? -ap.limit : (lin > ap.limit ? ap.limit : lin);

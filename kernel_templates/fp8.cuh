@@ -13,11 +13,16 @@ namespace gmjit::kt {
 
 constexpr float kE4m3Max = 448.0f;
 
-// The scale of a block whose largest magnitude is `amax`.
+// The smallest normal float: a scale stays at least this, so that its inverse is finite (below
+// it a block of tiny values got 1 / s = inf, and its zeros 0 * inf = NaN).
+constexpr float kMinScale = 1.17549435e-38f;
+
+// The scale of a block whose largest magnitude is `amax` (amaxes come from fmaxf, which skips
+// NaN values: a NaN spoils only itself).
 template <bool kPow2>
 __device__ __forceinline__ float e4m3_scale(float amax) {
-  if (!(amax > 0.0f)) return 1.0f;  // zeros (and NaN amax: the values are NaN whatever s is)
-  float s = amax * (1.0f / kE4m3Max);
+  if (!(amax > 0.0f)) return 1.0f;  // zeros
+  float s = fmaxf(amax * (1.0f / kE4m3Max), kMinScale);
   if constexpr (kPow2) {
     // 2^ceil(log2 s) from the exponent bits: exact, no transcendental.
     unsigned int bits = float_to_bits(s);
