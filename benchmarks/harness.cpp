@@ -222,12 +222,12 @@ void add_reference(const std::string& path, nlohmann::json& report) {
         r.value("ffn", std::int64_t{0}) != layer.at("ffn").get<std::int64_t>() ||
         r.value("tokens", std::int64_t{0}) != tokens) {
       std::printf(
-          "  (the '%s' entry of %s is another layer: E=%lld H=%lld F=%lld T=%lld; no ratio)\n",
+          "  (an '%s' entry of %s is another layer: E=%lld H=%lld F=%lld T=%lld; skipped)\n",
           shape.c_str(), path.c_str(), static_cast<long long>(r.value("experts", std::int64_t{0})),
           static_cast<long long>(r.value("hidden", std::int64_t{0})),
           static_cast<long long>(r.value("ffn", std::int64_t{0})),
           static_cast<long long>(r.value("tokens", std::int64_t{0})));
-      return;
+      continue;
     }
     const double fwd = report.at("forward").at("tflops").get<double>();
     const double fb = report.at("fwd_bwd").at("tflops").get<double>();

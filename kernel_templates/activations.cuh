@@ -213,7 +213,8 @@ __device__ __forceinline__ ActGrad act_fwd_bwd(float h, float da, ActParams) {
 
 // GLU: value and gradients at (gate, lin). Clamps pass gradient where the input lies inside the
 // closed range, as torch.clamp's backward did through torch 2.11 (the version the tests run;
-// later torch may return 0 at the bound itself); a NaN gate passes as in the forward.
+// later torch may return 0 at the bound itself). A NaN gate stays NaN in the value and gets no
+// gradient through the clamp, as in torch.
 template <Act A>
 __device__ __forceinline__ ActGrad glu_fwd_bwd(float gate, float lin, float da, ActParams ap) {
   static_assert(is_glu(A), "glu_fwd_bwd is for GLU activations; use act_fwd_bwd");
@@ -224,10 +225,9 @@ __device__ __forceinline__ ActGrad glu_fwd_bwd(float gate, float lin, float da, 
     const detail::GeluAndSlope g = detail::gelu_tanh_and_slope(gate);
     return {g.value * lin, g.slope * lin * da, g.value * da};
   } else {
-    // min(gate, limit) written as the select whose condition the gradient needs as well.
-    const bool g_in = !(gate > ap.limit);
+    const bool g_in = gate <= ap.limit;
     const bool l_in = lin >= -ap.limit && lin <= ap.limit;
-    const float g = g_in ? gate : ap.limit;
+    const float g = gate > ap.limit ? ap.limit : gate;
     const float l = lin < -ap.limit ? -ap.limit : (lin > ap.limit ? ap.limit : lin);
     const float s = detail::sigmoid(ap.alpha * g), gs = g * s;
     // d/dg [g * sigmoid(alpha g)] = s + alpha g s (1 - s)

@@ -1,8 +1,9 @@
 #pragma once
 // FP8 (E4M3) values and block scales, over inline PTX (NVRTC gets no toolkit headers).
 //
-// A block of values v is stored as q = e4m3(v / s) with s = amax(|v|) / 448 (448 is the largest
-// finite E4M3), so the block's largest value maps to ±448 and v ≈ q · s. With power-of-two
+// A block of values v is stored as q = e4m3(v / s) with s = max(amax(|v|) / 448, 2^-126) (448 is
+// the largest finite E4M3; 2^-126 the smallest normal float), so the block's largest value maps
+// to ±448 (below the floor, to less) and v ≈ q · s. With power-of-two
 // scales s is rounded up to a power of two: q · s is then exact in fp32 and dividing by s is a
 // multiply by its exact inverse. An all-zero block gets s = 1 (its q are zeros either way).
 // Conversions round to nearest even and saturate to ±448 (cvt .satfinite). Needs sm_89+.

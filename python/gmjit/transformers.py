@@ -281,15 +281,16 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
     if cacheable:
         key = _weight_cache.weights_key(*params)
         cached = experts.__dict__.get("_gmjit_weights")
-        if cached is not None and cached[0] == key:
+        if cached is not None and cached[0] == key and _weight_cache.current(cached[3], *params):
             _weight_cache.ready_on_current_stream(cached[2], cached[1])
             return cached[1]
+        made_in = _weight_cache.generation()
     w1 = layouts.fc1_from_gate_up(up, transposed=plan.transposed, interleaved=plan.interleaved)
     w2 = layouts.fc2_from_down(down, transposed=plan.transposed)
     b1 = layouts.maybe(layouts.fc1_bias_from_gate_up, b_up, interleaved=plan.interleaved)
     out = tuple(_aligned(t) for t in (w1, w2, b1, b_down))
     if cacheable:
-        experts.__dict__["_gmjit_weights"] = (key, out, _weight_cache.fence_after(out))
+        experts.__dict__["_gmjit_weights"] = (key, out, _weight_cache.fence_after(out), made_in)
     else:
         experts.__dict__.pop("_gmjit_weights", None)
     return out
@@ -316,12 +317,15 @@ def _fp8_weights(experts: nn.Module, plan: ExpertsPlan, recipe: str, w1: Tensor,
     params = [t for t in _weights(experts, plan.has_gate) if t is not None]
     key = (recipe,) + _weight_cache.weights_key(*params)
     cached = experts.__dict__.get("_gmjit_fp8_weights")
-    if cached is not None and cached[0] == key and (len(cached[1]) == 8 or not transposed):
+    if (cached is not None and cached[0] == key and (len(cached[1]) == 8 or not transposed)
+            and _weight_cache.current(cached[3], *params)):  # fmt: skip
         _weight_cache.ready_on_current_stream(cached[2], cached[1])
         return cached[1]
     experts.__dict__.pop("_gmjit_fp8_weights", None)
+    made_in = _weight_cache.generation()
     weights = quantize_weights(w1, w2, recipe, transposed=transposed)
-    experts.__dict__["_gmjit_fp8_weights"] = (key, weights, _weight_cache.fence_after(weights))
+    experts.__dict__["_gmjit_fp8_weights"] = (key, weights, _weight_cache.fence_after(weights),
+                                              made_in)  # fmt: skip
     return weights
 
 

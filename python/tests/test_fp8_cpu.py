@@ -379,11 +379,11 @@ def fake_quantize(w: torch.Tensor, code: int) -> tuple[torch.Tensor, torch.Tenso
     E_, R, C = w.shape
     if code == PER_TENSOR:
         amax = w.float().abs().amax(dim=(1, 2))
-        scale = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
+        scale = torch.where(amax > 0, (amax / 448).clamp_min(2.0**-126), torch.ones_like(amax))
         return (w.float() / scale[:, None, None]).to(FP8), scale
     blocks = w.float().view(E_, R // 128, 128, C // 128, 128)
     amax = blocks.abs().amax(dim=(2, 4))
-    scale = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
+    scale = torch.where(amax > 0, (amax / 448).clamp_min(2.0**-126), torch.ones_like(amax))
     if code == 2:
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
     q = (blocks / scale[:, :, None, :, None]).to(FP8).view(E_, R, C)
@@ -792,6 +792,20 @@ def test_module_quantizes_again_after_any_optimizer_step_and_on_invalidation(fp8
     gmjit.torch.invalidate_weight_caches()
     m(x, split)
     assert m.fp8_quantizations == 3
+
+
+def test_a_frozen_module_keeps_its_weights_across_another_models_steps(fp8_engine, monkeypatch):
+    # A distillation teacher or an RLHF reference model: no optimizer writes its weights.
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    teacher = GroupedMLP(E, H, F, recipe="fp8_block").eval().requires_grad_(False)
+    student = GroupedMLP(E, H, F)
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    x, split = torch.randn(T, H, dtype=BF), torch.tensor(SPLITS)
+    teacher(x, split)
+    student(x, split).float().sum().backward()
+    opt.step()
+    teacher(x, split)
+    assert teacher.fp8_quantizations == 1
 
 
 def test_a_training_module_quantizes_inside_a_captured_cuda_graph(fp8_engine, monkeypatch):

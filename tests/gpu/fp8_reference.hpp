@@ -40,7 +40,7 @@ inline float round_e4m3(float v) {
 
 inline float block_scale(float amax, bool pow2) {
   if (!(amax > 0.0f)) return 1.0f;
-  float s = amax * (1.0f / 448.0f);
+  float s = std::max(amax * (1.0f / 448.0f), 1.17549435e-38f);  // the kernels' floor: 2^-126
   if (pow2) {
     int e;
     const float m = std::frexp(s, &e);  // s = m 2^e, m in [0.5, 1)

@@ -1,5 +1,6 @@
-// NaN inputs give NaN outputs, as in torch, for every activation and kernel kind. A NaN that an
-// activation turned into a number (relu's `x > 0 ? x : 0`, clamped SwiGLU's min(gate, limit))
+// NaN inputs give NaN outputs in the forward, as in torch, for every activation, in the Hopper
+// tiles, the decode kernels, the portable kernels and the unfused activation kernel. A NaN that
+// an activation turned into a number (relu's `x > 0 ? x : 0`, clamped SwiGLU's min(gate, limit))
 // gave a finite loss and a weight that stayed NaN without a sign.
 #include <gtest/gtest.h>
 
@@ -18,7 +19,9 @@ constexpr std::uint16_t kBf16Nan = 0x7FC0;
 struct NanCase {
   std::string name;
   Activation activation;
-  bool decode = false;  // the decode kernels (no grad, few tokens per expert) instead of tiles
+  bool decode = false;    // the decode kernels (no grad, few tokens per expert) instead of tiles
+  bool portable = false;  // the mma.sync kernels
+  bool unfused = false;   // op by op: linear, activation kernel, linear
 };
 
 class NanPropagation : public ::testing::TestWithParam<NanCase> {};
@@ -42,8 +45,10 @@ TEST_P(NanPropagation, ANanInXOrInAGateRowOfW1ReachesTheOutputRowsItFeeds) {
   // pre-activation in that column.
   for (std::int64_t k = 0; k < H; ++k) host.w1[(2 * F1 + 0) * H + k] = kBf16Nan;
   DeviceLayer device(host, GradMode::no_grad);
-  Engine engine(
-      EngineOptions{.use_disk_cache = false, .decode_tokens_per_expert = c.decode ? 1 << 20 : 0});
+  Engine engine(EngineOptions{.use_disk_cache = false,
+                              .portable_kernels_only = c.portable,
+                              .fuse_ops = !c.unfused,
+                              .decode_tokens_per_expert = c.decode ? 1 << 20 : 0});
   engine.forward(layer, Recipe::bf16(), device.args, GradMode::no_grad);
   engine::ScopedContext context(engine::DeviceRegistry::instance().get(0).context());
   engine::check_driver(engine::driver().cuCtxSynchronize(), "cuCtxSynchronize");
@@ -70,7 +75,12 @@ INSTANTIATE_TEST_SUITE_P(
                       NanCase{"geglu", Activation::geglu},
                       NanCase{"clamped_swiglu", Activation::clamped_swiglu},
                       NanCase{"relu_decode", Activation::relu, true},
-                      NanCase{"clamped_swiglu_decode", Activation::clamped_swiglu, true}),
+                      NanCase{"clamped_swiglu_decode", Activation::clamped_swiglu, true},
+                      NanCase{"relu_portable", Activation::relu, false, true},
+                      NanCase{"clamped_swiglu_portable", Activation::clamped_swiglu, false, true},
+                      NanCase{"srelu_unfused", Activation::srelu, false, false, true},
+                      NanCase{"clamped_swiglu_unfused", Activation::clamped_swiglu, false, false,
+                              true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -40,16 +40,34 @@ def invalidate_weight_caches() -> None:
 
 
 def weights_key(*weights: Optional[Tensor]) -> tuple:
-    """What a copy of `weights` was made from; a copy is current while this stays equal. The ids
-    guard against a new tensor at a freed tensor's address."""
-    return (_current,) + tuple((id(w), w.data_ptr(), w._version) for w in weights if w is not None)
+    """What a copy of `weights` was made from (with `generation()` beside it: see current()).
+    The ids guard against a new tensor at a freed tensor's address."""
+    return tuple((id(w), w.data_ptr(), w._version) for w in weights if w is not None)
+
+
+def generation() -> int:
+    """The optimizer-step count a copy made now belongs to."""
+    return _current
+
+
+def current(made_in: int, *weights: Optional[Tensor]) -> bool:
+    """Whether no optimizer step since generation `made_in` can have written `weights`: none
+    since, or none of them requires grad (a frozen model's copies, a teacher's or a reference
+    model's, are not made again at every step of the model being trained)."""
+    return made_in == _current or not any(w is not None and w.requires_grad for w in weights)
+
+
+_cuda_available: Optional[bool] = None
 
 
 def capturing() -> bool:
     """Whether the current stream is being captured into a CUDA graph. A copy cached before the
     capture becomes a constant of the graph: training callers quantize inside it instead, so that
-    each replay reads the weights the optimizer last wrote."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    each replay reads the weights the optimizer last wrote. Cheap: it runs in training calls."""
+    global _cuda_available
+    if _cuda_available is None:
+        _cuda_available = torch.cuda.is_available()
+    return _cuda_available and torch._C._cuda_isCurrentStreamCapturing()
 
 
 class StreamFence:

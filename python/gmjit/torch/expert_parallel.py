@@ -256,19 +256,27 @@ class ExpertParallelMoE(nn.Module):
             if p is not None:
                 p.expert_parallel = True
         if seed is None:
-            seed = self._shared_seed(int(torch.randint(0, 2**62, ()).item()))
+            seed = self._shared_seed(int(torch.randint(0, 2**62, ()).item()), device)
         self.seed = seed
         self.reset_parameters()
 
-    def _shared_seed(self, local: int) -> int:
+    def _shared_seed(self, local: int, device) -> int:
         """The group's first rank's draw: the replicated router must be the same on every rank,
         also where each rank seeded its generator differently (dropout, data order)."""
         if self.world_size == 1:
             return local
-        on_gpu = dist.get_backend(self.group) == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        # NCCL moves CUDA tensors only: the layer's device, else the current one.
+        if dist.get_backend(self.group) == "nccl":
+            device = torch.device(device) if device is not None else torch.device("cuda")
+            if device.type != "cuda":
+                device = torch.device("cuda")
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            device = torch.device("cpu")
         t = torch.tensor([local], dtype=torch.int64, device=device)
-        dist.broadcast(t, group=self.group, group_src=0)
+        # src is a global rank (group_src needs torch 2.6; the package supports 2.5).
+        dist.broadcast(t, src=dist.get_global_rank(self.group, 0), group=self.group)
         return int(t.item())
 
     def _make_experts(self, experts) -> ExpertsFn:
@@ -382,8 +390,8 @@ class ExpertParallelMoE(nn.Module):
         order = torch.argsort(flat, stable=True)
         token = order // k
         rows = x[token]
-        if torch.is_autocast_enabled(x.device.type) and rows.dtype != self.w1.dtype:
-            rows = rows.to(self.w1.dtype)  # what the experts would cast them to: half the bytes
+        if torch.is_autocast_enabled(x.device.type) and rows.element_size() > self.w1.element_size():
+            rows = rows.to(self.w1.dtype)  # what the experts would cast them to, in fewer bytes
         # [E] rows per global expert, without a host sync (CUDA's bincount reads min and max).
         counts = flat.new_zeros(E).scatter_add_(0, flat, torch.ones_like(flat))
 

@@ -71,7 +71,8 @@ class GroupedMLP(nn.Module):
         self.accumulate_main_grad = accumulate_main_grad
         self.recipe = recipe
         # FP8: (key of the weights they came from, (w1_fp8, w1_scales, w2_fp8, w2_scales) and,
-        # in training, (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales), the stream fence after them).
+        # in training, (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales), the stream fence after them,
+        # the optimizer-step generation they were made in).
         self._fp8_cache: Optional[tuple] = None
         self.fp8_quantizations = 0  # how many times the weights were quantized (for tests)
         f1 = 2 * ffn if activation in GLU_ACTIVATIONS else ffn
@@ -121,20 +122,23 @@ class GroupedMLP(nn.Module):
         w1, w2 = self.w1, self.w2
         if not (w1.is_cuda and w2.is_cuda) and not _quantize_off_gpu():
             return None
+        trains = self._trains_weights()
         if transposed is None:
-            transposed = self._trains_weights()
-        if transposed and _weight_cache.capturing() and self._trains_weights():
+            transposed = trains
+        if transposed and trains and _weight_cache.capturing():
             return None
         # The recipe, which may be switched on the module, sets the scales (pow2 or not, per
         # block or per tensor).
         key = (self.recipe,) + _weight_cache.weights_key(w1, w2)
         cached = self._fp8_cache
-        if cached is not None and cached[0] == key and (len(cached[1]) == 8 or not transposed):
+        if (cached is not None and cached[0] == key and (len(cached[1]) == 8 or not transposed)
+                and _weight_cache.current(cached[3], w1, w2)):  # fmt: skip
             _weight_cache.ready_on_current_stream(cached[2], cached[1])
             return cached[1]
         self._fp8_cache = None  # free the old ones before making new ones
+        made_in = _weight_cache.generation()
         weights = quantize_weights(w1, w2, self.recipe, transposed=bool(transposed))
-        self._fp8_cache = (key, weights, _weight_cache.fence_after(weights))
+        self._fp8_cache = (key, weights, _weight_cache.fence_after(weights), made_in)
         self.fp8_quantizations += 1
         return weights
 
