@@ -806,6 +806,9 @@ def test_a_frozen_module_keeps_its_weights_across_another_models_steps(fp8_engin
     opt.step()
     teacher(x, split)
     assert teacher.fp8_quantizations == 1
+    gmjit.torch.invalidate_weight_caches()  # a write it cannot see: frozen copies go too
+    teacher(x, split)
+    assert teacher.fp8_quantizations == 2
 
 
 def test_a_training_module_quantizes_inside_a_captured_cuda_graph(fp8_engine, monkeypatch):

@@ -1,13 +1,14 @@
 """When a copy made from weights (quantized FP8 weights, weights in gmjit's layout) is stale.
 
 The caches of `GroupedMLP` and of the transformers integration key a copy by each weight's
-identity, address and version counter, and by a count of optimizer steps. The version counter
-sees in-place updates (torch optimizers, `copy_`, `load_state_dict`). Training stacks also write
-weights where it does not: Megatron's mixed-precision optimizers copy the main params in through
-`.data`, FSDP2 all-gathers into the same unsharded parameter under a preserved counter, DeepSpeed
-writes through `.data`. Each of them runs a `torch.optim.Optimizer` step before such writes (the
-inner optimizer of Megatron's, FSDP2's on the shards), so every optimizer step makes every copy
-stale. Writes of neither kind (EMA swaps through `.data`, ...) need `invalidate_weight_caches()`.
+identity, address and version counter, and stamp it with the generation it was made in. The
+version counter sees in-place updates (torch optimizers, `copy_`, `load_state_dict`). Training
+stacks also write weights where it does not: Megatron's mixed-precision optimizers copy the main
+params in through `.data`, FSDP2 all-gathers into the same unsharded parameter under a preserved
+counter, DeepSpeed writes through `.data`. Each of them runs a `torch.optim.Optimizer` step before
+such writes (the inner optimizer of Megatron's, FSDP2's on the shards), so an optimizer step makes
+the copies of weights that require grad stale (a frozen model's stay). Writes of neither kind
+(EMA swaps through `.data`, ...) need `invalidate_weight_caches()`, which makes every copy stale.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-_generation = itertools.count(1)
-_current = 0
+_counter = itertools.count(1)
+_steps = 0  # changes at every optimizer step: stales the copies of weights that require grad
+_invalidations = 0  # changes at every invalidate_weight_caches(): stales every copy
 
 
 def _stale_after_step(optimizer, args, kwargs) -> None:
-    invalidate_weight_caches()
+    global _steps
+    _steps = next(_counter)
 
 
 # Global: runs after the step of every torch.optim.Optimizer (subclasses included: the base class
@@ -33,10 +36,11 @@ register_optimizer_step_post_hook(_stale_after_step)
 
 
 def invalidate_weight_caches() -> None:
-    """Marks every cached copy of any weights stale: the next call makes them again. For writes
-    into weights that neither move their version counters nor follow an optimizer step."""
-    global _current
-    _current = next(_generation)
+    """Marks every cached copy of any weights stale, frozen or not: the next call makes them
+    again. For writes into weights that neither move their version counters nor follow an
+    optimizer step."""
+    global _invalidations
+    _invalidations = next(_counter)
 
 
 def weights_key(*weights: Optional[Tensor]) -> tuple:
@@ -45,16 +49,19 @@ def weights_key(*weights: Optional[Tensor]) -> tuple:
     return tuple((id(w), w.data_ptr(), w._version) for w in weights if w is not None)
 
 
-def generation() -> int:
-    """The optimizer-step count a copy made now belongs to."""
-    return _current
+def generation() -> tuple[int, int]:
+    """The generation a copy made now belongs to: (optimizer steps, invalidations)."""
+    return (_steps, _invalidations)
 
 
-def current(made_in: int, *weights: Optional[Tensor]) -> bool:
-    """Whether no optimizer step since generation `made_in` can have written `weights`: none
-    since, or none of them requires grad (a frozen model's copies, a teacher's or a reference
-    model's, are not made again at every step of the model being trained)."""
-    return made_in == _current or not any(w is not None and w.requires_grad for w in weights)
+def current(made_in: tuple[int, int], *weights: Optional[Tensor]) -> bool:
+    """Whether a copy of `weights` made in generation `made_in` is current: no invalidation
+    since, and no optimizer step since unless none of the weights requires grad (a frozen
+    model's copies, a teacher's or a reference model's, are not made again at every step of the
+    model being trained)."""
+    steps, invalidations = made_in
+    return invalidations == _invalidations and (
+        steps == _steps or not any(w is not None and w.requires_grad for w in weights))
 
 
 _cuda_available: Optional[bool] = None

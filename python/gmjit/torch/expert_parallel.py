@@ -265,16 +265,14 @@ class ExpertParallelMoE(nn.Module):
         also where each rank seeded its generator differently (dropout, data order)."""
         if self.world_size == 1:
             return local
-        # NCCL moves CUDA tensors only: the layer's device, else the current one.
+        # NCCL moves CUDA tensors only: the layer's CUDA device, else the current one.
+        where = torch.device("cpu")
         if dist.get_backend(self.group) == "nccl":
-            device = torch.device(device) if device is not None else torch.device("cuda")
-            if device.type != "cuda":
-                device = torch.device("cuda")
-            if device.index is None:
-                device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            device = torch.device("cpu")
-        t = torch.tensor([local], dtype=torch.int64, device=device)
+            layer_device = torch.device(device) if device is not None else None
+            where = (layer_device if layer_device is not None and layer_device.type == "cuda"
+                     and layer_device.index is not None
+                     else torch.device("cuda", torch.cuda.current_device()))  # fmt: skip
+        t = torch.tensor([local], dtype=torch.int64, device=where)
         # src is a global rank (group_src needs torch 2.6; the package supports 2.5).
         dist.broadcast(t, src=dist.get_global_rank(self.group, 0), group=self.group)
         return int(t.item())
