@@ -280,20 +280,30 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
     cacheable = not grad and not torch.compiler.is_compiling()
     if cacheable:
         key = _weight_cache.weights_key(*params)
-        cached = experts.__dict__.get("_gmjit_weights")
-        if cached is not None and cached[0] == key and _weight_cache.current(cached[3], *params):
-            _weight_cache.ready_on_current_stream(cached[2], cached[1])
-            return cached[1]
+        old = experts.__dict__.get("_gmjit_weights")
+        cached = _weight_cache.lookup(old, key, params)
+        if cached is not None:
+            return cached
+        _set_or_pop(experts, "_gmjit_weights", _weight_cache.release(old))  # free them first
         made_in = _weight_cache.generation()
     w1 = layouts.fc1_from_gate_up(up, transposed=plan.transposed, interleaved=plan.interleaved)
     w2 = layouts.fc2_from_down(down, transposed=plan.transposed)
     b1 = layouts.maybe(layouts.fc1_bias_from_gate_up, b_up, interleaved=plan.interleaved)
     out = tuple(_aligned(t) for t in (w1, w2, b1, b_down))
     if cacheable:
-        experts.__dict__["_gmjit_weights"] = (key, out, _weight_cache.fence_after(out), made_in)
+        entry, out = _weight_cache.store(old, key, made_in, out)
     else:
-        experts.__dict__.pop("_gmjit_weights", None)
+        entry = _weight_cache.release(experts.__dict__.get("_gmjit_weights"))
+    _set_or_pop(experts, "_gmjit_weights", entry)
     return out
+
+
+def _set_or_pop(experts: nn.Module, name: str, entry: Optional[_weight_cache.CachedCopy]) -> None:
+    # In __dict__, not as attributes: nn.Module would register tensors or modules set on it.
+    if entry is None:
+        experts.__dict__.pop(name, None)
+    else:
+        experts.__dict__[name] = entry
 
 
 def _aligned(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -316,16 +326,15 @@ def _fp8_weights(experts: nn.Module, plan: ExpertsPlan, recipe: str, w1: Tensor,
         return None
     params = [t for t in _weights(experts, plan.has_gate) if t is not None]
     key = (recipe,) + _weight_cache.weights_key(*params)
-    cached = experts.__dict__.get("_gmjit_fp8_weights")
-    if (cached is not None and cached[0] == key and (len(cached[1]) == 8 or not transposed)
-            and _weight_cache.current(cached[3], *params)):  # fmt: skip
-        _weight_cache.ready_on_current_stream(cached[2], cached[1])
-        return cached[1]
-    experts.__dict__.pop("_gmjit_fp8_weights", None)
+    old = experts.__dict__.get("_gmjit_fp8_weights")
+    cached = _weight_cache.lookup(old, key, params, lambda v: len(v) == 8 or not transposed)
+    if cached is not None:
+        return cached
+    _set_or_pop(experts, "_gmjit_fp8_weights", _weight_cache.release(old))
     made_in = _weight_cache.generation()
     weights = quantize_weights(w1, w2, recipe, transposed=transposed)
-    experts.__dict__["_gmjit_fp8_weights"] = (key, weights, _weight_cache.fence_after(weights),
-                                              made_in)  # fmt: skip
+    entry, weights = _weight_cache.store(old, key, made_in, weights)
+    _set_or_pop(experts, "_gmjit_fp8_weights", entry)
     return weights
 
 

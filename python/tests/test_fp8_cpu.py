@@ -730,7 +730,7 @@ def test_module_quantizes_again_only_when_a_weight_changes(fp8_engine, monkeypat
         m(x, split)  # served by the cached 8-tuple
     y0.float().square().mean().backward()
     assert fp8_engine.calls[-1][-2:] == (1, True)
-    assert fp8_engine.transposed == tuple(v.data_ptr() for v in m._fp8_cache[1][4:])
+    assert fp8_engine.transposed == tuple(v.data_ptr() for v in m._fp8_cache.value[4:])
     assert quantizations() == 1 and m.fp8_quantizations == 1
     opt.step()  # in-place update: the version counters move
     y1 = m(x, split)
@@ -820,7 +820,41 @@ def test_a_training_module_quantizes_inside_a_captured_cuda_graph(fp8_engine, mo
     monkeypatch.setattr(_weight_cache, "capturing", lambda: True)
     assert m.fp8_weights() is None
     m.eval().requires_grad_(False)  # inference: the cached weights serve the graph
-    assert m.fp8_weights() is m._fp8_cache[1]
+    assert m.fp8_weights() is m._fp8_cache.value
+
+
+def test_inference_weights_a_capture_read_are_quantized_again_into_the_same_memory(
+        fp8_engine, monkeypatch):  # fmt: skip
+    # The graph keeps reading the tensors it captured: they are never freed. Weights of the same
+    # shapes are quantized into them (the graph then reads the current weights); others leave
+    # them beside the new copy.
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    m = GroupedMLP(E, H, F, recipe="fp8_block").eval().requires_grad_(False)
+    x, split = torch.randn(T, H, dtype=BF), torch.tensor(SPLITS)
+    m(x, split)  # the warm-up before a capture
+    captured = m._fp8_cache.value
+    monkeypatch.setattr(_weight_cache, "capturing", lambda: True)
+    assert m.fp8_weights() is captured
+    monkeypatch.setattr(_weight_cache, "capturing", lambda: False)
+    with torch.no_grad():
+        m.w1.mul_(2)
+    assert m.fp8_weights() is captured and m.fp8_quantizations == 2
+    for got, want in zip(captured, quantize_weights(m.w1, m.w2, "fp8_block")):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    m.requires_grad_(True)
+    transposed = m.fp8_weights(transposed=True)  # 8 tensors: not the captured 4's shapes
+    assert len(transposed) == 8 and m._fp8_cache.held == [captured]
+
+
+def test_weights_quantized_inside_a_capture_are_not_cached(fp8_engine, monkeypatch):
+    # Their kernels run only when the graph replays: an eager call would read unwritten memory.
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    m = GroupedMLP(E, H, F, recipe="fp8_block").eval().requires_grad_(False)
+    monkeypatch.setattr(_weight_cache, "capturing", lambda: True)
+    made = m.fp8_weights()
+    assert made is not None and m._fp8_cache is None
+    monkeypatch.setattr(_weight_cache, "capturing", lambda: False)
+    assert m.fp8_weights() is not made and m._fp8_cache is not None
 
 
 def test_module_caches_inference_weights_until_a_grad_call_wants_them(fp8_engine, monkeypatch):
@@ -832,17 +866,17 @@ def test_module_caches_inference_weights_until_a_grad_call_wants_them(fp8_engine
     with torch.no_grad():
         m(x, split)
         m(x, split)
-    assert fp8_engine.calls[0] == ("quantize", 3, False) and len(m._fp8_cache[1]) == 4
+    assert fp8_engine.calls[0] == ("quantize", 3, False) and len(m._fp8_cache.value) == 4
     assert m.fp8_quantizations == 1
     y = m(x, split)  # grad-enabled (an eval-mode module can be differentiated): the transposes
-    assert fp8_engine.calls[-2] == ("quantize", 3, True) and len(m._fp8_cache[1]) == 8
+    assert fp8_engine.calls[-2] == ("quantize", 3, True) and len(m._fp8_cache.value) == 8
     m(x, split)
     with torch.no_grad():
         m(x, split)
     assert m.fp8_quantizations == 2
     y.sum().backward()
     assert fp8_engine.calls[-1][-2:] == (3, True)
-    assert m.fp8_weights(transposed=False) is m._fp8_cache[1]  # the 8-tuple serves it too
+    assert m.fp8_weights(transposed=False) is m._fp8_cache.value  # the 8-tuple serves it too
     m.requires_grad_(False)
     m(x, split)  # nothing requires grad: no transposes wanted, the cached ones still serve
     assert m.fp8_quantizations == 2
@@ -932,7 +966,7 @@ def test_module_quantizes_again_when_its_recipe_is_switched(fp8_engine, monkeypa
             y = m(x, split)
             code = _checks.RECIPES[recipe]
             assert fp8_engine.calls[-2][:2] == ("quantize", code)  # not the other recipe's scales
-            torch.testing.assert_close(m._fp8_cache[1][1], fake_quantize(m.w1, code)[1])
+            torch.testing.assert_close(m._fp8_cache.value[1], fake_quantize(m.w1, code)[1])
             ref = reference.grouped_mlp(x, split, *(dequantize(*fake_quantize(w, code)).to(BF)
                                                     for w in (m.w1, m.w2)))  # fmt: skip
             torch.testing.assert_close(y.double(), ref, rtol=2e-2, atol=2e-2)

@@ -223,7 +223,7 @@ def test_module_requantizes_after_an_optimizer_step_and_not_otherwise():
     x = torch.randn(T, H, dtype=BF, device="cuda")
     split = torch.tensor(SPLITS, device="cuda")
     y0 = m(x, split)
-    assert len(m._fp8_cache[1]) == 8  # training: with the transposed copies (FP8 data gradients)
+    assert len(m._fp8_cache.value) == 8  # training: with the transposed copies (FP8 data gradients)
     with torch.no_grad():
         y0_again = m(x, split)
     assert m.fp8_quantizations == 1
@@ -269,6 +269,31 @@ def test_a_graphed_training_module_reads_the_weights_an_optimizer_step_wrote():
     torch.cuda.synchronize()
     torch.testing.assert_close(y, grouped_mlp(x, split, m.w1, m.w2, recipe="fp8_block"), rtol=0,
                                atol=0)  # fmt: skip
+
+
+def test_a_graphed_inference_module_reads_weights_loaded_after_the_capture():
+    # The graph reads the cached FP8 weights it captured. Loading new weights and one eager call
+    # quantizes them into that same memory: the replay then runs them, and never freed memory.
+    torch.manual_seed(0)
+    m = GroupedMLP(E, H, F, recipe="fp8_block", device="cuda").eval().requires_grad_(False)
+    x = torch.randn(T, H, dtype=BF, device="cuda")
+    split = torch.tensor(SPLITS, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(s):
+        m(x, split)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad():
+        with torch.cuda.graph(graph, stream=s):
+            y = m(x, split)
+        m.load_state_dict({k: v * 0.5 for k, v in m.state_dict().items()})
+        expected = m(x, split)
+        torch.empty(64 << 20, dtype=torch.uint8, device="cuda").fill_(0xFF)  # reuse freed memory
+        graph.replay()
+        torch.cuda.synchronize()
+    assert m.fp8_quantizations == 2
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
 
 
 def test_a_second_stream_waits_for_the_weights_the_first_one_quantized():

@@ -13,6 +13,7 @@ import hf_configs  # noqa: E402
 import reference  # noqa: E402
 
 import gmjit.transformers as gt  # noqa: E402
+from gmjit.torch import layouts  # noqa: E402
 from gmjit.torch import GroupedMLP  # noqa: E402
 
 
@@ -158,6 +159,39 @@ def test_converted_weights_are_made_again_after_an_optimizer_step():
     torch.optim.SGD(m.parameters(), lr=0.1).step()  # no gradients: nothing written, still a step
     with torch.no_grad():
         assert gt._converted_weights(m, plan)[0] is not first[0]
+
+
+def test_converted_weights_a_capture_read_are_made_again_into_the_same_memory(monkeypatch):
+    # A CUDA graph keeps reading the tensors it captured: freeing them when the weights change
+    # would leave it reading freed memory. They are written with the current weights instead.
+    m = hf_configs.experts_module("gpt_oss")
+    plan = gt.plan_for(m)
+    with torch.no_grad():
+        first = gt._converted_weights(m, plan)
+        monkeypatch.setattr(gt._weight_cache, "capturing", lambda: True)
+        assert gt._converted_weights(m, plan)[0] is first[0]  # the capture reads the cache
+        monkeypatch.setattr(gt._weight_cache, "capturing", lambda: False)
+        m.down_proj.add_(1)
+        m.gate_up_proj.mul_(2)
+        again = gt._converted_weights(m, plan)
+        assert all(a is b for a, b in zip(again, first))
+        expected = (layouts.fc1_from_gate_up(m.gate_up_proj, transposed=True, interleaved=True),
+                    layouts.fc2_from_down(m.down_proj, transposed=True))  # fmt: skip
+        for got, want in zip(again, expected):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_converted_weights_made_inside_a_capture_are_not_cached(monkeypatch):
+    # Their kernels run only when the graph replays: an eager call would read unwritten memory.
+    m = hf_configs.experts_module("gpt_oss")
+    plan = gt.plan_for(m)
+    monkeypatch.setattr(gt._weight_cache, "capturing", lambda: True)
+    with torch.no_grad():
+        made = gt._converted_weights(m, plan)
+        assert "_gmjit_weights" not in m.__dict__
+        monkeypatch.setattr(gt._weight_cache, "capturing", lambda: False)
+        assert gt._converted_weights(m, plan)[0] is not made[0]
+        assert "_gmjit_weights" in m.__dict__
 
 
 def test_fp8_weights_are_quantized_inside_a_captured_training_graph(monkeypatch):

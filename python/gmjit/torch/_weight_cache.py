@@ -9,12 +9,18 @@ counter, DeepSpeed writes through `.data`. Each of them runs a `torch.optim.Opti
 such writes (the inner optimizer of Megatron's, FSDP2's on the shards), so an optimizer step makes
 the copies of weights that require grad stale (a frozen model's stay). Writes of neither kind
 (EMA swaps through `.data`, ...) need `invalidate_weight_caches()`, which makes every copy stale.
+
+CUDA graphs: a copy read by a capture is part of the graph, so it is never freed while the cache
+lives: when it goes stale it is made again into the same memory (the graph then reads the new
+weights), or kept beside the new copy where the shapes differ. A copy made inside a capture is
+not cached: its kernels run only when the graph replays, so eager calls would read unwritten
+memory.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -113,3 +119,71 @@ def ready_on_current_stream(fence: Optional[StreamFence], tensors) -> None:
     for t in tensors:
         if isinstance(t, Tensor) and t.is_cuda:
             t.record_stream(stream)
+
+
+class CachedCopy:
+    """One cached copy: what it was made from (`key`, see weights_key, and the generation
+    `made_in`), the tensors (`value`), the fence after the kernels that made them, whether a
+    CUDA-graph capture read them, and the copies stale since then that earlier captures read
+    (`held`: kept alive for their graphs)."""
+
+    __slots__ = ("key", "value", "fence", "made_in", "read_by_capture", "held")
+
+    def __init__(self, key: tuple, value: tuple, made_in: tuple[int, int]) -> None:
+        self.key, self.value, self.made_in = key, value, made_in
+        self.fence = fence_after(value)
+        self.read_by_capture = False
+        self.held: list[tuple] = []
+
+
+def lookup(entry: Optional[CachedCopy], key: tuple, weights: tuple,
+           usable: Optional[Callable[[tuple], bool]] = None) -> Optional[tuple]:  # fmt: skip
+    """The cached tensors of `entry` when they are a current copy of `weights` under `key` (and
+    `usable` accepts them), ready to read on the current stream; else None."""
+    if (entry is None or entry.key != key or not current(entry.made_in, *weights)
+            or (usable is not None and not usable(entry.value))):  # fmt: skip
+        return None
+    if capturing():
+        entry.read_by_capture = True
+    else:
+        ready_on_current_stream(entry.fence, entry.value)
+    return entry.value
+
+
+def release(entry: Optional[CachedCopy]) -> Optional[CachedCopy]:
+    """What to keep of a stale `entry` while its replacement is made: nothing (its memory can
+    serve the new copy), unless a capture read it."""
+    return entry if entry is not None and (entry.read_by_capture or entry.held) else None
+
+
+def store(old: Optional[CachedCopy], key: tuple, made_in: tuple[int, int],
+          value: tuple) -> tuple[Optional[CachedCopy], tuple]:  # fmt: skip
+    """(entry to cache, tensors to use) for `value`, a copy made in generation `made_in` (taken
+    before making it) to replace `old`. The entry is `value`'s own; or `old`'s with `value`
+    copied into its tensors, which are then the ones to use, where a capture read them and the
+    shapes agree (graphs keep reading the same memory, now with the current weights); or `old`
+    while capturing (`value` exists only in the graph, which uses it uncached)."""
+    if capturing():
+        return release(old), value
+    if old is not None and old.read_by_capture and _refreshable(old.value, value):
+        with torch.no_grad():
+            for into, t in zip(old.value, value):
+                if t is not None and into is not t:
+                    into.copy_(t)
+        old.key, old.made_in, old.fence = key, made_in, fence_after(old.value)
+        return old, old.value
+    entry = CachedCopy(key, value, made_in)
+    if old is not None:
+        entry.held = old.held + ([old.value] if old.read_by_capture else [])
+    return entry, value
+
+
+def _refreshable(old: tuple, new: tuple) -> bool:
+    """Whether `new` can be copied into `old`'s tensors: the same shapes, and no parameter of the
+    model in `old` (a weight used as it is) that `new` does not hold too (a replaced parameter
+    is the caller's tensor, not the cache's to write)."""
+    return len(old) == len(new) and all(
+        (x is None and y is None) or (x is not None and y is not None and x.shape == y.shape
+                                      and x.dtype == y.dtype and x.device == y.device
+                                      and (x is y or not isinstance(x, torch.nn.Parameter)))
+        for x, y in zip(old, new))  # fmt: skip

@@ -39,7 +39,8 @@ class GroupedMLP(nn.Module):
     (no transposed copies) cached. Other writes that bypass the counter (through `.data`) are
     not seen: call `invalidate_fp8_weights()` after them. In CUDA-graph capture a module that
     trains its weights quantizes inside the graph (each replay reads the current weights); an
-    inference module's cached weights become constants of the graph.
+    inference module's graph reads the cached weights, which the first call after a change
+    quantizes again into the same memory.
     """
 
     def __init__(
@@ -73,7 +74,7 @@ class GroupedMLP(nn.Module):
         # FP8: (key of the weights they came from, (w1_fp8, w1_scales, w2_fp8, w2_scales) and,
         # in training, (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales), the stream fence after them,
         # the optimizer-step generation they were made in).
-        self._fp8_cache: Optional[tuple] = None
+        self._fp8_cache: Optional[_weight_cache.CachedCopy] = None
         self.fp8_quantizations = 0  # how many times the weights were quantized (for tests)
         f1 = 2 * ffn if activation in GLU_ACTIVATIONS else ffn
         kw = {"dtype": dtype, "device": device}
@@ -130,15 +131,14 @@ class GroupedMLP(nn.Module):
         # The recipe, which may be switched on the module, sets the scales (pow2 or not, per
         # block or per tensor).
         key = (self.recipe,) + _weight_cache.weights_key(w1, w2)
-        cached = self._fp8_cache
-        if (cached is not None and cached[0] == key and (len(cached[1]) == 8 or not transposed)
-                and _weight_cache.current(cached[3], w1, w2)):  # fmt: skip
-            _weight_cache.ready_on_current_stream(cached[2], cached[1])
-            return cached[1]
-        self._fp8_cache = None  # free the old ones before making new ones
+        old = self._fp8_cache
+        cached = _weight_cache.lookup(old, key, (w1, w2), lambda v: len(v) == 8 or not transposed)
+        if cached is not None:
+            return cached
+        self._fp8_cache = _weight_cache.release(old)  # free the old ones before making new ones
         made_in = _weight_cache.generation()
         weights = quantize_weights(w1, w2, self.recipe, transposed=bool(transposed))
-        self._fp8_cache = (key, weights, _weight_cache.fence_after(weights), made_in)
+        self._fp8_cache, weights = _weight_cache.store(old, key, made_in, weights)
         self.fp8_quantizations += 1
         return weights
 
