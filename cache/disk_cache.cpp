@@ -119,7 +119,7 @@ void DiskCache::warn(std::string_view message) const {
 // The cache is an optimisation, so an exception inside one of its operations (out of memory, a
 // filesystem exception) becomes a miss or a no-op; the first one of each operation says why.
 void DiskCache::warn_swallowed(Operation operation, const std::exception& error) const {
-  static constexpr const char* kNames[] = {"load", "store", "prune", "stats", "list"};
+  static constexpr const char* kNames[] = {"load", "store", "stats", "list"};
   const auto index = static_cast<std::size_t>(operation);
   if (state_->warned_swallowed[index].exchange(true)) return;
   try {
@@ -199,6 +199,20 @@ std::shared_ptr<const fs::UniqueFd> DiskCache::open_directory(bool create,
   if (!trusted_or_warn(directory_, trust_of(fd.get()))) return nullptr;
   state_->directory = std::make_shared<const fs::UniqueFd>(std::move(fd));
   return state_->directory;
+}
+
+// Why open_directory(false) gave no directory, for the maintenance calls that must not pass
+// for done when they did nothing: empty when the directory is simply missing.
+std::string DiskCache::why_not_opened() const {
+  const fs::DirTrust trust =
+      fs::check_directory(directory_, shared_layer_ ? fs::Owners::self_or_root : fs::Owners::self);
+  if (trust == fs::DirTrust::kMissing) return {};
+  if (trust != fs::DirTrust::kTrusted) {
+    return directory_.string() + " is " + fs::to_string(trust) + "; it was not used";
+  }
+  const fs::UniqueFd fd = fs::open_directory_at(AT_FDCWD, directory_.c_str());
+  return directory_.string() + " could not be opened (" +
+         (fd.valid() ? std::string("it changed while being opened") : fs::errno_text(errno)) + ")";
 }
 
 // A fan-out directory inside dir_fd, opened without following a symlink and trusted by its
@@ -534,7 +548,7 @@ PruneResult DiskCache::prune(std::uint64_t max_bytes,
   if (config_.disabled || config_.read_only) return {};
   try {
     const auto dir = open_directory(/*create=*/false, nullptr);
-    if (!dir) return {};
+    if (!dir) return PruneResult{.error = why_not_opened()};
     std::optional<std::int64_t> older_than_ns;
     if (older_than_seconds) {
       // Saturating: seconds beyond what int64 nanoseconds hold mean "older than anything".
@@ -543,8 +557,7 @@ PruneResult DiskCache::prune(std::uint64_t max_bytes,
     }
     return maintain(dir->get(), max_bytes, max_bytes, older_than_ns, {});
   } catch (const std::exception& error) {
-    warn_swallowed(Operation::prune, error);
-    return {};
+    return PruneResult{.error = error.what()};
   }
 }
 
@@ -655,12 +668,16 @@ std::vector<EntryListing> DiskCache::list_shared() const {
   return out;
 }
 
-std::vector<RawEntry> DiskCache::read_valid_entries(std::uint64_t* skipped) const {
+std::vector<RawEntry> DiskCache::read_valid_entries(std::uint64_t* skipped,
+                                                    std::string* error) const {
   std::vector<RawEntry> out;
   std::uint64_t bad = 0;
+  std::string why;
   if (!config_.disabled) {
     try {
-      if (const auto dir = open_directory(/*create=*/false, nullptr)) {
+      const auto dir = open_directory(/*create=*/false, nullptr);
+      if (!dir) why = why_not_opened();
+      if (dir) {
         const maintenance::Scan scan =
             maintenance::scan(dir->get(), directory_, false, fs::now_ns());
         ++state_->scans;
@@ -681,11 +698,17 @@ std::vector<RawEntry> DiskCache::read_valid_entries(std::uint64_t* skipped) cons
           out.push_back(RawEntry{entry.name, std::move(bytes)});
         }
       }
-    } catch (const std::exception& error) {
-      warn_swallowed(Operation::list, error);
+    } catch (const std::exception& exception) {
+      why = exception.what();
+      out.clear();
     }
   }
   if (skipped != nullptr) *skipped = bad;
+  if (error != nullptr) {
+    *error = std::move(why);
+  } else if (!why.empty()) {
+    warn("gmjit cache: reading the entries of " + directory_.string() + " failed: " + why);
+  }
   return out;
 }
 

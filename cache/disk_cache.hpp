@@ -119,7 +119,10 @@ struct RemovalFailure {
 struct PruneResult {
   std::uint64_t removed = 0;
   std::vector<RemovalFailure> failures;  // entries still on disk; their bytes still count
-  bool ok() const { return failures.empty(); }
+  // Why the directory could not be pruned at all (untrusted, not accessible, an exception);
+  // empty when it was, or when it does not exist (nothing to prune).
+  std::string error;
+  bool ok() const { return failures.empty() && error.empty(); }
 };
 
 // Whether the caller can use a payload (it decodes, and matches what was asked for).
@@ -172,7 +175,10 @@ class DiskCache {
   std::vector<EntryListing> list_shared() const;
   // Every entry of the local layer that passes the checks load() applies (owner, regular file,
   // decode for the key in its name), untouched; others are skipped and counted in *skipped.
-  std::vector<RawEntry> read_valid_entries(std::uint64_t* skipped = nullptr) const;
+  // *error says why the directory could not be read at all (as PruneResult::error): the entries
+  // returned are then not all there are.
+  std::vector<RawEntry> read_valid_entries(std::uint64_t* skipped = nullptr,
+                                           std::string* error = nullptr) const;
   PruneResult clear();
   // Removes least-recently-used entries until the total is at most max_bytes, and entries not
   // used for older_than_seconds (when given; saturating, so a huge value removes nothing by age).
@@ -190,13 +196,14 @@ class DiskCache {
   std::optional<std::vector<std::byte>> load_here(const Key128& key, const PayloadCheck& accept);
   fs::DirTrust trust_of(int dir_fd) const;
 
-  enum class Operation { load, store, prune, stats, list, count };
+  enum class Operation { load, store, stats, list, count };
 
   void warn(std::string_view message) const;
   void warn_swallowed(Operation operation, const std::exception& error) const;
   bool trusted_or_warn(const std::filesystem::path& dir, fs::DirTrust trust) const;
   void report_open_error(const std::filesystem::path& dir, int error, int* create_error) const;
   std::shared_ptr<const fs::UniqueFd> open_directory(bool create, int* create_error) const;
+  std::string why_not_opened() const;
   fs::UniqueFd open_fanout(int dir_fd, const std::string& name, bool create,
                            int* create_error) const;
   std::optional<std::vector<std::byte>> load_file(int fanout_fd, const std::string& name,

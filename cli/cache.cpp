@@ -241,7 +241,12 @@ int run_cache(const CacheCommand& o) {
     // The local layer's valid entries; shared layers are exported from their own directory
     // (GMJIT_CACHE_DIR=<layer> gmjit cache export).
     std::uint64_t skipped = 0;
-    const std::vector<cache::RawEntry> entries = disk.read_valid_entries(&skipped);
+    std::string unread;
+    const std::vector<cache::RawEntry> entries = disk.read_valid_entries(&skipped, &unread);
+    if (!unread.empty()) {  // a bundle of some or none of the entries would pass for all of them
+      throw Error(Status::internal,
+                  fmt::format("cache export: {}; nothing was written to {}", unread, file));
+    }
     const std::vector<std::byte> bytes = cache::bundle::encode(entries);
     write_file_atomically(file, bytes);
     out = {{"exported", entries.size()},
@@ -311,6 +316,10 @@ int run_cache(const CacheCommand& o) {
     }
   }
   if (o.json) std::printf("%s\n", out.dump(2).c_str());
+  if (!pruned.error.empty()) {
+    throw Error(Status::internal,
+                fmt::format("cache {}: {}; nothing was removed", o.action, pruned.error));
+  }
   if (!pruned.ok()) throw Error(Status::internal, removal_failures(o.action, pruned));
   return 0;
 }

@@ -65,6 +65,30 @@ TEST(UntrustedDirectory, GroupWritableVersionDirectoryIsNotLoadedFrom) {
       "writable by group or others");
 }
 
+// Maintenance of a folder it does not use is a failure that says why, not "0 removed" or an
+// empty export that pass for an empty cache.
+TEST(UntrustedDirectory, PruneAndExportFailNamingWhyInsteadOfFindingNothing) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  ASSERT_TRUE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  stdfs::permissions(cache.directory(), stdfs::perms(0770));
+  DiskCache reopened(config_for(tmp.path(), warnings));
+
+  const PruneResult pruned = reopened.prune(0, std::nullopt);
+  EXPECT_FALSE(pruned.ok());
+  EXPECT_NE(pruned.error.find("writable by group or others"), std::string::npos) << pruned.error;
+  std::string error;
+  EXPECT_TRUE(reopened.read_valid_entries(nullptr, &error).empty());
+  EXPECT_NE(error.find("writable by group or others"), std::string::npos) << error;
+  EXPECT_EQ(entry_files(tmp.path()).size(), 1u);
+
+  DiskCache missing(config_for(tmp.path() / "never-made", warnings));  // nothing to do: fine
+  EXPECT_TRUE(missing.prune(0, std::nullopt).ok());
+  EXPECT_TRUE(missing.read_valid_entries(nullptr, &error).empty());
+  EXPECT_EQ(error, "");
+}
+
 TEST(UntrustedDirectory, OtherWritableFanoutDirectoryIsNotLoadedFrom) {
   ExpectEntriesAreRefused(
       [](const DiskCache&, const stdfs::path& entry) {

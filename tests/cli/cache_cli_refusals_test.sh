@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `gmjit cache` when it cannot do what it was asked, without compiling anything: a read-only cache
-# refuses clear and prune, clear fails naming an entry it could not remove, a relative
+# refuses clear and prune, clear fails naming an entry it could not remove, an untrusted folder
+# fails clear, prune and export, a relative
 # GMJIT_CACHE_DIR creates nothing, and warnings carry the "gmjit cache:" prefix once.
 set -euo pipefail
 gmjit="$1"
@@ -54,6 +55,20 @@ if [ -n "$stuck" ]; then
 else
   echo "skipped: cannot make a file undeletable here"
 fi
+
+# A cache folder it does not trust: clear, prune and export fail saying so (they did nothing,
+# and exited 0 as if the cache were empty), and leave the entries and no bundle behind.
+untrusted="$(make_entry "$work/u" cc000000000000000000000000000000)"
+chmod 770 "$work/u/v1"
+for action in clear prune "export $work/u.bundle"; do
+  # shellcheck disable=SC2086  # the action's words
+  if GMJIT_CACHE_DIR="$work/u" "$gmjit" cache $action >"$work/out" 2>"$work/err"; then
+    fail "cache $action of an untrusted folder exited 0: $(cat "$work/out")"
+  fi
+  grep -q "writable by group or others" "$work/err" || fail "$action: $(cat "$work/err")"
+done
+[ -e "$untrusted" ] || fail "an untrusted folder lost its entry"
+[ ! -e "$work/u.bundle" ] || fail "export of an untrusted folder wrote a bundle"
 
 # A relative GMJIT_CACHE_DIR (a '~' the shell did not expand) is refused, not made here.
 (cd "$work" && GMJIT_CACHE_DIR='gm' "$gmjit" cache stats >"$work/out" 2>"$work/err") &&
