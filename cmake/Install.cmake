@@ -5,10 +5,11 @@ install(TARGETS gmjit EXPORT gmjitTargets
 install(TARGETS gmjit_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY include/gmjit DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT gmjitTargets NAMESPACE gmjit:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/gmjit)
-write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/gmjitConfigVersion.cmake
+# The package files are made in a folder of their own: a gmjitConfig.cmake in the build folder
+# would be found by find_package(gmjit) there, without the gmjitTargets.cmake it includes.
+set(gmjit_package_dir ${CMAKE_CURRENT_BINARY_DIR}/package)
+write_basic_package_version_file(${gmjit_package_dir}/gmjitConfigVersion.cmake
   COMPATIBILITY SameMinorVersion)
-file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/gmjitConfig.cmake
-  "include(\${CMAKE_CURRENT_LIST_DIR}/gmjitTargets.cmake)\n")
-install(FILES ${CMAKE_CURRENT_BINARY_DIR}/gmjitConfig.cmake
-  ${CMAKE_CURRENT_BINARY_DIR}/gmjitConfigVersion.cmake
+configure_file(cmake/gmjitConfig.cmake.in ${gmjit_package_dir}/gmjitConfig.cmake @ONLY)
+install(FILES ${gmjit_package_dir}/gmjitConfig.cmake ${gmjit_package_dir}/gmjitConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/gmjit)

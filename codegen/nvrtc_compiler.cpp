@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -41,14 +43,23 @@ std::string program_log(nvrtcProgram program) {
   return log;
 }
 
-// GMJIT_DUMP_SOURCE=dir writes each generated translation unit there, named by entry and key.
+// GMJIT_DUMP_SOURCE=dir writes each generated translation unit there, named by entry and key. A
+// folder it cannot write to is said once (compile errors point users at this variable).
 void dump_source_if_asked(const KernelSource& kernel, std::string_view key_hex) {
   const char* dir = std::getenv("GMJIT_DUMP_SOURCE");
   if (dir == nullptr || *dir == '\0') return;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  std::ofstream out(std::filesystem::path(dir) / fmt::format("{}.{}.cu", kernel.entry, key_hex));
+  const std::filesystem::path path =
+      std::filesystem::path(dir) / fmt::format("{}.{}.cu", kernel.entry, key_hex);
+  std::ofstream out(path);
   out << kernel.source;
+  out.close();
+  static std::atomic<bool> warned{false};
+  if (!out && !warned.exchange(true)) {
+    std::fprintf(stderr, "gmjit: GMJIT_DUMP_SOURCE: could not write %s (%s); no source is dumped\n",
+                 path.c_str(), ec ? ec.message().c_str() : "not writable");
+  }
 }
 
 }  // namespace

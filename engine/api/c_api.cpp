@@ -477,6 +477,15 @@ const char* gmjit_last_error(void) {
   return last_error_fallback != nullptr ? last_error_fallback : last_error.c_str();
 }
 
+static_assert(GMJIT_VERSION_MAJOR == GMJIT_PROJECT_VERSION_MAJOR &&
+                  GMJIT_VERSION_MINOR == GMJIT_PROJECT_VERSION_MINOR &&
+                  GMJIT_VERSION_PATCH == GMJIT_PROJECT_VERSION_PATCH,
+              "gmjit.h's GMJIT_VERSION_* must match project(gmjit VERSION ...) in CMakeLists.txt");
+
+int gmjit_version(void) {
+  return GMJIT_VERSION;
+}
+
 const char* gmjit_status_string(gmjit_status status) {
   return gmjit::status_name(static_cast<gmjit::Status>(status));
 }

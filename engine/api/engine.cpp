@@ -263,10 +263,12 @@ PreparedPlanInfo Engine::prepare(const LayerSpec& spec, const Recipe& recipe, Gr
 }
 
 PreparedPlanInfo Engine::prepare_backward(const LayerSpec& spec, const Recipe& recipe,
-                                          const GradientSet& gradients, const std::string& arch) {
+                                          const GradientSet& gradients, const std::string& arch,
+                                          bool fp8_transposed_weights) {
   codegen::check_supported(spec);
+  const bool fp8_data = recipe.is_fp8() && fp8_transposed_weights;
   return engine::describe(*impl_->prepared_plan(
-      engine::PlanKey::make_backward(spec, recipe, gradients, -1, recipe.is_fp8()), spec, arch));
+      engine::PlanKey::make_backward(spec, recipe, gradients, -1, fp8_data), spec, arch));
 }
 
 PreparedPlanInfo Engine::prepare_weight_quantizer(const LayerSpec& spec, const Recipe& recipe,

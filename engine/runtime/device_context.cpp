@@ -24,14 +24,21 @@ DeviceInfo describe_device(int ordinal) {
   const DriverApi& api = driver();
   CUdevice device = 0;
   check_driver(api.cuDeviceGet(&device, ordinal), "cuDeviceGet");
+  // Checked: a failed query would pass for arch sm_00 or 0 multiprocessors (a grid of 0 CTAs).
   std::array<char, 256> name{};
-  api.cuDeviceGetName(name.data(), static_cast<int>(name.size()), device);
+  check_driver(api.cuDeviceGetName(name.data(), static_cast<int>(name.size()), device),
+               "cuDeviceGetName");
   int major = 0, minor = 0, sms = 0;
-  api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
-  api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
-  api.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
+  check_driver(
+      api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
+      "cuDeviceGetAttribute(compute capability major)");
+  check_driver(
+      api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
+      "cuDeviceGetAttribute(compute capability minor)");
+  check_driver(api.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device),
+               "cuDeviceGetAttribute(multiprocessor count)");
   size_t memory = 0;
-  api.cuDeviceTotalMem(&memory, device);
+  check_driver(api.cuDeviceTotalMem(&memory, device), "cuDeviceTotalMem");
   return DeviceInfo{ordinal, name.data(), arch_for_compute_capability(major, minor), sms, memory};
 }
 

@@ -38,13 +38,15 @@ LoadResult load_driver() {
   DriverApi& api = result.api;
   const int requested_version = 12080;
   const char* missing = nullptr;  // the first entry point the driver lacks
+  CUresult missing_result = CUDA_SUCCESS;
   auto resolve = [&](const char* name, auto& slot, int version) {
     if (missing != nullptr) return;
     void* fn = nullptr;
     CUdriverProcAddressQueryResult status{};
-    if (get_proc(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
-        fn == nullptr) {
+    if (const CUresult rc = get_proc(name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+        rc != CUDA_SUCCESS || fn == nullptr) {
       missing = name;
+      missing_result = rc;
       return;
     }
     slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(fn);
@@ -54,6 +56,16 @@ LoadResult load_driver() {
 #include "engine/runtime/driver_functions.inc"
 #undef GMJIT_DRIVER_FUNCTION_AT
 #undef GMJIT_DRIVER_FUNCTION
+  if (missing_result == CUDA_ERROR_STUB_LIBRARY) {
+    // A common container mistake: the toolkit's stubs folder on LD_LIBRARY_PATH.
+    Dl_info info{};
+    const bool named = dladdr(reinterpret_cast<void*>(get_proc), &info) != 0 && info.dli_fname;
+    result.error = fmt::format(
+        "libcuda.so.1 ({}) is the CUDA toolkit's stub library, not a driver: remove the "
+        "toolkit's stubs folder from LD_LIBRARY_PATH (or install the NVIDIA driver)",
+        named ? info.dli_fname : "path unknown");
+    return result;
+  }
   if (missing != nullptr) {
     result.error = fmt::format("the CUDA driver lacks {} (driver too old?)", missing);
     return result;

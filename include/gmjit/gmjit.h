@@ -9,6 +9,18 @@
 extern "C" {
 #endif
 
+/* This header's version. A library of another major version, or while the major is 0 of
+ * another minor, is not compatible with it (struct layouts, functions): compare with
+ * gmjit_version() at start-up. */
+#define GMJIT_VERSION_MAJOR 0
+#define GMJIT_VERSION_MINOR 2
+#define GMJIT_VERSION_PATCH 0
+#define GMJIT_VERSION \
+  (GMJIT_VERSION_MAJOR * 10000 + GMJIT_VERSION_MINOR * 100 + GMJIT_VERSION_PATCH)
+
+/* The library's version, as GMJIT_VERSION. */
+int gmjit_version(void);
+
 /* The enums below have the same values as gmjit::Status, gmjit::Activation and
  * gmjit::GluLayout (checked at build time in engine/api/c_api.cpp). */
 typedef enum gmjit_status {
@@ -49,6 +61,10 @@ typedef enum gmjit_recipe {
   GMJIT_RECIPE_FP8_BLOCK_POW2 = 2,
   GMJIT_RECIPE_FP8_TENSOR = 3 /* per-tensor current scaling: w*_scales are [E] */
 } gmjit_recipe;
+
+/* The structs below hold enums, which the library reads as int: a build with short enums
+ * (-fshort-enums) would pass it another layout. */
+typedef char gmjit_enums_must_be_int_sized[sizeof(gmjit_activation) == sizeof(int) ? 1 : -1];
 
 typedef struct gmjit_layer {
   int64_t experts, hidden, ffn;
@@ -170,7 +186,11 @@ gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context
                                const gmjit_backward_args* args,
                                const gmjit_fp8_weights* fp8_transposed, void* stream);
 
-/* The message of the last failed call on this thread ("" if none). Valid until the next call. */
+/* The message of this thread's last call when it failed ("" when it succeeded). Valid until the
+ * next call.
+ *
+ * Threads: an engine may be used by several threads at once (each call on its own stream or
+ * the same one); a forward context by one call at a time. */
 const char* gmjit_last_error(void);
 
 const char* gmjit_status_string(gmjit_status status);

@@ -159,6 +159,8 @@ struct DeviceInfo {
   std::uint64_t memory_bytes = 0;
 };
 
+// One engine may be used by several threads at once, each call on its own stream or a shared
+// one; it must outlive the CUDA graphs that captured its calls.
 class Engine {
  public:
   explicit Engine(EngineOptions options = {});
@@ -195,8 +197,11 @@ class Engine {
   // without a GPU. Used to warm a cache ahead of time.
   PreparedPlanInfo prepare(const LayerSpec& spec, const Recipe& recipe, GradMode grad,
                            const std::string& arch);
+  // With an FP8 recipe, the plan of a backward given the transposed FP8 weights (its data
+  // gradients in FP8) or, with fp8_transposed_weights = false, of one without them.
   PreparedPlanInfo prepare_backward(const LayerSpec& spec, const Recipe& recipe,
-                                    const GradientSet& gradients, const std::string& arch);
+                                    const GradientSet& gradients, const std::string& arch,
+                                    bool fp8_transposed_weights = true);
   // The weight quantizers of an FP8 recipe (with the transposed copies the FP8 backward reads
   // when `transposed`); throws Status::invalid_argument for BF16.
   PreparedPlanInfo prepare_weight_quantizer(const LayerSpec& spec, const Recipe& recipe,
@@ -205,7 +210,8 @@ class Engine {
   EngineCounters counters() const;
   std::string cache_directory() const;
 
-  // Drivers and devices; these throw Status::no_device when no CUDA driver is present.
+  // Whether a CUDA driver could be loaded (false, with the reason in *why_not, on a machine
+  // without one), and its devices (none there); neither makes a CUDA context.
   static bool driver_available(std::string* why_not = nullptr);
   static std::vector<DeviceInfo> devices();
 

@@ -113,6 +113,21 @@ TEST_F(PlanCache, TheEnvironmentOverridesTheDecodeThresholdAndBadValuesAreRefuse
   EXPECT_THROW(Engine(EngineOptions{.decode_tokens_per_expert = -2}), Error);
 }
 
+// An FP8 backward given no transposed FP8 weights runs the BF16 data-gradient plan: prepare can
+// warm either, so a caller that passes none does not compile at its first backward.
+TEST_F(PlanCache, Fp8BackwardPlansWithAndWithoutTheTransposedWeightsArePreparedApart) {
+  LayerSpec layer = testing::small_layer();
+  layer.hidden = layer.ffn = 256;
+  const GradientSet all{.dx = true, .dw1 = true, .db1 = false, .dw2 = true};
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  const auto fp8_data = engine.prepare_backward(layer, Recipe::fp8_block(), all, "sm_90a");
+  const auto bf16_data = engine.prepare_backward(layer, Recipe::fp8_block(), all, "sm_90a", false);
+  EXPECT_NE(fp8_data.kernel_names, bf16_data.kernel_names);
+  EXPECT_EQ(engine.counters().backward_plans_built, 2u);
+  engine.prepare_backward(layer, Recipe::fp8_block(), all, "sm_90a", false);
+  EXPECT_EQ(engine.counters().backward_plans_built, 2u);
+}
+
 // The FP8 backward plans carry the FP8 weight gradients, the BF16 ones, or both, as
 // EngineOptions::fp8_weight_grads (or GMJIT_FP8_WGRAD) and the layer's width say; the workspace a
 // call needs follows the set it runs.
