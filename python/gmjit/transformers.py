@@ -28,6 +28,7 @@ back in token order and summed over the top-k slots.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from typing import Callable, Optional
@@ -285,13 +286,14 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
         if cached is not None:
             return cached
         _set_or_pop(experts, "_gmjit_weights", _weight_cache.release(old))  # free them first
-        made_in = _weight_cache.generation()
-    w1 = layouts.fc1_from_gate_up(up, transposed=plan.transposed, interleaved=plan.interleaved)
-    w2 = layouts.fc2_from_down(down, transposed=plan.transposed)
-    b1 = layouts.maybe(layouts.fc1_bias_from_gate_up, b_up, interleaved=plan.interleaved)
-    out = tuple(_aligned(t) for t in (w1, w2, b1, b_down))
+        source = _weight_cache.Source(params)
+    with _weight_cache.making() if cacheable else contextlib.nullcontext():
+        w1 = layouts.fc1_from_gate_up(up, transposed=plan.transposed, interleaved=plan.interleaved)
+        w2 = layouts.fc2_from_down(down, transposed=plan.transposed)
+        b1 = layouts.maybe(layouts.fc1_bias_from_gate_up, b_up, interleaved=plan.interleaved)
+        out = tuple(_aligned(t) for t in (w1, w2, b1, b_down))
     if cacheable:
-        entry, out = _weight_cache.store(old, key, made_in, out)
+        entry, out = _weight_cache.store(old, key, source, out)
     else:
         entry = _weight_cache.release(experts.__dict__.get("_gmjit_weights"))
     _set_or_pop(experts, "_gmjit_weights", entry)
@@ -331,9 +333,10 @@ def _fp8_weights(experts: nn.Module, plan: ExpertsPlan, recipe: str, w1: Tensor,
     if cached is not None:
         return cached
     _set_or_pop(experts, "_gmjit_fp8_weights", _weight_cache.release(old))
-    made_in = _weight_cache.generation()
-    weights = quantize_weights(w1, w2, recipe, transposed=transposed)
-    entry, weights = _weight_cache.store(old, key, made_in, weights)
+    source = _weight_cache.Source(params)
+    with _weight_cache.making():
+        weights = quantize_weights(w1, w2, recipe, transposed=transposed)
+    entry, weights = _weight_cache.store(old, key, source, weights)
     _set_or_pop(experts, "_gmjit_fp8_weights", entry)
     return weights
 

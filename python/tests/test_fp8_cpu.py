@@ -811,6 +811,62 @@ def test_a_frozen_module_keeps_its_weights_across_another_models_steps(fp8_engin
     assert teacher.fp8_quantizations == 2
 
 
+def test_a_model_frozen_after_a_step_does_not_get_its_training_weights_back(fp8_engine,
+                                                                             monkeypatch):  # fmt: skip
+    # The copy made while training predates the step's write through .data: freezing the model
+    # for evaluation must not make it current again.
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    m = GroupedMLP(E, H, F, recipe="fp8_block")
+    x, split = torch.randn(T, H, dtype=BF), torch.tensor(SPLITS)
+    m(x, split)
+    _DataWritingOptimizer(m.parameters()).step()
+    m.requires_grad_(False).eval()
+    with torch.no_grad():
+        m(x, split)
+    assert m.fp8_quantizations == 2
+
+
+def test_a_new_weight_tensor_at_the_same_address_is_not_the_cached_weight():
+    # torch.nn.utils.parametrize (PEFT's LoRA on experts) makes a new tensor at every access; a
+    # freed one's address and version 0 come back. Only the same tensor object is a hit.
+    w = torch.randn(4, 4)
+    source = _weight_cache.Source([w])
+    assert source.current([w])
+    alias = w.view_as(w)
+    assert _weight_cache.weights_key(alias) == _weight_cache.weights_key(w)
+    assert not source.current([alias])
+    del w
+    assert not source.current([alias])
+
+
+def test_weights_quantized_under_inference_mode_can_be_saved_for_a_later_backward(fp8_engine,
+                                                                                  monkeypatch):  # fmt: skip
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    m = GroupedMLP(E, H, F, recipe="fp8_block")
+    with torch.inference_mode():
+        made = m.fp8_weights(transposed=True)
+    assert not any(t.is_inference() for t in made)
+    x = torch.randn(T, H, dtype=BF, requires_grad=True)
+    m(x, torch.tensor(SPLITS)).float().sum().backward()  # the cached copies saved for backward
+    assert m.fp8_quantizations == 1 and x.grad is not None
+
+
+def test_a_copied_or_pickled_module_starts_without_the_cache(fp8_engine, monkeypatch):
+    # The cache holds CUDA events (not picklable) and names the original's weights.
+    import copy
+    import pickle
+    import threading
+
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    m = GroupedMLP(E, H, F, recipe="fp8_block")
+    m(torch.randn(T, H, dtype=BF), torch.tensor(SPLITS))
+    m._fp8_cache.fence = _weight_cache.StreamFence(0, 0, threading.Lock())  # unpicklable as events
+    twin = copy.deepcopy(m)
+    assert twin._fp8_cache is None and m._fp8_cache is not None
+    assert pickle.loads(pickle.dumps(m))._fp8_cache is None
+    torch.testing.assert_close(twin.w1, m.w1, rtol=0, atol=0)
+
+
 def test_a_training_module_quantizes_inside_a_captured_cuda_graph(fp8_engine, monkeypatch):
     # Cached weights would be constants of the graph, stale after the next optimizer step.
     monkeypatch.setattr(_op, "_FAST_ON_CPU", True)

@@ -181,6 +181,28 @@ def test_converted_weights_a_capture_read_are_made_again_into_the_same_memory(mo
             torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_converted_weights_made_under_inference_mode_serve_a_later_grad_call():
+    # Frozen experts (LoRA on attention, RL after a rollout): a copy cached under inference mode
+    # would be an inference tensor, which the op cannot save for the backward.
+    m = hf_configs.experts_module("gpt_oss").requires_grad_(False)
+    plan = gt.plan_for(m)
+    with torch.inference_mode():
+        made = gt._converted_weights(m, plan)
+    assert not any(t.is_inference() for t in made if t is not None)
+    assert gt._converted_weights(m, plan)[0] is made[0]
+
+
+def test_a_deep_copy_of_patched_experts_starts_without_their_cache():
+    import copy
+
+    m = hf_configs.experts_module("gpt_oss")
+    plan = gt.plan_for(m)
+    with torch.no_grad():
+        gt._converted_weights(m, plan)
+    assert m.__dict__["_gmjit_weights"] is not None
+    assert copy.deepcopy(m).__dict__.get("_gmjit_weights") is None
+
+
 def test_converted_weights_made_inside_a_capture_are_not_cached(monkeypatch):
     # Their kernels run only when the graph replays: an eager call would read unwritten memory.
     m = hf_configs.experts_module("gpt_oss")

@@ -1,14 +1,21 @@
 """When a copy made from weights (quantized FP8 weights, weights in gmjit's layout) is stale.
 
-The caches of `GroupedMLP` and of the transformers integration key a copy by each weight's
-identity, address and version counter, and stamp it with the generation it was made in. The
-version counter sees in-place updates (torch optimizers, `copy_`, `load_state_dict`). Training
-stacks also write weights where it does not: Megatron's mixed-precision optimizers copy the main
-params in through `.data`, FSDP2 all-gathers into the same unsharded parameter under a preserved
-counter, DeepSpeed writes through `.data`. Each of them runs a `torch.optim.Optimizer` step before
-such writes (the inner optimizer of Megatron's, FSDP2's on the shards), so an optimizer step makes
-the copies of weights that require grad stale (a frozen model's stay). Writes of neither kind
-(EMA swaps through `.data`, ...) need `invalidate_weight_caches()`, which makes every copy stale.
+The caches of `GroupedMLP` and of the transformers integration hold one `CachedCopy` each: the
+copy, the weights it was made from (weakly: the same tensor objects, not a new tensor at a freed
+one's address, as `torch.nn.utils.parametrize` makes at every access), their addresses and version
+counters, and the generation it was made in. The version counter sees in-place updates (torch
+optimizers, `copy_`, `load_state_dict`). Training stacks also write weights where it does not:
+Megatron's mixed-precision optimizers copy the main params in through `.data`, FSDP2 all-gathers
+into the same unsharded parameter under a preserved counter, DeepSpeed writes through `.data`.
+Each of them runs a `torch.optim.Optimizer` step before such writes (the inner optimizer of
+Megatron's, FSDP2's on the shards), so an optimizer step makes stale the copies of weights that
+required grad when the copy was made or do now (a frozen model's stay; a model frozen after
+training does not get its training copies back). Writes of neither kind (EMA swaps through
+`.data`, ...) need `invalidate_weight_caches()`, which makes every copy stale.
+
+Copies are made outside inference mode (a copy made under `torch.inference_mode()` could not be
+saved for a later backward) and are not copied with their module (`copy.deepcopy`, pickling:
+they hold CUDA events, and name the original's weights).
 
 CUDA graphs: a copy read by a capture is part of the graph, so it is never freed while the cache
 lives: when it goes stale it is made again into the same memory (the graph then reads the new
@@ -19,8 +26,10 @@ memory.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from typing import Callable, Optional
+import weakref
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -50,24 +59,42 @@ def invalidate_weight_caches() -> None:
 
 
 def weights_key(*weights: Optional[Tensor]) -> tuple:
-    """What a copy of `weights` was made from (with `generation()` beside it: see current()).
-    The ids guard against a new tensor at a freed tensor's address."""
-    return tuple((id(w), w.data_ptr(), w._version) for w in weights if w is not None)
+    """The weights' addresses and version counters (with the cache's own entries beside it, e.g.
+    the recipe): what a copy was made from, compared at each call."""
+    return tuple((w.data_ptr(), w._version) for w in weights if w is not None)
 
 
-def generation() -> tuple[int, int]:
-    """The generation a copy made now belongs to: (optimizer steps, invalidations)."""
-    return (_steps, _invalidations)
+class Source:
+    """The weights a copy is made from, taken before making it: the tensors themselves (weakly),
+    the generation, and whether any of them required grad."""
+
+    __slots__ = ("refs", "steps", "invalidations", "trainable")
+
+    def __init__(self, weights: Sequence[Optional[Tensor]]) -> None:
+        present = [w for w in weights if w is not None]
+        self.refs = tuple(weakref.ref(w) for w in present)
+        self.steps, self.invalidations = _steps, _invalidations
+        self.trainable = any(w.requires_grad for w in present)
+
+    def current(self, weights: Sequence[Optional[Tensor]]) -> bool:
+        """Whether a copy made from this source is a copy of `weights` now: the same tensors, no
+        invalidation since, and no optimizer step since unless the weights were frozen then and
+        are now (a teacher's or a reference model's copies are not made again at every step of
+        the model being trained)."""
+        present = [w for w in weights if w is not None]
+        if len(present) != len(self.refs) or any(r() is not w for r, w in zip(self.refs, present)):
+            return False
+        return self.invalidations == _invalidations and (
+            self.steps == _steps or not (self.trainable or any(w.requires_grad for w in present)))
 
 
-def current(made_in: tuple[int, int], *weights: Optional[Tensor]) -> bool:
-    """Whether a copy of `weights` made in generation `made_in` is current: no invalidation
-    since, and no optimizer step since unless none of the weights requires grad (a frozen
-    model's copies, a teacher's or a reference model's, are not made again at every step of the
-    model being trained)."""
-    steps, invalidations = made_in
-    return invalidations == _invalidations and (
-        steps == _steps or not any(w is not None and w.requires_grad for w in weights))
+@contextlib.contextmanager
+def making() -> Iterator[None]:
+    """Where copies are made: outside inference mode (their tensors may be saved for a backward
+    of a later call) and without autograd (the copies are constants of the calls that read
+    them)."""
+    with torch.inference_mode(False), torch.no_grad():
+        yield
 
 
 _cuda_available: Optional[bool] = None
@@ -121,26 +148,35 @@ def ready_on_current_stream(fence: Optional[StreamFence], tensors) -> None:
             t.record_stream(stream)
 
 
+def _not_copied() -> None:
+    return None
+
+
 class CachedCopy:
-    """One cached copy: what it was made from (`key`, see weights_key, and the generation
-    `made_in`), the tensors (`value`), the fence after the kernels that made them, whether a
-    CUDA-graph capture read them, and the copies stale since then that earlier captures read
-    (`held`: kept alive for their graphs)."""
+    """One cached copy: what it was made from (`key`, see weights_key, and `source`), the
+    tensors (`value`), the fence after the kernels that made them, whether a CUDA-graph capture
+    read them, and the copies stale since then that earlier captures read (`held`: kept alive
+    for their graphs)."""
 
-    __slots__ = ("key", "value", "fence", "made_in", "read_by_capture", "held")
+    __slots__ = ("key", "value", "source", "fence", "read_by_capture", "held")
 
-    def __init__(self, key: tuple, value: tuple, made_in: tuple[int, int]) -> None:
-        self.key, self.value, self.made_in = key, value, made_in
+    def __init__(self, key: tuple, value: tuple, source: Source) -> None:
+        self.key, self.value, self.source = key, value, source
         self.fence = fence_after(value)
         self.read_by_capture = False
         self.held: list[tuple] = []
 
+    def __reduce__(self):
+        # A module's copy (deepcopy, pickling) starts without the cache: its key names the
+        # original's weights, and CUDA events cannot be pickled.
+        return (_not_copied, ())
 
-def lookup(entry: Optional[CachedCopy], key: tuple, weights: tuple,
+
+def lookup(entry: Optional[CachedCopy], key: tuple, weights: Sequence[Optional[Tensor]],
            usable: Optional[Callable[[tuple], bool]] = None) -> Optional[tuple]:  # fmt: skip
     """The cached tensors of `entry` when they are a current copy of `weights` under `key` (and
     `usable` accepts them), ready to read on the current stream; else None."""
-    if (entry is None or entry.key != key or not current(entry.made_in, *weights)
+    if (entry is None or entry.key != key or not entry.source.current(weights)
             or (usable is not None and not usable(entry.value))):  # fmt: skip
         return None
     if capturing():
@@ -156,13 +192,13 @@ def release(entry: Optional[CachedCopy]) -> Optional[CachedCopy]:
     return entry if entry is not None and (entry.read_by_capture or entry.held) else None
 
 
-def store(old: Optional[CachedCopy], key: tuple, made_in: tuple[int, int],
+def store(old: Optional[CachedCopy], key: tuple, source: Source,
           value: tuple) -> tuple[Optional[CachedCopy], tuple]:  # fmt: skip
-    """(entry to cache, tensors to use) for `value`, a copy made in generation `made_in` (taken
-    before making it) to replace `old`. The entry is `value`'s own; or `old`'s with `value`
-    copied into its tensors, which are then the ones to use, where a capture read them and the
-    shapes agree (graphs keep reading the same memory, now with the current weights); or `old`
-    while capturing (`value` exists only in the graph, which uses it uncached)."""
+    """(entry to cache, tensors to use) for `value`, a copy made from `source` to replace `old`.
+    The entry is `value`'s own; or `old`'s with `value` copied into its tensors, which are then
+    the ones to use, where a capture read them and the shapes agree (graphs keep reading the same
+    memory, now with the current weights); or `old` while capturing (`value` exists only in the
+    graph, which uses it uncached)."""
     if capturing():
         return release(old), value
     if old is not None and old.read_by_capture and _refreshable(old.value, value):
@@ -170,9 +206,9 @@ def store(old: Optional[CachedCopy], key: tuple, made_in: tuple[int, int],
             for into, t in zip(old.value, value):
                 if t is not None and into is not t:
                     into.copy_(t)
-        old.key, old.made_in, old.fence = key, made_in, fence_after(old.value)
+        old.key, old.source, old.fence = key, source, fence_after(old.value)
         return old, old.value
-    entry = CachedCopy(key, value, made_in)
+    entry = CachedCopy(key, value, source)
     if old is not None:
         entry.held = old.held + ([old.value] if old.read_by_capture else [])
     return entry, value

@@ -136,9 +136,10 @@ class GroupedMLP(nn.Module):
         if cached is not None:
             return cached
         self._fp8_cache = _weight_cache.release(old)  # free the old ones before making new ones
-        made_in = _weight_cache.generation()
-        weights = quantize_weights(w1, w2, self.recipe, transposed=bool(transposed))
-        self._fp8_cache, weights = _weight_cache.store(old, key, made_in, weights)
+        source = _weight_cache.Source((w1, w2))
+        with _weight_cache.making():
+            weights = quantize_weights(w1, w2, self.recipe, transposed=bool(transposed))
+        self._fp8_cache, weights = _weight_cache.store(old, key, source, weights)
         self.fp8_quantizations += 1
         return weights
 
