@@ -99,12 +99,18 @@ def _act_name(act_fn: object) -> Optional[str]:
     return None
 
 
-def _default_apply_gate() -> Optional[Callable]:
+def _transformers_moe():
     try:
         from transformers.integrations import moe
     except ImportError:
         return None
-    return getattr(moe, "_default_apply_gate", None)
+    return moe
+
+
+# Resolved on import: inside a compiled call the import is a graph break (dynamo refuses
+# transformers' lazy modules), which fails torch.compile(fullgraph=True) of a fresh model.
+_MOE = _transformers_moe()
+_DEFAULT_APPLY_GATE = getattr(_MOE, "_default_apply_gate", None)
 
 
 # Custom `_apply_gate`s gmjit knows, by qualified name: (activation, interleaved, the module's
@@ -155,7 +161,7 @@ def describe_experts(experts: nn.Module) -> ExpertsPlan:
                                " has no gmjit equivalent", **base)  # fmt: skip
         return ExpertsPlan(activation=act, **base)
     gate_fn = getattr(type(experts), "_apply_gate", None)
-    if gate_fn is not None and gate_fn is _default_apply_gate():
+    if gate_fn is not None and gate_fn is _DEFAULT_APPLY_GATE:
         act = _act_name(getattr(experts, "act_fn", None))
         glu = {"silu": "swiglu", "gelu": "geglu"}.get(act or "")
         if glu is None:
@@ -254,14 +260,24 @@ def plan_for(experts: nn.Module) -> ExpertsPlan:
     return plan
 
 
-def _fallback(experts: nn.Module, reason: str, *args) -> Tensor:
-    key = (type(experts).__name__, reason)
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning("gmjit: %s runs transformers' grouped_mm instead: %s", key[0], reason)
-    from transformers.integrations.moe import grouped_mm_experts_forward
+def _warn_once(key: tuple, message: str, *args) -> None:
+    """One warning per key, from eager calls only: logging inside a compiled call is a graph
+    break (torch.compile(fullgraph=True) fails). A model only ever compiled tells its fallbacks
+    through plan_for(experts).reason."""
+    if torch.compiler.is_compiling() or key in _warned:
+        return
+    _warned.add(key)
+    logger.warning(message, *args)
 
-    return grouped_mm_experts_forward(experts, *args)
+
+def _fallback(experts: nn.Module, reason: str, *args) -> Tensor:
+    name = type(experts).__name__
+    _warn_once((name, reason), "gmjit: %s runs transformers' grouped_mm instead: %s", name, reason)
+    return _grouped_mm_experts_forward(experts, *args)
+
+
+def _grouped_mm_experts_forward(experts: nn.Module, *args) -> Tensor:
+    return _MOE.grouped_mm_experts_forward(experts, *args)
 
 
 def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
@@ -345,12 +361,10 @@ def _recipe_for(experts: nn.Module, plan: ExpertsPlan, recipe: str) -> str:
     """`recipe`, or "bf16" (warned once per module class) where the FP8 recipes cannot run."""
     if recipe == "bf16" or (plan.hidden % FP8_BLOCK == 0 and plan.ffn % FP8_BLOCK == 0):
         return recipe
-    key = (type(experts).__name__, f"{recipe}: widths")
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning("gmjit: %s runs the bf16 recipe instead of %s: hidden (%d) and ffn (%d) "
-                       "are not multiples of %d", key[0], recipe, plan.hidden, plan.ffn,
-                       FP8_BLOCK)  # fmt: skip
+    name = type(experts).__name__
+    _warn_once((name, f"{recipe}: widths"), "gmjit: %s runs the bf16 recipe instead of %s: "
+               "hidden (%d) and ffn (%d) are not multiples of %d", name, recipe, plan.hidden,
+               plan.ffn, FP8_BLOCK)  # fmt: skip
     return "bf16"
 
 

@@ -26,6 +26,9 @@ def _cuda_available() -> bool:
 def pytest_collection_modifyitems(config, items):
     if _cuda_available():
         return
+    if os.environ.get("GMJIT_GPU_REQUIRED", "0") not in ("", "0"):
+        # The GPU scripts: a GPU machine whose torch sees no GPU must not pass by skipping.
+        raise pytest.UsageError("GMJIT_GPU_REQUIRED is set but torch sees no CUDA GPU")
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:

@@ -486,3 +486,24 @@ def test_compile_under_autocast_casts_x_in_the_graph(engine):
     y.float().sum().backward()
     assert y.dtype == torch.bfloat16 and t["x"].grad.dtype == torch.float32
     assert [c[0] for c in engine.calls] == ["forward", "backward"]
+
+
+def test_torch_func_vmap_runs_the_op_per_batch_element(engine, path):
+    t = inputs(bias=False, probs=False)
+    xs = torch.stack([t["x"], 2 * t["x"]])
+    ys = torch.func.vmap(lambda x: grouped_mlp(x, t["split_sizes"], t["w1"], t["w2"]))(xs)
+    for x, y in zip(xs, ys):
+        torch.testing.assert_close(y, grouped_mlp(x, t["split_sizes"], t["w1"], t["w2"]), rtol=0,
+                                   atol=0)  # fmt: skip
+
+
+def test_torch_func_grad_is_refused_naming_torch_autograd(engine, path):
+    # Custom ops have no functorch rule to differentiate with: a clear refusal, not torch's
+    # message about setup_context or data pointers.
+    t = inputs(bias=False, probs=False)
+
+    def loss(w2):
+        return grouped_mlp(t["x"], t["split_sizes"], t["w1"], w2).float().sum()
+
+    with pytest.raises(NotImplementedError, match="use torch.autograd"):
+        torch.func.grad(loss)(t["w2"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import reference
-from gmjit.torch import layouts
+from gmjit.torch import GroupedMLP, layouts
 
 E, H, F = 3, 64, 64
 
@@ -96,3 +96,17 @@ def test_module_loaders_write_the_modules_own_glu_layout(loader):
             want_b1 = layouts.halves_to_interleaved32(b_halves, dim=1)
         assert torch.equal(m.w1, want_w1.to(m.w1.dtype)), glu_layout
         assert torch.equal(m.b1, want_b1.to(m.b1.dtype)), glu_layout
+
+
+@pytest.mark.parametrize("args, kwargs, pattern", [
+    ((0, 64, 64), {}, r"'num_experts' must be 1 to 4096, got 0"),
+    ((5000, 8, 8), {}, r"'num_experts' must be 1 to 4096, got 5000"),
+    ((3, 60, 64), {}, r"'hidden' must be a multiple of 8 .* got 60"),
+    ((3, 64, 0), {}, r"'ffn' must be a multiple of 8 .* got 0"),
+    ((3, 64, 48), dict(glu_layout="interleaved32"), r"'glu_layout' must be 'halves' when ffn \(48\)"),
+])  # fmt: skip
+def test_module_rejects_sizes_the_engine_cannot_run_when_built(args, kwargs, pattern):
+    # Not at the first call, after the weights were made and loaded.
+    with pytest.raises(ValueError, match=pattern):
+        GroupedMLP(*args, **kwargs, device="meta")
+    GroupedMLP(3, 64, 48, activation="relu", glu_layout="interleaved32", device="meta")

@@ -140,6 +140,19 @@ def test_expert_parallel_sentinels_contribute_nothing():
     assert ours[3].abs().max() == 0
 
 
+def test_a_fresh_model_compiles_with_fullgraph():
+    # No eager call first: the plan is described while tracing (no import of transformers' lazy
+    # modules, no logging: either one is a graph break). On the CPU the experts fall back.
+    m = hf_configs.experts_module("mixtral")
+    x = torch.randn(6, 128, dtype=torch.bfloat16)
+    idx = torch.randint(0, 8, (6, 2))
+    w = torch.rand(6, 2, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    y = torch.compile(m, backend="eager", fullgraph=True)(x, idx, w)
+    m.config._experts_implementation = "eager"
+    torch.testing.assert_close(y, m(x, idx, w), rtol=2e-2, atol=2e-2)
+
+
 def test_converted_weights_are_reused_until_a_parameter_changes():
     m = hf_configs.experts_module("gpt_oss")
     plan = gt.plan_for(m)

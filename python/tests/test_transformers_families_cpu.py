@@ -195,7 +195,7 @@ def _causes(m: torch.nn.Module) -> set[str]:
     """Names a fallback reason can give for what gmjit cannot run in this module."""
     names = {str(p.dtype) for p in m.parameters()}
     gate = getattr(type(m), "_apply_gate", None)
-    if gate is not None and gate is not gt._default_apply_gate():
+    if gate is not None and gate is not gt._DEFAULT_APPLY_GATE:
         names.add(gate.__qualname__)
     act = getattr(m, "act_fn", None)
     if act is not None:

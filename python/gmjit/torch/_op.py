@@ -640,9 +640,9 @@ def _quantize_weights_fake(w1, w2, recipe, transposed=False):
 #   * outputs: torch.empty_like of a checked tensor (cheaper than torch.empty with dtype and
 #     device arguments);
 #   * the stream: the raw handle of the current stream (no torch.cuda.Stream object);
-#   * autograd: the C++ Function.apply without the Python wrapper (functorch bookkeeping)
-#     unless functorch transforms are active; fp32 weight gradients go back as they are and
-#     autograd casts them to the weights' dtype.
+#   * autograd: the C++ Function.apply without the Python wrapper (functorch bookkeeping:
+#     under functorch transforms the custom op runs instead); fp32 weight gradients go back as
+#     they are and autograd casts them to the weights' dtype.
 
 # Run the eager path on CPU tensors too (tests and benchmarks/torch_cpu_cost.py --stub-engine,
 # with a stand-in for _C).
@@ -815,6 +815,21 @@ def _no_double_backward(grads: tuple, inputs: Sequence[Optional[Tensor]]) -> tup
 _apply = super(torch.autograd.Function, _GroupedMLPFunction).apply
 
 
+def _refuse_differentiating_transforms() -> None:
+    """torch.func's grad, jvp, jacrev, ... cannot differentiate the op (torch.library custom ops
+    and old-style autograd.Functions have no functorch rule); vmap runs it once per batch
+    element through the custom op."""
+    from torch._C._functorch import TransformType
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+    for interpreter in retrieve_all_functorch_interpreters():
+        if interpreter.key() in (TransformType.Grad, TransformType.Jvp):
+            raise NotImplementedError(
+                "gmjit.torch.grouped_mlp: torch.func transforms that differentiate (grad, jvp, "
+                "jacrev, jacfwd, hessian) are not supported; use torch.autograd (backward(), "
+                "torch.autograd.grad). torch.func.vmap and functional_call work.")
+
+
 def grouped_mlp(
     x: Tensor,
     split_sizes: Tensor,
@@ -872,8 +887,11 @@ def grouped_mlp(
     dtype. The grad-enabled forward saves FC1's bf16 pre-activation and nothing else of its own.
     """
     # The custom op wherever something traces or wraps tensors (torch.compile, export,
-    # FakeTensorMode, make_fx, tensor subclasses, meta): the eager path only knows CUDA tensors.
-    if (
+    # FakeTensorMode, make_fx, tensor subclasses, meta, torch.func transforms): the eager path
+    # only knows CUDA tensors.
+    if _functorch_active():
+        _refuse_differentiating_transforms()
+    elif (
         not _is_compiling()
         and type(x) is Tensor
         and (x.is_cuda or _FAST_ON_CPU)
@@ -934,9 +952,6 @@ def grouped_mlp(
         elif fp8_weights is not None:
             _fail("fp8_weights", "is for the FP8 recipes; recipe is 'bf16'")
         if needs_grad:
-            if _functorch_active():
-                return _GroupedMLPFunction.apply(x, split_sizes, w1, w2, b1, b2, probs, entry,
-                                                 accumulate_main_grad, fp8)  # fmt: skip
             return _apply(x, split_sizes, w1, w2, b1, b2, probs, entry, accumulate_main_grad, fp8)
         y = _empty_like(x)
         # The pointers are read once, for the engine and for its 16-byte rule (see _aligned).
