@@ -16,6 +16,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DXXHASH_INCLUDE_DIR
 ninja -C build-gpu >"$LOGS/build.log" 2>&1 || { grep -A5 -E "error|FAILED" "$LOGS/build.log" | head -60; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 export GMJIT_CACHE_DIR=/tmp/gmjit-gpu-cache
+export GMJIT_GPU_REQUIRED=1  # a test that finds no GPU fails instead of skipping
 # GMJIT_GPU_JOBS > 1 runs the tests side by side, except those that measure device memory,
 # which run alone afterwards (other processes' allocations would show in their readings).
 jobs=${GMJIT_GPU_JOBS:-1}

@@ -13,6 +13,7 @@ root=$(pwd)
 # made from it would not see them, so by default the package goes into that interpreter.
 venv=${GMJIT_VENV:-}
 export GMJIT_CACHE_DIR=${GMJIT_CACHE_DIR:-/tmp/gmjit-py-cache}
+export GMJIT_GPU_REQUIRED=1  # the gpu tests fail instead of skipping where torch sees no GPU
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 start=$(date +%s)
@@ -34,7 +35,7 @@ cd /tmp
 "$py" -c "import gmjit, torch, transformers; print('gmjit', gmjit.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'nvrtc', gmjit.nvrtc_version()); print(gmjit.devices())"
 
 echo "== GPU tests"
-timeout 420 "$py" -m pytest "$root/python/tests" -m gpu -q -rfE -p no:cacheprovider \
+timeout 420 "$py" -m pytest "$root/python/tests" -m gpu -q -rfEs -p no:cacheprovider \
   --junitxml="$OUT/pytest_gpu.xml" >"$OUT/pytest_gpu.log" 2>&1
 rc=$?
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_gpu.log" | tail -25
@@ -42,7 +43,7 @@ grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_gpu.log" | tail -25
 # the FP8 ones forced (a fresh process reads the variable).
 echo "== FP8 GPU tests with FP8 weight gradients (GMJIT_FP8_WGRAD=fp8)"
 GMJIT_FP8_WGRAD=fp8 timeout 200 "$py" -m pytest "$root/python/tests/test_gpu_fp8.py" \
-  -m gpu -q -rfE -p no:cacheprovider >"$OUT/pytest_gpu_fp8_wgrad.log" 2>&1
+  -m gpu -q -rfEs -p no:cacheprovider >"$OUT/pytest_gpu_fp8_wgrad.log" 2>&1
 rc_fp8=$?
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest_gpu_fp8_wgrad.log" | tail -10
 [ "$rc" -eq 0 ] && rc=$rc_fp8

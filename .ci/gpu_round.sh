@@ -24,3 +24,6 @@ fi
 echo "== C++ (rc $cpp_rc)"; tail -22 "$OUT/cpp.txt"
 echo "== memcheck (rc $san_rc)"; grep -E "ERROR SUMMARY|PASSED|FAILED|tests ran" "$OUT/memcheck.txt" 2>/dev/null | tail -6
 echo "== python (rc $py_rc)"; tail -45 "$OUT/python.txt" 2>/dev/null
+for rc in "$cpp_rc" "$san_rc" "$py_rc"; do
+  [ "$rc" = 0 ] || [ "$rc" = skipped ] || exit 1
+done

@@ -47,7 +47,7 @@ TEST(PlanKey, GradModeAndDeviceSeparatePlans) {
 TEST(PlanKey, EveryLayerFieldChangesTheKey) {
   const LayerSpec base;
   const PlanKey reference = PlanKey::make(base, Recipe::bf16(), GradMode::no_grad, 0);
-  std::vector<LayerSpec> variants(8, base);
+  std::vector<LayerSpec> variants(9, base);
   variants[0].experts = 16;
   variants[1].hidden = 2048;
   variants[2].ffn = 1024;
@@ -56,6 +56,7 @@ TEST(PlanKey, EveryLayerFieldChangesTheKey) {
   variants[5].fc1_bias = true;
   variants[6].router_probs = true;
   variants[7].split_dtype = DType::i32;
+  variants[8].fc2_bias = true;
   for (const auto& variant : variants) {
     EXPECT_FALSE(reference == PlanKey::make(variant, Recipe::bf16(), GradMode::no_grad, 0))
         << variant.describe();
@@ -69,6 +70,10 @@ TEST(PlanKey, ClampParametersMatterOnlyForClampedSwiglu) {
   EXPECT_EQ(PlanKey::make(a, Recipe::bf16(), GradMode::no_grad, 0),
             PlanKey::make(b, Recipe::bf16(), GradMode::no_grad, 0));
   a.activation.kind = b.activation.kind = Activation::clamped_swiglu;
+  EXPECT_FALSE(PlanKey::make(a, Recipe::bf16(), GradMode::no_grad, 0) ==
+               PlanKey::make(b, Recipe::bf16(), GradMode::no_grad, 0));
+  b.activation.limit = a.activation.limit;
+  b.activation.alpha = a.activation.alpha + 0.5f;
   EXPECT_FALSE(PlanKey::make(a, Recipe::bf16(), GradMode::no_grad, 0) ==
                PlanKey::make(b, Recipe::bf16(), GradMode::no_grad, 0));
 }

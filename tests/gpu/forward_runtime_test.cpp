@@ -29,13 +29,19 @@ void synchronize_device() {
 TEST(ForwardRuntime, ConcurrentThreadsOnTheirOwnStreamsAllMatchTheReference) {
   GMJIT_REQUIRE_GPU();
   const LayerSpec layer = runtime_layer();
-  const HostLayer host = make_host_layer(layer, {100, 0, 57, 300}, 457, 7);
-  const Reference ref = reference_forward(host);
   Engine engine(EngineOptions{.use_disk_cache = false});
   constexpr int kThreads = 4;
+  // Each thread its own inputs, splits and reference: a call that read another thread's
+  // arguments cannot match.
+  const std::vector<std::vector<std::int64_t>> splits = {
+      {100, 0, 57, 300}, {7, 200, 0, 250}, {0, 0, 457, 0}, {300, 57, 100, 0}};
+  std::vector<HostLayer> hosts;
+  std::vector<Reference> refs;
   std::vector<std::unique_ptr<DeviceLayer>> layers;
   for (int i = 0; i < kThreads; ++i) {
-    layers.push_back(std::make_unique<DeviceLayer>(host, GradMode::no_grad));
+    hosts.push_back(make_host_layer(layer, splits[i], 457, 7 + i));
+    refs.push_back(reference_forward(hosts.back()));
+    layers.push_back(std::make_unique<DeviceLayer>(hosts.back(), GradMode::no_grad));
   }
   std::vector<std::thread> threads;
   for (int i = 0; i < kThreads; ++i) {
@@ -53,9 +59,9 @@ TEST(ForwardRuntime, ConcurrentThreadsOnTheirOwnStreamsAllMatchTheReference) {
   }
   for (auto& t : threads) t.join();
   for (int i = 0; i < kThreads; ++i) {
-    const auto y = DeviceLayer::download(layers[i]->y, host.tokens * layer.hidden);
+    const auto y = DeviceLayer::download(layers[i]->y, hosts[i].tokens * layer.hidden);
     EXPECT_EQ(count_non_finite(y), 0);
-    EXPECT_LT(relative_error(y, ref.y), 1e-2) << "thread " << i;
+    EXPECT_LT(relative_error(y, refs[i].y), 1e-2) << "thread " << i;
   }
   EXPECT_EQ(engine.counters().plans_built, 1u);
   // FC1 and FC2, and on sm_90a the two decode pairs of the no-grad plan.
@@ -209,8 +215,10 @@ TEST(CApiOnGpu, TrainingForwardAndBackwardThroughDLTensors) {
   const Reference ref = reference_forward(host);
   DeviceLayer device(host, GradMode::grad);
   engine::DeviceContext& ctx = engine::DeviceRegistry::instance().get(0);
-  engine::DeviceBuffer dy(ctx, 256 * 256 * 2), dw2(ctx, 4 * 256 * 128 * 4);
+  engine::DeviceBuffer dy(ctx, 256 * 256 * 2), dw2(ctx, 4 * 256 * 128 * 4), dx(ctx, 256 * 256 * 2);
   dy.fill_bytes(0x3C);
+  dw2.fill_bytes(0xFF);  // NaN: an output the backward does not write fails the comparison
+  dx.fill_bytes(0xFF);
   std::int64_t shapes[16][4];
   int next = 0;
   auto wrap = [&](const TensorRef& t) { return dl(t, shapes[next++]); };
@@ -219,7 +227,8 @@ TEST(CApiOnGpu, TrainingForwardAndBackwardThroughDLTensors) {
                  b2 = wrap(a.b2), probs = wrap(a.probs), y = wrap(a.y),
                  preact = wrap(a.saved_preact),
                  dy_t = wrap(make_tensor(dy.data(), DType::bf16, {256, 256}, a.x.device)),
-                 dw2_t = wrap(make_tensor(dw2.data(), DType::f32, {4, 256, 128}, a.x.device));
+                 dw2_t = wrap(make_tensor(dw2.data(), DType::f32, {4, 256, 128}, a.x.device)),
+                 dx_t = wrap(make_tensor(dx.data(), DType::bf16, {256, 256}, a.x.device));
   gmjit_engine* engine = nullptr;
   ASSERT_EQ(gmjit_engine_create(&engine), GMJIT_OK);
   const gmjit_layer c_layer{4, 256, 128, GMJIT_SWIGLU, GMJIT_GLU_HALVES, 7.0f, 1.702f};
@@ -237,9 +246,17 @@ TEST(CApiOnGpu, TrainingForwardAndBackwardThroughDLTensors) {
   bwd.probs = &probs;
   bwd.saved_preact = &preact;
   bwd.dw2 = &dw2_t;
+  bwd.dx = &dx_t;
   EXPECT_EQ(gmjit_backward(engine, context, &bwd, nullptr), GMJIT_OK) << gmjit_last_error();
   synchronize_device();
   EXPECT_LT(relative_error(DeviceLayer::download(device.y, 256 * 256), ref.y), 1e-2);
+  // The backward's outputs against the float64 reference for the same dy (bf16 0x3C3C).
+  const ReferenceGrads grads =
+      reference_backward(host, std::vector<std::uint16_t>(256 * 256, 0x3C3C));
+  std::vector<float> dw2_out(4 * 256 * 128);
+  dw2.download(std::as_writable_bytes(std::span(dw2_out)));
+  EXPECT_LT(relative_error(dw2_out, grads.dw2), 1e-2);
+  EXPECT_LT(relative_error(DeviceLayer::download(dx, 256 * 256), grads.dx), 1e-2);
   gmjit_forward_context_destroy(context);
   gmjit_engine_destroy(engine);
 }

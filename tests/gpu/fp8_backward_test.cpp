@@ -236,10 +236,11 @@ TEST_P(Fp8Backward, MatchesFloat64ReferenceOfQuantizedOperands) {
   const HostLayer& host = t.host;
   Fp8Weights w(l, per_tensor, t.device.args);
   const Recipe recipe = recipe_of(c.kind, c.pow2);
-  // The FP8 weight gradients, then the BF16 ones (both forced) over the same layer: the second
-  // run overwrites every output of the first.
+  // The FP8 weight gradients, then the BF16 ones (both forced) over the same layer, each into
+  // outputs poisoned again: nothing the first run wrote can pass for the second's.
   for (const bool fp8_wgrad : {true, false}) {
     SCOPED_TRACE(fp8_wgrad ? "FP8 weight gradients" : "BF16 weight gradients");
+    t.poison_outputs();
     Engine engine(
         EngineOptions{.fp8_weight_grads = fp8_wgrad ? Fp8WeightGrads::fp8 : Fp8WeightGrads::bf16});
     engine.quantize_weights(l, recipe, w.q);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <optional>
 #include <span>
 #include <string>
@@ -14,14 +15,24 @@
 
 namespace gmjit::testing {
 
-// Skips the calling test, with the reason, when this machine has no usable CUDA device.
-#define GMJIT_REQUIRE_GPU()                                                   \
-  do {                                                                        \
-    std::string why_no_gpu;                                                   \
-    if (!::gmjit::Engine::driver_available(&why_no_gpu)) {                    \
-      GTEST_SKIP() << "no GPU: " << why_no_gpu;                               \
-    }                                                                         \
-    if (::gmjit::Engine::devices().empty()) GTEST_SKIP() << "no CUDA device"; \
+// Skips the calling test, with the reason, when this machine has no usable CUDA device; fails it
+// instead where GMJIT_GPU_REQUIRED is set (the GPU scripts set it: a GPU machine whose driver
+// does not load must not pass by skipping every test).
+inline bool gpu_required() {
+  const char* required = std::getenv("GMJIT_GPU_REQUIRED");
+  return required != nullptr && *required != '\0' && std::string(required) != "0";
+}
+#define GMJIT_REQUIRE_GPU()                                                           \
+  do {                                                                                \
+    std::string why_no_gpu;                                                           \
+    if (!::gmjit::Engine::driver_available(&why_no_gpu)) {                            \
+      if (::gmjit::testing::gpu_required()) GTEST_FAIL() << "no GPU: " << why_no_gpu; \
+      GTEST_SKIP() << "no GPU: " << why_no_gpu;                                       \
+    }                                                                                 \
+    if (::gmjit::Engine::devices().empty()) {                                         \
+      if (::gmjit::testing::gpu_required()) GTEST_FAIL() << "no CUDA device";         \
+      GTEST_SKIP() << "no CUDA device";                                               \
+    }                                                                                 \
   } while (0)
 
 struct DeviceLayer {
