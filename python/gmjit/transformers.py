@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import logging
 from typing import Callable, Optional
 
@@ -100,10 +101,17 @@ def _act_name(act_fn: object) -> Optional[str]:
 
 
 def _transformers_moe():
-    try:
-        from transformers.integrations import moe
-    except ImportError:
+    """transformers.integrations.moe, or None where transformers or that module is not
+    installed (an error inside an installed one is not taken for its absence)."""
+    if importlib.util.find_spec("transformers") is None:
         return None
+    try:
+        if importlib.util.find_spec("transformers.integrations.moe") is None:
+            return None
+    except ModuleNotFoundError:  # transformers without an integrations package
+        return None
+    from transformers.integrations import moe
+
     return moe
 
 
@@ -214,17 +222,16 @@ def verify(experts: nn.Module, plan: ExpertsPlan) -> ExpertsPlan:
     width = 2 * plan.ffn if plan.has_gate else plan.ffn
     # Wide enough a range to cross the clamps and the activations' bends.
     z = torch.randn(4, width, generator=gen) * 4
-    try:
-        with torch.no_grad():
-            if plan.has_gate:
-                theirs = experts._apply_gate(z)
-                ours = reference_gate(plan, z)
-            else:
-                theirs = experts.act_fn(z)
-                ours = reference_activation(plan, z)
-    except Exception as e:  # a gate that cannot run on a CPU probe: trust the static decision
-        logger.debug("gmjit: could not probe %s: %s", type(experts).__name__, e)
-        return dataclasses.replace(plan, verified=True)
+    with torch.no_grad():
+        ours = reference_gate(plan, z) if plan.has_gate else reference_activation(plan, z)
+        try:
+            theirs = experts._apply_gate(z) if plan.has_gate else experts.act_fn(z)
+        except Exception as e:  # the module's own code, which may not run on a CPU fp32 probe
+            name = type(experts).__name__
+            _warn_once((name, "probe"), "gmjit: could not check %s's activation on a CPU probe "
+                       "(%s: %s); running it as %s, as its type says", name, type(e).__name__, e,
+                       plan.activation)  # fmt: skip
+            return dataclasses.replace(plan, verified=True)
     if theirs.shape != ours.shape or not torch.allclose(theirs.float(), ours, rtol=_PROBE_TOLERANCE,
                                                         atol=_PROBE_TOLERANCE):  # fmt: skip
         theirs_name = (getattr(type(experts)._apply_gate, "__qualname__", "_apply_gate")
@@ -451,7 +458,7 @@ def register() -> None:
                                   else _experts_forward_for(recipe))  # fmt: skip
 
 
-try:
+if hasattr(_MOE, "ExpertsInterface"):
     register()
-except ImportError:  # transformers without the experts interface: nothing to register into
+else:  # transformers without the experts interface: nothing to register into
     logger.debug("gmjit: transformers.integrations.moe.ExpertsInterface not found")

@@ -86,6 +86,24 @@ def test_a_known_gate_that_computes_something_else_is_caught_by_the_probe(monkey
     assert "does not compute" in gt.verify(m, wrong).reason
 
 
+def test_a_gate_that_cannot_run_on_the_probe_is_trusted_with_a_warning(monkeypatch, caplog):
+    # The module's own code failing is said once; gmjit's reference failing is not swallowed.
+    gt._warned.clear()
+    m = hf_configs.experts_module("gpt_oss")
+
+    def device_only_gate(z):
+        raise RuntimeError("needs a GPU")
+
+    m._apply_gate = device_only_gate
+    with caplog.at_level(logging.WARNING, logger="gmjit.transformers"):
+        assert gt.verify(m, gt.describe_experts(m)).verified
+    assert "could not check GptOssExperts's activation on a CPU probe" in caplog.text
+    assert "needs a GPU" in caplog.text
+    monkeypatch.setattr(gt, "reference_gate", lambda plan, z: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        gt.verify(m, gt.describe_experts(m))
+
+
 def test_fallback_runs_grouped_mm_on_cpu_with_one_warning(caplog):
     gt._warned.clear()
     m = hf_configs.experts_module("mixtral", dtype=torch.float32)
