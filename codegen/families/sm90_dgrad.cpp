@@ -8,8 +8,11 @@
 #include <cstdlib>
 #include <string_view>
 
+#include <fmt/format.h>
+
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
+#include "gmjit/error.hpp"
 
 namespace gmjit::codegen::families {
 namespace {
@@ -23,8 +26,13 @@ namespace {
 // off or on (numerics tests on small layers, A/B timing).
 bool deferred_epilogue_pays(std::int64_t k) {
   const char* forced = std::getenv("GMJIT_DEFERRED_EPILOGUE");
-  if (forced != nullptr && std::string_view(forced) == "0") return false;
-  if (forced != nullptr && std::string_view(forced) == "1") return true;
+  const std::string_view value = forced != nullptr ? forced : "";
+  if (value == "0") return false;
+  if (value == "1") return true;
+  if (!value.empty()) {  // "true", "on": an A/B run must not time the default unknowingly
+    throw Error(Status::invalid_argument,
+                fmt::format("GMJIT_DEFERRED_EPILOGUE must be 0 or 1 (or unset), got '{}'", value));
+  }
   return k >= 4096;
 }
 

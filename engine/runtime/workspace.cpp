@@ -10,6 +10,7 @@
 #include "engine/runtime/device_context.hpp"
 #include "engine/runtime/driver.hpp"
 #include "engine/runtime/log.hpp"
+#include "gmjit/error.hpp"
 
 namespace gmjit::engine {
 
@@ -118,8 +119,13 @@ WorkspaceLease::~WorkspaceLease() {
 namespace {
 bool static_tiles_requested() {
   static const bool requested = [] {
-    const char* value = std::getenv("GMJIT_STATIC_TILES");
-    return value != nullptr && std::string_view(value) == "1";
+    const char* set = std::getenv("GMJIT_STATIC_TILES");
+    const std::string_view value = set != nullptr ? set : "";
+    if (value != "" && value != "0" && value != "1") {
+      throw Error(Status::invalid_argument,
+                  fmt::format("GMJIT_STATIC_TILES must be 0 or 1 (or unset), got '{}'", value));
+    }
+    return value == "1";
   }();
   return requested;
 }

@@ -520,6 +520,15 @@ TEST(GroupedMlpEmit, Fc2DgradDefersItsEpilogueWhereTheMainloopHidesIt) {
   EXPECT_TRUE(deferred(256));
   deferral.set("0");
   EXPECT_FALSE(deferred(4096));
+  deferral.set("true");  // not silently the default: an A/B run would time the wrong kernel
+  try {
+    deferred(4096);
+    ADD_FAILURE() << "GMJIT_DEFERRED_EPILOGUE=true must be rejected";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("GMJIT_DEFERRED_EPILOGUE must be 0 or 1"),
+              std::string::npos)
+        << error.what();
+  }
 }
 
 // A Cfg field's value in a generated source, or -1 where the source has no such field.
