@@ -19,6 +19,7 @@ expect_refusal() {
   if "$@" >"$work/out" 2>"$work/err"; then
     fail "'$*' exited 0: $(cat "$work/out")"
   fi
+  ! grep -q "Sanitizer" "$work/err" || fail "a sanitizer report, not a refusal: $(cat "$work/err")"
   grep -qF -- "$needle" "$work/err" || fail "'$*': stderr lacks \"$needle\": $(cat "$work/err")"
   [ ! -s "$work/out" ] || fail "'$*' was not refused up front: $(cat "$work/out")"
 }
@@ -30,6 +31,7 @@ expect_failure() {
   if "$@" >"$work/out" 2>"$work/err"; then
     fail "'$*' exited 0: $(cat "$work/out")"
   fi
+  ! grep -q "Sanitizer" "$work/err" || fail "a sanitizer report, not a refusal: $(cat "$work/err")"
   grep -qF -- "$needle" "$work/err" || fail "'$*': stderr lacks \"$needle\": $(cat "$work/err")"
 }
 

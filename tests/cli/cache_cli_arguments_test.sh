@@ -21,6 +21,7 @@ refused() {  # what stderr must contain, then the cache arguments
   if "$gmjit" cache "$@" >"$work/out" 2>"$work/err"; then
     fail "'cache $*' exited 0: $(cat "$work/out")"
   fi
+  ! grep -q "Sanitizer" "$work/err" || fail "a sanitizer report, not a refusal: $(cat "$work/err")"
   grep -qF -- "$needle" "$work/err" || fail "'cache $*': stderr lacks \"$needle\": $(cat "$work/err")"
   [ -e "$entry" ] || fail "'cache $*' removed the entry"
 }

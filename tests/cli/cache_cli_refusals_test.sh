@@ -34,6 +34,7 @@ for action in clear prune; do
     >"$work/out" 2>"$work/err"; then
     fail "cache $action on a read-only cache exited 0: $(cat "$work/out")"
   fi
+  ! grep -q "Sanitizer" "$work/err" || fail "a sanitizer report, not a refusal: $(cat "$work/err")"
   grep -q "read-only (GMJIT_CACHE_READONLY" "$work/err" || fail "$action: $(cat "$work/err")"
 done
 [ -n "$(find "$work/ro" -name '*.gmk')" ] || fail "a read-only cache lost its entry"
@@ -50,6 +51,7 @@ if [ -n "$stuck" ]; then
   if GMJIT_CACHE_DIR="$work/c" "$gmjit" cache clear >"$work/out" 2>"$work/err"; then
     fail "clear exited 0 with an entry left: $(cat "$work/out")"
   fi
+  ! grep -q "Sanitizer" "$work/err" || fail "a sanitizer report, not a refusal: $(cat "$work/err")"
   grep -q "removed 1 entries" "$work/out" || fail "clear: $(cat "$work/out")"
   grep -q "could not remove 1 entry: $stuck" "$work/err" || fail "clear: $(cat "$work/err")"
 else
@@ -65,6 +67,7 @@ for action in clear prune "export $work/u.bundle"; do
   if GMJIT_CACHE_DIR="$work/u" "$gmjit" cache $action >"$work/out" 2>"$work/err"; then
     fail "cache $action of an untrusted folder exited 0: $(cat "$work/out")"
   fi
+  ! grep -q "Sanitizer" "$work/err" || fail "a sanitizer report, not a refusal: $(cat "$work/err")"
   grep -q "writable by group or others" "$work/err" || fail "$action: $(cat "$work/err")"
 done
 [ -e "$untrusted" ] || fail "an untrusted folder lost its entry"
