@@ -224,14 +224,6 @@ std::int64_t monotonic_ns() {
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-int set_mtime(const std::filesystem::path& path, std::int64_t mtime_ns) {
-  timespec times[2];
-  times[0].tv_sec = static_cast<time_t>(mtime_ns / 1'000'000'000);
-  times[0].tv_nsec = static_cast<long>(mtime_ns % 1'000'000'000);
-  times[1] = times[0];
-  return utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW) == 0 ? 0 : errno;
-}
-
 std::string errno_text(int error) {
   char buffer[256];
   // GNU strerror_r may return a static string instead of filling the buffer.

@@ -90,8 +90,6 @@ void fsync_directory(int dir_fd);  // best effort
 std::int64_t now_ns();
 // A clock that never steps (timers: an NTP step back must not stretch a pause).
 std::int64_t monotonic_ns();
-// Sets atime and mtime; returns 0 or an errno.
-int set_mtime(const std::filesystem::path& path, std::int64_t mtime_ns);
 
 std::string errno_text(int error);
 

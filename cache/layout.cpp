@@ -23,6 +23,12 @@ bool is_name_component(std::string_view text) {
   return true;
 }
 
+std::string name_component(std::string_view label) {
+  std::string out;
+  for (char c : label.substr(0, kMaxNameComponent)) out.push_back(is_name_char(c) ? c : '_');
+  return out.empty() ? "none" : out;
+}
+
 }  // namespace
 
 std::string version_dir_name() {
@@ -38,12 +44,6 @@ std::string fanout_name(const Key128& key) {
 
 bool is_fanout_name(std::string_view name) {
   return name.size() == 2 && is_lower_hex(name);
-}
-
-std::string name_component(std::string_view label) {
-  std::string out;
-  for (char c : label.substr(0, kMaxNameComponent)) out.push_back(is_name_char(c) ? c : '_');
-  return out.empty() ? "none" : out;
 }
 
 std::string entry_file_name(const Key128& key, const EntryLabels& labels) {

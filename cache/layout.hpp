@@ -22,7 +22,6 @@ bool is_fanout_name(std::string_view name);
 
 // Labels may hold anything; in the file name they are reduced to [A-Za-z0-9_-], at most
 // kMaxNameComponent characters, "none" when empty.
-std::string name_component(std::string_view label);
 std::string entry_file_name(const Key128& key, const EntryLabels& labels);
 
 struct ParsedName {

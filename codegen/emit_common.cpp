@@ -12,7 +12,9 @@
 #include "gmjit/error.hpp"
 
 namespace gmjit::codegen::detail {
+namespace {
 
+// "kSwiGLU", ... as in kernel_templates/activations.cuh.
 const char* activation_enumerator(Activation activation) {
   switch (activation) {
     case Activation::swiglu:
@@ -31,6 +33,7 @@ const char* activation_enumerator(Activation activation) {
   return "kSwiGLU";
 }
 
+// "kHalves" or "kInterleaved32", as in kernel_templates/activations.cuh.
 const char* glu_layout_enumerator(GluLayout layout) {
   switch (layout) {
     case GluLayout::halves:
@@ -40,6 +43,8 @@ const char* glu_layout_enumerator(GluLayout layout) {
   }
   return "kHalves";
 }
+
+}  // namespace
 
 std::string layer_fields(const LayerSpec& layer) {
   return fmt::format(
@@ -214,6 +219,9 @@ int sm90_tma_store_boxes(const TileConfig& tile, std::string_view arch) {
   return 0;
 }
 
+namespace {
+
+// Persistent grid (one block per SM), 384 threads, operands as TMA descriptors.
 void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t experts) {
   launch.grid = LaunchShape::Grid::persistent;
   launch.operands = tile.tma_store_boxes > 0 ? LaunchShape::Operands::tensor_maps_out
@@ -224,6 +232,8 @@ void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t e
   launch.block_n = static_cast<std::uint32_t>(tile.block_n);
   launch.experts = static_cast<std::uint32_t>(experts);
 }
+
+}  // namespace
 
 TileConfig fit_tile(TileConfig tile, std::string_view arch, int (*smem_bytes)(const TileConfig&)) {
   const int limit = arch_limits(arch).max_dynamic_smem_bytes;
@@ -250,6 +260,9 @@ TileConfig deepest_sm90_ring(TileConfig tile, std::string_view arch) {
   return tile;
 }
 
+namespace {
+
+// The Hopper tile's shared memory must fit too; throws Error(internal) when it does not.
 void check_sm90_fits(const TileConfig& tile, std::string_view arch) {
   const int limit = arch_limits(arch).max_dynamic_smem_bytes;
   if (sm90_smem_bytes(tile) > limit) {
@@ -259,9 +272,19 @@ void check_sm90_fits(const TileConfig& tile, std::string_view arch) {
   }
 }
 
+}  // namespace
+
 LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,
                                 std::int64_t out_columns_per_tile, std::int64_t out_columns,
                                 std::int64_t experts) {
+  // The engine's token limit counts grid rows in tiles of 128 (engine/api/validate.cpp): a
+  // shorter tile (fit_tile's last resort) would pass validation and then exceed the grid.
+  constexpr int kMinRowsPerTile = 128;
+  if (tile.block_m < kMinRowsPerTile) {
+    throw Error(Status::internal,
+                fmt::format("a row-tiled kernel of {} rows per tile: the token limit assumes {}",
+                            tile.block_m, kMinRowsPerTile));
+  }
   LaunchShape launch;
   launch.grid = LaunchShape::Grid::grouped_rows;
   launch.threads = static_cast<std::uint32_t>(tile.threads());

@@ -14,11 +14,6 @@
 
 namespace gmjit::codegen::detail {
 
-// "kSwiGLU", ... as in kernel_templates/activations.cuh.
-const char* activation_enumerator(Activation activation);
-// "kHalves" or "kInterleaved32", as in kernel_templates/activations.cuh.
-const char* glu_layout_enumerator(GluLayout layout);
-
 // experts, hidden, ffn, split_int64.
 std::string layer_fields(const LayerSpec& layer);
 // act, glu_layout, act_limit, act_alpha.
@@ -64,8 +59,6 @@ std::string sm90_tile_fields(const TileConfig& tile);
 // GMJIT_TMA_STORE_BOXES=N caps it at N (0: no TMA stores; A/B timing, tests);
 // Error(invalid_argument) naming the variable for a value that is not a number >= 0.
 int sm90_tma_store_boxes(const TileConfig& tile, std::string_view arch);
-// Persistent grid (one block per SM), 384 threads, operands as TMA descriptors.
-void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t experts);
 
 // The portable (mma.sync) tile `preferred`, shrunk until smem_bytes(tile) fits the arch's
 // per-block limit (codegen/arch_limits.hpp): block_k 64 -> 32 first (keeps the output tile, so
@@ -74,8 +67,6 @@ void set_sm90_launch(LaunchShape& launch, const TileConfig& tile, std::int64_t e
 // arch missing from the table.
 TileConfig fit_tile(TileConfig preferred, std::string_view arch,
                     int (*smem_bytes)(const TileConfig&));
-// The Hopper tile's shared memory must fit too; throws Error(internal) when it does not.
-void check_sm90_fits(const TileConfig& tile, std::string_view arch);
 
 // Row-tiled (grouped_rows) launch with ceil(out_columns / out_columns_per_tile) column tiles.
 LaunchShape grouped_rows_launch(const TileConfig& tile, int smem_bytes,

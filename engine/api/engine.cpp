@@ -1,18 +1,12 @@
-#include <array>
-#include <bit>
-#include <chrono>
 #include <cstdlib>
-#include <future>
 
 #include <fmt/format.h>
 
-#include "codegen/fp8_forward.hpp"
 #include "codegen/grouped_mlp.hpp"
 #include "codegen/nvrtc_compiler.hpp"
 #include "engine/api/engine_impl.hpp"
 #include "engine/api/validate.hpp"
-#include "engine/plan/fp8_weight_grads.hpp"
-#include "engine/plan/fuser.hpp"
+#include "engine/plan/plan_builder.hpp"
 #include "engine/runtime/capture_mode.hpp"
 #include "engine/runtime/device_context.hpp"
 #include "engine/runtime/driver.hpp"
@@ -21,64 +15,6 @@
 
 namespace gmjit {
 namespace engine {
-
-PlanKey PlanKey::make(const LayerSpec& layer, const Recipe& recipe, GradMode grad, int device) {
-  PlanKey key;
-  key.experts = layer.experts;
-  key.hidden = layer.hidden;
-  key.ffn = layer.ffn;
-  key.options_key = recipe.options_key();
-  key.activation = static_cast<std::uint8_t>(layer.activation.kind);
-  // Only the fields that matter for this activation, so equal layers give equal keys.
-  if (is_glu(layer.activation.kind)) {
-    key.glu_layout = static_cast<std::uint8_t>(layer.activation.layout);
-  }
-  if (layer.activation.kind == Activation::clamped_swiglu) {
-    key.act_limit_bits = std::bit_cast<std::uint32_t>(layer.activation.limit);
-    key.act_alpha_bits = std::bit_cast<std::uint32_t>(layer.activation.alpha);
-  }
-  key.split_dtype = static_cast<std::uint8_t>(layer.split_dtype);
-  key.grad = static_cast<std::uint8_t>(grad);
-  key.fc1_bias = layer.fc1_bias;
-  key.fc2_bias = layer.fc2_bias;
-  key.probs = layer.router_probs;
-  key.device = device;
-  key.recipe = static_cast<std::uint8_t>(recipe.kind());
-  key.pow2_scales = recipe.power_of_two_scales();
-  return key;
-}
-
-PlanKey PlanKey::make_backward(const LayerSpec& layer, const Recipe& recipe,
-                               const GradientSet& gradients, int device, bool fp8_dgrad) {
-  PlanKey key = make(layer, recipe, GradMode::grad, device);
-  key.backward = 1;
-  key.gradients = gradients.bits();
-  key.fp8_dgrad = fp8_dgrad && recipe.is_fp8();
-  return key;
-}
-
-PlanKey PlanKey::make_weight_quantizer(const LayerSpec& layer, const Recipe& recipe, int device,
-                                       bool transposed) {
-  PlanKey key = make(layer, recipe, GradMode::no_grad, device);
-  key.weights = transposed ? 2 : 1;
-  return key;
-}
-
-std::size_t PlanKey::hash() const {
-  std::array<std::uint64_t, sizeof(PlanKey) / 8> words;
-  static_assert(sizeof(PlanKey) % 8 == 0);
-  std::memcpy(words.data(), this, sizeof(PlanKey));
-  std::uint64_t h = 0x9E3779B97F4A7C15ull;
-  for (std::uint64_t w : words) h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
-  return static_cast<std::size_t>(h ^ (h >> 31));
-}
-
-PreparedPlanInfo describe(const PreparedPlan& plan) {
-  PreparedPlanInfo info;
-  info.arch = plan.arch;
-  for (const auto& kernel : plan.kernels) info.kernel_names.push_back(kernel->entry);
-  return info;
-}
 
 namespace {
 
@@ -147,64 +83,14 @@ std::shared_ptr<const engine::PreparedPlan> Engine::Impl::prepared_plan(
   key.device = -1;  // compiled code does not depend on the device, only on its arch
   bool built = false;
   auto plan = prepared.get_or_build(
-      {key, arch}, [&] { return build_plan(key, layer, arch); }, &built);
+      {key, arch},
+      [&] {
+        auto made = engine::build_plan(key, layer, arch, options, store);
+        ++(key.backward ? backward_plans_built : forward_plans_built);
+        return made;
+      },
+      &built);
   if (!built) ++memory_hits;
-  return plan;
-}
-
-std::shared_ptr<const engine::PreparedPlan> Engine::Impl::build_plan(const engine::PlanKey& key,
-                                                                     const LayerSpec& layer,
-                                                                     const std::string& arch) {
-  engine::NvtxRange range(key.backward ? "gmjit build backward plan" : "gmjit build forward plan");
-  const auto start = std::chrono::steady_clock::now();
-  const std::vector<engine::Op> ops = engine::ops_for_layer(layer);
-  const std::vector<engine::FusedOp> fused =
-      engine::fuse(ops, options.fuse_ops ? engine::forward_fusion_rules()
-                                         : std::span<const engine::FusionRule>{});
-  const bool grad = key.grad != 0;
-  std::vector<codegen::KernelSource> sources;
-  const bool fp8 = key.recipe != static_cast<std::uint8_t>(RecipeKind::bf16);
-  constexpr auto fp8_tensor = static_cast<std::uint8_t>(RecipeKind::fp8_tensor);
-  if (key.weights) {
-    sources = codegen::emit_fp8_weight_quantizers(
-        {layer, grad, key.pow2_scales != 0, key.recipe == fp8_tensor, arch}, key.weights == 2);
-  } else if (key.backward) {
-    // The backward needs only the saved pre-activation, which both forward paths write.
-    std::optional<codegen::Fp8Scaling> fp8_dgrad;
-    if (key.fp8_dgrad)
-      fp8_dgrad = codegen::Fp8Scaling{key.pow2_scales != 0, key.recipe == fp8_tensor};
-    sources = codegen::emit_grouped_mlp_backward(
-        {layer, GradientSet::from_bits(key.gradients), arch, options.portable_kernels_only,
-         fp8_dgrad, engine::weight_grad_kernels_in_plans(options.fp8_weight_grads, layer)});
-  } else if (fp8) {
-    // FP8 plans are one fused shape (no op-by-op variant): quantize x, FC1, FC2.
-    sources = codegen::emit_fp8_forward(
-        {layer, grad, key.pow2_scales != 0, key.recipe == fp8_tensor, arch});
-  } else {
-    for (const engine::FusedOp& op : fused) {
-      auto emitted =
-          engine::emit_fused_op(op, ops, layer, grad, arch, options.portable_kernels_only,
-                                options.decode_tokens_per_expert);
-      sources.insert(sources.end(), emitted.begin(), emitted.end());
-    }
-  }
-  engine::TileCounters::check_fits(sources.size());
-  const engine::KernelLabels labels{key.options_key, grad};
-  // The kernels of a plan compile in parallel: a cold plan costs about its slowest kernel.
-  std::vector<std::future<std::shared_ptr<const engine::CompiledKernel>>> pending;
-  for (const auto& source : sources) {
-    pending.push_back(std::async(
-        std::launch::async, [&, &source = source] { return store.get(source, arch, labels); }));
-  }
-  auto plan = std::make_shared<engine::PreparedPlan>();
-  plan->layer = layer;
-  plan->key = key;
-  plan->arch = arch;
-  for (auto& kernel : pending) plan->kernels.push_back(kernel.get());
-  ++(key.backward ? backward_plans_built : forward_plans_built);
-  engine::log(LogLevel::info, "built {} plan {} grad={} for {} in {:.3f} s",
-              key.backward ? "backward" : "forward", layer.describe(), grad, arch,
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return plan;
 }
 

@@ -37,9 +37,6 @@ struct Engine::Impl {
   std::shared_ptr<const engine::PreparedPlan> prepared_plan(const engine::PlanKey& key,
                                                             const LayerSpec& layer,
                                                             const std::string& arch);
-  std::shared_ptr<const engine::PreparedPlan> build_plan(const engine::PlanKey& key,
-                                                         const LayerSpec& layer,
-                                                         const std::string& arch);
   // The plan of `key` loaded on key.device, built once; warm lookups take no lock.
   // A first call made while `stream` is being captured into a CUDA graph builds and loads
   // without touching any stream, so the capture stays valid.

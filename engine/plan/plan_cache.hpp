@@ -19,12 +19,6 @@ class PlanCache {
   PlanCache(const PlanCache&) = delete;
   PlanCache& operator=(const PlanCache&) = delete;
 
-  // The plan if this thread has used it recently; never locks, never allocates.
-  Plan* find_front(const Key& key) const {
-    Plan** plan = Front::find(serial_, key, Hash()(key));
-    return plan != nullptr ? *plan : nullptr;
-  }
-
   // `built` is set to whether this call ran `build` (a miss in memory).
   template <typename Build>
   Plan& get(const Key& key, Build&& build, bool* built) {

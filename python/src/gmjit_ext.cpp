@@ -62,6 +62,11 @@ Layer make_layer(std::int64_t experts, std::int64_t hidden, std::int64_t ffn, in
         gmjit::Status::invalid_argument,
         "argument 'activation': " + std::to_string(activation) + " is not an activation code");
   }
+  if (glu_layout != 0 && glu_layout != 1) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       "argument 'glu_layout': " + std::to_string(glu_layout) +
+                           " is not a GLU layout code (0 halves, 1 interleaved32)");
+  }
   Layer layer;
   gmjit::LayerSpec& s = layer.spec;
   s.experts = experts;
@@ -399,7 +404,7 @@ NB_MODULE(_C, m) {
         nb::arg("device"), nb::arg("x"), nb::arg("split_sizes"), nb::arg("w1_fp8"),
         nb::arg("w1_scales"), nb::arg("w2_fp8"), nb::arg("w2_scales"), nb::arg("b1"), nb::arg("b2"),
         nb::arg("probs"), nb::arg("y"), nb::arg("saved_preact"), nb::arg("stream"),
-        "Forward of an FP8 recipe (code 1 or 2) from quantized weights; tensors are data "
+        "Forward of an FP8 recipe (code 1, 2 or 3) from quantized weights; tensors are data "
         "pointers (0: absent). A non-zero saved_preact makes it a grad-enabled forward.");
   m.def("quantize_weights", &quantize_weights, nb::arg("layer"), nb::arg("recipe"),
         nb::arg("device"), nb::arg("w1"), nb::arg("w2"), nb::arg("w1_fp8"), nb::arg("w1_scales"),
