@@ -26,6 +26,7 @@ import torch
 
 import gmjit
 import reference
+from poison import poison_next_allocations
 from gmjit.torch import GroupedMLP, grouped_mlp, quantize_weights
 
 pytestmark = pytest.mark.gpu
@@ -76,7 +77,9 @@ def run(t, recipe, dy, **kw):
     """y and the gradients of every float input, on fresh leaves (the same values as t's)."""
     leaves = {k: (v.detach().clone().requires_grad_(v.requires_grad)
                   if v is not None and v.is_floating_point() else v) for k, v in t.items()}  # fmt: skip
+    poison_next_allocations(t["x"])  # y: rows the op does not write are NaN, not zeros
     y = grouped_mlp(**leaves, recipe=recipe, **kw)
+    poison_next_allocations(t["x"])  # dx likewise
     y.backward(dy)
     grads = {k: v.grad for k, v in leaves.items() if v is not None and v.is_floating_point()}
     return y.detach(), grads

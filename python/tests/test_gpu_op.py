@@ -8,6 +8,7 @@ from torch.utils.checkpoint import checkpoint
 
 import gmjit
 import reference
+from poison import poison_next_allocations
 from gmjit.torch import GroupedMLP, grouped_mlp, layouts
 
 pytestmark = pytest.mark.gpu
@@ -72,6 +73,7 @@ CASES = [
 @pytest.mark.parametrize("activation, layout, bias, probs", CASES)
 def test_forward_and_gradients_match_float64(activation, layout, bias, probs):
     t = make(activation, bias, probs, split_dtype=torch.int32 if bias else torch.int64)
+    poison_next_allocations(t["x"])  # y: rows the op does not write are NaN, not zeros
     y = grouped_mlp(**t, activation=activation, glu_layout=layout)
     ref, leaves = ref_of(t, activation, layout)
     assert y.dtype == torch.bfloat16 and y.shape == (T, H)
@@ -155,11 +157,16 @@ def test_zero_tokens_launch_nothing_and_give_zero_weight_gradients():
 
 
 def test_runs_on_the_current_stream():
+    # Queued behind the stream's earlier work: launched on another stream, the op would read x
+    # before the (delayed) copy of the new values into it.
     t = make(requires_grad=False)
-    expected = grouped_mlp(**t)
+    new_x = torch.randn_like(t["x"])
+    expected = grouped_mlp(**{**t, "x": new_x})
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
+        torch.cuda._sleep(100_000_000)  # tens of ms of GPU time before the copy
+        t["x"].copy_(new_x)
         y = grouped_mlp(**t)
     torch.cuda.current_stream().wait_stream(s)
     torch.testing.assert_close(y, expected, rtol=0, atol=0)
