@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "gmjit/export.h"
+
 namespace gmjit {
 
 enum class Status : int {
@@ -16,9 +18,10 @@ enum class Status : int {
   internal = 6,
 };
 
-const char* status_name(Status status) noexcept;
+GMJIT_API const char* status_name(Status status) noexcept;
 
-class Error : public std::runtime_error {
+// Exported with its type information: a caller's catch must match what the library throws.
+class GMJIT_API Error : public std::runtime_error {
  public:
   Error(Status status, const std::string& message) : std::runtime_error(message), status_(status) {}
   Status status() const noexcept { return status_; }

@@ -5,6 +5,8 @@
 #include <dlpack/dlpack.h>
 #include <stdint.h>
 
+#include "gmjit/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -19,7 +21,7 @@ extern "C" {
   (GMJIT_VERSION_MAJOR * 10000 + GMJIT_VERSION_MINOR * 100 + GMJIT_VERSION_PATCH)
 
 /* The library's version, as GMJIT_VERSION. */
-int gmjit_version(void);
+GMJIT_API int gmjit_version(void);
 
 /* The enums below have the same values as gmjit::Status, gmjit::Activation and
  * gmjit::GluLayout (checked at build time in engine/api/c_api.cpp). */
@@ -103,12 +105,12 @@ typedef struct gmjit_fp8_weights {
 
 typedef struct gmjit_engine gmjit_engine;
 
-gmjit_status gmjit_engine_create(gmjit_engine** out);
-void gmjit_engine_destroy(gmjit_engine* engine);
+GMJIT_API gmjit_status gmjit_engine_create(gmjit_engine** out);
+GMJIT_API void gmjit_engine_destroy(gmjit_engine* engine);
 
 /* stream: a CUstream of the tensors' device (one of another device: GMJIT_INVALID_ARGUMENT), or
    NULL for that device's default stream. */
-gmjit_status gmjit_forward(gmjit_engine* engine, const gmjit_layer* layer,
+GMJIT_API gmjit_status gmjit_forward(gmjit_engine* engine, const gmjit_layer* layer,
                            const gmjit_forward_args* args, int grad, void* stream);
 
 /* What a grad-enabled forward leaves for its backward (owned by the caller). */
@@ -117,10 +119,10 @@ typedef struct gmjit_forward_context gmjit_forward_context;
 /* A grad-enabled forward: like gmjit_forward with grad = 1 (args->saved_preact required), and
  * returns the context the backward needs in *context (destroy it with
  * gmjit_forward_context_destroy). */
-gmjit_status gmjit_forward_train(gmjit_engine* engine, const gmjit_layer* layer,
+GMJIT_API gmjit_status gmjit_forward_train(gmjit_engine* engine, const gmjit_layer* layer,
                                  const gmjit_forward_args* args, void* stream,
                                  gmjit_forward_context** context);
-void gmjit_forward_context_destroy(gmjit_forward_context* context);
+GMJIT_API void gmjit_forward_context_destroy(gmjit_forward_context* context);
 
 /* The forward's inputs, dy, and the gradients wanted (NULL = not computed). Weight gradients
  * are float32; accumulate != 0 adds into them (main-grad buffers). */
@@ -143,20 +145,20 @@ typedef struct gmjit_backward_args {
 } gmjit_backward_args;
 
 /* The recipe is the forward's (kept in the context). */
-gmjit_status gmjit_backward(gmjit_engine* engine, const gmjit_forward_context* context,
+GMJIT_API gmjit_status gmjit_backward(gmjit_engine* engine, const gmjit_forward_context* context,
                             const gmjit_backward_args* args, void* stream);
 
 /* Recipes (additions; the functions above run GMJIT_RECIPE_BF16). */
 
 /* gmjit_forward with a recipe. FP8 recipes read the quantized weights in *fp8 (required) and
  * not args->w1/w2, which may be NULL (given, they are still checked); BF16 takes fp8 = NULL. */
-gmjit_status gmjit_forward_ex(gmjit_engine* engine, const gmjit_layer* layer, gmjit_recipe recipe,
+GMJIT_API gmjit_status gmjit_forward_ex(gmjit_engine* engine, const gmjit_layer* layer, gmjit_recipe recipe,
                               const gmjit_forward_args* args, const gmjit_fp8_weights* fp8,
                               int grad, void* stream);
 
 /* gmjit_forward_train with a recipe. The context remembers the recipe: gmjit_backward of it
  * runs that recipe's backward (BF16 data gradients; FP8 ones through gmjit_backward_ex). */
-gmjit_status gmjit_forward_train_ex(gmjit_engine* engine, const gmjit_layer* layer,
+GMJIT_API gmjit_status gmjit_forward_train_ex(gmjit_engine* engine, const gmjit_layer* layer,
                                     gmjit_recipe recipe, const gmjit_forward_args* args,
                                     const gmjit_fp8_weights* fp8, void* stream,
                                     gmjit_forward_context** context);
@@ -164,7 +166,7 @@ gmjit_status gmjit_forward_train_ex(gmjit_engine* engine, const gmjit_layer* lay
 /* Writes the FP8 weights of an FP8 recipe (*out: data and scales, see gmjit_fp8_weights) from
  * bf16 w1 [E, F1, H] and w2 [E, H, F]. Weights change only at optimizer steps: quantize once per
  * step and keep the result. A BF16 recipe is an invalid argument. */
-gmjit_status gmjit_quantize_weights(gmjit_engine* engine, const gmjit_layer* layer,
+GMJIT_API gmjit_status gmjit_quantize_weights(gmjit_engine* engine, const gmjit_layer* layer,
                                     gmjit_recipe recipe, const DLTensor* w1, const DLTensor* w2,
                                     const gmjit_fp8_weights* out, void* stream);
 
@@ -172,7 +174,7 @@ gmjit_status gmjit_quantize_weights(gmjit_engine* engine, const gmjit_layer* lay
  * into *out_transposed (NULL: none): w1_fp8 = W1^T [E, H, F1] with w1_scales [E, H/128, F1/128],
  * w2_fp8 = W2^T [E, F, H] with w2_scales [E, F/128, H/128] (fp8_tensor recipe: [E] scales).
  * They are the quantized weights transposed, bit for bit. */
-gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmjit_layer* layer,
+GMJIT_API gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmjit_layer* layer,
                                        gmjit_recipe recipe, const DLTensor* w1, const DLTensor* w2,
                                        const gmjit_fp8_weights* out,
                                        const gmjit_fp8_weights* out_transposed, void* stream);
@@ -182,7 +184,7 @@ gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmjit_layer* 
  * tensor cores, with dy and dh quantized like x, and so do the weight gradients of wide layers
  * in calls of 512 or more tokens per expert (else BF16 kernels; GMJIT_FP8_WGRAD=fp8|bf16 forces
  * one); args->w1 / w2 may be NULL. NULL: as gmjit_backward (a BF16 backward). */
-gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context* context,
+GMJIT_API gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context* context,
                                const gmjit_backward_args* args,
                                const gmjit_fp8_weights* fp8_transposed, void* stream);
 
@@ -191,9 +193,9 @@ gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context
  *
  * Threads: an engine may be used by several threads at once (each call on its own stream or
  * the same one); a forward context by one call at a time. */
-const char* gmjit_last_error(void);
+GMJIT_API const char* gmjit_last_error(void);
 
-const char* gmjit_status_string(gmjit_status status);
+GMJIT_API const char* gmjit_status_string(gmjit_status status);
 
 #ifdef __cplusplus
 }

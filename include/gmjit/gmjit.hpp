@@ -161,7 +161,7 @@ struct DeviceInfo {
 
 // One engine may be used by several threads at once, each call on its own stream or a shared
 // one; it must outlive the CUDA graphs that captured its calls.
-class Engine {
+class GMJIT_API Engine {
  public:
   explicit Engine(EngineOptions options = {});
   ~Engine();
@@ -222,6 +222,6 @@ class Engine {
 };
 
 // The NVRTC version as "major.minor".
-std::string nvrtc_version();
+GMJIT_API std::string nvrtc_version();
 
 }  // namespace gmjit

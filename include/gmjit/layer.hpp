@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "gmjit/export.h"
+
 namespace gmjit {
 
 enum class DType : std::uint8_t { bf16, f32, i32, i64, f8e4m3 };
@@ -91,7 +93,7 @@ inline ActivationSpec canonical(ActivationSpec spec) noexcept {
 }
 
 // Grouped linear -> activation -> grouped linear over `experts` experts.
-struct LayerSpec {
+struct GMJIT_API LayerSpec {
   std::int64_t experts = 8;
   std::int64_t hidden = 4096;  // H: FC1 input and FC2 output width
   std::int64_t ffn = 14336;    // F: activation output width (FC1 output is 2F for GLU)
@@ -136,7 +138,7 @@ struct Device {
 };
 
 // A non-owning view of a dense, row-major (C-contiguous) tensor.
-struct TensorRef {
+struct GMJIT_API TensorRef {
   void* data = nullptr;
   DType dtype = DType::bf16;
   int ndim = 0;
@@ -150,7 +152,7 @@ struct TensorRef {
   std::int64_t numel() const noexcept;
 };
 
-TensorRef make_tensor(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
+GMJIT_API TensorRef make_tensor(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
                       Device device);
 
 }  // namespace gmjit

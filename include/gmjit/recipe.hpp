@@ -3,6 +3,8 @@
 // two recipe objects with equal fields give equal keys whether or not they are one object.
 #include <cstdint>
 
+#include "gmjit/export.h"
+
 namespace gmjit {
 
 enum class RecipeKind : std::uint8_t {
@@ -19,7 +21,7 @@ struct Fp8BlockOptions {
   bool power_of_two_scales = false;
 };
 
-class Recipe {
+class GMJIT_API Recipe {
  public:
   static Recipe bf16() { return Recipe(RecipeKind::bf16, {}); }
   static Recipe fp8_block(Fp8BlockOptions options = {}) {

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# libgmjit exports the public API (include/gmjit, GMJIT_API) and nothing of its internals or of
+# the fmt code compiled into it: those would be ABI by accident and could bind a caller's own
+# fmt to the library's copy.
+set -euo pipefail
+lib="$1"
+symbols="$(nm -D --defined-only -C "$lib" | awk '{ $1 = ""; $2 = ""; sub(/^ +/, ""); print }')"
+internal="$(grep -E '^(gmjit::(engine|cache|codegen|testing)::|fmt::)' <<<"$symbols" || true)"
+if [ -n "$internal" ]; then
+  echo "FAIL: libgmjit exports internals:" >&2
+  head -20 <<<"$internal" >&2
+  exit 1
+fi
+for needed in gmjit_engine_create gmjit_version "gmjit::Engine::forward(" "typeinfo for gmjit::Error"; do
+  grep -qF -- "$needed" <<<"$symbols" || { echo "FAIL: libgmjit does not export $needed" >&2; exit 1; }
+done
+echo "ok: $(wc -l <<<"$symbols") symbols"
