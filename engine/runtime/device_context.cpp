@@ -86,7 +86,6 @@ ScopedContext::~ScopedContext() {
 // Devices are created on first use; lookups of an existing device read an atomic pointer and
 // take no lock.
 struct DeviceRegistry::Impl {
-  static constexpr int kMaxDevices = 64;
   std::mutex create_mutex;
   std::array<std::atomic<DeviceContext*>, kMaxDevices> devices{};
   std::array<std::unique_ptr<DeviceContext>, kMaxDevices> owned;
@@ -107,13 +106,13 @@ int DeviceRegistry::device_count() {
   if (impl_->count < 0) {
     int count = 0;
     if (driver_available()) check_driver(driver().cuDeviceGetCount(&count), "cuDeviceGetCount");
-    impl_->count = std::min(count, Impl::kMaxDevices);
+    impl_->count = std::min(count, kMaxDevices);
   }
   return impl_->count;
 }
 
 DeviceContext& DeviceRegistry::get(int ordinal) {
-  if (ordinal >= 0 && ordinal < Impl::kMaxDevices) {
+  if (ordinal >= 0 && ordinal < kMaxDevices) {
     if (DeviceContext* ready = impl_->devices[ordinal].load(std::memory_order_acquire)) {
       return *ready;
     }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/runtime/device_limits.hpp"
 #include "gmjit/gmjit.hpp"
 
 namespace gmjit::engine {

@@ -33,7 +33,8 @@ LoadedKernel::~LoadedKernel() {
 
 void LoadedKernel::prepare_for(const DeviceContext& device) {
   const int ordinal = device.ordinal();
-  if (prepared_devices_.at(ordinal).load(std::memory_order_acquire)) return;
+  // A context's ordinal is below kMaxDevices (DeviceRegistry::get refuses others).
+  if (prepared_devices_[ordinal].load(std::memory_order_acquire)) return;
   // Setting the same attribute twice from racing threads is harmless.
   check_driver(driver().cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                              static_cast<int>(launch_.dynamic_smem_bytes), kernel_,

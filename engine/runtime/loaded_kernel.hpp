@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "codegen/kernel_source.hpp"
+#include "engine/runtime/device_limits.hpp"
 
 namespace gmjit::engine {
 
@@ -50,7 +51,7 @@ class LoadedKernel {
   std::string_view family_;
   std::uint64_t serial_;
   codegen::LaunchShape launch_;
-  std::array<std::atomic<bool>, 64> prepared_devices_{};
+  std::array<std::atomic<bool>, kMaxDevices> prepared_devices_{};
 };
 
 }  // namespace gmjit::engine

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "engine/runtime/device_limits.hpp"
 #include "gmjit/layer.hpp"
 
 namespace gmjit::engine {
@@ -41,7 +42,6 @@ class WorkspaceLayout {
 
 class WorkspacePools {
  public:
-  static constexpr int kMaxDevices = 64;
   WorkspacePools() = default;
   ~WorkspacePools();
   WorkspacePools(const WorkspacePools&) = delete;
