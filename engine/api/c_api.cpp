@@ -149,16 +149,22 @@ void set_last_error(const char* message) noexcept {
 // dlpack.h may predate it, so the code is spelled here.
 constexpr std::uint8_t kDLCodeFloat8E4M3fn = 10;
 
-gmjit::DType dtype_of(const DLTensor& t, const char* name) {
+// uint8 is read as E4M3 bytes only for the FP8 weights (`fp8_bytes`), for exporters without a
+// float8 code; elsewhere it is refused as uint8, not reported later as a float8 tensor.
+gmjit::DType dtype_of(const DLTensor& t, const char* name, bool fp8_bytes) {
   const DLDataType d = t.dtype;
   if (d.lanes == 1) {
     if (d.code == kDLBfloat && d.bits == 16) return gmjit::DType::bf16;
     if (d.code == kDLFloat && d.bits == 32) return gmjit::DType::f32;
     if (d.code == kDLInt && d.bits == 32) return gmjit::DType::i32;
     if (d.code == kDLInt && d.bits == 64) return gmjit::DType::i64;
-    // E4M3 bytes: float8_e4m3fn, or uint8 from exporters without a float8 code.
-    if ((d.code == kDLCodeFloat8E4M3fn || d.code == kDLUInt) && d.bits == 8) {
-      return gmjit::DType::f8e4m3;
+    if (d.code == kDLCodeFloat8E4M3fn && d.bits == 8) return gmjit::DType::f8e4m3;
+    if (d.code == kDLUInt && d.bits == 8) {
+      if (fp8_bytes) return gmjit::DType::f8e4m3;
+      throw gmjit::Error(gmjit::Status::invalid_argument,
+                         fmt::format("argument '{}': dtype uint8 is read as E4M3 bytes only for "
+                                     "the FP8 weights; this argument takes another dtype",
+                                     name));
     }
   }
   throw gmjit::Error(gmjit::Status::invalid_argument,
@@ -167,7 +173,7 @@ gmjit::DType dtype_of(const DLTensor& t, const char* name) {
                                  name, d.code, d.bits, d.lanes));
 }
 
-gmjit::TensorRef to_ref(const DLTensor* t, const char* name) {
+gmjit::TensorRef to_ref(const DLTensor* t, const char* name, bool fp8_bytes = false) {
   gmjit::TensorRef ref;
   if (t == nullptr) return ref;
   if (t->ndim < 0 || t->ndim > 4) {
@@ -202,7 +208,7 @@ gmjit::TensorRef to_ref(const DLTensor* t, const char* name) {
     }
   }
   ref.data = t->data == nullptr ? nullptr : static_cast<char*>(t->data) + t->byte_offset;
-  ref.dtype = dtype_of(*t, name);
+  ref.dtype = dtype_of(*t, name, fp8_bytes);
   ref.ndim = t->ndim;
   for (int i = 0; i < t->ndim; ++i) ref.shape[i] = t->shape[i];
   if (t->device.device_type == kDLCUDA) {
@@ -310,9 +316,9 @@ ForwardCall convert_forward(gmjit_engine* engine, const gmjit_layer* layer,
   forward.y = to_ref(args->y, "y");
   forward.saved_preact = to_ref(args->saved_preact, "saved_preact");
   if (fp8 != nullptr) {
-    forward.w1_fp8 = to_ref(fp8->w1_fp8, "w1_fp8");
+    forward.w1_fp8 = to_ref(fp8->w1_fp8, "w1_fp8", /*fp8_bytes=*/true);
     forward.w1_scales = to_ref(fp8->w1_scales, "w1_scales");
-    forward.w2_fp8 = to_ref(fp8->w2_fp8, "w2_fp8");
+    forward.w2_fp8 = to_ref(fp8->w2_fp8, "w2_fp8", /*fp8_bytes=*/true);
     forward.w2_scales = to_ref(fp8->w2_scales, "w2_scales");
   }
   if (!forward.split_sizes.present()) {
@@ -323,9 +329,7 @@ ForwardCall convert_forward(gmjit_engine* engine, const gmjit_layer* layer,
       forward.split_sizes.dtype != gmjit::DType::i64) {
     throw gmjit::Error(gmjit::Status::invalid_argument,
                        fmt::format("argument 'split_sizes': expected dtype int32 or int64, got {}",
-                                   args->split_sizes->dtype.code == kDLUInt
-                                       ? "uint8"
-                                       : gmjit::dtype_name(forward.split_sizes.dtype)));
+                                   gmjit::dtype_name(forward.split_sizes.dtype)));
   }
   gmjit::LayerSpec& spec = call.spec;
   spec.fc1_bias = forward.b1.present();
@@ -413,14 +417,14 @@ gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmjit_layer* 
     gmjit::QuantizeWeightsArgs q;
     q.w1 = to_ref(w1, "w1");
     q.w2 = to_ref(w2, "w2");
-    q.w1_fp8 = to_ref(out->w1_fp8, "w1_fp8");
+    q.w1_fp8 = to_ref(out->w1_fp8, "w1_fp8", /*fp8_bytes=*/true);
     q.w1_scales = to_ref(out->w1_scales, "w1_scales");
-    q.w2_fp8 = to_ref(out->w2_fp8, "w2_fp8");
+    q.w2_fp8 = to_ref(out->w2_fp8, "w2_fp8", /*fp8_bytes=*/true);
     q.w2_scales = to_ref(out->w2_scales, "w2_scales");
     if (out_transposed != nullptr) {
-      q.w1t_fp8 = to_ref(out_transposed->w1_fp8, "out_transposed->w1_fp8");
+      q.w1t_fp8 = to_ref(out_transposed->w1_fp8, "out_transposed->w1_fp8", /*fp8_bytes=*/true);
       q.w1t_scales = to_ref(out_transposed->w1_scales, "out_transposed->w1_scales");
-      q.w2t_fp8 = to_ref(out_transposed->w2_fp8, "out_transposed->w2_fp8");
+      q.w2t_fp8 = to_ref(out_transposed->w2_fp8, "out_transposed->w2_fp8", /*fp8_bytes=*/true);
       q.w2t_scales = to_ref(out_transposed->w2_scales, "out_transposed->w2_scales");
     }
     naming_transposed_weights("out_transposed",
@@ -462,9 +466,9 @@ gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context
     b.dprobs = to_ref(args->dprobs, "dprobs");
     b.accumulate = args->accumulate != 0;
     if (fp8_transposed != nullptr) {
-      b.w1t_fp8 = to_ref(fp8_transposed->w1_fp8, "fp8_transposed->w1_fp8");
+      b.w1t_fp8 = to_ref(fp8_transposed->w1_fp8, "fp8_transposed->w1_fp8", /*fp8_bytes=*/true);
       b.w1t_scales = to_ref(fp8_transposed->w1_scales, "fp8_transposed->w1_scales");
-      b.w2t_fp8 = to_ref(fp8_transposed->w2_fp8, "fp8_transposed->w2_fp8");
+      b.w2t_fp8 = to_ref(fp8_transposed->w2_fp8, "fp8_transposed->w2_fp8", /*fp8_bytes=*/true);
       b.w2t_scales = to_ref(fp8_transposed->w2_scales, "fp8_transposed->w2_scales");
     }
     naming_transposed_weights("fp8_transposed", [&] {

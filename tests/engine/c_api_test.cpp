@@ -376,6 +376,19 @@ TEST_F(CApi, SplitSizesOfAnotherIntegerTypeAreRejectedByName) {
   EXPECT_NE(error.find("uint8"), std::string::npos) << error;
 }
 
+// uint8 stands for E4M3 bytes in the FP8 weights only: a uint8 x is refused as uint8, not
+// reported as a float8 tensor of the wrong dtype.
+TEST_F(CApi, AUint8TensorOtherThanAnFp8WeightIsNamedAsUint8) {
+  Tensors t;
+  t.x.dtype = DLDataType{kDLUInt, 8, 1};
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_INVALID_ARGUMENT);
+  const std::string error = gmjit_last_error();
+  EXPECT_NE(error.find("argument 'x': dtype uint8"), std::string::npos) << error;
+  EXPECT_EQ(error.find("float8"), std::string::npos) << error;
+}
+
 TEST_F(CApi, AFailedCallLeavesNullWhereItWouldHaveWrittenAHandle) {
   Tensors t;
   t.w2_shape[2] = 64;
