@@ -3,8 +3,10 @@
 #include <limits>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cli/commands.hpp"
 #include "gmjit/error.hpp"
@@ -60,20 +62,14 @@ bench::Preset resolve_layer(const LayerOptions& o) {
   if (o.tokens_per_expert) preset.tokens_per_expert = *o.tokens_per_expert;
   if (o.no_probs) preset.layer.router_probs = false;
   if (!o.activation.empty()) {
-    bool found = false;
-    for (auto act : {Activation::swiglu, Activation::geglu, Activation::clamped_swiglu,
-                     Activation::srelu, Activation::gelu, Activation::relu}) {
-      if (o.activation == activation_name(act)) {
-        preset.layer.activation.kind = act;
-        found = true;
-      }
+    const std::optional<Activation> activation = parse_activation(o.activation);
+    if (!activation) {
+      std::vector<std::string> names;
+      for (Activation a : kAllActivations) names.push_back(activation_name(a));
+      throw Error(Status::invalid_argument, fmt::format("--activation '{}' is not one of {}",
+                                                        o.activation, fmt::join(names, ", ")));
     }
-    if (!found) {
-      throw Error(Status::invalid_argument,
-                  fmt::format("--activation '{}' is not one of swiglu, geglu, clamped_swiglu, "
-                              "srelu, gelu, relu",
-                              o.activation));
-    }
+    preset.layer.activation.kind = *activation;
   }
   if (o.experts || o.hidden || o.ffn || o.tokens_per_expert || !o.activation.empty()) {
     preset.name += "-custom";

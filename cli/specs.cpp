@@ -127,13 +127,10 @@ CompileSpec parse_entry(const json& entry, std::size_t index,
   layer.experts = positive_integer(entry, where, "experts", 0, true);
   layer.hidden = positive_integer(entry, where, "hidden", 0, true);
   layer.ffn = positive_integer(entry, where, "ffn", 0, true);
-  const std::string activation =
-      text(entry, where, "activation",
-           {"swiglu", "geglu", "clamped_swiglu", "srelu", "gelu", "relu"}, "swiglu");
-  for (auto kind : {Activation::swiglu, Activation::geglu, Activation::clamped_swiglu,
-                    Activation::srelu, Activation::gelu, Activation::relu}) {
-    if (activation == activation_name(kind)) layer.activation.kind = kind;
-  }
+  std::vector<std::string> activations;
+  for (Activation a : kAllActivations) activations.push_back(activation_name(a));
+  const std::string activation = text(entry, where, "activation", activations, "swiglu");
+  layer.activation.kind = *parse_activation(activation);  // text() took only these names
   // The engine ignores them for other activations (canonical()): a spec giving them is wrong.
   for (const char* field : {"limit", "alpha"}) {
     if (entry.contains(field) && layer.activation.kind != Activation::clamped_swiglu) {

@@ -2,7 +2,9 @@
 // Describing a grouped-MLP layer and the tensors of a call (docs/DESIGN.md §1).
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "gmjit/export.h"
 
@@ -73,6 +75,19 @@ inline const char* activation_name(Activation activation) noexcept {
       return "relu";
   }
   return "unknown";
+}
+
+// Every activation, in enumerator order (for parsing names and listing them in messages).
+inline constexpr std::array<Activation, 6> kAllActivations = {
+    Activation::swiglu, Activation::geglu, Activation::clamped_swiglu,
+    Activation::srelu,  Activation::gelu,  Activation::relu};
+
+// The activation named `name` (as activation_name() spells it), or nullopt.
+inline std::optional<Activation> parse_activation(std::string_view name) noexcept {
+  for (Activation activation : kAllActivations) {
+    if (name == activation_name(activation)) return activation;
+  }
+  return std::nullopt;
 }
 
 inline bool is_glu(Activation activation) noexcept {
@@ -153,6 +168,6 @@ struct GMJIT_API TensorRef {
 };
 
 GMJIT_API TensorRef make_tensor(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
-                      Device device);
+                                Device device);
 
 }  // namespace gmjit

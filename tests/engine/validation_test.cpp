@@ -267,3 +267,20 @@ TEST(WorkspaceQueries, RejectNegativeOrHugeTokenCountsAndUnsupportedLayers) {
 
 }  // namespace
 }  // namespace gmjit::engine
+
+namespace gmjit {
+namespace {
+
+// Names and enumerators agree both ways, so the CLI's lists and parsers cannot drift apart.
+TEST(ActivationNames, EveryActivationParsesFromItsNameAndNothingElseDoes) {
+  for (Activation activation : kAllActivations) {
+    EXPECT_EQ(parse_activation(activation_name(activation)), activation);
+  }
+  EXPECT_EQ(kAllActivations.size(), static_cast<std::size_t>(Activation::relu) + 1);
+  EXPECT_EQ(parse_activation("SwiGLU"), std::nullopt);
+  EXPECT_EQ(parse_activation("unknown"), std::nullopt);
+  EXPECT_EQ(parse_activation(""), std::nullopt);
+}
+
+}  // namespace
+}  // namespace gmjit
