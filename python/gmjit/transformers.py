@@ -37,7 +37,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from gmjit.torch import _weight_cache, layouts
+from gmjit.torch import _activations, _weight_cache, layouts
+from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
 from gmjit.torch._checks import FP8_BLOCK, MAX_EXPERTS, MAX_WIDTH
 from gmjit.torch._op import grouped_mlp, quantize_weights
 
@@ -63,8 +64,8 @@ class ExpertsPlan:
     interleaved: bool = False
     hidden: int = 0
     ffn: int = 0
-    limit: float = 7.0
-    alpha: float = 1.702
+    limit: float = DEFAULT_LIMIT
+    alpha: float = DEFAULT_ALPHA
     verified: bool = False  # the module's own gate/activation was compared with gmjit's choice
 
 
@@ -182,8 +183,8 @@ def describe_experts(experts: nn.Module) -> ExpertsPlan:
         return ExpertsPlan(reason=f"custom _apply_gate {getattr(gate_fn, '__qualname__', gate_fn)!r}"
                            " is not one gmjit knows (gmjit.transformers.KNOWN_GATES)", **base)  # fmt: skip
     activation, interleaved, limit_attr, alpha_attr = known
-    limit = float(getattr(experts, limit_attr, 7.0))
-    alpha = float(getattr(experts, alpha_attr, 1.702))
+    limit = float(getattr(experts, limit_attr, DEFAULT_LIMIT))
+    alpha = float(getattr(experts, alpha_attr, DEFAULT_ALPHA))
     return ExpertsPlan(activation=activation, interleaved=interleaved, limit=limit, alpha=alpha,
                        **base)  # fmt: skip
 
@@ -194,23 +195,11 @@ def reference_gate(plan: ExpertsPlan, gate_up: Tensor) -> Tensor:
         gate, up = gate_up[..., 0::2], gate_up[..., 1::2]
     else:
         gate, up = gate_up.chunk(2, dim=-1)
-    if plan.activation == "swiglu":
-        return nn.functional.silu(gate) * up
-    if plan.activation == "geglu":
-        return nn.functional.gelu(gate, approximate="tanh") * up
-    if plan.activation == "clamped_swiglu":
-        g = gate.clamp(max=plan.limit)
-        u = up.clamp(min=-plan.limit, max=plan.limit)
-        return g * torch.sigmoid(plan.alpha * g) * (u + 1)
-    raise ValueError(f"{plan.activation} is not a GLU activation")
+    return _activations.gated(gate, up, plan.activation, plan.limit, plan.alpha)
 
 
 def reference_activation(plan: ExpertsPlan, h: Tensor) -> Tensor:
-    if plan.activation == "relu":
-        return torch.relu(h)
-    if plan.activation == "srelu":
-        return torch.relu(h) ** 2
-    return nn.functional.gelu(h, approximate="tanh")
+    return _activations.plain(h, plan.activation)
 
 
 def verify(experts: nn.Module, plan: ExpertsPlan) -> ExpertsPlan:

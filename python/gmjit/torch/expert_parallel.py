@@ -36,6 +36,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from gmjit.torch import _activations
+from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
 from gmjit.torch._checks import (GLU_ACTIVATIONS, GLU_LAYOUTS, _check_fp8_layer,
                                  _parse_options, _parse_recipe)
 
@@ -77,30 +79,19 @@ def all_to_all(x: Tensor, out_splits: list[int], in_splits: list[int], group=Non
 
 
 def _activation(h: Tensor, name: str, layout: str, limit: float, alpha: float) -> Tensor:
-    if name in GLU_ACTIVATIONS:
-        if layout == "halves":
-            gate, lin = h.chunk(2, dim=-1)
-        else:  # interleaved32: blocks of 32 gate columns, then 32 lin columns
-            blocks = h.reshape(h.shape[0], h.shape[1] // 64, 2, 32)
-            gate, lin = blocks[:, :, 0].flatten(1), blocks[:, :, 1].flatten(1)
-        if name == "swiglu":
-            return F.silu(gate) * lin
-        if name == "geglu":
-            return F.gelu(gate, approximate="tanh") * lin
-        g = gate.clamp(max=limit)
-        u = lin.clamp(min=-limit, max=limit)
-        return g * torch.sigmoid(alpha * g) * (u + 1)
-    if name == "relu":
-        return torch.relu(h)
-    if name == "srelu":
-        return torch.relu(h).square()
-    if name == "gelu":
-        return F.gelu(h, approximate="tanh")
-    raise ValueError(f"unknown activation {name!r}")
+    if name not in GLU_ACTIVATIONS:
+        return _activations.plain(h, name)
+    if layout == "halves":
+        gate, lin = h.chunk(2, dim=-1)
+    else:  # interleaved32: blocks of 32 gate columns, then 32 lin columns
+        blocks = h.reshape(h.shape[0], h.shape[1] // 64, 2, 32)
+        gate, lin = blocks[:, :, 0].flatten(1), blocks[:, :, 1].flatten(1)
+    return _activations.gated(gate, lin, name, limit, alpha)
 
 
-def torch_experts(activation: str = "swiglu", glu_layout: str = "halves", limit: float = 7.0,
-                  alpha: float = 1.702, compute_dtype: torch.dtype = torch.float32) -> ExpertsFn:  # fmt: skip
+def torch_experts(activation: str = "swiglu", glu_layout: str = "halves",
+                  limit: float = DEFAULT_LIMIT, alpha: float = DEFAULT_ALPHA,
+                  compute_dtype: torch.dtype = torch.float32) -> ExpertsFn:  # fmt: skip
     """A plain torch experts function (a loop over experts, computed in `compute_dtype`): the
     stand-in for gmjit on the CPU and the reference in tests. Reads split_sizes on the host."""
 
@@ -124,8 +115,9 @@ def torch_experts(activation: str = "swiglu", glu_layout: str = "halves", limit:
     return experts
 
 
-def grouped_mm_experts(activation: str = "swiglu", glu_layout: str = "halves", limit: float = 7.0,
-                       alpha: float = 1.702) -> ExpertsFn:  # fmt: skip
+def grouped_mm_experts(activation: str = "swiglu", glu_layout: str = "halves",
+                       limit: float = DEFAULT_LIMIT,
+                       alpha: float = DEFAULT_ALPHA) -> ExpertsFn:  # fmt: skip
     """Experts through `torch._grouped_mm` (bf16, sm_90+): the baseline of benchmarks/ep_moe.py."""
 
     def experts(x, split_sizes, w1, w2, b1=None, b2=None):
@@ -186,8 +178,8 @@ class ExpertParallelMoE(nn.Module):
         distributed: bool = True,
         activation: str = "swiglu",
         glu_layout: str = "halves",
-        limit: float = 7.0,
-        alpha: float = 1.702,
+        limit: float = DEFAULT_LIMIT,
+        alpha: float = DEFAULT_ALPHA,
         bias: bool = False,
         renormalize: bool = True,
         experts: str | ExpertsFn = "gmjit",

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from gmjit.torch import _weight_cache, layouts
+from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
 from gmjit.torch._checks import (GLU_ACTIVATIONS, GLU_LAYOUTS, MAX_EXPERTS, MAX_WIDTH,
                                  _check_fp8_layer, _parse_options, _parse_recipe)
 from gmjit.torch._op import grouped_mlp, quantize_weights
@@ -68,8 +69,8 @@ class GroupedMLP(nn.Module):
         bias: bool = False,
         *,
         glu_layout: str = "halves",
-        limit: float = 7.0,
-        alpha: float = 1.702,
+        limit: float = DEFAULT_LIMIT,
+        alpha: float = DEFAULT_ALPHA,
         accumulate_main_grad: bool = False,
         recipe: str = "bf16",
         dtype: torch.dtype = torch.bfloat16,
