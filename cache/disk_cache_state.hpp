@@ -1,0 +1,61 @@
+#pragma once
+// DiskCache's private state and constants, shared by its implementation files (disk_cache.cpp:
+// construction, directories, trust and warnings; disk_cache_load.cpp; disk_cache_store.cpp:
+// stores and eviction; disk_cache_admin.cpp: prune, clear, stats, listing, export).
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <unordered_set>
+
+#include "cache/disk_cache.hpp"
+#include "cache/fs_util.hpp"
+
+namespace gmjit::cache {
+namespace {
+
+constexpr std::int64_t kNsPerSecond = 1'000'000'000;
+// A hit rewrites the stamp only when it is older than this, so hot entries cause no write storm.
+constexpr std::int64_t kStampRefreshNs = 60 * kNsPerSecond;
+// The running size estimate drifts (other processes store and evict too): rescan this often.
+constexpr std::uint64_t kRescanEveryStores = 64;
+// Evicting to below the limit leaves room for many stores before the next eviction.
+constexpr double kEvictTargetFraction = 0.9;
+constexpr std::uint64_t kMaxEntryBytes = 1ull << 30;  // sanity bound on what load() reads
+// try_store's results besides 0 and errno values (which are positive).
+constexpr int kUntrusted = -1;     // a directory is not trusted (warned once)
+constexpr int kTempVanished = -2;  // ENOENT while publishing: the temp file was removed
+
+}  // namespace
+
+struct DiskCache::State {
+  mutable std::mutex warn_mutex;  // serialises calls to config.warn
+  std::mutex rng_mutex;
+  std::mt19937_64 rng{std::random_device{}() ^ static_cast<std::uint64_t>(fs::now_ns())};
+  std::mutex maintain_mutex;  // one eviction walk at a time per object
+  // The versioned directory, opened once; replaced only when it was removed from the tree.
+  std::mutex directory_mutex;
+  std::shared_ptr<const fs::UniqueFd> directory;
+  // 0: writes on. Otherwise the time (fs::monotonic_ns) before which stores are skipped after
+  // a failed write.
+  std::atomic<std::int64_t> writes_off_until_ns{0};
+  std::atomic<bool> warned_unwritable{false};
+  std::atomic<bool> warned_writable_again{false};
+  std::atomic<bool> warned_untrusted{false};
+  std::atomic<bool> warned_unopenable{false};  // a trusted directory open() refused (EMFILE, EIO)
+  std::atomic<bool> warned_unreadable_entry{false};
+  std::atomic<bool> warned_undeletable{false};  // eviction met an entry it cannot remove
+  std::array<std::atomic<bool>, static_cast<std::size_t>(Operation::count)> warned_swallowed{};
+  std::atomic<std::int64_t> size_estimate{-1};  // -1: unknown, scan on the next store
+  std::atomic<std::uint64_t> stores_since_scan{0};
+  std::mutex reported_mutex;
+  // Bad entries kept (a read-only cache, or their removal failed), each reported once.
+  std::unordered_set<std::string> reported_read_only;
+  std::atomic<std::uint64_t> hits{0}, shared_hits{0}, misses{0}, bad_entries{0}, stores{0},
+      store_failures{0}, evictions{0}, scans{0};
+};
+
+}  // namespace gmjit::cache
