@@ -172,122 +172,107 @@ void check_arguments(const CacheCommand& o) {
 
 }  // namespace
 
-int run_cache(const CacheCommand& o) {
-  check_arguments(o);  // before the cache is opened: nothing is created or removed
-  const std::string file = o.file.value_or("");
-  cache::DiskCacheConfig config = cache::DiskCacheConfig::from_environment();
-  config.warn = [](std::string_view line) {  // lines start with "gmjit cache:" already
-    std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
-  };
-  // Constructed first: it reports the environment's problems (a relative GMJIT_CACHE_DIR...).
-  cache::DiskCache disk(config);
-  if (!disk.enabled()) {
-    std::fprintf(stderr,
-                 "gmjit: the cache is disabled (GMJIT_CACHE_DISABLE, no HOME, or a warning "
-                 "above)\n");
-    return 1;
+namespace {
+
+// Each action fills `out` (printed with --json) and prints its human-readable lines otherwise.
+
+void show_stats(const cache::DiskCache& disk, bool json, nlohmann::json& out) {
+  // The local layer's fields at the top level (as before layers existed), the shared layers
+  // in lookup order under "shared_layers".
+  const cache::CacheStats local = disk.stats();
+  out = stats_json(local);
+  out["shared_layers"] = nlohmann::json::array();
+  if (!json) print_stats(local);
+  for (const cache::CacheStats& layer : disk.shared_stats()) {
+    out["shared_layers"].push_back(stats_json(layer));
+    if (!json) print_stats(layer);
   }
-  nlohmann::json out;
-  cache::PruneResult pruned;  // clear and prune
-  if ((o.action == "export" || o.action == "import") && file.empty()) {
-    throw Error(Status::invalid_argument,
-                fmt::format("cache {}: expected a bundle FILE argument", o.action));
-  }
-  if ((o.action == "clear" || o.action == "prune") && disk.read_only()) {
-    throw Error(Status::invalid_argument,
-                fmt::format("cache {}: the cache in {} is read-only (GMJIT_CACHE_READONLY is "
-                            "set); nothing was removed. Unset it to modify the cache",
-                            o.action, disk.directory().string()));
-  }
-  if (o.action == "stats") {
-    // The local layer's fields at the top level (as before layers existed), the shared layers
-    // in lookup order under "shared_layers".
-    const cache::CacheStats local = disk.stats();
-    out = stats_json(local);
-    out["shared_layers"] = nlohmann::json::array();
-    if (!o.json) print_stats(local);
-    for (const cache::CacheStats& layer : disk.shared_stats()) {
-      out["shared_layers"].push_back(stats_json(layer));
-      if (!o.json) print_stats(layer);
+}
+
+void list_entries(const cache::DiskCache& disk, bool json, nlohmann::json& out) {
+  out = nlohmann::json::array();
+  std::vector<cache::EntryListing> listings = disk.list_shared();
+  for (auto& e : disk.list()) listings.push_back(std::move(e));
+  for (const auto& e : listings) {
+    out.push_back({{"key", e.key.hex()},
+                   {"layer", e.shared ? "shared" : "local"},
+                   {"kernel", e.labels.kernel},
+                   {"arch", e.labels.arch},
+                   {"grad", e.labels.grad_mode},
+                   {"options_key", e.labels.options_key},
+                   {"bytes", e.size_bytes},
+                   {"last_used_unix", e.last_used_unix},
+                   {"path", e.path.string()}});
+    if (!json) {
+      std::printf("%s %-6s %-7s %-6s %8llu B  %s\n", e.key.hex().c_str(),
+                  e.shared ? "shared" : "local", e.labels.arch.c_str(), e.labels.grad_mode.c_str(),
+                  static_cast<unsigned long long>(e.size_bytes), e.labels.kernel.c_str());
     }
-  } else if (o.action == "list") {
-    out = nlohmann::json::array();
-    std::vector<cache::EntryListing> listings = disk.list_shared();
-    for (auto& e : disk.list()) listings.push_back(std::move(e));
-    for (const auto& e : listings) {
-      out.push_back({{"key", e.key.hex()},
-                     {"layer", e.shared ? "shared" : "local"},
-                     {"kernel", e.labels.kernel},
-                     {"arch", e.labels.arch},
-                     {"grad", e.labels.grad_mode},
-                     {"options_key", e.labels.options_key},
-                     {"bytes", e.size_bytes},
-                     {"last_used_unix", e.last_used_unix},
-                     {"path", e.path.string()}});
-      if (!o.json) {
-        std::printf("%s %-6s %-7s %-6s %8llu B  %s\n", e.key.hex().c_str(),
-                    e.shared ? "shared" : "local", e.labels.arch.c_str(),
-                    e.labels.grad_mode.c_str(), static_cast<unsigned long long>(e.size_bytes),
-                    e.labels.kernel.c_str());
-      }
-    }
-  } else if (o.action == "clear") {
+  }
+}
+
+void export_bundle(const cache::DiskCache& disk, const std::string& file, bool json,
+                   nlohmann::json& out) {
+  // The local layer's valid entries; shared layers are exported from their own directory
+  // (GMJIT_CACHE_DIR=<layer> gmjit cache export).
+  std::uint64_t skipped = 0;
+  std::string unread;
+  const std::vector<cache::RawEntry> entries = disk.read_valid_entries(&skipped, &unread);
+  if (!unread.empty()) {  // a bundle of some or none of the entries would pass for all of them
+    throw Error(Status::internal,
+                fmt::format("cache export: {}; nothing was written to {}", unread, file));
+  }
+  const std::vector<std::byte> bytes = cache::bundle::encode(entries);
+  write_file_atomically(file, bytes);
+  out = {{"exported", entries.size()},
+         {"skipped_bad", skipped},
+         {"bytes", bytes.size()},
+         {"file", file},
+         {"directory", disk.directory().string()}};
+  if (!json) {
+    std::printf("exported %zu entries (%llu bad ones skipped) from %s to %s (%.2f MiB)\n",
+                entries.size(), static_cast<unsigned long long>(skipped), disk.directory().c_str(),
+                file.c_str(), static_cast<double>(bytes.size()) / (1 << 20));
+  }
+}
+
+void import_bundle(cache::DiskCache& disk, const std::string& file, bool json,
+                   nlohmann::json& out) {
+  const cache::bundle::ImportResult result =
+      cache::bundle::import_into(disk, read_whole_file(file));
+  if (!result.ok()) {
+    throw Error(Status::invalid_argument, fmt::format("import '{}': {}; {} entries published", file,
+                                                      result.error, result.published));
+  }
+  out = {{"imported", result.present},
+         {"published", result.published},
+         {"evicted", result.evicted},
+         {"file", file},
+         {"directory", disk.directory().string()}};
+  if (json) return;
+  if (result.evicted == 0) {
+    std::printf("imported %llu entries from %s into %s\n",
+                static_cast<unsigned long long>(result.present), file.c_str(),
+                disk.directory().c_str());
+  } else {
+    std::printf(
+        "imported %llu of %llu entries from %s into %s; %llu were evicted again by the size bound "
+        "(GMJIT_CACHE_MAXSIZE, %llu bytes): raise it to keep them all\n",
+        static_cast<unsigned long long>(result.present),
+        static_cast<unsigned long long>(result.present + result.evicted), file.c_str(),
+        disk.directory().c_str(), static_cast<unsigned long long>(result.evicted),
+        static_cast<unsigned long long>(disk.stats().max_bytes));
+  }
+}
+
+// clear (prune to nothing) and prune (to --max-size, by --older-than).
+cache::PruneResult remove_entries(cache::DiskCache& disk, const CacheCommand& o,
+                                  nlohmann::json& out) {
+  cache::PruneResult pruned;
+  if (o.action == "clear") {
     pruned = disk.clear();
     out = {{"removed", pruned.removed}, {"failed", failures_json(pruned)}};
-    if (!o.json) {
-      std::printf("removed %llu entries\n", static_cast<unsigned long long>(pruned.removed));
-    }
-  } else if (o.action == "export") {
-    // The local layer's valid entries; shared layers are exported from their own directory
-    // (GMJIT_CACHE_DIR=<layer> gmjit cache export).
-    std::uint64_t skipped = 0;
-    std::string unread;
-    const std::vector<cache::RawEntry> entries = disk.read_valid_entries(&skipped, &unread);
-    if (!unread.empty()) {  // a bundle of some or none of the entries would pass for all of them
-      throw Error(Status::internal,
-                  fmt::format("cache export: {}; nothing was written to {}", unread, file));
-    }
-    const std::vector<std::byte> bytes = cache::bundle::encode(entries);
-    write_file_atomically(file, bytes);
-    out = {{"exported", entries.size()},
-           {"skipped_bad", skipped},
-           {"bytes", bytes.size()},
-           {"file", file},
-           {"directory", disk.directory().string()}};
-    if (!o.json) {
-      std::printf("exported %zu entries (%llu bad ones skipped) from %s to %s (%.2f MiB)\n",
-                  entries.size(), static_cast<unsigned long long>(skipped),
-                  disk.directory().c_str(), file.c_str(),
-                  static_cast<double>(bytes.size()) / (1 << 20));
-    }
-  } else if (o.action == "import") {
-    const cache::bundle::ImportResult result =
-        cache::bundle::import_into(disk, read_whole_file(file));
-    if (!result.ok()) {
-      throw Error(Status::invalid_argument, fmt::format("import '{}': {}; {} entries published",
-                                                        file, result.error, result.published));
-    }
-    out = {{"imported", result.present},
-           {"published", result.published},
-           {"evicted", result.evicted},
-           {"file", file},
-           {"directory", disk.directory().string()}};
-    if (!o.json) {
-      if (result.evicted == 0) {
-        std::printf("imported %llu entries from %s into %s\n",
-                    static_cast<unsigned long long>(result.present), file.c_str(),
-                    disk.directory().c_str());
-      } else {
-        std::printf(
-            "imported %llu of %llu entries from %s into %s; %llu were evicted again by the "
-            "size bound (GMJIT_CACHE_MAXSIZE, %llu bytes): raise it to keep them all\n",
-            static_cast<unsigned long long>(result.present),
-            static_cast<unsigned long long>(result.present + result.evicted), file.c_str(),
-            disk.directory().c_str(), static_cast<unsigned long long>(result.evicted),
-            static_cast<unsigned long long>(disk.stats().max_bytes));
-      }
-    }
-  } else {  // prune
+  } else {
     std::uint64_t max_bytes = disk.stats().max_bytes;
     if (o.max_size) {
       const auto parsed = cache::parse_size(*o.max_size);
@@ -311,9 +296,51 @@ int run_cache(const CacheCommand& o) {
     out = {{"removed", pruned.removed},
            {"failed", failures_json(pruned)},
            {"stats", stats_json(disk.stats())}};
-    if (!o.json) {
-      std::printf("removed %llu entries\n", static_cast<unsigned long long>(pruned.removed));
-    }
+  }
+  if (!o.json)
+    std::printf("removed %llu entries\n", static_cast<unsigned long long>(pruned.removed));
+  return pruned;
+}
+
+}  // namespace
+
+int run_cache(const CacheCommand& o) {
+  check_arguments(o);  // before the cache is opened: nothing is created or removed
+  const std::string file = o.file.value_or("");
+  cache::DiskCacheConfig config = cache::DiskCacheConfig::from_environment();
+  config.warn = [](std::string_view line) {  // lines start with "gmjit cache:" already
+    std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+  };
+  // Constructed first: it reports the environment's problems (a relative GMJIT_CACHE_DIR...).
+  cache::DiskCache disk(config);
+  if (!disk.enabled()) {
+    std::fprintf(stderr,
+                 "gmjit: the cache is disabled (GMJIT_CACHE_DISABLE, no HOME, or a warning "
+                 "above)\n");
+    return 1;
+  }
+  if ((o.action == "export" || o.action == "import") && file.empty()) {
+    throw Error(Status::invalid_argument,
+                fmt::format("cache {}: expected a bundle FILE argument", o.action));
+  }
+  if ((o.action == "clear" || o.action == "prune") && disk.read_only()) {
+    throw Error(Status::invalid_argument,
+                fmt::format("cache {}: the cache in {} is read-only (GMJIT_CACHE_READONLY is "
+                            "set); nothing was removed. Unset it to modify the cache",
+                            o.action, disk.directory().string()));
+  }
+  nlohmann::json out;
+  cache::PruneResult pruned;  // clear and prune
+  if (o.action == "stats") {
+    show_stats(disk, o.json, out);
+  } else if (o.action == "list") {
+    list_entries(disk, o.json, out);
+  } else if (o.action == "export") {
+    export_bundle(disk, file, o.json, out);
+  } else if (o.action == "import") {
+    import_bundle(disk, file, o.json, out);
+  } else {
+    pruned = remove_entries(disk, o, out);
   }
   if (o.json) std::printf("%s\n", out.dump(2).c_str());
   if (!pruned.error.empty()) {
