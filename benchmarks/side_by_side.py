@@ -627,12 +627,16 @@ def stub_gmjit_engine() -> None:
     import types
 
     import gmjit
-    from gmjit.torch import _op
+    from gmjit.torch import _engine_calls, _op
 
-    _op._C = types.SimpleNamespace(Layer=gmjit._C.Layer, forward=lambda *a: None,
-                                   backward=lambda *a: None)  # fmt: skip
-    _op._require_cuda = lambda x: 0
-    _op._current_stream = lambda device: 0
+    # The eager path in _op launches through its own imported _C and _current_stream; the
+    # backward (and the custom op) through _engine_calls': the stand-ins go into both.
+    stub_c = types.SimpleNamespace(Layer=gmjit._C.Layer, forward=lambda *a: None,
+                                  backward=lambda *a: None)  # fmt: skip
+    for module in (_op, _engine_calls):
+        module._C = stub_c
+        module._current_stream = lambda device: 0
+    _engine_calls._require_cuda = lambda x: 0
     _op._FAST_ON_CPU = True
 
 

@@ -108,10 +108,10 @@ LAYER_LIMITS = [
 def test_layers_beyond_the_engine_limits_are_rejected_with_or_without_tokens(
     sizes, options, pattern, tokens, fast, monkeypatch
 ):
-    from gmjit.torch import _op
+    from op_globals import patch_op_globals
 
-    monkeypatch.setattr(_op, "_FAST_ON_CPU", fast)  # the eager path CUDA tensors take
-    monkeypatch.setattr(_op, "_entries", {})
+    # the eager path CUDA tensors take; _entries: wherever the op reads it (op_globals.py)
+    patch_op_globals(monkeypatch, _FAST_ON_CPU=fast, _entries={})
     with pytest.raises(ValueError, match=pattern):
         grouped_mlp(**layer(**sizes, tokens=tokens), **options)
 

@@ -18,12 +18,13 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import reference
-from gmjit.torch import _op, grouped_mlp
+from gmjit.torch import ACTIVATIONS, _op, grouped_mlp
+from op_globals import patch_op_globals
 
 E, H, F = 3, 64, 64
 SPLITS = [5, 0, 9]
 T = sum(SPLITS) + 2
-NAMES = {v: k for k, v in _op.ACTIVATIONS.items()}
+NAMES = {v: k for k, v in ACTIVATIONS.items()}
 
 
 def view(address: int, dtype: torch.dtype, shape) -> torch.Tensor:
@@ -158,11 +159,11 @@ class StandIn:
 def engine(monkeypatch):
     stand_in = StandIn()
     fake_c = types.SimpleNamespace(forward=stand_in.forward, backward=stand_in.backward)
-    monkeypatch.setattr(_op, "_C", fake_c)
-    monkeypatch.setattr(_op, "_layer", stand_in.layer)
-    monkeypatch.setattr(_op, "_require_cuda", lambda x: 0)
-    monkeypatch.setattr(_op, "_current_stream", lambda device: 0)
-    monkeypatch.setattr(_op, "_entries", {})  # entries made here hold stand-in layers
+    # The stand-ins go into every module of the op that reads the name (the eager path in _op
+    # reads its own imported copies of _C, _current_stream and _entries): op_globals.py.
+    patch_op_globals(monkeypatch, _C=fake_c, _layer=stand_in.layer, _require_cuda=lambda x: 0,
+                     _current_stream=lambda device: 0,
+                     _entries={})  # entries made here hold stand-in layers
     return stand_in
 
 

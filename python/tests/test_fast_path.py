@@ -9,7 +9,8 @@ import types
 import pytest
 import torch
 
-from gmjit.torch import _op, grouped_mlp
+from gmjit.torch import ACTIVATIONS, _checks, _op, grouped_mlp
+from op_globals import patch_op_globals
 from test_arguments import BAD_ARGUMENTS, E, F, H, T, args
 
 BF = torch.bfloat16
@@ -52,12 +53,11 @@ class Recorder:
 @pytest.fixture
 def rec(monkeypatch):
     r = Recorder()
-    monkeypatch.setattr(_op, "_C", types.SimpleNamespace(forward=r.forward, backward=r.backward))
-    monkeypatch.setattr(_op, "_layer", r.layer)
-    monkeypatch.setattr(_op, "_require_cuda", lambda x: 0)
-    monkeypatch.setattr(_op, "_current_stream", lambda device: 1234)
-    monkeypatch.setattr(_op, "_entries", {})
-    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    # The stand-ins go into every module of the op that reads the name (the eager path in _op
+    # reads its own imported copies of _C, _current_stream and _entries): op_globals.py.
+    patch_op_globals(monkeypatch, _C=types.SimpleNamespace(forward=r.forward, backward=r.backward),
+                     _layer=r.layer, _require_cuda=lambda x: 0, _current_stream=lambda device: 1234,
+                     _entries={}, _FAST_ON_CPU=True)  # fmt: skip
     return r
 
 
@@ -74,8 +74,8 @@ def test_bad_arguments_are_named_even_after_a_good_call(rec, warm, override, pat
 
 def test_full_checks_run_once_per_signature(rec, monkeypatch):
     checks = []
-    full = _op.check_arguments
-    monkeypatch.setattr(_op, "check_arguments", lambda *a: checks.append(1) or full(*a))
+    full = _checks.check_arguments
+    patch_op_globals(monkeypatch, check_arguments=lambda *a: checks.append(1) or full(*a))
     for tokens in (32, 7, 0, 32):  # the token count is not part of the signature
         a = args(x=torch.randn(tokens, H, dtype=BF), probs=torch.ones(tokens))
         grouped_mlp(**a)
@@ -84,7 +84,7 @@ def test_full_checks_run_once_per_signature(rec, monkeypatch):
     grouped_mlp(**args(), activation="clamped_swiglu", limit=5.0)  # other options
     grouped_mlp(**args(), activation="clamped_swiglu", limit=5.0)
     assert len(checks) == 3 and len(_op._entries) == 3
-    assert rec.layers[-1] == (_op.ACTIVATIONS["clamped_swiglu"], 0, 5.0, 1.702)
+    assert rec.layers[-1] == (ACTIVATIONS["clamped_swiglu"], 0, 5.0, 1.702)
 
 
 def test_no_grad_call_passes_pointers_tokens_and_stream(rec):

@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import reference
 import gmjit.torch
 from gmjit.torch import GroupedMLP, _checks, _op, _weight_cache, grouped_mlp, quantize_weights
+from op_globals import patch_op_globals
 from test_fake_engine import StandIn, at_offset, view
 
 BF, F32, FP8 = torch.bfloat16, torch.float32, torch.float8_e4m3fn
@@ -122,10 +123,8 @@ BAD_FP8_CALLS = [
 @pytest.mark.parametrize("override, pattern", BAD_FP8_CALLS)
 def test_bad_fp8_arguments_are_named(override, pattern, fast, monkeypatch):
     # fast: the eager path CUDA tensors take (with a stand-in that must never be reached).
-    monkeypatch.setattr(_op, "_FAST_ON_CPU", fast)
-    monkeypatch.setattr(_op, "_entries", {})
-    monkeypatch.setattr(_op, "_C", types.SimpleNamespace())
-    monkeypatch.setattr(_op, "_layer", lambda *a: "layer")
+    patch_op_globals(monkeypatch, _FAST_ON_CPU=fast, _entries={}, _C=types.SimpleNamespace(),
+                     _layer=lambda *a: "layer")  # fmt: skip
     call = {k: v for k, v in override.items() if k in ("recipe", "fp8_weights", "glu_layout")}
     with pytest.raises(ValueError, match=pattern):
         grouped_mlp(**args(**{k: v for k, v in override.items() if k not in call}), **call)
@@ -463,14 +462,13 @@ def fp8_engine(monkeypatch):
     fake_c = types.SimpleNamespace(forward=stand_in.forward, backward=stand_in.backward,
                                    forward_fp8=stand_in.forward_fp8,
                                    quantize_weights=stand_in.quantize_weights)  # fmt: skip
-    monkeypatch.setattr(_op, "_C", fake_c)
-    monkeypatch.setattr(_op, "_layer", stand_in.layer)
-    monkeypatch.setattr(_op, "_quant_layer", lambda E_, H_, F_, glu: types.SimpleNamespace(
-        E=E_, H=H_, F=F_, F1=2 * F_ if glu else F_))  # fmt: skip
-    monkeypatch.setattr(_op, "_require_cuda", lambda x: 0)
-    monkeypatch.setattr(_op, "_weights_device", lambda w: 0)
-    monkeypatch.setattr(_op, "_current_stream", lambda device: 0)
-    monkeypatch.setattr(_op, "_entries", {})
+    # The stand-ins go into every module of the op that reads the name (the eager path in _op
+    # reads its own imported copies of _C, _current_stream and _entries): op_globals.py.
+    patch_op_globals(monkeypatch, _C=fake_c, _layer=stand_in.layer,
+                     _quant_layer=lambda E_, H_, F_, glu: types.SimpleNamespace(
+                         E=E_, H=H_, F=F_, F1=2 * F_ if glu else F_),
+                     _require_cuda=lambda x: 0, _weights_device=lambda w: 0,
+                     _current_stream=lambda device: 0, _entries={})  # fmt: skip
     return stand_in
 
 

@@ -345,17 +345,17 @@ def test_weights_loaded_at_an_offset_run_through_grouped_mlp(name, monkeypatch):
     path, against the stand-in engine, which refuses misaligned pointers as the engine does."""
     import types
 
-    from gmjit.torch import _op, grouped_mlp
+    from gmjit.torch import grouped_mlp
+    from op_globals import patch_op_globals
     from test_fake_engine import StandIn, at_offset
 
     stand_in = StandIn()
-    monkeypatch.setattr(_op, "_C", types.SimpleNamespace(forward=stand_in.forward,
-                                                         backward=stand_in.backward))  # fmt: skip
-    monkeypatch.setattr(_op, "_layer", stand_in.layer)
-    monkeypatch.setattr(_op, "_require_cuda", lambda x: 0)
-    monkeypatch.setattr(_op, "_current_stream", lambda device: 0)
-    monkeypatch.setattr(_op, "_entries", {})
-    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    # The stand-ins go into every module of the op that reads the name (the eager path in _op
+    # reads its own imported copies of _C, _current_stream and _entries): op_globals.py.
+    patch_op_globals(monkeypatch, _C=types.SimpleNamespace(forward=stand_in.forward,
+                                                           backward=stand_in.backward),
+                     _layer=stand_in.layer, _require_cuda=lambda x: 0,
+                     _current_stream=lambda device: 0, _entries={}, _FAST_ON_CPU=True)  # fmt: skip
     m = hf_configs.experts_module(name)
     for pname, p in list(m.named_parameters()):
         setattr(m, pname, torch.nn.Parameter(at_offset(p, 2)))

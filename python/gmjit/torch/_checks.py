@@ -1,8 +1,8 @@
 """Argument checks of the grouped-MLP ops and option parsing: the engine's codes for activations,
 GLU layouts and recipes, its layer limits, and every check that names the bad argument in a
-ValueError. Pure Python over tensor metadata (no engine calls), shared by `_op` (the wrapper,
-the custom ops and their fake kernels), the module, expert parallelism and the transformers
-integration."""
+ValueError. Pure Python over tensor metadata (no engine calls), shared by the op (`_op`: the
+wrapper; `_engine_calls`: the checked signatures; `_custom_ops`: the custom ops and their fake
+kernels), the module, expert parallelism and the transformers integration."""
 
 from __future__ import annotations
 
