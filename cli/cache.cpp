@@ -297,8 +297,11 @@ cache::PruneResult remove_entries(cache::DiskCache& disk, const CacheCommand& o,
            {"failed", failures_json(pruned)},
            {"stats", stats_json(disk.stats())}};
   }
-  if (!o.json)
+  if (!pruned.error.empty()) {
+    out = {{"error", pruned.error}};  // no count that could pass for an empty cache
+  } else if (!o.json) {
     std::printf("removed %llu entries\n", static_cast<unsigned long long>(pruned.removed));
+  }
   return pruned;
 }
 
@@ -344,8 +347,7 @@ int run_cache(const CacheCommand& o) {
   }
   if (o.json) std::printf("%s\n", out.dump(2).c_str());
   if (!pruned.error.empty()) {
-    throw Error(Status::internal,
-                fmt::format("cache {}: {}; nothing was removed", o.action, pruned.error));
+    throw Error(Status::internal, fmt::format("cache {} failed: {}", o.action, pruned.error));
   }
   if (!pruned.ok()) throw Error(Status::internal, removal_failures(o.action, pruned));
   return 0;

@@ -30,7 +30,7 @@ struct PreparedKeyHash {
 
 namespace gmjit {
 
-struct Engine::Impl {
+struct GMJIT_HIDDEN Engine::Impl {
   explicit Impl(const EngineOptions& options);
 
   // The plan of `key` (its device field is ignored) compiled for `arch`, built once.

@@ -6,8 +6,11 @@
 
 #if defined(__GNUC__) || defined(__clang__)
 #define GMJIT_API __attribute__((visibility("default")))
+/* For what a GMJIT_API class declares but keeps internal (Engine::Impl). */
+#define GMJIT_HIDDEN __attribute__((visibility("hidden")))
 #else
 #define GMJIT_API
+#define GMJIT_HIDDEN
 #endif
 
 #endif /* GMJIT_EXPORT_H_ */

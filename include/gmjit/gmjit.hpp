@@ -215,7 +215,7 @@ class GMJIT_API Engine {
   static bool driver_available(std::string* why_not = nullptr);
   static std::vector<DeviceInfo> devices();
 
-  struct Impl;  // defined in engine/api/engine_impl.hpp
+  struct GMJIT_HIDDEN Impl;  // defined in engine/api/engine_impl.hpp
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -68,8 +68,13 @@ for action in clear prune "export $work/u.bundle"; do
     fail "cache $action of an untrusted folder exited 0: $(cat "$work/out")"
   fi
   ! grep -q "Sanitizer" "$work/err" || fail "a sanitizer report, not a refusal: $(cat "$work/err")"
-  grep -q "writable by group or others" "$work/err" || fail "$action: $(cat "$work/err")"
+  grep -q "writable by group or others; it was not used" "$work/err" || fail "$action: $(cat "$work/err")"
+  ! grep -q "removed" "$work/out" || fail "$action printed a count: $(cat "$work/out")"
 done
+GMJIT_CACHE_DIR="$work/u" "$gmjit" cache prune --json >"$work/out" 2>"$work/err" &&
+  fail "cache prune --json of an untrusted folder exited 0"
+grep -q '"error"' "$work/out" || fail "prune --json gave no error: $(cat "$work/out")"
+! grep -q '"removed"' "$work/out" || fail "prune --json gave a count: $(cat "$work/out")"
 [ -e "$untrusted" ] || fail "an untrusted folder lost its entry"
 [ ! -e "$work/u.bundle" ] || fail "export of an untrusted folder wrote a bundle"
 

@@ -4,8 +4,13 @@
 # fmt to the library's copy.
 set -euo pipefail
 lib="$1"
+[ -f "$lib" ] || { echo "FAIL: $lib was not built" >&2; exit 1; }
 symbols="$(nm -D --defined-only -C "$lib" | awk '{ $1 = ""; $2 = ""; sub(/^ +/, ""); print }')"
-internal="$(grep -E '^(gmjit::(engine|cache|codegen|testing)::|fmt::)' <<<"$symbols" || true)"
+# Our internals' functions, data, type information and vtables. (libstdc++ gives its own
+# templates default visibility explicitly, so the type information of std::future's internals
+# over an engine type stays visible: harmless, and no function of ours.)
+prefix='^((typeinfo( name)? for |vtable for )?)'
+internal="$(grep -E "$prefix(gmjit::(engine|cache|codegen|testing)::|gmjit::Engine::Impl|fmt::)" <<<"$symbols" || true)"
 if [ -n "$internal" ]; then
   echo "FAIL: libgmjit exports internals:" >&2
   head -20 <<<"$internal" >&2

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gmjit as a library caller gets it: `cmake --install` of this build into a fresh prefix, then a
 # separate project finds it with find_package(gmjit) and builds and runs a C and a C++ program;
-# the installed `gmjit` command starts (it finds the installed library), and the build folder
+# the installed `gmjit` command starts, the installed library and command carry the run path to
+# NVRTC (where ld.so.conf lists the toolkit they would start without it), and the build folder
 # holds no package file that find_package could pick up half made.
 set -euo pipefail
 build="$1"
@@ -15,6 +16,9 @@ cmake --install "$build" --prefix "$work/prefix" >"$work/install.log" || fail "$
 GMJIT_CACHE_DISABLE=1 "$work/prefix/bin/gmjit" doctor >"$work/doctor" 2>&1 ||
   fail "the installed gmjit does not start: $(cat "$work/doctor")"
 grep -q "nvrtc:" "$work/doctor" || fail "doctor: $(cat "$work/doctor")"
+for installed in "$work/prefix/bin/gmjit" "$work"/prefix/lib*/libgmjit.so; do
+  readelf -d "$installed" | grep -q "RUNPATH\|RPATH" || fail "$installed has no run path to NVRTC"
+done
 generator=()
 if command -v ninja >/dev/null; then generator=(-G Ninja); fi
 cmake -S "$here/consumer" -B "$work/consumer" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
