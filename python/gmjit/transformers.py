@@ -297,7 +297,9 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
         cached = _weight_cache.lookup(old, key, params)
         if cached is not None:
             return cached
-        _set_or_pop(experts, "_gmjit_weights", _weight_cache.release(old))  # free them first
+        kept = _weight_cache.release(old)  # the old copies freed first, unless graphs read them
+        old = None
+        _set_or_pop(experts, "_gmjit_weights", kept)
         source = _weight_cache.Source(params)
     with _weight_cache.making() if cacheable else contextlib.nullcontext():
         w1 = layouts.fc1_from_gate_up(up, transposed=plan.transposed, interleaved=plan.interleaved)
@@ -305,7 +307,7 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
         b1 = layouts.maybe(layouts.fc1_bias_from_gate_up, b_up, interleaved=plan.interleaved)
         out = tuple(_aligned(t) for t in (w1, w2, b1, b_down))
     if cacheable:
-        entry, out = _weight_cache.store(old, key, source, out)
+        entry, out = _weight_cache.store(kept, key, source, out)
     else:
         entry = _weight_cache.release(experts.__dict__.get("_gmjit_weights"))
     _set_or_pop(experts, "_gmjit_weights", entry)
@@ -344,11 +346,15 @@ def _fp8_weights(experts: nn.Module, plan: ExpertsPlan, recipe: str, w1: Tensor,
     cached = _weight_cache.lookup(old, key, params, lambda v: len(v) == 8 or not transposed)
     if cached is not None:
         return cached
-    _set_or_pop(experts, "_gmjit_fp8_weights", _weight_cache.release(old))
+    kept = _weight_cache.release(old)  # the old copies freed first, unless graphs read them
+    old = None
+    _set_or_pop(experts, "_gmjit_fp8_weights", kept)
+    if kept is not None and kept.longest_captured() > 4:
+        transposed = True  # a graph read the transposed copies: they are refreshed too
     source = _weight_cache.Source(params)
     with _weight_cache.making():
         weights = quantize_weights(w1, w2, recipe, transposed=transposed)
-    entry, weights = _weight_cache.store(old, key, source, weights)
+    entry, weights = _weight_cache.store(kept, key, source, weights)
     _set_or_pop(experts, "_gmjit_fp8_weights", entry)
     return weights
 

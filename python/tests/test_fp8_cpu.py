@@ -879,9 +879,9 @@ def test_a_training_module_quantizes_inside_a_captured_cuda_graph(fp8_engine, mo
 
 def test_inference_weights_a_capture_read_are_quantized_again_into_the_same_memory(
         fp8_engine, monkeypatch):  # fmt: skip
-    # The graph keeps reading the tensors it captured: they are never freed. Weights of the same
-    # shapes are quantized into them (the graph then reads the current weights); others leave
-    # them beside the new copy.
+    # The graph keeps reading the tensors it captured: they are never freed, and each new copy
+    # is quantized into them (the graph then reads the current weights), the 8-tuple of a
+    # training call too (its first four are the captured ones).
     monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
     m = GroupedMLP(E, H, F, recipe="fp8_block").eval().requires_grad_(False)
     x, split = torch.randn(T, H, dtype=BF), torch.tensor(SPLITS)
@@ -896,8 +896,81 @@ def test_inference_weights_a_capture_read_are_quantized_again_into_the_same_memo
     for got, want in zip(captured, quantize_weights(m.w1, m.w2, "fp8_block")):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     m.requires_grad_(True)
-    transposed = m.fp8_weights(transposed=True)  # 8 tensors: not the captured 4's shapes
-    assert len(transposed) == 8 and m._fp8_cache.held == [captured]
+    with torch.no_grad():
+        m.w2.mul_(2)
+    transposed = m.fp8_weights(transposed=True)
+    assert len(transposed) == 8 and all(a is b for a, b in zip(transposed, captured))
+    for got, want in zip(transposed, quantize_weights(m.w1, m.w2, "fp8_block", transposed=True)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_graph_reads_the_current_weights_through_a_train_and_eval_loop(fp8_engine, monkeypatch):
+    # RL: a rollout graph captured in eval, then training steps, then eager evaluation. Every
+    # copy is written into the captured memory, and the captured copies do not pile up.
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    m = GroupedMLP(E, H, F, recipe="fp8_block")
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    x, split = torch.randn(T, H, dtype=BF), torch.tensor(SPLITS)
+    for cycle in range(4):
+        m.eval()
+        with torch.no_grad():
+            m(x, split)  # warm-up, then the capture reads the cache
+            monkeypatch.setattr(_weight_cache, "capturing", lambda: True)
+            captured = m.fp8_weights()
+            monkeypatch.setattr(_weight_cache, "capturing", lambda: False)
+        m.train()
+        m(x, split).float().square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        m.eval()
+        with torch.no_grad():
+            m(x, split)
+        for got, want in zip(captured, quantize_weights(m.w1, m.w2, "fp8_block")):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"cycle {cycle}")
+        assert len(m._fp8_cache.captured) <= 2, cycle
+
+
+def test_invalidating_keeps_the_copies_a_graph_reads_and_writes_the_next_into_them(
+        fp8_engine, monkeypatch):  # fmt: skip
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    m = GroupedMLP(E, H, F, recipe="fp8_block").eval().requires_grad_(False)
+    m.fp8_weights()
+    monkeypatch.setattr(_weight_cache, "capturing", lambda: True)
+    captured = m.fp8_weights()
+    monkeypatch.setattr(_weight_cache, "capturing", lambda: False)
+    with torch.no_grad():
+        m.w1.data.mul_(-1)  # unseen by the version counter
+    m.invalidate_fp8_weights()
+    assert m.fp8_weights() is captured and m.fp8_quantizations == 2
+    torch.testing.assert_close(captured[0], quantize_weights(m.w1, m.w2, "fp8_block")[0], rtol=0,
+                               atol=0)  # fmt: skip
+
+
+def test_a_refresh_never_writes_into_a_weight_the_copy_holds_as_it_is():
+    # The transformers cache holds some weights themselves (a bias used as it is); a captured
+    # tuple holding a weight that has since been replaced keeps it unchanged.
+    bias, made = torch.randn(4), torch.randn(4)
+    source = _weight_cache.Source([bias])
+    entry, value = _weight_cache.store(None, ("k",), source, (made, bias))
+    assert entry.owned == (True, False)
+    entry.captured.append((value, entry.owned))  # what a capture's lookup records
+    new_bias, new_made = torch.randn(4), torch.randn(4)
+    kept_bias = bias.clone()
+    entry2, value2 = _weight_cache.store(entry, ("k2",), _weight_cache.Source([new_bias]),
+                                         (new_made, new_bias))  # fmt: skip
+    torch.testing.assert_close(bias, kept_bias, rtol=0, atol=0)
+    assert value2[1] is new_bias and len(entry2.captured) == 1
+
+
+def test_weights_that_are_inference_tensors_are_cached(fp8_engine, monkeypatch):
+    # A serving model built or moved under inference_mode: its tensors have no version counter.
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    with torch.inference_mode():
+        m = GroupedMLP(E, H, F, recipe="fp8_block").eval()
+        x = torch.randn(T, H, dtype=BF)
+        m(x, torch.tensor(SPLITS))
+        m(x, torch.tensor(SPLITS))
+    assert m.fp8_quantizations == 1
 
 
 def test_weights_quantized_inside_a_capture_are_not_cached(fp8_engine, monkeypatch):

@@ -18,10 +18,12 @@ saved for a later backward) and are not copied with their module (`copy.deepcopy
 they hold CUDA events, and name the original's weights).
 
 CUDA graphs: a copy read by a capture is part of the graph, so it is never freed while the cache
-lives: when it goes stale it is made again into the same memory (the graph then reads the new
-weights), or kept beside the new copy where the shapes differ. A copy made inside a capture is
-not cached: its kernels run only when the graph replays, so eager calls would read unwritten
-memory.
+lives (invalidation keeps it too): every later copy is written into it where the shapes agree
+(the graph then reads the current weights; a training call's 8-tuple starts with a captured
+4-tuple) and becomes the copy eager calls read as well, so captured copies do not pile up; where
+they differ (another recipe), the captured memory is kept as it is. Tensors the cache did not
+make (a bias used as it is) are never written. A copy made inside a capture is not cached: its
+kernels run only when the graph replays, so eager calls would read unwritten memory.
 """
 
 from __future__ import annotations
@@ -60,8 +62,11 @@ def invalidate_weight_caches() -> None:
 
 def weights_key(*weights: Optional[Tensor]) -> tuple:
     """The weights' addresses and version counters (with the cache's own entries beside it, e.g.
-    the recipe): what a copy was made from, compared at each call."""
-    return tuple((w.data_ptr(), w._version) for w in weights if w is not None)
+    the recipe): what a copy was made from, compared at each call. Inference tensors (a model
+    built or moved under torch.inference_mode()) have no version counter: their identity and the
+    generation decide, so writes into them need invalidate_weight_caches()."""
+    return tuple((w.data_ptr(), -1 if w.is_inference() else w._version)
+                 for w in weights if w is not None)  # fmt: skip
 
 
 class Source:
@@ -80,12 +85,29 @@ class Source:
         """Whether a copy made from this source is a copy of `weights` now: the same tensors, no
         invalidation since, and no optimizer step since unless the weights were frozen then and
         are now (a teacher's or a reference model's copies are not made again at every step of
-        the model being trained)."""
-        present = [w for w in weights if w is not None]
-        if len(present) != len(self.refs) or any(r() is not w for r, w in zip(self.refs, present)):
+        the model being trained). Runs at every call that finds the copy: plain loops."""
+        refs = self.refs
+        n = 0
+        for w in weights:
+            if w is None:
+                continue
+            if n == len(refs) or refs[n]() is not w:
+                return False
+            n += 1
+        if n != len(refs) or self.invalidations != _invalidations:
             return False
-        return self.invalidations == _invalidations and (
-            self.steps == _steps or not (self.trainable or any(w.requires_grad for w in present)))
+        if self.steps == _steps:
+            return True
+        if self.trainable:
+            return False
+        for w in weights:
+            if w is not None and w.requires_grad:
+                return False
+        return True
+
+    def weights(self) -> list[Tensor]:
+        """The source weights still alive."""
+        return [w for w in (r() for r in self.refs) if w is not None]
 
 
 @contextlib.contextmanager
@@ -154,17 +176,23 @@ def _not_copied() -> None:
 
 class CachedCopy:
     """One cached copy: what it was made from (`key`, see weights_key, and `source`), the
-    tensors (`value`), the fence after the kernels that made them, whether a CUDA-graph capture
-    read them, and the copies stale since then that earlier captures read (`held`: kept alive
-    for their graphs)."""
+    tensors (`value`), which of them the cache made (`owned`: the others are weights used as they
+    are), the fence after the kernels that made them, and every tuple of tensors a CUDA-graph
+    capture read (`captured`, with their `owned`): the graphs keep reading that memory, so it is
+    never freed while the cache lives, and each new copy is written into it (see store)."""
 
-    __slots__ = ("key", "value", "source", "fence", "read_by_capture", "held")
+    __slots__ = ("key", "value", "source", "owned", "fence", "captured")
 
-    def __init__(self, key: tuple, value: tuple, source: Source) -> None:
-        self.key, self.value, self.source = key, value, source
+    def __init__(self, key: tuple, value: tuple, source: Source, owned: tuple,
+                 captured: Sequence[tuple[tuple, tuple]] = ()) -> None:  # fmt: skip
+        self.key, self.value, self.source, self.owned = key, value, source, owned
         self.fence = fence_after(value)
-        self.read_by_capture = False
-        self.held: list[tuple] = []
+        self.captured = list(captured)
+
+    def longest_captured(self) -> int:
+        """The most tensors of a tuple a capture read (8: the transposed copies too, which a
+        new copy must then hold as well to refresh them)."""
+        return max((len(value) for value, _ in self.captured), default=0)
 
     def __reduce__(self):
         # A module's copy (deepcopy, pickling) starts without the cache: its key names the
@@ -180,7 +208,10 @@ def lookup(entry: Optional[CachedCopy], key: tuple, weights: Sequence[Optional[T
             or (usable is not None and not usable(entry.value))):  # fmt: skip
         return None
     if capturing():
-        entry.read_by_capture = True
+        value = entry.value
+        if not any(len(c) == len(value) and all(a is b for a, b in zip(c, value))
+                   for c, _ in entry.captured):  # fmt: skip
+            entry.captured.append((value, entry.owned))
     else:
         ready_on_current_stream(entry.fence, entry.value)
     return entry.value
@@ -188,38 +219,70 @@ def lookup(entry: Optional[CachedCopy], key: tuple, weights: Sequence[Optional[T
 
 def release(entry: Optional[CachedCopy]) -> Optional[CachedCopy]:
     """What to keep of a stale `entry` while its replacement is made: nothing (its memory can
-    serve the new copy), unless a capture read it."""
-    return entry if entry is not None and (entry.read_by_capture or entry.held) else None
+    serve the new copy: callers drop their own reference too), unless captures read its
+    tensors."""
+    return entry if entry is not None and entry.captured else None
 
 
-def store(old: Optional[CachedCopy], key: tuple, source: Source,
+def invalidated(entry: Optional[CachedCopy]) -> Optional[CachedCopy]:
+    """`entry` made stale by hand: dropped, unless captures read it (then kept, and refreshed in
+    place by the next copy)."""
+    if entry is None or not entry.captured:
+        return None
+    entry.key = None
+    return entry
+
+
+def store(kept: Optional[CachedCopy], key: tuple, source: Source,
           value: tuple) -> tuple[Optional[CachedCopy], tuple]:  # fmt: skip
-    """(entry to cache, tensors to use) for `value`, a copy made from `source` to replace `old`.
-    The entry is `value`'s own; or `old`'s with `value` copied into its tensors, which are then
-    the ones to use, where a capture read them and the shapes agree (graphs keep reading the same
-    memory, now with the current weights); or `old` while capturing (`value` exists only in the
-    graph, which uses it uncached)."""
+    """(entry to cache, tensors to use) for `value`, a copy of `source`'s weights made to replace
+    `kept` (release()'s result). Every tuple a capture read is written with the new copy where
+    their shapes agree (on their common length: a captured 4-tuple takes the first four of an
+    8-tuple), so replays run the current weights; the longest of them becomes the new entry's
+    first tensors, so that graphs and eager calls share one copy. While capturing, `value`
+    exists only in the graph: it is used uncached. The writes run on the current stream, like an
+    optimizer's writes into parameters; other streams reading the copies are the caller's to
+    order."""
     if capturing():
-        return release(old), value
-    if old is not None and old.read_by_capture and _refreshable(old.value, value):
-        with torch.no_grad():
-            for into, t in zip(old.value, value):
-                if t is not None and into is not t:
+        return kept, value
+    owned = _owned(value, source.weights())
+    captured = kept.captured if kept is not None else []
+    base: Optional[tuple[tuple, tuple]] = None
+    with torch.no_grad():
+        for old, old_owned in captured:
+            n = min(len(old), len(value))
+            if not _refreshable(old[:n], old_owned[:n], value[:n]):
+                continue  # other shapes (another recipe): the graphs keep the memory they read
+            for into, t, mine in zip(old[:n], value[:n], old_owned[:n]):
+                if mine and into is not t:
                     into.copy_(t)
-        old.key, old.source, old.fence = key, source, fence_after(old.value)
-        return old, old.value
-    entry = CachedCopy(key, value, source)
-    if old is not None:
-        entry.held = old.held + ([old.value] if old.read_by_capture else [])
-    return entry, value
+            if len(old) <= len(value) and (base is None or len(old) > len(base[0])):
+                base = (old, old_owned)
+    if base is not None and len(base[0]) == len(value):
+        value, owned = base
+    elif base is not None:
+        value = base[0] + value[len(base[0]):]
+        owned = base[1] + owned[len(base[1]):]
+    return CachedCopy(key, value, source, owned, captured), value
 
 
-def _refreshable(old: tuple, new: tuple) -> bool:
-    """Whether `new` can be copied into `old`'s tensors: the same shapes, and no parameter of the
-    model in `old` (a weight used as it is) that `new` does not hold too (a replaced parameter
-    is the caller's tensor, not the cache's to write)."""
+def _owned(value: tuple, weights: Sequence[Tensor]) -> tuple:
+    """Per tensor of `value`: whether the cache made it, i.e. it is none of the weights and
+    shares memory with none of them (a weight used as it is, or a view of one, is the caller's
+    tensor, not the cache's to write)."""
+    return tuple(
+        isinstance(t, Tensor) and not any(t is w or _same_memory(t, w) for w in weights)
+        for t in value)  # fmt: skip
+
+
+def _same_memory(a: Tensor, b: Tensor) -> bool:
+    return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _refreshable(old: tuple, owned: tuple, new: tuple) -> bool:
+    """Whether `new` can be copied into `old`'s tensors: the same shapes, and every tensor the
+    cache did not make identical (never written)."""
     return len(old) == len(new) and all(
-        (x is None and y is None) or (x is not None and y is not None and x.shape == y.shape
-                                      and x.dtype == y.dtype and x.device == y.device
-                                      and (x is y or not isinstance(x, torch.nn.Parameter)))
-        for x, y in zip(old, new))  # fmt: skip
+        x is y or (mine and isinstance(y, Tensor) and x.shape == y.shape and x.dtype == y.dtype
+                   and x.device == y.device)
+        for x, mine, y in zip(old, owned, new))  # fmt: skip

@@ -153,17 +153,24 @@ class GroupedMLP(nn.Module):
         cached = _weight_cache.lookup(old, key, (w1, w2), lambda v: len(v) == 8 or not transposed)
         if cached is not None:
             return cached
-        self._fp8_cache = _weight_cache.release(old)  # free the old ones before making new ones
+        # The old copies are freed before the new ones are made, unless CUDA graphs read them
+        # (then the new ones are written into them, transposed copies included where a graph
+        # read those).
+        kept = self._fp8_cache = _weight_cache.release(old)
+        old = None
+        if kept is not None and kept.longest_captured() > 4:
+            transposed = True
         source = _weight_cache.Source((w1, w2))
         with _weight_cache.making():
             weights = quantize_weights(w1, w2, self.recipe, transposed=bool(transposed))
-        self._fp8_cache, weights = _weight_cache.store(old, key, source, weights)
+        self._fp8_cache, weights = _weight_cache.store(kept, key, source, weights)
         self.fp8_quantizations += 1
         return weights
 
     def invalidate_fp8_weights(self) -> None:
-        """Forget the quantized weights (after writes the version counter does not see)."""
-        self._fp8_cache = None
+        """Forget the quantized weights (after writes the version counter does not see); copies a
+        CUDA graph read are kept, and the next call quantizes into them."""
+        self._fp8_cache = _weight_cache.invalidated(self._fp8_cache)
 
     def extra_repr(self) -> str:
         recipe = "" if self.recipe == "bf16" else f", recipe={self.recipe}"
