@@ -111,7 +111,7 @@ GMJIT_API void gmjit_engine_destroy(gmjit_engine* engine);
 /* stream: a CUstream of the tensors' device (one of another device: GMJIT_INVALID_ARGUMENT), or
    NULL for that device's default stream. */
 GMJIT_API gmjit_status gmjit_forward(gmjit_engine* engine, const gmjit_layer* layer,
-                           const gmjit_forward_args* args, int grad, void* stream);
+                                     const gmjit_forward_args* args, int grad, void* stream);
 
 /* What a grad-enabled forward leaves for its backward (owned by the caller). */
 typedef struct gmjit_forward_context gmjit_forward_context;
@@ -120,8 +120,8 @@ typedef struct gmjit_forward_context gmjit_forward_context;
  * returns the context the backward needs in *context (destroy it with
  * gmjit_forward_context_destroy). */
 GMJIT_API gmjit_status gmjit_forward_train(gmjit_engine* engine, const gmjit_layer* layer,
-                                 const gmjit_forward_args* args, void* stream,
-                                 gmjit_forward_context** context);
+                                           const gmjit_forward_args* args, void* stream,
+                                           gmjit_forward_context** context);
 GMJIT_API void gmjit_forward_context_destroy(gmjit_forward_context* context);
 
 /* The forward's inputs, dy, and the gradients wanted (NULL = not computed). Weight gradients
@@ -146,38 +146,40 @@ typedef struct gmjit_backward_args {
 
 /* The recipe is the forward's (kept in the context). */
 GMJIT_API gmjit_status gmjit_backward(gmjit_engine* engine, const gmjit_forward_context* context,
-                            const gmjit_backward_args* args, void* stream);
+                                      const gmjit_backward_args* args, void* stream);
 
 /* Recipes (additions; the functions above run GMJIT_RECIPE_BF16). */
 
 /* gmjit_forward with a recipe. FP8 recipes read the quantized weights in *fp8 (required) and
  * not args->w1/w2, which may be NULL (given, they are still checked); BF16 takes fp8 = NULL. */
-GMJIT_API gmjit_status gmjit_forward_ex(gmjit_engine* engine, const gmjit_layer* layer, gmjit_recipe recipe,
-                              const gmjit_forward_args* args, const gmjit_fp8_weights* fp8,
-                              int grad, void* stream);
+GMJIT_API gmjit_status gmjit_forward_ex(gmjit_engine* engine, const gmjit_layer* layer,
+                                        gmjit_recipe recipe, const gmjit_forward_args* args,
+                                        const gmjit_fp8_weights* fp8, int grad, void* stream);
 
 /* gmjit_forward_train with a recipe. The context remembers the recipe: gmjit_backward of it
  * runs that recipe's backward (BF16 data gradients; FP8 ones through gmjit_backward_ex). */
 GMJIT_API gmjit_status gmjit_forward_train_ex(gmjit_engine* engine, const gmjit_layer* layer,
-                                    gmjit_recipe recipe, const gmjit_forward_args* args,
-                                    const gmjit_fp8_weights* fp8, void* stream,
-                                    gmjit_forward_context** context);
+                                              gmjit_recipe recipe, const gmjit_forward_args* args,
+                                              const gmjit_fp8_weights* fp8, void* stream,
+                                              gmjit_forward_context** context);
 
 /* Writes the FP8 weights of an FP8 recipe (*out: data and scales, see gmjit_fp8_weights) from
  * bf16 w1 [E, F1, H] and w2 [E, H, F]. Weights change only at optimizer steps: quantize once per
  * step and keep the result. A BF16 recipe is an invalid argument. */
 GMJIT_API gmjit_status gmjit_quantize_weights(gmjit_engine* engine, const gmjit_layer* layer,
-                                    gmjit_recipe recipe, const DLTensor* w1, const DLTensor* w2,
-                                    const gmjit_fp8_weights* out, void* stream);
+                                              gmjit_recipe recipe, const DLTensor* w1,
+                                              const DLTensor* w2, const gmjit_fp8_weights* out,
+                                              void* stream);
 
 /* gmjit_quantize_weights that also writes the transposed copies the FP8 data gradients read,
  * into *out_transposed (NULL: none): w1_fp8 = W1^T [E, H, F1] with w1_scales [E, H/128, F1/128],
  * w2_fp8 = W2^T [E, F, H] with w2_scales [E, F/128, H/128] (fp8_tensor recipe: [E] scales).
  * They are the quantized weights transposed, bit for bit. */
 GMJIT_API gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmjit_layer* layer,
-                                       gmjit_recipe recipe, const DLTensor* w1, const DLTensor* w2,
-                                       const gmjit_fp8_weights* out,
-                                       const gmjit_fp8_weights* out_transposed, void* stream);
+                                                 gmjit_recipe recipe, const DLTensor* w1,
+                                                 const DLTensor* w2, const gmjit_fp8_weights* out,
+                                                 const gmjit_fp8_weights* out_transposed,
+                                                 void* stream);
 
 /* gmjit_backward with the transposed FP8 weights of an FP8 recipe (gmjit_quantize_weights_ex's
  * out_transposed): the data gradients (dx, and dh for the weight gradients) then run on the FP8
@@ -185,8 +187,8 @@ GMJIT_API gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmj
  * in calls of 512 or more tokens per expert (else BF16 kernels; GMJIT_FP8_WGRAD=fp8|bf16 forces
  * one); args->w1 / w2 may be NULL. NULL: as gmjit_backward (a BF16 backward). */
 GMJIT_API gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context* context,
-                               const gmjit_backward_args* args,
-                               const gmjit_fp8_weights* fp8_transposed, void* stream);
+                                         const gmjit_backward_args* args,
+                                         const gmjit_fp8_weights* fp8_transposed, void* stream);
 
 /* The message of this thread's last call when it failed ("" when it succeeded). Valid until the
  * next call.
