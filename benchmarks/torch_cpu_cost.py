@@ -55,19 +55,9 @@ def per_call(fn: Callable[[], object], iters: int, repeats: int = 1) -> tuple[fl
 
 def stub_engine(shape: str, iters: int) -> list[tuple[str, float, float]]:
     """The Python side of gmjit.torch.grouped_mlp on CPU tensors, the engine calls stubbed."""
-    import types
+    from side_by_side import stub_gmjit_engine  # benchmarks/, next to this script
 
-    from gmjit.torch import _engine_calls, _op
-
-    # The eager path in _op launches through its own imported _C and _current_stream; the
-    # backward (and the custom op) through _engine_calls': the stand-ins go into both.
-    stub_c = types.SimpleNamespace(Layer=gmjit._C.Layer, forward=lambda *a: None,
-                                  backward=lambda *a: None)  # fmt: skip
-    for module in (_op, _engine_calls):
-        module._C = stub_c
-        module._current_stream = lambda device: 0
-    _engine_calls._require_cuda = lambda x: 0
-    _op._FAST_ON_CPU = True
+    stub_gmjit_engine()
     E, T, H, Fd = (int(v) for v in shape.split(","))
     bf = torch.bfloat16
     x = torch.randn(T, H, dtype=bf)
