@@ -1,8 +1,6 @@
-// The C API: converts DLTensors to TensorRefs and exceptions to status codes.
-#include "gmjit/gmjit.h"
-
+// The C API's calls: converts DLTensors to TensorRefs and runs the engine's forward, backward
+// and weight quantization (errors through c_api::guarded).
 #include <cstring>
-#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <string>
@@ -10,140 +8,11 @@
 
 #include <fmt/format.h>
 
-#include "gmjit/gmjit.hpp"
+#include "engine/api/c_api_support.hpp"
 
-struct gmjit_engine {
-  gmjit::Engine engine;
-};
-
-struct gmjit_forward_context {
-  gmjit::ForwardContext context;
-  gmjit::Recipe recipe = gmjit::Recipe::bf16();  // the forward's: its backward uses it too
-};
+namespace c_api = gmjit::engine::c_api;
 
 namespace {
-
-// The C enums spell the C++ ones with the same values, so that conversions are casts. Each
-// switch below gives a C++ enumerator's C spelling (-Wswitch makes a new C++ enumerator without
-// one an error; anything else gives -1); the static_asserts check that the values agree.
-constexpr int c_status(gmjit::Status status) {
-  switch (status) {
-    case gmjit::Status::ok:
-      return GMJIT_OK;
-    case gmjit::Status::invalid_argument:
-      return GMJIT_INVALID_ARGUMENT;
-    case gmjit::Status::unsupported:
-      return GMJIT_UNSUPPORTED;
-    case gmjit::Status::no_device:
-      return GMJIT_NO_DEVICE;
-    case gmjit::Status::compile_failed:
-      return GMJIT_COMPILE_FAILED;
-    case gmjit::Status::driver_error:
-      return GMJIT_DRIVER_ERROR;
-    case gmjit::Status::internal:
-      return GMJIT_INTERNAL;
-  }
-  return -1;
-}
-
-constexpr int c_activation(gmjit::Activation activation) {
-  switch (activation) {
-    case gmjit::Activation::swiglu:
-      return GMJIT_SWIGLU;
-    case gmjit::Activation::geglu:
-      return GMJIT_GEGLU;
-    case gmjit::Activation::clamped_swiglu:
-      return GMJIT_CLAMPED_SWIGLU;
-    case gmjit::Activation::srelu:
-      return GMJIT_SRELU;
-    case gmjit::Activation::gelu:
-      return GMJIT_GELU;
-    case gmjit::Activation::relu:
-      return GMJIT_RELU;
-  }
-  return -1;
-}
-
-constexpr int c_glu_layout(gmjit::GluLayout layout) {
-  switch (layout) {
-    case gmjit::GluLayout::halves:
-      return GMJIT_GLU_HALVES;
-    case gmjit::GluLayout::interleaved32:
-      return GMJIT_GLU_INTERLEAVED32;
-  }
-  return -1;
-}
-
-template <typename Cpp>
-constexpr bool same_values(int (*to_c)(Cpp), std::initializer_list<Cpp> all) {
-  for (Cpp value : all) {
-    if (to_c(value) != static_cast<int>(value)) return false;
-  }
-  return true;
-}
-
-static_assert(same_values(c_status, {gmjit::Status::ok, gmjit::Status::invalid_argument,
-                                     gmjit::Status::unsupported, gmjit::Status::no_device,
-                                     gmjit::Status::compile_failed, gmjit::Status::driver_error,
-                                     gmjit::Status::internal}));
-static_assert(same_values(c_activation,
-                          {gmjit::Activation::swiglu, gmjit::Activation::geglu,
-                           gmjit::Activation::clamped_swiglu, gmjit::Activation::srelu,
-                           gmjit::Activation::gelu, gmjit::Activation::relu}));
-static_assert(same_values(c_glu_layout,
-                          {gmjit::GluLayout::halves, gmjit::GluLayout::interleaved32}));
-
-// The C++ value of a C enum field, or an invalid_argument error naming it. A value is valid
-// when the C++ enumerator with that number maps back to it.
-// The field is read as its underlying integer: a caller may store any int there, and loading
-// an out-of-range value as the enum type itself is undefined behaviour in C++.
-template <typename Cpp, typename C>
-Cpp from_c(const C& field, int (*to_c)(Cpp), const char* name) {
-  static_assert(sizeof(C) == sizeof(int), "C API enums are int-sized");
-  int number = 0;
-  std::memcpy(&number, &field, sizeof number);
-  if (number < 0 || number > 255 || to_c(static_cast<Cpp>(number)) != number) {
-    throw gmjit::Error(gmjit::Status::invalid_argument,
-                       fmt::format("argument '{}': {} is not a valid value", name, number));
-  }
-  return static_cast<Cpp>(number);
-}
-
-// The recipe of a gmjit_recipe field (read as its underlying integer, as from_c does).
-gmjit::Recipe recipe_from_c(const gmjit_recipe& field) {
-  static_assert(sizeof(gmjit_recipe) == sizeof(int), "C API enums are int-sized");
-  int number = 0;
-  std::memcpy(&number, &field, sizeof number);
-  switch (number) {
-    case GMJIT_RECIPE_BF16:
-      return gmjit::Recipe::bf16();
-    case GMJIT_RECIPE_FP8_BLOCK:
-      return gmjit::Recipe::fp8_block();
-    case GMJIT_RECIPE_FP8_BLOCK_POW2:
-      return gmjit::Recipe::fp8_block({.power_of_two_scales = true});
-    case GMJIT_RECIPE_FP8_TENSOR:
-      return gmjit::Recipe::fp8_tensor();
-    default:
-      // std::to_string, not fmt: GCC 13's -Warray-bounds misfires on fmt's digit copy here.
-      throw gmjit::Error(gmjit::Status::invalid_argument,
-                         "argument 'recipe': " + std::to_string(number) + " is not a valid value");
-  }
-}
-
-thread_local std::string last_error;
-// Static text reported instead of last_error when the message could not be stored (out of
-// memory): recording an error must never throw out of an extern "C" function.
-thread_local const char* last_error_fallback = nullptr;
-
-void set_last_error(const char* message) noexcept {
-  try {
-    last_error.assign(message);
-    last_error_fallback = nullptr;
-  } catch (const std::exception&) {  // bad_alloc / length_error from the copy
-    last_error.clear();
-    last_error_fallback = "gmjit: out of memory while recording the error message";
-  }
-}
 
 // DLPack 1.1's kDLFloat8_e4m3fn (what torch.float8_e4m3fn tensors export); the vendored
 // dlpack.h may predate it, so the code is spelled here.
@@ -228,25 +97,6 @@ gmjit::TensorRef to_ref(const DLTensor* t, const char* name, bool fp8_bytes = fa
   return ref;
 }
 
-// Every extern "C" entry goes through here: nothing may unwind into C callers.
-template <typename Body>
-gmjit_status guarded(Body&& body) noexcept {
-  try {
-    body();
-    set_last_error("");
-    return GMJIT_OK;
-  } catch (const gmjit::Error& error) {
-    set_last_error(error.what());
-    return static_cast<gmjit_status>(c_status(error.status()));
-  } catch (const std::exception& error) {
-    set_last_error(error.what());
-    return GMJIT_INTERNAL;
-  } catch (...) {
-    set_last_error("internal error: an exception not derived from std::exception");
-    return GMJIT_INTERNAL;
-  }
-}
-
 // The C++ checks name the transposed FP8 weights as BackwardArgs and QuantizeWeightsArgs do
 // (w1t_fp8, ...); a C caller passed them as `prefix`->w1_fp8, ..., and reads those names.
 template <class Body>
@@ -272,21 +122,6 @@ struct ForwardCall {
   gmjit::ForwardArgs args;
 };
 
-// The layer description without the flags that follow from the call's optional tensors.
-gmjit::LayerSpec convert_layer(const gmjit_layer& layer) {
-  gmjit::LayerSpec spec;
-  spec.experts = layer.experts;
-  spec.hidden = layer.hidden;
-  spec.ffn = layer.ffn;
-  spec.activation.kind =
-      from_c<gmjit::Activation>(layer.activation, c_activation, "layer.activation");
-  spec.activation.layout =
-      from_c<gmjit::GluLayout>(layer.glu_layout, c_glu_layout, "layer.glu_layout");
-  spec.activation.limit = layer.clamp_limit;
-  spec.activation.alpha = layer.clamp_alpha;
-  return spec;
-}
-
 ForwardCall convert_forward(gmjit_engine* engine, const gmjit_layer* layer,
                             const gmjit_forward_args* args, const gmjit::Recipe& recipe,
                             const gmjit_fp8_weights* fp8) {
@@ -304,7 +139,7 @@ ForwardCall convert_forward(gmjit_engine* engine, const gmjit_layer* layer,
                        "argument 'fp8' must be null with the BF16 recipe");
   }
   ForwardCall call;
-  call.spec = convert_layer(*layer);
+  call.spec = c_api::convert_layer(*layer);
   gmjit::ForwardArgs& forward = call.args;
   forward.x = to_ref(args->x, "x");
   forward.split_sizes = to_ref(args->split_sizes, "split_sizes");
@@ -343,20 +178,6 @@ ForwardCall convert_forward(gmjit_engine* engine, const gmjit_layer* layer,
 
 extern "C" {
 
-gmjit_status gmjit_engine_create(gmjit_engine** out) {
-  return guarded([&] {
-    if (out == nullptr) {
-      throw gmjit::Error(gmjit::Status::invalid_argument, "argument 'out' must not be null");
-    }
-    *out = nullptr;  // a failed call leaves nothing a caller could destroy by mistake
-    *out = std::make_unique<gmjit_engine>().release();
-  });
-}
-
-void gmjit_engine_destroy(gmjit_engine* engine) {
-  std::unique_ptr<gmjit_engine> owned(engine);
-}
-
 gmjit_status gmjit_forward(gmjit_engine* engine, const gmjit_layer* layer,
                            const gmjit_forward_args* args, int grad, void* stream) {
   return gmjit_forward_ex(engine, layer, GMJIT_RECIPE_BF16, args, nullptr, grad, stream);
@@ -365,8 +186,8 @@ gmjit_status gmjit_forward(gmjit_engine* engine, const gmjit_layer* layer,
 gmjit_status gmjit_forward_ex(gmjit_engine* engine, const gmjit_layer* layer, gmjit_recipe recipe,
                               const gmjit_forward_args* args, const gmjit_fp8_weights* fp8,
                               int grad, void* stream) {
-  return guarded([&] {
-    const gmjit::Recipe r = recipe_from_c(recipe);
+  return c_api::guarded([&] {
+    const gmjit::Recipe r = c_api::recipe_from_c(recipe);
     const ForwardCall call = convert_forward(engine, layer, args, r, fp8);
     engine->engine.forward(call.spec, r, call.args,
                            grad ? gmjit::GradMode::grad : gmjit::GradMode::no_grad, stream);
@@ -383,12 +204,12 @@ gmjit_status gmjit_forward_train_ex(gmjit_engine* engine, const gmjit_layer* lay
                                     gmjit_recipe recipe, const gmjit_forward_args* args,
                                     const gmjit_fp8_weights* fp8, void* stream,
                                     gmjit_forward_context** context) {
-  return guarded([&] {
+  return c_api::guarded([&] {
     if (context == nullptr) {
       throw gmjit::Error(gmjit::Status::invalid_argument, "argument 'context' must not be null");
     }
     *context = nullptr;  // a failed call leaves nothing a caller could destroy by mistake
-    const gmjit::Recipe r = recipe_from_c(recipe);
+    const gmjit::Recipe r = c_api::recipe_from_c(recipe);
     const ForwardCall call = convert_forward(engine, layer, args, r, fp8);
     auto made = std::make_unique<gmjit_forward_context>();
     made->context = engine->engine.forward(call.spec, r, call.args, gmjit::GradMode::grad, stream);
@@ -407,13 +228,13 @@ gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmjit_layer* 
                                        gmjit_recipe recipe, const DLTensor* w1, const DLTensor* w2,
                                        const gmjit_fp8_weights* out,
                                        const gmjit_fp8_weights* out_transposed, void* stream) {
-  return guarded([&] {
+  return c_api::guarded([&] {
     if (engine == nullptr || layer == nullptr || out == nullptr) {
       throw gmjit::Error(gmjit::Status::invalid_argument,
                          "arguments 'engine', 'layer' and 'out' must not be null");
     }
-    const gmjit::Recipe r = recipe_from_c(recipe);
-    const gmjit::LayerSpec spec = convert_layer(*layer);
+    const gmjit::Recipe r = c_api::recipe_from_c(recipe);
+    const gmjit::LayerSpec spec = c_api::convert_layer(*layer);
     gmjit::QuantizeWeightsArgs q;
     q.w1 = to_ref(w1, "w1");
     q.w2 = to_ref(w2, "w2");
@@ -444,7 +265,7 @@ gmjit_status gmjit_backward(gmjit_engine* engine, const gmjit_forward_context* c
 gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context* context,
                                const gmjit_backward_args* args,
                                const gmjit_fp8_weights* fp8_transposed, void* stream) {
-  return guarded([&] {
+  return c_api::guarded([&] {
     if (engine == nullptr || context == nullptr || args == nullptr) {
       throw gmjit::Error(gmjit::Status::invalid_argument,
                          "arguments 'engine', 'context' and 'args' must not be null");
@@ -475,23 +296,6 @@ gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context
       engine->engine.backward(context->context, context->recipe, b, stream);
     });
   });
-}
-
-const char* gmjit_last_error(void) {
-  return last_error_fallback != nullptr ? last_error_fallback : last_error.c_str();
-}
-
-static_assert(GMJIT_VERSION_MAJOR == GMJIT_PROJECT_VERSION_MAJOR &&
-                  GMJIT_VERSION_MINOR == GMJIT_PROJECT_VERSION_MINOR &&
-                  GMJIT_VERSION_PATCH == GMJIT_PROJECT_VERSION_PATCH,
-              "gmjit.h's GMJIT_VERSION_* must match project(gmjit VERSION ...) in CMakeLists.txt");
-
-int gmjit_version(void) {
-  return GMJIT_VERSION;
-}
-
-const char* gmjit_status_string(gmjit_status status) {
-  return gmjit::status_name(static_cast<gmjit::Status>(status));
 }
 
 }  // extern "C"

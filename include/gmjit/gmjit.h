@@ -3,6 +3,7 @@
 #define GMJIT_GMJIT_H_
 
 #include <dlpack/dlpack.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "gmjit/export.h"
@@ -15,7 +16,7 @@ extern "C" {
  * another minor, is not compatible with it (struct layouts, functions): compare with
  * gmjit_version() at start-up. */
 #define GMJIT_VERSION_MAJOR 0
-#define GMJIT_VERSION_MINOR 2
+#define GMJIT_VERSION_MINOR 3
 #define GMJIT_VERSION_PATCH 0
 #define GMJIT_VERSION \
   (GMJIT_VERSION_MAJOR * 10000 + GMJIT_VERSION_MINOR * 100 + GMJIT_VERSION_PATCH)
@@ -105,8 +106,59 @@ typedef struct gmjit_fp8_weights {
 
 typedef struct gmjit_engine gmjit_engine;
 
+/* An engine with the default options (gmjit_engine_options_init's). */
 GMJIT_API gmjit_status gmjit_engine_create(gmjit_engine** out);
 GMJIT_API void gmjit_engine_destroy(gmjit_engine* engine);
+
+/* Which kernels compute the weight gradients of an FP8 backward (gmjit_backward_ex). */
+typedef enum gmjit_fp8_weight_grads {
+  GMJIT_FP8_WGRAD_AUTO = 0, /* FP8 where measured faster (wide layers, many tokens), else BF16 */
+  GMJIT_FP8_WGRAD_FP8 = 1,
+  GMJIT_FP8_WGRAD_BF16 = 2
+} gmjit_fp8_weight_grads;
+
+/* An engine's options (gmjit::EngineOptions). Fill them with gmjit_engine_options_init, then
+ * change fields: struct_size tells the library which version of the struct it reads. */
+typedef struct gmjit_engine_options {
+  size_t struct_size;        /* sizeof(gmjit_engine_options) */
+  int use_disk_cache;        /* 1: the persistent kernel cache (GMJIT_CACHE_DISABLE still wins) */
+  int portable_kernels_only; /* 1: the portable mma.sync forward kernels even on Hopper */
+  int fuse_ops;              /* 0: every op a kernel of its own (a reference for the fused ones) */
+  /* No-grad forwards of at most this many tokens per expert on average run the decode kernels
+   * (16; 0: never). GMJIT_DECODE_TOKENS_PER_EXPERT, when set, replaces it. */
+  int decode_tokens_per_expert;
+  gmjit_fp8_weight_grads fp8_weight_grads; /* GMJIT_FP8_WGRAD, when set, replaces it */
+} gmjit_engine_options;
+
+/* The defaults: disk cache on, Hopper kernels where they run, fused, 16, AUTO. */
+GMJIT_API void gmjit_engine_options_init(gmjit_engine_options* options);
+
+/* An engine with `options` (NULL: the defaults). */
+GMJIT_API gmjit_status gmjit_engine_create_ex(const gmjit_engine_options* options,
+                                              gmjit_engine** out);
+
+/* What an engine has done since it was created (gmjit::EngineCounters): a warm start builds its
+ * plans from the disk cache (disk_reads) instead of NVRTC (kernels_compiled). */
+typedef struct gmjit_engine_counters {
+  uint64_t plans_built; /* forward + backward */
+  uint64_t forward_plans_built;
+  uint64_t backward_plans_built;
+  uint64_t kernels_compiled;
+  double nvrtc_seconds; /* NVRTC time summed over kernels */
+  uint64_t disk_reads;  /* kernels served from the disk cache */
+  uint64_t
+      disk_shared_reads;    /* of them, from the read-only shared layer (GMJIT_CACHE_SHARED_DIR) */
+  uint64_t disk_writes;     /* kernels published to the disk cache */
+  uint64_t memory_hits;     /* plan lookups served from memory */
+  uint64_t workspace_bytes; /* device memory the engine's workspace pools hold now */
+} gmjit_engine_counters;
+
+GMJIT_API gmjit_status gmjit_engine_get_counters(const gmjit_engine* engine,
+                                                 gmjit_engine_counters* out);
+
+/* The folder of the engine's persistent kernel cache ("" when it has none) in *out, valid until
+ * this thread's next gmjit call. */
+GMJIT_API gmjit_status gmjit_engine_cache_directory(const gmjit_engine* engine, const char** out);
 
 /* stream: a CUstream of the tensors' device (one of another device: GMJIT_INVALID_ARGUMENT), or
    NULL for that device's default stream. */
@@ -189,6 +241,44 @@ GMJIT_API gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmj
 GMJIT_API gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context* context,
                                          const gmjit_backward_args* args,
                                          const gmjit_fp8_weights* fp8_transposed, void* stream);
+
+/* Ahead-of-time compile (no GPU needed): gmjit_prepare generates and compiles, or loads from
+ * the caches, every kernel the calls described by a gmjit_prepare_spec would run, so that a job
+ * started later (any process using the same cache folder) finds them on disk. */
+
+/* The gradients of a backward (gmjit::GradientSet), as bits. */
+#define GMJIT_GRAD_DX 1u
+#define GMJIT_GRAD_DW1 2u
+#define GMJIT_GRAD_DB1 4u
+#define GMJIT_GRAD_DW2 8u
+#define GMJIT_GRAD_DB2 16u
+#define GMJIT_GRAD_BF16_WEIGHTS 32u /* dw1 / dw2 written as bfloat16, not float32 */
+
+/* What a call would pass that selects its kernels; gmjit_layer holds the rest. Fill it with
+ * gmjit_prepare_spec_init, then change fields. */
+typedef struct gmjit_prepare_spec {
+  size_t struct_size; /* sizeof(gmjit_prepare_spec) */
+  gmjit_recipe recipe;
+  int fc1_bias, fc2_bias, router_probs; /* 1: the calls pass b1, b2, probs */
+  int split_sizes_int64;                /* 1: split_sizes is int64, 0: int32 */
+  int grad; /* 0: the no-grad forward (gmjit_forward); 1: the grad-enabled one (training) */
+  /* With grad = 1: the GMJIT_GRAD_* bits of the backward to prepare too; 0: no backward. */
+  unsigned int backward;
+  /* FP8 recipes: the backward of gmjit_backward_ex given the transposed weights (1, FP8 data
+   * gradients) or of gmjit_backward (0, BF16). The weight quantizer (gmjit_quantize_weights,
+   * or _ex when the backward is prepared with 1) is prepared too. */
+  int fp8_transposed_weights;
+} gmjit_prepare_spec;
+
+/* The defaults: BF16, no biases, router probs, int64 split sizes, no grad, no backward, 1. */
+GMJIT_API void gmjit_prepare_spec_init(gmjit_prepare_spec* spec);
+
+/* Prepares the plans of `layer` and `spec` for `arch` ("sm_90a", "sm_80", ...); *kernels (may be
+ * NULL) receives how many kernels they hold. gmjit_engine_get_counters says how many of them
+ * were compiled and how many came from the disk cache. */
+GMJIT_API gmjit_status gmjit_prepare(gmjit_engine* engine, const gmjit_layer* layer,
+                                     const gmjit_prepare_spec* spec, const char* arch,
+                                     int* kernels);
 
 /* The message of this thread's last call when it failed ("" when it succeeded). Valid until the
  * next call.

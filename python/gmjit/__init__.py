@@ -9,7 +9,7 @@ from __future__ import annotations
 from gmjit import _C
 from gmjit._C import Error
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 __all__ = ["Error", "cache_directory", "counters", "devices", "driver_available", "nvrtc_version"]
 
 

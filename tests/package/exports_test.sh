@@ -16,7 +16,7 @@ if [ -n "$internal" ]; then
   head -20 <<<"$internal" >&2
   exit 1
 fi
-for needed in gmjit_engine_create gmjit_version "gmjit::Engine::forward(" "typeinfo for gmjit::Error"; do
+for needed in gmjit_engine_create gmjit_engine_create_ex gmjit_prepare gmjit_engine_get_counters gmjit_version "gmjit::Engine::forward(" "typeinfo for gmjit::Error"; do
   grep -qF -- "$needed" <<<"$symbols" || { echo "FAIL: libgmjit does not export $needed" >&2; exit 1; }
 done
 echo "ok: $(wc -l <<<"$symbols") symbols"

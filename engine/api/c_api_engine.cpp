@@ -1,0 +1,183 @@
+// The C API's engine: creation with options, counters, the cache folder and ahead-of-time
+// compiles (gmjit_prepare).
+#include <cstdint>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "engine/api/c_api_support.hpp"
+
+namespace c_api = gmjit::engine::c_api;
+
+namespace {
+
+gmjit::EngineOptions convert_options(const gmjit_engine_options& o) {
+  c_api::check_struct_size(o.struct_size, sizeof(gmjit_engine_options), "options",
+                           "gmjit_engine_options_init");
+  gmjit::EngineOptions options;
+  options.use_disk_cache = o.use_disk_cache != 0;
+  options.portable_kernels_only = o.portable_kernels_only != 0;
+  options.fuse_ops = o.fuse_ops != 0;
+  if (o.decode_tokens_per_expert < 0) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       fmt::format("argument 'options->decode_tokens_per_expert': must be 0 or "
+                                   "more, got {}",
+                                   o.decode_tokens_per_expert));
+  }
+  options.decode_tokens_per_expert = o.decode_tokens_per_expert;
+  options.fp8_weight_grads =
+      c_api::fp8_weight_grads_from_c(o.fp8_weight_grads, "options->fp8_weight_grads");
+  return options;
+}
+
+constexpr unsigned int kAllGradients = GMJIT_GRAD_DX | GMJIT_GRAD_DW1 | GMJIT_GRAD_DB1 |
+                                       GMJIT_GRAD_DW2 | GMJIT_GRAD_DB2 | GMJIT_GRAD_BF16_WEIGHTS;
+static_assert(kAllGradients == 63, "GMJIT_GRAD_* are the bits of gmjit::GradientSet::bits()");
+
+// The backward's gradients, checked against the call's flags as a backward call would be.
+gmjit::GradientSet convert_gradients(unsigned int bits, const gmjit::LayerSpec& spec) {
+  if ((bits & ~kAllGradients) != 0) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       fmt::format("argument 'spec->backward': {:#x} holds bits that are no "
+                                   "GMJIT_GRAD_* flag",
+                                   bits));
+  }
+  const gmjit::GradientSet g = gmjit::GradientSet::from_bits(static_cast<std::uint8_t>(bits));
+  if (!g.dx && !g.dw1 && !g.db1 && !g.dw2 && !g.db2) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       "argument 'spec->backward': names no gradient (GMJIT_GRAD_BF16_WEIGHTS "
+                       "alone); 0 prepares no backward");
+  }
+  if (g.db1 && !spec.fc1_bias) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       "argument 'spec->backward': GMJIT_GRAD_DB1 needs spec->fc1_bias");
+  }
+  if (g.db2 && !spec.fc2_bias) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       "argument 'spec->backward': GMJIT_GRAD_DB2 needs spec->fc2_bias");
+  }
+  if (g.bf16_weight_grads && !g.dw1 && !g.dw2) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       "argument 'spec->backward': GMJIT_GRAD_BF16_WEIGHTS without "
+                       "GMJIT_GRAD_DW1 or GMJIT_GRAD_DW2");
+  }
+  return g;
+}
+
+}  // namespace
+
+extern "C" {
+
+gmjit_status gmjit_engine_create(gmjit_engine** out) {
+  return c_api::guarded([&] {
+    if (out == nullptr) {
+      throw gmjit::Error(gmjit::Status::invalid_argument, "argument 'out' must not be null");
+    }
+    *out = nullptr;  // a failed call leaves nothing a caller could destroy by mistake
+    *out = std::make_unique<gmjit_engine>().release();
+  });
+}
+
+void gmjit_engine_destroy(gmjit_engine* engine) {
+  std::unique_ptr<gmjit_engine> owned(engine);
+}
+
+void gmjit_engine_options_init(gmjit_engine_options* options) {
+  if (options == nullptr) return;
+  const gmjit::EngineOptions defaults;
+  options->struct_size = sizeof(gmjit_engine_options);
+  options->use_disk_cache = defaults.use_disk_cache ? 1 : 0;
+  options->portable_kernels_only = defaults.portable_kernels_only ? 1 : 0;
+  options->fuse_ops = defaults.fuse_ops ? 1 : 0;
+  options->decode_tokens_per_expert = defaults.decode_tokens_per_expert;
+  options->fp8_weight_grads = GMJIT_FP8_WGRAD_AUTO;
+}
+
+gmjit_status gmjit_engine_create_ex(const gmjit_engine_options* options, gmjit_engine** out) {
+  return c_api::guarded([&] {
+    if (out == nullptr) {
+      throw gmjit::Error(gmjit::Status::invalid_argument, "argument 'out' must not be null");
+    }
+    *out = nullptr;  // a failed call leaves nothing a caller could destroy by mistake
+    const gmjit::EngineOptions converted =
+        options == nullptr ? gmjit::EngineOptions{} : convert_options(*options);
+    *out = std::make_unique<gmjit_engine>(converted).release();
+  });
+}
+
+gmjit_status gmjit_engine_get_counters(const gmjit_engine* engine, gmjit_engine_counters* out) {
+  return c_api::guarded([&] {
+    if (engine == nullptr || out == nullptr) {
+      throw gmjit::Error(gmjit::Status::invalid_argument,
+                         "arguments 'engine' and 'out' must not be null");
+    }
+    const gmjit::EngineCounters c = engine->engine.counters();
+    *out = gmjit_engine_counters{c.plans_built,       c.forward_plans_built, c.backward_plans_built,
+                                 c.kernels_compiled,  c.nvrtc_seconds,       c.disk_reads,
+                                 c.disk_shared_reads, c.disk_writes,         c.memory_hits,
+                                 c.workspace_bytes};
+  });
+}
+
+gmjit_status gmjit_engine_cache_directory(const gmjit_engine* engine, const char** out) {
+  return c_api::guarded([&] {
+    if (engine == nullptr || out == nullptr) {
+      throw gmjit::Error(gmjit::Status::invalid_argument,
+                         "arguments 'engine' and 'out' must not be null");
+    }
+    *out = c_api::hand_back(engine->engine.cache_directory());
+  });
+}
+
+void gmjit_prepare_spec_init(gmjit_prepare_spec* spec) {
+  if (spec == nullptr) return;
+  *spec = gmjit_prepare_spec{};
+  spec->struct_size = sizeof(gmjit_prepare_spec);
+  spec->recipe = GMJIT_RECIPE_BF16;
+  spec->router_probs = 1;
+  spec->split_sizes_int64 = 1;
+  spec->fp8_transposed_weights = 1;
+}
+
+gmjit_status gmjit_prepare(gmjit_engine* engine, const gmjit_layer* layer,
+                           const gmjit_prepare_spec* spec, const char* arch, int* kernels) {
+  return c_api::guarded([&] {
+    if (kernels != nullptr) *kernels = 0;
+    if (engine == nullptr || layer == nullptr || spec == nullptr || arch == nullptr) {
+      throw gmjit::Error(gmjit::Status::invalid_argument,
+                         "arguments 'engine', 'layer', 'spec' and 'arch' must not be null");
+    }
+    c_api::check_struct_size(spec->struct_size, sizeof(gmjit_prepare_spec), "spec",
+                             "gmjit_prepare_spec_init");
+    const gmjit::Recipe recipe = c_api::recipe_from_c(spec->recipe);
+    gmjit::LayerSpec layer_spec = c_api::convert_layer(*layer);
+    layer_spec.fc1_bias = spec->fc1_bias != 0;
+    layer_spec.fc2_bias = spec->fc2_bias != 0;
+    layer_spec.router_probs = spec->router_probs != 0;
+    layer_spec.split_dtype = spec->split_sizes_int64 != 0 ? gmjit::DType::i64 : gmjit::DType::i32;
+    if (spec->grad == 0 && spec->backward != 0) {
+      throw gmjit::Error(gmjit::Status::invalid_argument,
+                         "argument 'spec->backward': a backward needs the grad-enabled forward "
+                         "(spec->grad = 1)");
+    }
+    // Everything is checked before the first plan is prepared: a refused call prepares nothing.
+    const gmjit::GradientSet gradients =
+        spec->backward != 0 ? convert_gradients(spec->backward, layer_spec) : gmjit::GradientSet{};
+    const bool transposed = spec->fp8_transposed_weights != 0;
+    gmjit::Engine& e = engine->engine;
+    const gmjit::GradMode grad = spec->grad != 0 ? gmjit::GradMode::grad : gmjit::GradMode::no_grad;
+    std::size_t count = e.prepare(layer_spec, recipe, grad, arch).kernel_names.size();
+    if (spec->backward != 0) {
+      count +=
+          e.prepare_backward(layer_spec, recipe, gradients, arch, transposed).kernel_names.size();
+    }
+    if (recipe.is_fp8()) {
+      const bool quantizer_transposes = spec->backward != 0 && transposed;
+      count += e.prepare_weight_quantizer(layer_spec, recipe, quantizer_transposes, arch)
+                   .kernel_names.size();
+    }
+    if (kernels != nullptr) *kernels = static_cast<int>(count);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,223 @@
+// The C API's engine functions: options, counters, the cache folder and ahead-of-time compiles
+// (gmjit_prepare). No GPU: prepare compiles for an arch without loading anything.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "gmjit/gmjit.h"
+#include "gmjit/gmjit.hpp"
+#include "testing/scoped_env.hpp"
+
+namespace {
+
+gmjit_layer c_layer() {
+  return gmjit_layer{4, 256, 128, GMJIT_SWIGLU, GMJIT_GLU_HALVES, 7.0f, 1.702f};
+}
+
+bool error_mentions(const std::string& text) {
+  return std::string(gmjit_last_error()).find(text) != std::string::npos;
+}
+
+// Each test gets its own cache folder, removed afterwards.
+class CApiEngine : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("gmjit-c-engine-test-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    env_.set(dir_.string());
+    disabled_.unset();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::filesystem::path dir_;
+  gmjit::testing::ScopedEnv env_{"GMJIT_CACHE_DIR"};
+  gmjit::testing::ScopedEnv disabled_{"GMJIT_CACHE_DISABLE"};
+};
+
+TEST(CApiEngineOptions, InitGivesTheCppDefaults) {
+  gmjit_engine_options o;
+  gmjit_engine_options_init(&o);
+  const gmjit::EngineOptions cpp;
+  EXPECT_EQ(o.struct_size, sizeof(gmjit_engine_options));
+  EXPECT_EQ(o.use_disk_cache != 0, cpp.use_disk_cache);
+  EXPECT_EQ(o.portable_kernels_only != 0, cpp.portable_kernels_only);
+  EXPECT_EQ(o.fuse_ops != 0, cpp.fuse_ops);
+  EXPECT_EQ(o.decode_tokens_per_expert, cpp.decode_tokens_per_expert);
+  EXPECT_EQ(o.fp8_weight_grads, GMJIT_FP8_WGRAD_AUTO);
+}
+
+TEST(CApiEngineOptions, AStructNotFilledByInitIsRejectedNamingTheInitFunction) {
+  gmjit_engine_options o{};                                    // struct_size 0
+  gmjit_engine* engine = reinterpret_cast<gmjit_engine*>(&o);  // must be overwritten with null
+  EXPECT_EQ(gmjit_engine_create_ex(&o, &engine), GMJIT_INVALID_ARGUMENT);
+  EXPECT_EQ(engine, nullptr);
+  EXPECT_TRUE(error_mentions("'options'")) << gmjit_last_error();
+  EXPECT_TRUE(error_mentions("gmjit_engine_options_init")) << gmjit_last_error();
+}
+
+TEST(CApiEngineOptions, OutOfRangeFieldsAreRejectedByName) {
+  gmjit_engine_options o;
+  gmjit_engine_options_init(&o);
+  o.decode_tokens_per_expert = -1;
+  gmjit_engine* engine = nullptr;
+  EXPECT_EQ(gmjit_engine_create_ex(&o, &engine), GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(error_mentions("'options->decode_tokens_per_expert'")) << gmjit_last_error();
+
+  gmjit_engine_options_init(&o);
+  const int bad = 7;
+  static_assert(sizeof(o.fp8_weight_grads) == sizeof bad);
+  std::memcpy(&o.fp8_weight_grads, &bad, sizeof bad);
+  EXPECT_EQ(gmjit_engine_create_ex(&o, &engine), GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(error_mentions("'options->fp8_weight_grads'")) << gmjit_last_error();
+  EXPECT_EQ(engine, nullptr);
+}
+
+TEST(CApiEngineOptions, NullOptionsAreTheDefaultsAndNullOutIsRejected) {
+  gmjit_engine* engine = nullptr;
+  ASSERT_EQ(gmjit_engine_create_ex(nullptr, &engine), GMJIT_OK) << gmjit_last_error();
+  EXPECT_NE(engine, nullptr);
+  gmjit_engine_destroy(engine);
+  EXPECT_EQ(gmjit_engine_create_ex(nullptr, nullptr), GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(error_mentions("'out'"));
+}
+
+TEST_F(CApiEngine, PrepareWarmsTheDiskCacheAndTheCountersSaySo) {
+  gmjit_engine* cold = nullptr;
+  ASSERT_EQ(gmjit_engine_create(&cold), GMJIT_OK);
+  const char* folder = nullptr;
+  ASSERT_EQ(gmjit_engine_cache_directory(cold, &folder), GMJIT_OK);
+  EXPECT_EQ(std::filesystem::path(folder).parent_path(), dir_) << folder;
+
+  const gmjit_layer layer = c_layer();
+  gmjit_prepare_spec spec;
+  gmjit_prepare_spec_init(&spec);
+  int kernels = -1;
+  ASSERT_EQ(gmjit_prepare(cold, &layer, &spec, "sm_90a", &kernels), GMJIT_OK) << gmjit_last_error();
+  EXPECT_GT(kernels, 0);
+  gmjit_engine_counters counters;
+  ASSERT_EQ(gmjit_engine_get_counters(cold, &counters), GMJIT_OK);
+  EXPECT_EQ(counters.forward_plans_built, 1u);
+  EXPECT_EQ(counters.kernels_compiled, static_cast<std::uint64_t>(kernels));
+  EXPECT_EQ(counters.disk_writes, static_cast<std::uint64_t>(kernels));
+  EXPECT_GT(counters.nvrtc_seconds, 0.0);
+  gmjit_engine_destroy(cold);
+
+  // The C++ engine's plan of the same call (int64 split sizes, router probs, no biases) comes
+  // from the disk: the C spec described that call, not another.
+  gmjit::LayerSpec cpp_layer;
+  cpp_layer.experts = 4;
+  cpp_layer.hidden = 256;
+  cpp_layer.ffn = 128;
+  cpp_layer.router_probs = true;
+  cpp_layer.split_dtype = gmjit::DType::i64;
+  gmjit::Engine warm;
+  warm.prepare(cpp_layer, gmjit::Recipe::bf16(), gmjit::GradMode::no_grad, "sm_90a");
+  EXPECT_EQ(warm.counters().kernels_compiled, 0u);
+  EXPECT_EQ(warm.counters().disk_reads, static_cast<std::uint64_t>(kernels));
+}
+
+TEST_F(CApiEngine, PrepareOfATrainingStepCountsItsForwardBackwardAndQuantizerKernels) {
+  gmjit_engine_options o;
+  gmjit_engine_options_init(&o);
+  o.use_disk_cache = 0;
+  gmjit_engine* engine = nullptr;
+  ASSERT_EQ(gmjit_engine_create_ex(&o, &engine), GMJIT_OK);
+  const char* folder = nullptr;
+  ASSERT_EQ(gmjit_engine_cache_directory(engine, &folder), GMJIT_OK);
+  EXPECT_STREQ(folder, "");
+
+  gmjit::LayerSpec cpp_layer;
+  cpp_layer.experts = 4;
+  cpp_layer.hidden = 256;
+  cpp_layer.ffn = 128;
+  cpp_layer.fc1_bias = true;
+  cpp_layer.router_probs = false;
+  cpp_layer.split_dtype = gmjit::DType::i32;
+  gmjit::GradientSet gradients;
+  gradients.db1 = true;
+  gmjit::Engine reference(gmjit::EngineOptions{.use_disk_cache = false});
+  const auto recipe = gmjit::Recipe::fp8_block();
+  const std::size_t expected =
+      reference.prepare(cpp_layer, recipe, gmjit::GradMode::grad, "sm_90a").kernel_names.size() +
+      reference.prepare_backward(cpp_layer, recipe, gradients, "sm_90a").kernel_names.size() +
+      reference.prepare_weight_quantizer(cpp_layer, recipe, true, "sm_90a").kernel_names.size();
+
+  const gmjit_layer layer = c_layer();
+  gmjit_prepare_spec spec;
+  gmjit_prepare_spec_init(&spec);
+  spec.recipe = GMJIT_RECIPE_FP8_BLOCK;
+  spec.fc1_bias = 1;
+  spec.router_probs = 0;
+  spec.split_sizes_int64 = 0;
+  spec.grad = 1;
+  spec.backward = GMJIT_GRAD_DX | GMJIT_GRAD_DW1 | GMJIT_GRAD_DB1 | GMJIT_GRAD_DW2;
+  int kernels = 0;
+  ASSERT_EQ(gmjit_prepare(engine, &layer, &spec, "sm_90a", &kernels), GMJIT_OK)
+      << gmjit_last_error();
+  EXPECT_EQ(static_cast<std::size_t>(kernels), expected);
+  gmjit_engine_counters counters;
+  ASSERT_EQ(gmjit_engine_get_counters(engine, &counters), GMJIT_OK);
+  EXPECT_EQ(counters.forward_plans_built, 2u);  // the forward and the weight quantizer
+  EXPECT_EQ(counters.backward_plans_built, 1u);
+  EXPECT_EQ(counters.disk_writes, 0u);
+  gmjit_engine_destroy(engine);
+}
+
+TEST_F(CApiEngine, PrepareRejectsSpecsNoCallCouldHave) {
+  gmjit_engine* engine = nullptr;
+  ASSERT_EQ(gmjit_engine_create(&engine), GMJIT_OK);
+  const gmjit_layer layer = c_layer();
+  gmjit_prepare_spec spec;
+  int kernels = -1;
+
+  gmjit_prepare_spec_init(&spec);
+  spec.backward = GMJIT_GRAD_DX;  // without grad
+  EXPECT_EQ(gmjit_prepare(engine, &layer, &spec, "sm_90a", &kernels), GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(error_mentions("'spec->backward'")) << gmjit_last_error();
+  EXPECT_EQ(kernels, 0);
+
+  spec.grad = 1;
+  spec.backward = GMJIT_GRAD_DB2;  // no fc2 bias
+  EXPECT_EQ(gmjit_prepare(engine, &layer, &spec, "sm_90a", &kernels), GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(error_mentions("GMJIT_GRAD_DB2 needs spec->fc2_bias")) << gmjit_last_error();
+
+  spec.backward = 64u;
+  EXPECT_EQ(gmjit_prepare(engine, &layer, &spec, "sm_90a", &kernels), GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(error_mentions("0x40")) << gmjit_last_error();
+
+  spec.backward = GMJIT_GRAD_BF16_WEIGHTS;
+  EXPECT_EQ(gmjit_prepare(engine, &layer, &spec, "sm_90a", &kernels), GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(error_mentions("names no gradient")) << gmjit_last_error();
+
+  gmjit_prepare_spec_init(&spec);
+  EXPECT_EQ(gmjit_prepare(engine, &layer, &spec, nullptr, &kernels), GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(error_mentions("'arch'")) << gmjit_last_error();
+  EXPECT_NE(gmjit_prepare(engine, &layer, &spec, "sm_42", &kernels), GMJIT_OK);
+  EXPECT_TRUE(error_mentions("sm_42")) << gmjit_last_error();
+
+  spec.struct_size = 0;
+  EXPECT_EQ(gmjit_prepare(engine, &layer, &spec, "sm_90a", &kernels), GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(error_mentions("gmjit_prepare_spec_init")) << gmjit_last_error();
+
+  gmjit_prepare_spec_init(&spec);
+  gmjit_layer odd = c_layer();
+  odd.hidden = 250;  // not a multiple of 8
+  EXPECT_NE(gmjit_prepare(engine, &odd, &spec, "sm_90a", &kernels), GMJIT_OK);
+  EXPECT_TRUE(error_mentions("hidden")) << gmjit_last_error();
+
+  gmjit_engine_counters counters;
+  EXPECT_EQ(gmjit_engine_get_counters(nullptr, &counters), GMJIT_INVALID_ARGUMENT);
+  EXPECT_EQ(gmjit_engine_get_counters(engine, nullptr), GMJIT_INVALID_ARGUMENT);
+  EXPECT_EQ(gmjit_engine_cache_directory(engine, nullptr), GMJIT_INVALID_ARGUMENT);
+  ASSERT_EQ(gmjit_engine_get_counters(engine, &counters), GMJIT_OK);
+  EXPECT_EQ(counters.plans_built, 0u);  // nothing was prepared by the refused calls
+  gmjit_engine_destroy(engine);
+}
+
+}  // namespace
