@@ -261,6 +261,56 @@ TEST(CApiOnGpu, TrainingForwardAndBackwardThroughDLTensors) {
   gmjit_engine_destroy(engine);
 }
 
+// A C caller's engine with options: gmjit_prepare for the device's arch compiles the kernels the
+// forward then runs (it compiles nothing more), the counters say so, and the result is right
+// with the portable kernels the options asked for.
+TEST(CApiOnGpu, PreparedKernelsServeTheForwardOfAnEngineWithOptions) {
+  GMJIT_REQUIRE_GPU();
+  const LayerSpec layer = runtime_layer();
+  const HostLayer host = make_host_layer(layer, {30, 0, 200, 26}, 256, 17);
+  const Reference ref = reference_forward(host);
+  DeviceLayer device(host, GradMode::no_grad);
+  std::int64_t shapes[8][4];
+  int next = 0;
+  auto wrap = [&](const TensorRef& t) { return dl(t, shapes[next++]); };
+  const ForwardArgs& a = device.args;
+  const DLTensor x = wrap(a.x), split = wrap(a.split_sizes), w1 = wrap(a.w1), w2 = wrap(a.w2),
+                 b2 = wrap(a.b2), probs = wrap(a.probs), y = wrap(a.y);
+  gmjit_engine_options options;
+  gmjit_engine_options_init(&options);
+  options.use_disk_cache = 0;
+  options.portable_kernels_only = 1;
+  gmjit_engine* engine = nullptr;
+  ASSERT_EQ(gmjit_engine_create_ex(&options, &engine), GMJIT_OK) << gmjit_last_error();
+  const gmjit_layer c_layer{4, 256, 128, GMJIT_SWIGLU, GMJIT_GLU_HALVES, 7.0f, 1.702f};
+  gmjit_prepare_spec spec;
+  gmjit_prepare_spec_init(&spec);
+  spec.fc2_bias = 1;
+  spec.router_probs = 1;
+  spec.split_sizes_int64 = layer.split_dtype == DType::i64 ? 1 : 0;
+  int kernels = 0;
+  ASSERT_EQ(gmjit_prepare(engine, &c_layer, &spec, Engine::devices().at(0).arch.c_str(), &kernels),
+            GMJIT_OK)
+      << gmjit_last_error();
+  gmjit_engine_counters prepared;
+  ASSERT_EQ(gmjit_engine_get_counters(engine, &prepared), GMJIT_OK);
+  EXPECT_EQ(prepared.kernels_compiled, static_cast<std::uint64_t>(kernels));
+  const gmjit_forward_args fwd{&x, &split, &w1, nullptr, &w2, &b2, &probs, &y, nullptr};
+  for (int call = 0; call < 2; ++call) {
+    device.y.fill_bytes(0xFF);
+    ASSERT_EQ(gmjit_forward(engine, &c_layer, &fwd, 0, nullptr), GMJIT_OK) << gmjit_last_error();
+    synchronize_device();
+    EXPECT_LT(relative_error(DeviceLayer::download(device.y, 256 * 256), ref.y), 1e-2)
+        << "call " << call;
+  }
+  gmjit_engine_counters after;
+  ASSERT_EQ(gmjit_engine_get_counters(engine, &after), GMJIT_OK);
+  EXPECT_EQ(after.kernels_compiled, prepared.kernels_compiled);
+  EXPECT_EQ(after.disk_reads, 0u);
+  EXPECT_GE(after.memory_hits, 1u);  // the second forward's plan
+  gmjit_engine_destroy(engine);
+}
+
 }  // namespace
 }  // namespace gmjit::testing
 
