@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "codegen/arch_limits.hpp"
 #include "engine/api/c_api_support.hpp"
 
 namespace c_api = gmjit::engine::c_api;
@@ -32,7 +33,18 @@ gmjit::EngineOptions convert_options(const gmjit_engine_options& o) {
 
 constexpr unsigned int kAllGradients = GMJIT_GRAD_DX | GMJIT_GRAD_DW1 | GMJIT_GRAD_DB1 |
                                        GMJIT_GRAD_DW2 | GMJIT_GRAD_DB2 | GMJIT_GRAD_BF16_WEIGHTS;
-static_assert(kAllGradients == 63, "GMJIT_GRAD_* are the bits of gmjit::GradientSet::bits()");
+// GMJIT_GRAD_* are the bits of gmjit::GradientSet, one by one.
+constexpr bool only(unsigned int bit, bool gmjit::GradientSet::*field) {
+  const gmjit::GradientSet g = gmjit::GradientSet::from_bits(static_cast<std::uint8_t>(bit));
+  return g.*field && g.bits() == bit;
+}
+static_assert(only(GMJIT_GRAD_DX, &gmjit::GradientSet::dx) &&
+              only(GMJIT_GRAD_DW1, &gmjit::GradientSet::dw1) &&
+              only(GMJIT_GRAD_DB1, &gmjit::GradientSet::db1) &&
+              only(GMJIT_GRAD_DW2, &gmjit::GradientSet::dw2) &&
+              only(GMJIT_GRAD_DB2, &gmjit::GradientSet::db2) &&
+              only(GMJIT_GRAD_BF16_WEIGHTS, &gmjit::GradientSet::bf16_weight_grads) &&
+              kAllGradients == 63);
 
 // The backward's gradients, checked against the call's flags as a backward call would be.
 gmjit::GradientSet convert_gradients(unsigned int bits, const gmjit::LayerSpec& spec) {
@@ -95,9 +107,7 @@ void gmjit_engine_options_init(gmjit_engine_options* options) {
 
 gmjit_status gmjit_engine_create_ex(const gmjit_engine_options* options, gmjit_engine** out) {
   return c_api::guarded([&] {
-    if (out == nullptr) {
-      throw gmjit::Error(gmjit::Status::invalid_argument, "argument 'out' must not be null");
-    }
+    c_api::require(out, "out");
     *out = nullptr;  // a failed call leaves nothing a caller could destroy by mistake
     const gmjit::EngineOptions converted =
         options == nullptr ? gmjit::EngineOptions{} : convert_options(*options);
@@ -107,10 +117,8 @@ gmjit_status gmjit_engine_create_ex(const gmjit_engine_options* options, gmjit_e
 
 gmjit_status gmjit_engine_get_counters(const gmjit_engine* engine, gmjit_engine_counters* out) {
   return c_api::guarded([&] {
-    if (engine == nullptr || out == nullptr) {
-      throw gmjit::Error(gmjit::Status::invalid_argument,
-                         "arguments 'engine' and 'out' must not be null");
-    }
+    c_api::require(engine, "engine");
+    c_api::require(out, "out");
     const gmjit::EngineCounters c = engine->engine.counters();
     *out = gmjit_engine_counters{c.plans_built,       c.forward_plans_built, c.backward_plans_built,
                                  c.kernels_compiled,  c.nvrtc_seconds,       c.disk_reads,
@@ -121,11 +129,9 @@ gmjit_status gmjit_engine_get_counters(const gmjit_engine* engine, gmjit_engine_
 
 gmjit_status gmjit_engine_cache_directory(const gmjit_engine* engine, const char** out) {
   return c_api::guarded([&] {
-    if (engine == nullptr || out == nullptr) {
-      throw gmjit::Error(gmjit::Status::invalid_argument,
-                         "arguments 'engine' and 'out' must not be null");
-    }
-    *out = c_api::hand_back(engine->engine.cache_directory());
+    c_api::require(engine, "engine");
+    c_api::require(out, "out");
+    *out = engine->cache_directory.c_str();
   });
 }
 
@@ -143,30 +149,43 @@ gmjit_status gmjit_prepare(gmjit_engine* engine, const gmjit_layer* layer,
                            const gmjit_prepare_spec* spec, const char* arch, int* kernels) {
   return c_api::guarded([&] {
     if (kernels != nullptr) *kernels = 0;
-    if (engine == nullptr || layer == nullptr || spec == nullptr || arch == nullptr) {
-      throw gmjit::Error(gmjit::Status::invalid_argument,
-                         "arguments 'engine', 'layer', 'spec' and 'arch' must not be null");
-    }
+    c_api::require(engine, "engine");
+    c_api::require(layer, "layer");
+    c_api::require(spec, "spec");
+    c_api::require(arch, "arch");
     c_api::check_struct_size(spec->struct_size, sizeof(gmjit_prepare_spec), "spec",
                              "gmjit_prepare_spec_init");
+    // Everything is checked before the first plan is prepared: a refused call prepares nothing.
+    gmjit::codegen::arch_limits(arch, "arch");  // an unknown arch, named before the layer
     const gmjit::Recipe recipe = c_api::recipe_from_c(spec->recipe);
     gmjit::LayerSpec layer_spec = c_api::convert_layer(*layer);
     layer_spec.fc1_bias = spec->fc1_bias != 0;
     layer_spec.fc2_bias = spec->fc2_bias != 0;
     layer_spec.router_probs = spec->router_probs != 0;
     layer_spec.split_dtype = spec->split_sizes_int64 != 0 ? gmjit::DType::i64 : gmjit::DType::i32;
-    if (spec->grad == 0 && spec->backward != 0) {
+    if (spec->grad != GMJIT_PREPARE_NO_GRAD && spec->grad != GMJIT_PREPARE_GRAD &&
+        spec->grad != GMJIT_PREPARE_BOTH) {
+      throw gmjit::Error(gmjit::Status::invalid_argument,
+                         fmt::format("argument 'spec->grad': {} is not GMJIT_PREPARE_NO_GRAD, "
+                                     "_GRAD or _BOTH",
+                                     spec->grad));
+    }
+    if (spec->grad == GMJIT_PREPARE_NO_GRAD && spec->backward != 0) {
       throw gmjit::Error(gmjit::Status::invalid_argument,
                          "argument 'spec->backward': a backward needs the grad-enabled forward "
-                         "(spec->grad = 1)");
+                         "(spec->grad GMJIT_PREPARE_GRAD or GMJIT_PREPARE_BOTH)");
     }
-    // Everything is checked before the first plan is prepared: a refused call prepares nothing.
     const gmjit::GradientSet gradients =
         spec->backward != 0 ? convert_gradients(spec->backward, layer_spec) : gmjit::GradientSet{};
     const bool transposed = spec->fp8_transposed_weights != 0;
     gmjit::Engine& e = engine->engine;
-    const gmjit::GradMode grad = spec->grad != 0 ? gmjit::GradMode::grad : gmjit::GradMode::no_grad;
-    std::size_t count = e.prepare(layer_spec, recipe, grad, arch).kernel_names.size();
+    std::size_t count = 0;
+    if (spec->grad != GMJIT_PREPARE_GRAD) {
+      count += e.prepare(layer_spec, recipe, gmjit::GradMode::no_grad, arch).kernel_names.size();
+    }
+    if (spec->grad != GMJIT_PREPARE_NO_GRAD) {
+      count += e.prepare(layer_spec, recipe, gmjit::GradMode::grad, arch).kernel_names.size();
+    }
     if (spec->backward != 0) {
       count +=
           e.prepare_backward(layer_spec, recipe, gradients, arch, transposed).kernel_names.size();

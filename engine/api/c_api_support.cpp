@@ -114,7 +114,6 @@ thread_local std::string last_error;
 // Static text reported instead of last_error when the message could not be stored (out of
 // memory): recording an error must never throw out of an extern "C" function.
 thread_local const char* last_error_fallback = nullptr;
-thread_local std::string handed_back;
 
 }  // namespace
 
@@ -134,11 +133,6 @@ const char* last_error_text() noexcept {
 
 gmjit_status status_to_c(Status status) noexcept {
   return static_cast<gmjit_status>(c_status(status));
-}
-
-const char* hand_back(std::string text) {
-  handed_back = std::move(text);
-  return handed_back.c_str();
 }
 
 // The recipe of a gmjit_recipe field (read as its underlying integer, as from_c does).

@@ -10,8 +10,10 @@
 #include "gmjit/gmjit.hpp"
 
 struct gmjit_engine {
-  explicit gmjit_engine(gmjit::EngineOptions options = {}) : engine(options) {}
+  explicit gmjit_engine(gmjit::EngineOptions options = {})
+      : engine(options), cache_directory(engine.cache_directory()) {}
   gmjit::Engine engine;
+  const std::string cache_directory;  // fixed for the engine's life (gmjit_engine_cache_directory)
 };
 
 struct gmjit_forward_context {
@@ -45,9 +47,12 @@ gmjit_status guarded(Body&& body) noexcept {
   }
 }
 
-// A string handed back to the caller: kept, per thread, until the thread's next call that hands
-// one back.
-const char* hand_back(std::string text);
+// An invalid_argument error naming `name` when `pointer` is null.
+inline void require(const void* pointer, const char* name) {
+  if (pointer == nullptr) {
+    throw Error(Status::invalid_argument, std::string("argument '") + name + "' must not be null");
+  }
+}
 
 // The C enums' values, or an invalid_argument error naming `name` (the fields are read as their
 // underlying integers: a caller may store any int there).

@@ -118,7 +118,8 @@ typedef enum gmjit_fp8_weight_grads {
 } gmjit_fp8_weight_grads;
 
 /* An engine's options (gmjit::EngineOptions). Fill them with gmjit_engine_options_init, then
- * change fields: struct_size tells the library which version of the struct it reads. */
+ * change fields; struct_size must stay this header's sizeof (a struct of another version, or one
+ * not filled by the init function, is refused). */
 typedef struct gmjit_engine_options {
   size_t struct_size;        /* sizeof(gmjit_engine_options) */
   int use_disk_cache;        /* 1: the persistent kernel cache (GMJIT_CACHE_DISABLE still wins) */
@@ -140,8 +141,8 @@ GMJIT_API gmjit_status gmjit_engine_create_ex(const gmjit_engine_options* option
 /* What an engine has done since it was created (gmjit::EngineCounters): a warm start builds its
  * plans from the disk cache (disk_reads) instead of NVRTC (kernels_compiled). */
 typedef struct gmjit_engine_counters {
-  uint64_t plans_built; /* forward + backward */
-  uint64_t forward_plans_built;
+  uint64_t plans_built;         /* forward + backward */
+  uint64_t forward_plans_built; /* weight quantizers included */
   uint64_t backward_plans_built;
   uint64_t kernels_compiled;
   double nvrtc_seconds; /* NVRTC time summed over kernels */
@@ -156,8 +157,8 @@ typedef struct gmjit_engine_counters {
 GMJIT_API gmjit_status gmjit_engine_get_counters(const gmjit_engine* engine,
                                                  gmjit_engine_counters* out);
 
-/* The folder of the engine's persistent kernel cache ("" when it has none) in *out, valid until
- * this thread's next gmjit call. */
+/* The folder of the engine's persistent kernel cache ("" when it has none) in *out, valid while
+ * the engine is. */
 GMJIT_API gmjit_status gmjit_engine_cache_directory(const gmjit_engine* engine, const char** out);
 
 /* stream: a CUstream of the tensors' device (one of another device: GMJIT_INVALID_ARGUMENT), or
@@ -244,7 +245,14 @@ GMJIT_API gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forwa
 
 /* Ahead-of-time compile (no GPU needed): gmjit_prepare generates and compiles, or loads from
  * the caches, every kernel the calls described by a gmjit_prepare_spec would run, so that a job
- * started later (any process using the same cache folder) finds them on disk. */
+ * started later (any process using the same cache folder) finds them on disk. The kernels
+ * follow the engine's options (and the GMJIT_* variables that replace them): they serve a job
+ * whose engine has the same ones. */
+
+/* gmjit_prepare_spec.grad: which forwards. Training with activation recompute runs both. */
+#define GMJIT_PREPARE_NO_GRAD 0
+#define GMJIT_PREPARE_GRAD 1
+#define GMJIT_PREPARE_BOTH 2
 
 /* The gradients of a backward (gmjit::GradientSet), as bits. */
 #define GMJIT_GRAD_DX 1u
@@ -255,14 +263,15 @@ GMJIT_API gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forwa
 #define GMJIT_GRAD_BF16_WEIGHTS 32u /* dw1 / dw2 written as bfloat16, not float32 */
 
 /* What a call would pass that selects its kernels; gmjit_layer holds the rest. Fill it with
- * gmjit_prepare_spec_init, then change fields. */
+ * gmjit_prepare_spec_init, then change fields (struct_size as in gmjit_engine_options). */
 typedef struct gmjit_prepare_spec {
   size_t struct_size; /* sizeof(gmjit_prepare_spec) */
   gmjit_recipe recipe;
   int fc1_bias, fc2_bias, router_probs; /* 1: the calls pass b1, b2, probs */
   int split_sizes_int64;                /* 1: split_sizes is int64, 0: int32 */
-  int grad; /* 0: the no-grad forward (gmjit_forward); 1: the grad-enabled one (training) */
-  /* With grad = 1: the GMJIT_GRAD_* bits of the backward to prepare too; 0: no backward. */
+  int grad; /* GMJIT_PREPARE_NO_GRAD, _GRAD (gmjit_forward_train) or _BOTH */
+  /* With a grad-enabled forward: the GMJIT_GRAD_* bits of the backward to prepare too (0: no
+   * backward), e.g. GMJIT_GRAD_DX | GMJIT_GRAD_DW1 | GMJIT_GRAD_DW2. */
   unsigned int backward;
   /* FP8 recipes: the backward of gmjit_backward_ex given the transposed weights (1, FP8 data
    * gradients) or of gmjit_backward (0, BF16). The weight quantizer (gmjit_quantize_weights,
@@ -270,7 +279,8 @@ typedef struct gmjit_prepare_spec {
   int fp8_transposed_weights;
 } gmjit_prepare_spec;
 
-/* The defaults: BF16, no biases, router probs, int64 split sizes, no grad, no backward, 1. */
+/* The defaults: BF16, no biases, router probs, int64 split sizes, the no-grad forward only, no
+ * backward, fp8_transposed_weights 1. */
 GMJIT_API void gmjit_prepare_spec_init(gmjit_prepare_spec* spec);
 
 /* Prepares the plans of `layer` and `spec` for `arch` ("sm_90a", "sm_80", ...); *kernels (may be

@@ -135,11 +135,11 @@ struct GradientSet {
   // never with accumulation into main-grad buffers, which are fp32.
   bool bf16_weight_grads = false;
 
-  std::uint8_t bits() const {
+  constexpr std::uint8_t bits() const {
     return static_cast<std::uint8_t>(dx | dw1 << 1 | db1 << 2 | dw2 << 3 | db2 << 4 |
                                      bf16_weight_grads << 5);
   }
-  static GradientSet from_bits(std::uint8_t b) {
+  static constexpr GradientSet from_bits(std::uint8_t b) {
     return {(b & 1) != 0, (b & 2) != 0, (b & 4) != 0, (b & 8) != 0, (b & 16) != 0, (b & 32) != 0};
   }
 };
