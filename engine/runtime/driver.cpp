@@ -1,6 +1,7 @@
 #include "engine/runtime/driver.hpp"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <mutex>
 #include <type_traits>
@@ -17,7 +18,8 @@ using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
 
 struct LoadResult {
   DriverApi api;
-  std::string error;  // empty when loaded
+  std::string error;     // empty when loaded
+  pid_t pid = getpid();  // the process that loaded it (and ran cuInit)
 };
 
 LoadResult load_driver() {
@@ -109,8 +111,19 @@ void check_driver(CUresult result, const char* call) {
   const DriverApi& api = loaded().api;
   if (api.cuGetErrorName) api.cuGetErrorName(result, &name);
   if (api.cuGetErrorString) api.cuGetErrorString(result, &text);
-  throw Error(Status::driver_error, fmt::format("{} failed: {} ({})", call, name ? name : "?",
-                                                text ? text : "unknown error"));
+  // A forked child inherits the parent's contexts and kernels, which its driver calls cannot
+  // use: the error alone ("initialization error") does not say why.
+  const pid_t parent = loaded().pid;
+  const std::string fork_note =
+      getpid() == parent
+          ? std::string()
+          : fmt::format(
+                "; this process is a fork of the one that initialised CUDA (pid {}), and "
+                "CUDA cannot be used in a forked child: start workers with the 'spawn' "
+                "method, or call gmjit in the parent only",
+                static_cast<long>(parent));
+  throw Error(Status::driver_error, fmt::format("{} failed: {} ({}){}", call, name ? name : "?",
+                                                text ? text : "unknown error", fork_note));
 }
 
 }  // namespace gmjit::engine
