@@ -7,6 +7,7 @@
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
 #include "gmjit/error.hpp"
+#include "gmjit/recipe.hpp"
 
 namespace gmjit::codegen {
 namespace {
@@ -50,11 +51,11 @@ void check_fp8_supported(const LayerSpec& layer, const std::string& arch) {
   if (arch != "sm_90a") {
     fail(fmt::format("the FP8 recipes run on Hopper (sm_90a) only, not on {}", arch));
   }
-  if (layer.hidden % 128 != 0 || layer.ffn % 128 != 0) {
+  if (layer.hidden % kFp8Block != 0 || layer.ffn % kFp8Block != 0) {
     fail(
-        fmt::format("the FP8 recipes need hidden and ffn in multiples of 128 (whole 128-wide "
-                    "scale blocks and K tiles), got hidden {} and ffn {}",
-                    layer.hidden, layer.ffn));
+        fmt::format("the FP8 recipes need hidden and ffn in multiples of {0} (whole {0}-wide "
+                    "scale blocks and K tiles), got hidden {1} and ffn {2}",
+                    kFp8Block, layer.hidden, layer.ffn));
   }
   if (is_glu(layer.activation.kind) && layer.activation.layout != GluLayout::halves) {
     fail("the FP8 recipes need the halves GLU layout (gate rows, then lin rows)");

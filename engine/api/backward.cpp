@@ -53,9 +53,9 @@ struct BackwardWorkspace {
   std::int64_t tokens_ld = 0;
   std::size_t tokens_a = 0, tokens_a_scales = 0, tokens_b = 0, tokens_b_scales = 0;
 
-  // A token-padded layout (params.cuh) holds every expert's rows rounded up to 128.
+  // A token-padded layout (params.cuh) holds every expert's rows rounded up to kFp8Block (128).
   static std::int64_t padded_tokens(std::int64_t tokens, std::int64_t experts) {
-    return (tokens + 127) / 128 * 128 + 128 * experts;
+    return (tokens + kFp8Block - 1) / kFp8Block * kFp8Block + kFp8Block * experts;
   }
 
   // recipe: the data gradients' (bf16 where the backward has no FP8 weights); fp8_weight_grads:
@@ -78,10 +78,11 @@ struct BackwardWorkspace {
     if (layer.router_probs) dprobs = layout.add(T * 4);
     if (recipe == RecipeKind::bf16) return;
     const bool per_tensor = recipe == RecipeKind::fp8_tensor;
+    constexpr auto kBlock = static_cast<std::size_t>(kFp8Block);
     dy_fp8 = layout.add(T * H);
-    dy_scales = layout.add(per_tensor ? 4 : T * (H / 128) * 4);
+    dy_scales = layout.add(per_tensor ? 4 : T * (H / kBlock) * 4);
     dh_fp8 = layout.add(T * F1);
-    dh_scales = layout.add(per_tensor ? 4 : T * (F1 / 128) * 4);
+    dh_scales = layout.add(per_tensor ? 4 : T * (F1 / kBlock) * 4);
     // Amax slots (fp8_tensor): dy, dh, a ⊙ p, x.
     if (per_tensor) amax = layout.add(4 * 4);
     if (!fp8_weight_grads) return;
@@ -90,9 +91,9 @@ struct BackwardWorkspace {
     const std::size_t a_rows = std::max(H, F1);
     const std::size_t b_rows = std::max(static_cast<std::size_t>(layer.ffn), H);
     tokens_a = layout.add(a_rows * ld);
-    tokens_a_scales = layout.add(ld / 128 * a_rows * 4);
+    tokens_a_scales = layout.add(ld / kBlock * a_rows * 4);
     tokens_b = layout.add(b_rows * ld);
-    tokens_b_scales = layout.add(ld / 128 * b_rows * 4);
+    tokens_b_scales = layout.add(ld / kBlock * b_rows * 4);
   }
 };
 

@@ -34,8 +34,9 @@ struct ForwardWorkspace {
     activation = layout.add(T * F * (fp8 ? 1 : 2));
     if (fp8) {
       x_fp8 = layout.add(T * H);
-      x_scales = layout.add(per_tensor ? 4 : T * (H / 128) * 4);
-      act_scales = layout.add(per_tensor ? 4 : T * (F / 128) * 4);
+      constexpr auto kBlock = static_cast<std::size_t>(kFp8Block);
+      x_scales = layout.add(per_tensor ? 4 : T * (H / kBlock) * 4);
+      act_scales = layout.add(per_tensor ? 4 : T * (F / kBlock) * 4);
       if (per_tensor) {
         act_bf16 = layout.add(T * F * 2);
         amax = layout.add(2 * 4);

@@ -124,7 +124,7 @@ void check_no_overlap(std::initializer_list<NamedTensor> outputs,
   }
 }
 
-// One FP8 weight of `recipe`, [E, rows, cols] E4M3, with its fp32 scales: one per 128 x 128
+// One FP8 weight of `recipe`, [E, rows, cols] E4M3, with its fp32 scales: one per kFp8Block^2
 // block (fp8_block) or per expert matrix (fp8_tensor).
 void check_fp8_weight(const char* data_name, const TensorRef& data, const char* scales_name,
                       const TensorRef& scales, const Recipe& recipe, std::int64_t E,
@@ -133,7 +133,7 @@ void check_fp8_weight(const char* data_name, const TensorRef& data, const char* 
   if (recipe.kind() == RecipeKind::fp8_tensor) {
     check_tensor(scales_name, scales, DType::f32, {E}, device);
   } else {
-    check_tensor(scales_name, scales, DType::f32, {E, rows / 128, cols / 128}, device);
+    check_tensor(scales_name, scales, DType::f32, {E, rows / kFp8Block, cols / kFp8Block}, device);
   }
 }
 

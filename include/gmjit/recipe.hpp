@@ -15,6 +15,10 @@ enum class RecipeKind : std::uint8_t {
                // tensor, one per expert weight matrix, from their amax in this call
 };
 
+// The FP8 block recipe's block edge: activations carry one scale per 1 x kFp8Block elements along
+// K, weights one per kFp8Block x kFp8Block block; the FP8 widths (hidden, ffn) are multiples of it.
+inline constexpr std::int64_t kFp8Block = 128;
+
 struct Fp8BlockOptions {
   // Round every scale up to a power of two: dequantization is then exact in fp32 (no rounding
   // from the scale multiply), at up to one bit less of E4M3 range used.
