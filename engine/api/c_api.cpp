@@ -42,7 +42,32 @@ gmjit::DType dtype_of(const DLTensor& t, const char* name, bool fp8_bytes) {
                                  name, d.code, d.bits, d.lanes));
 }
 
-gmjit::TensorRef to_ref(const DLTensor* t, const char* name, bool fp8_bytes = false) {
+// How to_ref reads a tensor's dtype: one of gmjit's, E4M3 bytes also as uint8 (the FP8 weights),
+// or any dtype of 1, 2, 4 or 8 bytes by its width alone (a workspace, whose dtype is free).
+enum class DTypeRule { strict, fp8_bytes, any_width };
+
+gmjit::DType workspace_dtype(const DLTensor& t, const char* name) {
+  if (t.dtype.lanes == 1) {
+    switch (t.dtype.bits) {
+      case 8:
+        return gmjit::DType::f8e4m3;
+      case 16:
+        return gmjit::DType::bf16;
+      case 32:
+        return gmjit::DType::f32;
+      case 64:
+        return gmjit::DType::i64;
+      default:
+        break;
+    }
+  }
+  throw gmjit::Error(gmjit::Status::invalid_argument,
+                     fmt::format("argument '{}': a workspace's elements must be 1, 2, 4 or 8 "
+                                 "bytes (one lane), got {} bits, {} lanes",
+                                 name, t.dtype.bits, t.dtype.lanes));
+}
+
+gmjit::TensorRef to_ref(const DLTensor* t, const char* name, DTypeRule rule = DTypeRule::strict) {
   gmjit::TensorRef ref;
   if (t == nullptr) return ref;
   if (t->ndim < 0 || t->ndim > 4) {
@@ -77,7 +102,8 @@ gmjit::TensorRef to_ref(const DLTensor* t, const char* name, bool fp8_bytes = fa
     }
   }
   ref.data = t->data == nullptr ? nullptr : static_cast<char*>(t->data) + t->byte_offset;
-  ref.dtype = dtype_of(*t, name, fp8_bytes);
+  ref.dtype = rule == DTypeRule::any_width ? workspace_dtype(*t, name)
+                                           : dtype_of(*t, name, rule == DTypeRule::fp8_bytes);
   ref.ndim = t->ndim;
   for (int i = 0; i < t->ndim; ++i) ref.shape[i] = t->shape[i];
   if (t->device.device_type == kDLCUDA) {
@@ -150,10 +176,11 @@ ForwardCall convert_forward(gmjit_engine* engine, const gmjit_layer* layer,
   forward.probs = to_ref(args->probs, "probs");
   forward.y = to_ref(args->y, "y");
   forward.saved_preact = to_ref(args->saved_preact, "saved_preact");
+  forward.workspace = to_ref(args->workspace, "workspace", DTypeRule::any_width);
   if (fp8 != nullptr) {
-    forward.w1_fp8 = to_ref(fp8->w1_fp8, "w1_fp8", /*fp8_bytes=*/true);
+    forward.w1_fp8 = to_ref(fp8->w1_fp8, "w1_fp8", DTypeRule::fp8_bytes);
     forward.w1_scales = to_ref(fp8->w1_scales, "w1_scales");
-    forward.w2_fp8 = to_ref(fp8->w2_fp8, "w2_fp8", /*fp8_bytes=*/true);
+    forward.w2_fp8 = to_ref(fp8->w2_fp8, "w2_fp8", DTypeRule::fp8_bytes);
     forward.w2_scales = to_ref(fp8->w2_scales, "w2_scales");
   }
   if (!forward.split_sizes.present()) {
@@ -238,14 +265,14 @@ gmjit_status gmjit_quantize_weights_ex(gmjit_engine* engine, const gmjit_layer* 
     gmjit::QuantizeWeightsArgs q;
     q.w1 = to_ref(w1, "w1");
     q.w2 = to_ref(w2, "w2");
-    q.w1_fp8 = to_ref(out->w1_fp8, "w1_fp8", /*fp8_bytes=*/true);
+    q.w1_fp8 = to_ref(out->w1_fp8, "w1_fp8", DTypeRule::fp8_bytes);
     q.w1_scales = to_ref(out->w1_scales, "w1_scales");
-    q.w2_fp8 = to_ref(out->w2_fp8, "w2_fp8", /*fp8_bytes=*/true);
+    q.w2_fp8 = to_ref(out->w2_fp8, "w2_fp8", DTypeRule::fp8_bytes);
     q.w2_scales = to_ref(out->w2_scales, "w2_scales");
     if (out_transposed != nullptr) {
-      q.w1t_fp8 = to_ref(out_transposed->w1_fp8, "out_transposed->w1_fp8", /*fp8_bytes=*/true);
+      q.w1t_fp8 = to_ref(out_transposed->w1_fp8, "out_transposed->w1_fp8", DTypeRule::fp8_bytes);
       q.w1t_scales = to_ref(out_transposed->w1_scales, "out_transposed->w1_scales");
-      q.w2t_fp8 = to_ref(out_transposed->w2_fp8, "out_transposed->w2_fp8", /*fp8_bytes=*/true);
+      q.w2t_fp8 = to_ref(out_transposed->w2_fp8, "out_transposed->w2_fp8", DTypeRule::fp8_bytes);
       q.w2t_scales = to_ref(out_transposed->w2_scales, "out_transposed->w2_scales");
     }
     naming_transposed_weights("out_transposed",
@@ -286,10 +313,11 @@ gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forward_context
     b.db2 = to_ref(args->db2, "db2");
     b.dprobs = to_ref(args->dprobs, "dprobs");
     b.accumulate = args->accumulate != 0;
+    b.workspace = to_ref(args->workspace, "workspace", DTypeRule::any_width);
     if (fp8_transposed != nullptr) {
-      b.w1t_fp8 = to_ref(fp8_transposed->w1_fp8, "fp8_transposed->w1_fp8", /*fp8_bytes=*/true);
+      b.w1t_fp8 = to_ref(fp8_transposed->w1_fp8, "fp8_transposed->w1_fp8", DTypeRule::fp8_bytes);
       b.w1t_scales = to_ref(fp8_transposed->w1_scales, "fp8_transposed->w1_scales");
-      b.w2t_fp8 = to_ref(fp8_transposed->w2_fp8, "fp8_transposed->w2_fp8", /*fp8_bytes=*/true);
+      b.w2t_fp8 = to_ref(fp8_transposed->w2_fp8, "fp8_transposed->w2_fp8", DTypeRule::fp8_bytes);
       b.w2t_scales = to_ref(fp8_transposed->w2_scales, "fp8_transposed->w2_scales");
     }
     naming_transposed_weights("fp8_transposed", [&] {

@@ -1,5 +1,6 @@
 // The C API's engine: creation with options, counters, the cache folder and ahead-of-time
 // compiles (gmjit_prepare).
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 
@@ -74,6 +75,30 @@ gmjit::GradientSet convert_gradients(unsigned int bits, const gmjit::LayerSpec& 
                        "GMJIT_GRAD_DW1 or GMJIT_GRAD_DW2");
   }
   return g;
+}
+
+// The layer of the calls `spec` describes (struct_size, grad and backward checked).
+gmjit::LayerSpec layer_spec_of(const gmjit_layer& layer, const gmjit_prepare_spec& spec) {
+  c_api::check_struct_size(spec.struct_size, sizeof(gmjit_prepare_spec), "spec",
+                           "gmjit_prepare_spec_init");
+  gmjit::LayerSpec layer_spec = c_api::convert_layer(layer);
+  layer_spec.fc1_bias = spec.fc1_bias != 0;
+  layer_spec.fc2_bias = spec.fc2_bias != 0;
+  layer_spec.router_probs = spec.router_probs != 0;
+  layer_spec.split_dtype = spec.split_sizes_int64 != 0 ? gmjit::DType::i64 : gmjit::DType::i32;
+  if (spec.grad != GMJIT_PREPARE_NO_GRAD && spec.grad != GMJIT_PREPARE_GRAD &&
+      spec.grad != GMJIT_PREPARE_BOTH) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       fmt::format("argument 'spec->grad': {} is not GMJIT_PREPARE_NO_GRAD, "
+                                   "_GRAD or _BOTH",
+                                   spec.grad));
+  }
+  if (spec.grad == GMJIT_PREPARE_NO_GRAD && spec.backward != 0) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       "argument 'spec->backward': a backward needs the grad-enabled forward "
+                       "(spec->grad GMJIT_PREPARE_GRAD or GMJIT_PREPARE_BOTH)");
+  }
+  return layer_spec;
 }
 
 }  // namespace
@@ -153,28 +178,10 @@ gmjit_status gmjit_prepare(gmjit_engine* engine, const gmjit_layer* layer,
     c_api::require(layer, "layer");
     c_api::require(spec, "spec");
     c_api::require(arch, "arch");
-    c_api::check_struct_size(spec->struct_size, sizeof(gmjit_prepare_spec), "spec",
-                             "gmjit_prepare_spec_init");
     // Everything is checked before the first plan is prepared: a refused call prepares nothing.
     gmjit::codegen::arch_limits(arch, "arch");  // an unknown arch, named before the layer
+    const gmjit::LayerSpec layer_spec = layer_spec_of(*layer, *spec);  // struct_size first
     const gmjit::Recipe recipe = c_api::recipe_from_c(spec->recipe);
-    gmjit::LayerSpec layer_spec = c_api::convert_layer(*layer);
-    layer_spec.fc1_bias = spec->fc1_bias != 0;
-    layer_spec.fc2_bias = spec->fc2_bias != 0;
-    layer_spec.router_probs = spec->router_probs != 0;
-    layer_spec.split_dtype = spec->split_sizes_int64 != 0 ? gmjit::DType::i64 : gmjit::DType::i32;
-    if (spec->grad != GMJIT_PREPARE_NO_GRAD && spec->grad != GMJIT_PREPARE_GRAD &&
-        spec->grad != GMJIT_PREPARE_BOTH) {
-      throw gmjit::Error(gmjit::Status::invalid_argument,
-                         fmt::format("argument 'spec->grad': {} is not GMJIT_PREPARE_NO_GRAD, "
-                                     "_GRAD or _BOTH",
-                                     spec->grad));
-    }
-    if (spec->grad == GMJIT_PREPARE_NO_GRAD && spec->backward != 0) {
-      throw gmjit::Error(gmjit::Status::invalid_argument,
-                         "argument 'spec->backward': a backward needs the grad-enabled forward "
-                         "(spec->grad GMJIT_PREPARE_GRAD or GMJIT_PREPARE_BOTH)");
-    }
     const gmjit::GradientSet gradients =
         spec->backward != 0 ? convert_gradients(spec->backward, layer_spec) : gmjit::GradientSet{};
     const bool transposed = spec->fp8_transposed_weights != 0;
@@ -196,6 +203,34 @@ gmjit_status gmjit_prepare(gmjit_engine* engine, const gmjit_layer* layer,
                    .kernel_names.size();
     }
     if (kernels != nullptr) *kernels = static_cast<int>(count);
+  });
+}
+
+gmjit_status gmjit_workspace_bytes(const gmjit_engine* engine, const gmjit_layer* layer,
+                                   const gmjit_prepare_spec* spec, int64_t tokens,
+                                   size_t* forward_bytes, size_t* backward_bytes) {
+  return c_api::guarded([&] {
+    if (forward_bytes != nullptr) *forward_bytes = 0;
+    if (backward_bytes != nullptr) *backward_bytes = 0;
+    c_api::require(engine, "engine");
+    c_api::require(layer, "layer");
+    c_api::require(spec, "spec");
+    const gmjit::LayerSpec layer_spec = layer_spec_of(*layer, *spec);  // struct_size first
+    const gmjit::Recipe recipe = c_api::recipe_from_c(spec->recipe);
+    if (spec->backward != 0) convert_gradients(spec->backward, layer_spec);
+    const gmjit::Engine& e = engine->engine;
+    std::size_t forward = 0;
+    if (spec->grad != GMJIT_PREPARE_GRAD) {
+      forward = e.forward_workspace_bytes(layer_spec, gmjit::GradMode::no_grad, tokens, recipe);
+    }
+    if (spec->grad != GMJIT_PREPARE_NO_GRAD) {
+      forward = std::max(
+          forward, e.forward_workspace_bytes(layer_spec, gmjit::GradMode::grad, tokens, recipe));
+    }
+    const std::size_t backward =
+        spec->backward != 0 ? e.backward_workspace_bytes(layer_spec, tokens, recipe) : 0;
+    if (forward_bytes != nullptr) *forward_bytes = forward;
+    if (backward_bytes != nullptr) *backward_bytes = backward;
   });
 }
 

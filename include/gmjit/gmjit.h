@@ -90,6 +90,9 @@ typedef struct gmjit_forward_args {
   const DLTensor* probs;
   const DLTensor* y;
   const DLTensor* saved_preact; /* required when grad != 0 */
+  /* Optional scratch of at least gmjit_workspace_bytes' forward size (any dtype, uint8 too;
+   * 256-byte aligned, on the call's device); NULL: the engine's stream-ordered pool. */
+  const DLTensor* workspace;
 } gmjit_forward_args;
 
 /* The weights of an FP8 recipe, as gmjit_quantize_weights writes them: E4M3 data ([E, F1, H]
@@ -195,6 +198,7 @@ typedef struct gmjit_backward_args {
   const DLTensor* db2;
   const DLTensor* dprobs;
   int accumulate;
+  const DLTensor* workspace; /* as in gmjit_forward_args, of the backward size */
 } gmjit_backward_args;
 
 /* The recipe is the forward's (kept in the context). */
@@ -289,6 +293,14 @@ GMJIT_API void gmjit_prepare_spec_init(gmjit_prepare_spec* spec);
 GMJIT_API gmjit_status gmjit_prepare(gmjit_engine* engine, const gmjit_layer* layer,
                                      const gmjit_prepare_spec* spec, const char* arch,
                                      int* kernels);
+
+/* Scratch bytes of the calls `spec` describes with `tokens` tokens, for callers that pass their
+ * own workspace (a CUDA graph's fixed memory, a memory budget): in *forward_bytes the most either
+ * forward of spec->grad needs, in *backward_bytes the backward's (0 without spec->backward; FP8
+ * recipes: enough for the FP8 backward). Either pointer may be NULL. */
+GMJIT_API gmjit_status gmjit_workspace_bytes(const gmjit_engine* engine, const gmjit_layer* layer,
+                                             const gmjit_prepare_spec* spec, int64_t tokens,
+                                             size_t* forward_bytes, size_t* backward_bytes);
 
 /* The message of this thread's last call when it failed ("" when it succeeded). Valid until the
  * next call.

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -257,6 +258,50 @@ TEST_F(CApiEngine, PrepareRejectsSpecsNoCallCouldHave) {
   EXPECT_EQ(gmjit_engine_cache_directory(engine, nullptr), GMJIT_INVALID_ARGUMENT);
   ASSERT_EQ(gmjit_engine_get_counters(engine, &counters), GMJIT_OK);
   EXPECT_EQ(counters.plans_built, 0u);  // nothing was prepared by the refused calls
+  gmjit_engine_destroy(engine);
+}
+
+TEST(CApiWorkspace, SizesAreTheCppEnginesForTheCallsTheSpecDescribes) {
+  gmjit_engine* engine = nullptr;
+  ASSERT_EQ(gmjit_engine_create(&engine), GMJIT_OK);
+  const gmjit_layer layer = c_layer();
+  gmjit_prepare_spec spec;
+  gmjit_prepare_spec_init(&spec);
+  spec.fc2_bias = 1;
+  spec.grad = GMJIT_PREPARE_BOTH;
+  spec.backward = GMJIT_GRAD_DX | GMJIT_GRAD_DW1 | GMJIT_GRAD_DW2;
+  spec.recipe = GMJIT_RECIPE_FP8_BLOCK;
+  std::size_t forward = 0, backward = 0;
+  ASSERT_EQ(gmjit_workspace_bytes(engine, &layer, &spec, 1000, &forward, &backward), GMJIT_OK)
+      << gmjit_last_error();
+
+  gmjit::LayerSpec cpp_layer;
+  cpp_layer.experts = 4;
+  cpp_layer.hidden = 256;
+  cpp_layer.ffn = 128;
+  cpp_layer.fc2_bias = true;
+  cpp_layer.router_probs = true;
+  const gmjit::Engine cpp;
+  const auto recipe = gmjit::Recipe::fp8_block();
+  const std::size_t grad_forward =
+      cpp.forward_workspace_bytes(cpp_layer, gmjit::GradMode::grad, 1000, recipe);
+  const std::size_t no_grad_forward =
+      cpp.forward_workspace_bytes(cpp_layer, gmjit::GradMode::no_grad, 1000, recipe);
+  EXPECT_EQ(forward, std::max(grad_forward, no_grad_forward));
+  EXPECT_EQ(backward, cpp.backward_workspace_bytes(cpp_layer, 1000, recipe));
+  EXPECT_GT(backward, 0u);
+
+  spec.grad = GMJIT_PREPARE_NO_GRAD;
+  spec.backward = 0;
+  ASSERT_EQ(gmjit_workspace_bytes(engine, &layer, &spec, 1000, &forward, nullptr), GMJIT_OK);
+  EXPECT_EQ(forward, no_grad_forward);
+  EXPECT_EQ(gmjit_workspace_bytes(engine, &layer, &spec, -1, &forward, nullptr),
+            GMJIT_INVALID_ARGUMENT);
+  EXPECT_EQ(forward, 0u);  // a refused call reports no size
+  spec.struct_size = 0;
+  EXPECT_EQ(gmjit_workspace_bytes(engine, &layer, &spec, 1000, &forward, nullptr),
+            GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(error_mentions("gmjit_prepare_spec_init")) << gmjit_last_error();
   gmjit_engine_destroy(engine);
 }
 

@@ -262,9 +262,9 @@ TEST(CApiOnGpu, TrainingForwardAndBackwardThroughDLTensors) {
 }
 
 // A C caller's engine with options: gmjit_prepare for the device's arch compiles the kernels the
-// forward then runs (it compiles nothing more), the counters say so, and the result is right
-// with the portable kernels the options asked for.
-TEST(CApiOnGpu, PreparedKernelsServeTheForwardOfAnEngineWithOptions) {
+// forward then runs (it compiles nothing more), the counters say so, the result is right with the
+// portable kernels the options asked for, and a workspace of the reported size serves a call.
+TEST(CApiOnGpu, PreparedKernelsAndACallersWorkspaceServeAnEngineWithOptions) {
   GMJIT_REQUIRE_GPU();
   const LayerSpec layer = runtime_layer();
   const HostLayer host = make_host_layer(layer, {30, 0, 200, 26}, 256, 17);
@@ -310,6 +310,28 @@ TEST(CApiOnGpu, PreparedKernelsServeTheForwardOfAnEngineWithOptions) {
   EXPECT_EQ(after.disk_reads, 0u);
   // The first forward loads the prepared plan (a hit), the second finds the loaded one.
   EXPECT_EQ(after.memory_hits, prepared.memory_hits + 2);
+
+  // A caller's workspace of the size gmjit_workspace_bytes reports serves the call; one 256
+  // bytes short is refused by name before anything runs.
+  std::size_t bytes = 0;
+  ASSERT_EQ(gmjit_workspace_bytes(engine, &c_layer, &spec, 256, &bytes, nullptr), GMJIT_OK)
+      << gmjit_last_error();
+  ASSERT_GT(bytes, 256u);
+  engine::DeviceBuffer scratch(engine::DeviceRegistry::instance().get(0), bytes);
+  std::int64_t ws_shape[1] = {static_cast<std::int64_t>(bytes)};
+  DLTensor ws{
+      scratch.data(), DLDevice{kDLCUDA, 0}, 1, DLDataType{kDLUInt, 8, 1}, ws_shape, nullptr, 0};
+  gmjit_forward_args with_workspace = fwd;
+  with_workspace.workspace = &ws;
+  device.y.fill_bytes(0xFF);
+  ASSERT_EQ(gmjit_forward(engine, &c_layer, &with_workspace, 0, nullptr), GMJIT_OK)
+      << gmjit_last_error();
+  synchronize_device();
+  EXPECT_LT(relative_error(DeviceLayer::download(device.y, 256 * 256), ref.y), 1e-2);
+  ws_shape[0] -= 256;
+  EXPECT_EQ(gmjit_forward(engine, &c_layer, &with_workspace, 0, nullptr), GMJIT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(gmjit_last_error()).find("'workspace'"), std::string::npos)
+      << gmjit_last_error();
   gmjit_engine_destroy(engine);
 }
 
