@@ -19,6 +19,19 @@ gmjit_layer c_layer() {
   return gmjit_layer{4, 256, 128, GMJIT_SWIGLU, GMJIT_GLU_HALVES, 7.0f, 1.702f};
 }
 
+// c_layer() as the C++ API spells it, with the flags a call's tensors would set.
+gmjit::LayerSpec cpp_layer_of(bool fc1_bias, bool fc2_bias, bool probs, gmjit::DType split) {
+  gmjit::LayerSpec layer;
+  layer.experts = 4;
+  layer.hidden = 256;
+  layer.ffn = 128;
+  layer.fc1_bias = fc1_bias;
+  layer.fc2_bias = fc2_bias;
+  layer.router_probs = probs;
+  layer.split_dtype = split;
+  return layer;
+}
+
 bool error_mentions(const std::string& text) {
   return std::string(gmjit_last_error()).find(text) != std::string::npos;
 }
@@ -111,12 +124,7 @@ TEST_F(CApiEngine, PrepareWarmsTheDiskCacheAndTheCountersSaySo) {
 
   // The C++ engine's plan of the same call (int64 split sizes, router probs, no biases) comes
   // from the disk: the C spec described that call, not another.
-  gmjit::LayerSpec cpp_layer;
-  cpp_layer.experts = 4;
-  cpp_layer.hidden = 256;
-  cpp_layer.ffn = 128;
-  cpp_layer.router_probs = true;
-  cpp_layer.split_dtype = gmjit::DType::i64;
+  const gmjit::LayerSpec cpp_layer = cpp_layer_of(false, false, true, gmjit::DType::i64);
   gmjit::Engine warm;
   warm.prepare(cpp_layer, gmjit::Recipe::bf16(), gmjit::GradMode::no_grad, "sm_90a");
   EXPECT_EQ(warm.counters().kernels_compiled, 0u);
@@ -147,13 +155,7 @@ TEST_F(CApiEngine, PrepareOfATrainingStepWarmsWhatItsCallsWillRun) {
   EXPECT_GT(counters.kernels_compiled, 0u);
   gmjit_engine_destroy(engine);
 
-  gmjit::LayerSpec cpp_layer;
-  cpp_layer.experts = 4;
-  cpp_layer.hidden = 256;
-  cpp_layer.ffn = 128;
-  cpp_layer.fc1_bias = true;
-  cpp_layer.router_probs = false;
-  cpp_layer.split_dtype = gmjit::DType::i32;
+  const gmjit::LayerSpec cpp_layer = cpp_layer_of(true, false, false, gmjit::DType::i32);
   gmjit::GradientSet gradients;
   gradients.db1 = true;
   const auto recipe = gmjit::Recipe::fp8_block();
@@ -275,12 +277,7 @@ TEST(CApiWorkspace, SizesAreTheCppEnginesForTheCallsTheSpecDescribes) {
   ASSERT_EQ(gmjit_workspace_bytes(engine, &layer, &spec, 1000, &forward, &backward), GMJIT_OK)
       << gmjit_last_error();
 
-  gmjit::LayerSpec cpp_layer;
-  cpp_layer.experts = 4;
-  cpp_layer.hidden = 256;
-  cpp_layer.ffn = 128;
-  cpp_layer.fc2_bias = true;
-  cpp_layer.router_probs = true;
+  const gmjit::LayerSpec cpp_layer = cpp_layer_of(false, true, true, gmjit::DType::i64);
   const gmjit::Engine cpp;
   const auto recipe = gmjit::Recipe::fp8_block();
   const std::size_t grad_forward =
