@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include "codegen/arch_limits.hpp"
+#include "codegen/fp8_forward.hpp"
+#include "codegen/grouped_mlp.hpp"
 #include "engine/api/c_api_support.hpp"
 
 namespace c_api = gmjit::engine::c_api;
@@ -218,6 +220,10 @@ gmjit_status gmjit_workspace_bytes(const gmjit_engine* engine, const gmjit_layer
     const gmjit::LayerSpec layer_spec = layer_spec_of(*layer, *spec);  // struct_size first
     const gmjit::Recipe recipe = c_api::recipe_from_c(spec->recipe);
     if (spec->backward != 0) convert_gradients(spec->backward, layer_spec);
+    // The layer checks of gmjit_prepare (the size queries check less): no size for a layer no
+    // call could run. FP8 runs on sm_90a only, so that arch's limits are the recipe's.
+    gmjit::codegen::check_supported(layer_spec);
+    if (recipe.is_fp8()) gmjit::codegen::check_fp8_supported(layer_spec, "sm_90a");
     const gmjit::Engine& e = engine->engine;
     std::size_t forward = 0;
     if (spec->grad != GMJIT_PREPARE_GRAD) {

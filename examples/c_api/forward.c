@@ -108,7 +108,10 @@ static int run_forward(gmjit_engine* engine, const gmjit_layer* layer) {
   void *dx = NULL, *dw1 = NULL, *dw2 = NULL, *dy = NULL, *dp = NULL, *ds = NULL;
   double err = 0.0, norm = 0.0;
   int call, rc = 1;
-  if (!x || !w1 || !w2 || !y || !p || !ref) goto done;
+  if (!x || !w1 || !w2 || !y || !p || !ref) {
+    fprintf(stderr, "out of host memory\n");
+    goto done;
+  }
   fill(x, nx, 1u, 1.0f);
   fill(w1, nw1, 2u, 0.0625f);
   fill(w2, nw2, 3u, 0.0625f);
@@ -119,11 +122,14 @@ static int run_forward(gmjit_engine* engine, const gmjit_layer* layer) {
     fprintf(stderr, "cudaMalloc failed\n");
     goto done;
   }
-  cudaMemcpy(dx, x, nx * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(dw1, w1, nw1 * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(dw2, w2, nw2 * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(dp, p, T * sizeof(float), cudaMemcpyHostToDevice);
-  cudaMemcpy(ds, kSplits, sizeof kSplits, cudaMemcpyHostToDevice);
+  if (cudaMemcpy(dx, x, nx * 2, cudaMemcpyHostToDevice) ||
+      cudaMemcpy(dw1, w1, nw1 * 2, cudaMemcpyHostToDevice) ||
+      cudaMemcpy(dw2, w2, nw2 * 2, cudaMemcpyHostToDevice) ||
+      cudaMemcpy(dp, p, T * sizeof(float), cudaMemcpyHostToDevice) ||
+      cudaMemcpy(ds, kSplits, sizeof kSplits, cudaMemcpyHostToDevice)) {
+    fprintf(stderr, "copying the inputs to the GPU failed\n");
+    goto done;
+  }
   {
     const DLTensor tx = tensor(dx, bf16, 2, x_shape), ts = tensor(ds, i64, 1, s_shape);
     const DLTensor tw1 = tensor(dw1, bf16, 3, w1_shape), tw2 = tensor(dw2, bf16, 3, w2_shape);
@@ -210,7 +216,10 @@ int main(void) {
       print_counters(engine, "after two forwards");
     } else {
       printf("no GPU: the forward is skipped\n");
-      rc = required && strcmp(required, "1") == 0 ? 1 : 0;
+      if (required && strcmp(required, "1") == 0) {
+        fprintf(stderr, "GMJIT_GPU_REQUIRED=1 but CUDA reports no device\n");
+        rc = 1;
+      }
     }
   }
   gmjit_engine_destroy(engine);

@@ -78,8 +78,8 @@ typedef struct gmjit_layer {
    * non-null. */
 } gmjit_layer;
 
-/* Optional tensors (b1, b2, probs, saved_preact) may be NULL. split_sizes is int32 or int64 on
- * the same device as x; its dtype selects the kernel. */
+/* Optional tensors (b1, b2, probs, saved_preact, workspace) may be NULL. split_sizes is int32 or
+ * int64 on the same device as x; its dtype selects the kernel. */
 typedef struct gmjit_forward_args {
   const DLTensor* x;
   const DLTensor* split_sizes;
@@ -90,8 +90,10 @@ typedef struct gmjit_forward_args {
   const DLTensor* probs;
   const DLTensor* y;
   const DLTensor* saved_preact; /* required when grad != 0 */
-  /* Optional scratch of at least gmjit_workspace_bytes' forward size (any dtype, uint8 too;
-   * 256-byte aligned, on the call's device); NULL: the engine's stream-ordered pool. */
+  /* Optional scratch, NULL: the engine's stream-ordered pool. Elements of 1, 2, 4 or 8 bytes
+   * (uint8 too, one lane), contiguous, numel x element size >= gmjit_workspace_bytes' forward
+   * size, data + byte_offset 256-byte aligned, on the call's device, overlapping none of the
+   * call's tensors; in use until the call's work on its stream has finished. */
   const DLTensor* workspace;
 } gmjit_forward_args;
 
@@ -294,10 +296,13 @@ GMJIT_API gmjit_status gmjit_prepare(gmjit_engine* engine, const gmjit_layer* la
                                      const gmjit_prepare_spec* spec, const char* arch,
                                      int* kernels);
 
-/* Scratch bytes of the calls `spec` describes with `tokens` tokens, for callers that pass their
- * own workspace (a CUDA graph's fixed memory, a memory budget): in *forward_bytes the most either
- * forward of spec->grad needs, in *backward_bytes the backward's (0 without spec->backward; FP8
- * recipes: enough for the FP8 backward). Either pointer may be NULL. */
+/* Scratch bytes of the calls `spec` describes with `tokens` (>= 0) tokens, for callers that pass
+ * their own workspace (a CUDA graph's fixed memory, a memory budget): in *forward_bytes the most
+ * either forward of spec->grad needs, in *backward_bytes the backward's (0 without
+ * spec->backward; FP8 recipes: enough for the FP8 backward whatever fp8_transposed_weights
+ * says). Either pointer may be NULL; both are set to 0 when the call fails. A spec the engine
+ * cannot run (an FP8 width that is not a multiple of 128, ...) is refused as gmjit_prepare
+ * refuses it. */
 GMJIT_API gmjit_status gmjit_workspace_bytes(const gmjit_engine* engine, const gmjit_layer* layer,
                                              const gmjit_prepare_spec* spec, int64_t tokens,
                                              size_t* forward_bytes, size_t* backward_bytes);

@@ -299,6 +299,46 @@ TEST(CApiWorkspace, SizesAreTheCppEnginesForTheCallsTheSpecDescribes) {
   EXPECT_EQ(gmjit_workspace_bytes(engine, &layer, &spec, 1000, &forward, nullptr),
             GMJIT_INVALID_ARGUMENT);
   EXPECT_TRUE(error_mentions("gmjit_prepare_spec_init")) << gmjit_last_error();
+
+  gmjit_prepare_spec_init(&spec);
+  spec.recipe = GMJIT_RECIPE_FP8_BLOCK;
+  gmjit_layer narrow = c_layer();
+  narrow.hidden = 192;  // FP8 needs multiples of 128, as gmjit_prepare says
+  EXPECT_EQ(gmjit_workspace_bytes(engine, &narrow, &spec, 1000, &forward, nullptr),
+            GMJIT_UNSUPPORTED);
+  EXPECT_TRUE(error_mentions("multiples of 128")) << gmjit_last_error();
+  gmjit_engine_destroy(engine);
+}
+
+// Unfused (op by op), the no-grad forward keeps the pre-activation in its workspace too: BOTH is
+// the larger of the two forwards, GRAD the grad-enabled one's alone.
+TEST(CApiWorkspace, BothForwardsTakeTheLargerSize) {
+  gmjit_engine_options o;
+  gmjit_engine_options_init(&o);
+  o.fuse_ops = 0;
+  o.use_disk_cache = 0;
+  gmjit_engine* engine = nullptr;
+  ASSERT_EQ(gmjit_engine_create_ex(&o, &engine), GMJIT_OK);
+  const gmjit::Engine cpp(gmjit::EngineOptions{.use_disk_cache = false, .fuse_ops = false});
+  const gmjit::LayerSpec cpp_layer = cpp_layer_of(false, false, true, gmjit::DType::i64);
+  const std::size_t grad =
+      cpp.forward_workspace_bytes(cpp_layer, gmjit::GradMode::grad, 500, gmjit::Recipe::bf16());
+  const std::size_t no_grad =
+      cpp.forward_workspace_bytes(cpp_layer, gmjit::GradMode::no_grad, 500, gmjit::Recipe::bf16());
+  ASSERT_NE(grad, no_grad);
+  const gmjit_layer layer = c_layer();
+  gmjit_prepare_spec spec;
+  gmjit_prepare_spec_init(&spec);
+  std::size_t forward = 0;
+  spec.grad = GMJIT_PREPARE_GRAD;
+  ASSERT_EQ(gmjit_workspace_bytes(engine, &layer, &spec, 500, &forward, nullptr), GMJIT_OK);
+  EXPECT_EQ(forward, grad);
+  spec.grad = GMJIT_PREPARE_NO_GRAD;
+  ASSERT_EQ(gmjit_workspace_bytes(engine, &layer, &spec, 500, &forward, nullptr), GMJIT_OK);
+  EXPECT_EQ(forward, no_grad);
+  spec.grad = GMJIT_PREPARE_BOTH;
+  ASSERT_EQ(gmjit_workspace_bytes(engine, &layer, &spec, 500, &forward, nullptr), GMJIT_OK);
+  EXPECT_EQ(forward, std::max(grad, no_grad));
   gmjit_engine_destroy(engine);
 }
 

@@ -247,6 +247,21 @@ TEST(CApiOnGpu, TrainingForwardAndBackwardThroughDLTensors) {
   bwd.saved_preact = &preact;
   bwd.dw2 = &dw2_t;
   bwd.dx = &dx_t;
+  // The backward's scratch from the caller, of the size gmjit_workspace_bytes reports.
+  gmjit_prepare_spec spec;
+  gmjit_prepare_spec_init(&spec);
+  spec.fc2_bias = 1;
+  spec.grad = GMJIT_PREPARE_GRAD;
+  spec.backward = GMJIT_GRAD_DX | GMJIT_GRAD_DW2;
+  spec.split_sizes_int64 = layer.split_dtype == DType::i64 ? 1 : 0;
+  std::size_t backward_bytes = 0;
+  ASSERT_EQ(gmjit_workspace_bytes(engine, &c_layer, &spec, 256, nullptr, &backward_bytes), GMJIT_OK)
+      << gmjit_last_error();
+  engine::DeviceBuffer scratch(ctx, backward_bytes);
+  std::int64_t ws_shape[1] = {static_cast<std::int64_t>(backward_bytes / 4)};
+  const DLTensor ws{
+      scratch.data(), DLDevice{kDLCUDA, 0}, 1, DLDataType{kDLFloat, 32, 1}, ws_shape, nullptr, 0};
+  bwd.workspace = &ws;
   EXPECT_EQ(gmjit_backward(engine, context, &bwd, nullptr), GMJIT_OK) << gmjit_last_error();
   synchronize_device();
   EXPECT_LT(relative_error(DeviceLayer::download(device.y, 256 * 256), ref.y), 1e-2);
