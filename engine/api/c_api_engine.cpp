@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -79,28 +81,51 @@ gmjit::GradientSet convert_gradients(unsigned int bits, const gmjit::LayerSpec& 
   return g;
 }
 
-// The layer of the calls `spec` describes (struct_size, grad and backward checked).
-gmjit::LayerSpec layer_spec_of(const gmjit_layer& layer, const gmjit_prepare_spec& spec) {
+// The calls a gmjit_prepare_spec describes: the layer with the flags of their tensors, the recipe,
+// their forwards' grad modes and, if one is asked for, the backward's gradients. All checked,
+// struct_size first (before any other field is read).
+struct SpecCalls {
+  gmjit::LayerSpec layer;
+  gmjit::Recipe recipe = gmjit::Recipe::bf16();
+  std::vector<gmjit::GradMode> forwards;
+  std::optional<gmjit::GradientSet> backward;
+};
+
+SpecCalls calls_of(const gmjit_layer& layer, const gmjit_prepare_spec& spec) {
   c_api::check_struct_size(spec.struct_size, sizeof(gmjit_prepare_spec), "spec",
                            "gmjit_prepare_spec_init");
-  gmjit::LayerSpec layer_spec = c_api::convert_layer(layer);
-  layer_spec.fc1_bias = spec.fc1_bias != 0;
-  layer_spec.fc2_bias = spec.fc2_bias != 0;
-  layer_spec.router_probs = spec.router_probs != 0;
-  layer_spec.split_dtype = spec.split_sizes_int64 != 0 ? gmjit::DType::i64 : gmjit::DType::i32;
-  if (spec.grad != GMJIT_PREPARE_NO_GRAD && spec.grad != GMJIT_PREPARE_GRAD &&
-      spec.grad != GMJIT_PREPARE_BOTH) {
-    throw gmjit::Error(gmjit::Status::invalid_argument,
-                       fmt::format("argument 'spec->grad': {} is not GMJIT_PREPARE_NO_GRAD, "
-                                   "_GRAD or _BOTH",
-                                   spec.grad));
+  SpecCalls calls;
+  calls.layer = c_api::convert_layer(layer);
+  calls.layer.fc1_bias = spec.fc1_bias != 0;
+  calls.layer.fc2_bias = spec.fc2_bias != 0;
+  calls.layer.router_probs = spec.router_probs != 0;
+  calls.layer.split_dtype = spec.split_sizes_int64 != 0 ? gmjit::DType::i64 : gmjit::DType::i32;
+  calls.recipe = c_api::recipe_from_c(spec.recipe);
+  switch (spec.grad) {
+    case GMJIT_PREPARE_NO_GRAD:
+      calls.forwards = {gmjit::GradMode::no_grad};
+      break;
+    case GMJIT_PREPARE_GRAD:
+      calls.forwards = {gmjit::GradMode::grad};
+      break;
+    case GMJIT_PREPARE_BOTH:
+      calls.forwards = {gmjit::GradMode::no_grad, gmjit::GradMode::grad};
+      break;
+    default:
+      throw gmjit::Error(gmjit::Status::invalid_argument,
+                         fmt::format("argument 'spec->grad': {} is not GMJIT_PREPARE_NO_GRAD, "
+                                     "_GRAD or _BOTH",
+                                     spec.grad));
   }
-  if (spec.grad == GMJIT_PREPARE_NO_GRAD && spec.backward != 0) {
-    throw gmjit::Error(gmjit::Status::invalid_argument,
-                       "argument 'spec->backward': a backward needs the grad-enabled forward "
-                       "(spec->grad GMJIT_PREPARE_GRAD or GMJIT_PREPARE_BOTH)");
+  if (spec.backward != 0) {
+    if (spec.grad == GMJIT_PREPARE_NO_GRAD) {
+      throw gmjit::Error(gmjit::Status::invalid_argument,
+                         "argument 'spec->backward': a backward needs the grad-enabled forward "
+                         "(spec->grad GMJIT_PREPARE_GRAD or GMJIT_PREPARE_BOTH)");
+    }
+    calls.backward = convert_gradients(spec.backward, calls.layer);
   }
-  return layer_spec;
+  return calls;
 }
 
 }  // namespace
@@ -108,13 +133,7 @@ gmjit::LayerSpec layer_spec_of(const gmjit_layer& layer, const gmjit_prepare_spe
 extern "C" {
 
 gmjit_status gmjit_engine_create(gmjit_engine** out) {
-  return c_api::guarded([&] {
-    if (out == nullptr) {
-      throw gmjit::Error(gmjit::Status::invalid_argument, "argument 'out' must not be null");
-    }
-    *out = nullptr;  // a failed call leaves nothing a caller could destroy by mistake
-    *out = std::make_unique<gmjit_engine>().release();
-  });
+  return gmjit_engine_create_ex(nullptr, out);
 }
 
 void gmjit_engine_destroy(gmjit_engine* engine) {
@@ -182,26 +201,20 @@ gmjit_status gmjit_prepare(gmjit_engine* engine, const gmjit_layer* layer,
     c_api::require(arch, "arch");
     // Everything is checked before the first plan is prepared: a refused call prepares nothing.
     gmjit::codegen::arch_limits(arch, "arch");  // an unknown arch, named before the layer
-    const gmjit::LayerSpec layer_spec = layer_spec_of(*layer, *spec);  // struct_size first
-    const gmjit::Recipe recipe = c_api::recipe_from_c(spec->recipe);
-    const gmjit::GradientSet gradients =
-        spec->backward != 0 ? convert_gradients(spec->backward, layer_spec) : gmjit::GradientSet{};
+    const SpecCalls calls = calls_of(*layer, *spec);
     const bool transposed = spec->fp8_transposed_weights != 0;
     gmjit::Engine& e = engine->engine;
     std::size_t count = 0;
-    if (spec->grad != GMJIT_PREPARE_GRAD) {
-      count += e.prepare(layer_spec, recipe, gmjit::GradMode::no_grad, arch).kernel_names.size();
+    for (const gmjit::GradMode grad : calls.forwards) {
+      count += e.prepare(calls.layer, calls.recipe, grad, arch).kernel_names.size();
     }
-    if (spec->grad != GMJIT_PREPARE_NO_GRAD) {
-      count += e.prepare(layer_spec, recipe, gmjit::GradMode::grad, arch).kernel_names.size();
+    if (calls.backward) {
+      count += e.prepare_backward(calls.layer, calls.recipe, *calls.backward, arch, transposed)
+                   .kernel_names.size();
     }
-    if (spec->backward != 0) {
-      count +=
-          e.prepare_backward(layer_spec, recipe, gradients, arch, transposed).kernel_names.size();
-    }
-    if (recipe.is_fp8()) {
-      const bool quantizer_transposes = spec->backward != 0 && transposed;
-      count += e.prepare_weight_quantizer(layer_spec, recipe, quantizer_transposes, arch)
+    if (calls.recipe.is_fp8()) {
+      const bool quantizer_transposes = calls.backward && transposed;
+      count += e.prepare_weight_quantizer(calls.layer, calls.recipe, quantizer_transposes, arch)
                    .kernel_names.size();
     }
     if (kernels != nullptr) *kernels = static_cast<int>(count);
@@ -217,24 +230,19 @@ gmjit_status gmjit_workspace_bytes(const gmjit_engine* engine, const gmjit_layer
     c_api::require(engine, "engine");
     c_api::require(layer, "layer");
     c_api::require(spec, "spec");
-    const gmjit::LayerSpec layer_spec = layer_spec_of(*layer, *spec);  // struct_size first
-    const gmjit::Recipe recipe = c_api::recipe_from_c(spec->recipe);
-    if (spec->backward != 0) convert_gradients(spec->backward, layer_spec);
+    const SpecCalls calls = calls_of(*layer, *spec);
     // The layer checks of gmjit_prepare (the size queries check less): no size for a layer no
     // call could run. FP8 runs on sm_90a only, so that arch's limits are the recipe's.
-    gmjit::codegen::check_supported(layer_spec);
-    if (recipe.is_fp8()) gmjit::codegen::check_fp8_supported(layer_spec, "sm_90a");
+    gmjit::codegen::check_supported(calls.layer);
+    if (calls.recipe.is_fp8()) gmjit::codegen::check_fp8_supported(calls.layer, "sm_90a");
     const gmjit::Engine& e = engine->engine;
     std::size_t forward = 0;
-    if (spec->grad != GMJIT_PREPARE_GRAD) {
-      forward = e.forward_workspace_bytes(layer_spec, gmjit::GradMode::no_grad, tokens, recipe);
-    }
-    if (spec->grad != GMJIT_PREPARE_NO_GRAD) {
-      forward = std::max(
-          forward, e.forward_workspace_bytes(layer_spec, gmjit::GradMode::grad, tokens, recipe));
+    for (const gmjit::GradMode grad : calls.forwards) {
+      forward =
+          std::max(forward, e.forward_workspace_bytes(calls.layer, grad, tokens, calls.recipe));
     }
     const std::size_t backward =
-        spec->backward != 0 ? e.backward_workspace_bytes(layer_spec, tokens, recipe) : 0;
+        calls.backward ? e.backward_workspace_bytes(calls.layer, tokens, calls.recipe) : 0;
     if (forward_bytes != nullptr) *forward_bytes = forward;
     if (backward_bytes != nullptr) *backward_bytes = backward;
   });

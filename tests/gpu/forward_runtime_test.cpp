@@ -208,6 +208,29 @@ DLTensor dl(const TensorRef& t, std::int64_t* shape_storage) {
   return d;
 }
 
+// The DLTensors of a DeviceLayer's forward arguments (runtime_layer's: b2 and probs, no b1).
+struct DLForward {
+  std::int64_t shapes[8][4];
+  DLTensor x, split, w1, w2, b2, probs, y, preact;
+  bool has_preact;
+
+  explicit DLForward(const ForwardArgs& a)
+      : x(dl(a.x, shapes[0])),
+        split(dl(a.split_sizes, shapes[1])),
+        w1(dl(a.w1, shapes[2])),
+        w2(dl(a.w2, shapes[3])),
+        b2(dl(a.b2, shapes[4])),
+        probs(dl(a.probs, shapes[5])),
+        y(dl(a.y, shapes[6])),
+        preact(dl(a.saved_preact, shapes[7])),
+        has_preact(a.saved_preact.present()) {}
+  DLForward(const DLForward&) = delete;  // the tensors point into `shapes`
+
+  gmjit_forward_args args() const {
+    return {&x, &split, &w1, nullptr, &w2, &b2, &probs, &y, has_preact ? &preact : nullptr};
+  }
+};
+
 TEST(CApiOnGpu, TrainingForwardAndBackwardThroughDLTensors) {
   GMJIT_REQUIRE_GPU();
   const LayerSpec layer = runtime_layer();
@@ -219,32 +242,28 @@ TEST(CApiOnGpu, TrainingForwardAndBackwardThroughDLTensors) {
   dy.fill_bytes(0x3C);
   dw2.fill_bytes(0xFF);  // NaN: an output the backward does not write fails the comparison
   dx.fill_bytes(0xFF);
-  std::int64_t shapes[16][4];
-  int next = 0;
-  auto wrap = [&](const TensorRef& t) { return dl(t, shapes[next++]); };
-  const ForwardArgs& a = device.args;
-  const DLTensor x = wrap(a.x), split = wrap(a.split_sizes), w1 = wrap(a.w1), w2 = wrap(a.w2),
-                 b2 = wrap(a.b2), probs = wrap(a.probs), y = wrap(a.y),
-                 preact = wrap(a.saved_preact),
-                 dy_t = wrap(make_tensor(dy.data(), DType::bf16, {256, 256}, a.x.device)),
-                 dw2_t = wrap(make_tensor(dw2.data(), DType::f32, {4, 256, 128}, a.x.device)),
-                 dx_t = wrap(make_tensor(dx.data(), DType::bf16, {256, 256}, a.x.device));
+  const DLForward t(device.args);
+  std::int64_t shapes[3][4];
+  const Device on = device.args.x.device;
+  const DLTensor dy_t = dl(make_tensor(dy.data(), DType::bf16, {256, 256}, on), shapes[0]),
+                 dw2_t = dl(make_tensor(dw2.data(), DType::f32, {4, 256, 128}, on), shapes[1]),
+                 dx_t = dl(make_tensor(dx.data(), DType::bf16, {256, 256}, on), shapes[2]);
   gmjit_engine* engine = nullptr;
   ASSERT_EQ(gmjit_engine_create(&engine), GMJIT_OK);
   const gmjit_layer c_layer{4, 256, 128, GMJIT_SWIGLU, GMJIT_GLU_HALVES, 7.0f, 1.702f};
-  const gmjit_forward_args fwd{&x, &split, &w1, nullptr, &w2, &b2, &probs, &y, &preact};
+  const gmjit_forward_args fwd = t.args();
   gmjit_forward_context* context = nullptr;
   ASSERT_EQ(gmjit_forward_train(engine, &c_layer, &fwd, nullptr, &context), GMJIT_OK)
       << gmjit_last_error();
   gmjit_backward_args bwd{};
   bwd.dy = &dy_t;
-  bwd.x = &x;
-  bwd.split_sizes = &split;
-  bwd.w1 = &w1;
-  bwd.w2 = &w2;
-  bwd.b2 = &b2;
-  bwd.probs = &probs;
-  bwd.saved_preact = &preact;
+  bwd.x = &t.x;
+  bwd.split_sizes = &t.split;
+  bwd.w1 = &t.w1;
+  bwd.w2 = &t.w2;
+  bwd.b2 = &t.b2;
+  bwd.probs = &t.probs;
+  bwd.saved_preact = &t.preact;
   bwd.dw2 = &dw2_t;
   bwd.dx = &dx_t;
   // The backward's scratch from the caller, of the size gmjit_workspace_bytes reports.
@@ -285,12 +304,7 @@ TEST(CApiOnGpu, PreparedKernelsAndACallersWorkspaceServeAnEngineWithOptions) {
   const HostLayer host = make_host_layer(layer, {30, 0, 200, 26}, 256, 17);
   const Reference ref = reference_forward(host);
   DeviceLayer device(host, GradMode::no_grad);
-  std::int64_t shapes[8][4];
-  int next = 0;
-  auto wrap = [&](const TensorRef& t) { return dl(t, shapes[next++]); };
-  const ForwardArgs& a = device.args;
-  const DLTensor x = wrap(a.x), split = wrap(a.split_sizes), w1 = wrap(a.w1), w2 = wrap(a.w2),
-                 b2 = wrap(a.b2), probs = wrap(a.probs), y = wrap(a.y);
+  const DLForward t(device.args);
   gmjit_engine_options options;
   gmjit_engine_options_init(&options);
   options.use_disk_cache = 0;
@@ -310,7 +324,7 @@ TEST(CApiOnGpu, PreparedKernelsAndACallersWorkspaceServeAnEngineWithOptions) {
   gmjit_engine_counters prepared;
   ASSERT_EQ(gmjit_engine_get_counters(engine, &prepared), GMJIT_OK);
   EXPECT_EQ(prepared.kernels_compiled, static_cast<std::uint64_t>(kernels));
-  const gmjit_forward_args fwd{&x, &split, &w1, nullptr, &w2, &b2, &probs, &y, nullptr};
+  const gmjit_forward_args fwd = t.args();
   for (int call = 0; call < 2; ++call) {
     device.y.fill_bytes(0xFF);
     ASSERT_EQ(gmjit_forward(engine, &c_layer, &fwd, 0, nullptr), GMJIT_OK) << gmjit_last_error();
