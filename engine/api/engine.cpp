@@ -152,6 +152,7 @@ PreparedPlanInfo Engine::prepare_backward(const LayerSpec& spec, const Recipe& r
                                           const GradientSet& gradients, const std::string& arch,
                                           bool fp8_transposed_weights) {
   codegen::check_supported(spec);
+  engine::validate_gradient_set(spec, gradients, "gradients");
   const bool fp8_data = recipe.is_fp8() && fp8_transposed_weights;
   return engine::describe(*impl_->prepared_plan(
       engine::PlanKey::make_backward(spec, recipe, gradients, -1, fp8_data), spec, arch));

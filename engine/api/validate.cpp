@@ -227,6 +227,17 @@ void check_weights(const LayerSpec& layer, const Recipe& recipe, const ForwardAr
 }
 }  // namespace
 
+void validate_gradient_set(const LayerSpec& layer, const GradientSet& gradients, const char* name) {
+  if (!gradients.dx && !gradients.dw1 && !gradients.db1 && !gradients.dw2 && !gradients.db2) {
+    fail(name, "names no gradient; one of dx, dw1, db1, dw2, db2 is needed");
+  }
+  if (gradients.db1 && !layer.fc1_bias) fail(name, "has db1 but the layer has no fc1_bias");
+  if (gradients.db2 && !layer.fc2_bias) fail(name, "has db2 but the layer has no fc2_bias");
+  if (gradients.bf16_weight_grads && !gradients.dw1 && !gradients.dw2) {
+    fail(name, "has bf16_weight_grads without dw1 or dw2 (no weight gradient to write)");
+  }
+}
+
 void validate_grad_mode(GradMode grad) {
   if (grad != GradMode::no_grad && grad != GradMode::grad) {
     fail("grad", fmt::format("expected GradMode::no_grad or GradMode::grad, got enum value {}",

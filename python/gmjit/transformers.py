@@ -444,6 +444,38 @@ def experts_forward(
     return out.to(hidden_states.dtype)
 
 
+def prepare_calls(experts: nn.Module, training: Optional[bool], input_requires_grad: bool):
+    """For gmjit.torch.prepare: (the LayerCalls experts_forward will make, a weight) for an
+    experts module whose config selects a gmjit experts implementation and that gmjit can run;
+    None for any other module (those fall back to grouped_mm and compile nothing)."""
+    from gmjit.torch import _prepare
+
+    implementation = getattr(getattr(experts, "config", None), "_experts_implementation", None)
+    recipe = next((r for r, name in RECIPE_NAMES.items() if name == implementation), None)
+    # The model's other modules share its config: only experts classes carry has_gate.
+    if recipe is None or not hasattr(experts, "has_gate"):
+        return None
+    plan = plan_for(experts)
+    if plan.reason is not None:
+        return None
+    up, down = _weights(experts, plan.has_gate)
+    b_up = getattr(experts, "gate_up_proj_bias" if plan.has_gate else "up_proj_bias", None)
+    b_down = getattr(experts, "down_proj_bias", None)
+    trains = training if training is not None else (
+        experts.training and (up.requires_grad or down.requires_grad))  # fmt: skip
+    params = {"dw1": up, "dw2": down}
+    if plan.has_bias:
+        params.update(db1=b_up, db2=b_down)
+    names = _prepare.gradients_in_training(trains, input_requires_grad, params)
+    # experts_forward's call: the router weights as probs, int32 counts, weights converted to
+    # gmjit's halves layout.
+    calls = _prepare.LayerCalls(
+        getattr(experts, "num_experts", up.shape[0]), plan.hidden, plan.ffn, plan.activation,
+        "halves", plan.limit, plan.alpha, plan.has_bias, plan.has_bias, True, torch.int32,
+        _recipe_for(experts, plan, recipe), "both" if names else "no_grad", names or frozenset())
+    return calls, up
+
+
 def register() -> None:
     """Registers "gmjit" in transformers' ExpertsInterface (done on import of this module)."""
     from transformers.integrations.moe import ExpertsInterface

@@ -280,6 +280,24 @@ std::vector<std::string> prepare(const Layer& layer, bool grad, const std::strin
       .kernel_names;
 }
 
+std::vector<std::string> prepare_backward(const Layer& layer, const std::string& arch, int recipe,
+                                          bool dx, bool dw1, bool db1, bool dw2, bool db2,
+                                          bool bf16_weight_grads, bool fp8_transposed_weights) {
+  const gmjit::Recipe& r = recipe_of(recipe);
+  const gmjit::GradientSet gradients{dx, dw1, db1, dw2, db2, bf16_weight_grads};
+  nb::gil_scoped_release release;
+  return engine()
+      .prepare_backward(layer.spec, r, gradients, arch, fp8_transposed_weights)
+      .kernel_names;
+}
+
+std::vector<std::string> prepare_weight_quantizer(const Layer& layer, int recipe, bool transposed,
+                                                  const std::string& arch) {
+  const gmjit::Recipe& r = recipe_of(recipe);
+  nb::gil_scoped_release release;
+  return engine().prepare_weight_quantizer(layer.spec, r, transposed, arch).kernel_names;
+}
+
 nb::dict counters() {
   gmjit::EngineCounters c;
   {
@@ -417,6 +435,17 @@ NB_MODULE(_C, m) {
         nb::arg("recipe") = 0,
         "Compiles (or loads from the caches) the forward plan's kernels for `arch`; no GPU "
         "needed. Returns the kernel names.");
+  m.def("prepare_backward", &prepare_backward, nb::arg("layer"), nb::arg("arch"), nb::arg("recipe"),
+        nb::arg("dx"), nb::arg("dw1"), nb::arg("db1"), nb::arg("dw2"), nb::arg("db2"),
+        nb::arg("bf16_weight_grads"), nb::arg("fp8_transposed_weights"),
+        "Compiles (or loads) the backward plan of these gradients for `arch`; no GPU needed. "
+        "bf16_weight_grads: dw1 / dw2 written in bf16 (backward's bf16_weight_grads); "
+        "fp8_transposed_weights: an FP8 recipe's backward given the transposed FP8 weights. "
+        "Returns the kernel names.");
+  m.def("prepare_weight_quantizer", &prepare_weight_quantizer, nb::arg("layer"), nb::arg("recipe"),
+        nb::arg("transposed"), nb::arg("arch"),
+        "Compiles (or loads) an FP8 recipe's weight quantizers (with the transposed copies "
+        "when `transposed`) for `arch`. Returns the kernel names.");
   m.def("counters", &counters, "The engine's counters as a dict.");
   m.def("devices", &devices,
         "CUDA devices the driver sees (an empty list without a driver); device queries only, "

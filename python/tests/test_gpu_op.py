@@ -9,7 +9,7 @@ from torch.utils.checkpoint import checkpoint
 import gmjit
 import reference
 from poison import poison_next_allocations
-from gmjit.torch import GroupedMLP, grouped_mlp, layouts
+from gmjit.torch import GroupedMLP, grouped_mlp, layouts, prepare
 
 pytestmark = pytest.mark.gpu
 
@@ -262,3 +262,27 @@ def test_module_matches_the_function_and_loads_transformers_layouts():
                        layouts.gate_up_from_fc1(m.b1.detach()[..., None], interleaved=True)[..., 0],
                        m.b2.detach(), transposed=True, interleaved=True)  # fmt: skip
     torch.testing.assert_close(other(x, split), y, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_block"])
+def test_after_prepare_training_and_evaluation_compile_nothing(recipe):
+    """gmjit.torch.prepare with the arch of the weights' GPU: a training step with reentrant
+    recompute, then an evaluation forward, find every kernel prepared (no NVRTC compile, no disk
+    read). A shape no other test uses, so that nothing was compiled before."""
+    m = GroupedMLP(3, 384, 256, "geglu", bias=True, recipe=recipe, device="cuda")
+    report = prepare(m, router_probs=True)
+    assert report.kernels > 0
+    before = gmjit.counters()
+    x = torch.randn(300, 384, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    splits = torch.tensor([100, 0, 200], device="cuda")
+    probs = torch.rand(300, device="cuda", requires_grad=True)
+    y = checkpoint(m, x, splits, probs, use_reentrant=True)
+    y.float().square().mean().backward()
+    m.eval()
+    with torch.no_grad():
+        m(x, splits, probs)
+    torch.cuda.synchronize()
+    after = gmjit.counters()
+    assert after["kernels_compiled"] == before["kernels_compiled"]
+    assert after["disk_reads"] == before["disk_reads"]
+    assert x.grad is not None and m.w1.grad is not None and probs.grad is not None

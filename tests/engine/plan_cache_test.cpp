@@ -215,6 +215,31 @@ TEST_F(PlanCache, RecomputeStepsBuildTwoForwardPlansAndOneBackwardPlanInStepOne)
   EXPECT_EQ(last.memory_hits - after_first.memory_hits, 7u * 3u);
 }
 
+// A gradient set no backward call could ask for would be a plan nobody looks up: refused by
+// name before anything is built.
+TEST_F(PlanCache, BackwardsNoCallCouldRunAreRefusedBeforeAnyBuild) {
+  const LayerSpec layer = testing::small_layer();  // no biases
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  const auto refused = [&](GradientSet g, const char* why) {
+    try {
+      engine.prepare_backward(layer, Recipe::bf16(), g, "sm_90a");
+      ADD_FAILURE() << "accepted a set that " << why;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::invalid_argument) << why;
+      EXPECT_NE(std::string(e.what()).find("argument 'gradients'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused(GradientSet{false, false, false, false, false}, "names no gradient");
+  refused(GradientSet{true, true, true, true, false}, "no fc1_bias");
+  refused(GradientSet{true, true, false, true, true}, "no fc2_bias");
+  refused(GradientSet{true, false, false, false, false, true}, "without dw1 or dw2");
+  EXPECT_EQ(engine.counters().plans_built, 0u);
+  engine.prepare_backward(layer, Recipe::bf16(), GradientSet{true, false, false, false, false},
+                          "sm_90a");
+  EXPECT_EQ(engine.counters().backward_plans_built, 1u);
+}
+
 TEST_F(PlanCache, WithFusionOffEachOpIsAKernelThroughTheSamePipeline) {
   const LayerSpec layer = testing::small_layer();
   for (const char* arch : {"sm_90a", "sm_80"}) {

@@ -54,14 +54,18 @@ def _layer(
     alpha: float,
 ) -> _C.Layer:
     E, _, H = w1.shape
-    F = w2.shape[2]
-    split_i64 = split_sizes.dtype == torch.int64
-    key = (E, H, F, act, layout, limit, alpha, b1 is not None, b2 is not None,
-           probs is not None, split_i64)  # fmt: skip
+    return _layer_for(E, H, w2.shape[2], act, layout, limit, alpha, b1 is not None, b2 is not None,
+                      probs is not None, split_sizes.dtype == torch.int64)  # fmt: skip
+
+
+def _layer_for(E: int, H: int, F: int, act: int, layout: int, limit: float, alpha: float,
+               b1: bool, b2: bool, probs: bool, split_i64: bool) -> _C.Layer:  # fmt: skip
+    """The layer object of a call (shared by calls and by gmjit.torch.prepare, so that what is
+    prepared is what the calls look up)."""
+    key = (E, H, F, act, layout, limit, alpha, b1, b2, probs, split_i64)
     layer = _layers.get(key)
     if layer is None:
-        layer = _C.Layer(E, H, F, act, layout, limit, alpha, b1 is not None, b2 is not None,
-                         probs is not None, split_i64)  # fmt: skip
+        layer = _C.Layer(*key)
         _layers[key] = layer
     return layer
 

@@ -1,0 +1,332 @@
+"""Ahead-of-time compiles: `prepare` (the layers of a model) and `prepare_layer` (one layer as
+`grouped_mlp` would be called), without a GPU.
+
+A job's first call of each layer shape builds its plans: NVRTC compiles, or disk-cache reads when
+an earlier process left them in the cache folder (GMJIT_CACHE_DIR). Preparing fills that folder
+beforehand (an image build step, a login node) so that the job's first step compiles nothing, and
+inside the job it moves the compiles out of the first step. What is prepared must be what the
+calls will look up: the same layer (experts, widths, activation, which of b1, b2, probs are
+passed, the split sizes' dtype), recipe, forward grad modes and backward gradients, and the same
+engine options (the GMJIT_* variables) and arch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Iterable, Optional
+
+import torch
+from torch import nn
+
+from gmjit import _C
+from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
+from gmjit.torch._checks import _check_fp8_layer, _check_layer, _parse_options, _parse_recipe
+from gmjit.torch._engine_calls import _layer_for, _quant_layer
+
+# The grad modes of a layer's forwards: inference, a grad-enabled forward only, or both
+# (training with activation recompute: a no-grad forward, then the grad-enabled recompute).
+GRAD_MODES = {"no_grad": (False,), "grad": (True,), "both": (False, True)}
+# Gradients a backward can be asked for. dprobs is computed by the same kernels whether asked for
+# or not, so it is accepted and selects nothing.
+GRADIENTS = ("dx", "dw1", "db1", "dw2", "db2", "dprobs")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCalls:
+    """The calls of one layer that select kernels: what `prepare_layer` prepares."""
+
+    num_experts: int
+    hidden: int
+    ffn: int
+    activation: str = "swiglu"
+    glu_layout: str = "halves"
+    limit: float = DEFAULT_LIMIT
+    alpha: float = DEFAULT_ALPHA
+    fc1_bias: bool = False
+    fc2_bias: bool = False
+    router_probs: bool = False
+    split_sizes_dtype: torch.dtype = torch.int64
+    recipe: str = "bf16"
+    grad: str = "no_grad"
+    backward: frozenset = frozenset()  # names from GRADIENTS; empty: no backward
+    accumulate_main_grad: bool = False
+    fp8_transposed_weights: bool = True
+
+
+@dataclasses.dataclass
+class PrepareReport:
+    """What a prepare did: the layers' calls, how many kernels their plans hold, and of those how
+    many NVRTC compiled (the rest came from the caches) in how many seconds."""
+
+    calls: list[LayerCalls]
+    kernels: int = 0
+    kernels_compiled: int = 0
+    disk_reads: int = 0
+    nvrtc_seconds: float = 0.0
+
+
+def prepare_layer(
+    num_experts: int,
+    hidden: int,
+    ffn: int,
+    activation: str = "swiglu",
+    *,
+    arch: str,
+    glu_layout: str = "halves",
+    limit: float = DEFAULT_LIMIT,
+    alpha: float = DEFAULT_ALPHA,
+    fc1_bias: bool = False,
+    fc2_bias: bool = False,
+    router_probs: bool = False,
+    split_sizes_dtype: torch.dtype = torch.int64,
+    recipe: str = "bf16",
+    grad: str = "no_grad",
+    backward: Optional[Iterable[str]] = None,
+    accumulate_main_grad: bool = False,
+    fp8_transposed_weights: bool = True,
+) -> PrepareReport:
+    """Compiles (or loads from the caches) the kernels of `grouped_mlp` calls of one layer for
+    `arch` ("sm_90a", "sm_80", ...); no GPU is needed.
+
+    The layer is described as the calls will pass it: activation, glu_layout, limit, alpha,
+    recipe and accumulate_main_grad as given to grouped_mlp; fc1_bias, fc2_bias, router_probs:
+    whether b1, b2, probs are passed; split_sizes_dtype: torch.int64 or torch.int32.
+    grad: "no_grad" (inference), "grad" (the grad-enabled forward) or "both" (training with
+    activation recompute). backward: with "grad" or "both", the gradients the backward computes,
+    named from GRADIENTS (those of the inputs that require grad); None: dx, dw1, dw2 and the
+    biases' gradients. fp8_transposed_weights: FP8 recipes only, whether the backward gets the
+    transposed FP8 weights (the default when grouped_mlp quantizes, and GroupedMLP's in
+    training) and so runs its data gradients in FP8.
+    """
+    calls = _layer_calls(num_experts, hidden, ffn, activation, glu_layout, limit, alpha, fc1_bias,
+                         fc2_bias, router_probs, split_sizes_dtype, recipe, grad, backward,
+                         accumulate_main_grad, fp8_transposed_weights)  # fmt: skip
+    return _prepare_all([calls], _check_arch(arch))
+
+
+def _layer_calls(num_experts, hidden, ffn, activation, glu_layout, limit, alpha, fc1_bias,
+                 fc2_bias, router_probs, split_sizes_dtype, recipe, grad, backward,
+                 accumulate_main_grad, fp8_transposed_weights) -> LayerCalls:  # fmt: skip
+    """The checked description (ValueError naming a bad argument)."""
+    _, layout, glu = _parse_options(activation, glu_layout)
+    for name, value in (("num_experts", num_experts), ("hidden", hidden), ("ffn", ffn)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"prepare: argument '{name}' must be an int, got {value!r}")
+    _check_layer(num_experts, hidden, ffn, glu, layout, "prepare")
+    if _parse_recipe(recipe, "prepare"):
+        _check_fp8_layer(hidden, ffn, layout, glu, "prepare")
+    if split_sizes_dtype not in (torch.int32, torch.int64):
+        raise ValueError("prepare: argument 'split_sizes_dtype' must be torch.int32 or "
+                         f"torch.int64, got {split_sizes_dtype!r}")  # fmt: skip
+    if grad not in GRAD_MODES:
+        raise ValueError(f"prepare: argument 'grad' must be one of {sorted(GRAD_MODES)}, got "
+                         f"{grad!r}")  # fmt: skip
+    names = _gradient_names(backward, grad, fc1_bias, fc2_bias, router_probs)
+    return LayerCalls(num_experts, hidden, ffn, activation, glu_layout if glu else "halves",
+                      float(limit), float(alpha), bool(fc1_bias), bool(fc2_bias),
+                      bool(router_probs), split_sizes_dtype, recipe, grad, names,
+                      bool(accumulate_main_grad), bool(fp8_transposed_weights))  # fmt: skip
+
+
+def _gradient_names(backward, grad, fc1_bias, fc2_bias, router_probs) -> frozenset:
+    if backward is None:
+        if grad == "no_grad":
+            return frozenset()
+        default = {"dx", "dw1", "dw2"} | ({"db1"} if fc1_bias else set())
+        return frozenset(default | ({"db2"} if fc2_bias else set()))
+    if isinstance(backward, str):  # one name would be iterated letter by letter
+        raise ValueError("prepare: argument 'backward' must be a collection of gradient names "
+                         f"such as ('dx', 'dw1', 'dw2'), got the string {backward!r}")  # fmt: skip
+    names = frozenset(backward)
+    unknown = sorted(n for n in names if n not in GRADIENTS)
+    if unknown:
+        raise ValueError(f"prepare: argument 'backward' holds {unknown}; gradients are "
+                         f"{list(GRADIENTS)}")  # fmt: skip
+    if names and grad == "no_grad":
+        raise ValueError("prepare: argument 'backward' needs a grad-enabled forward "
+                         "(grad='grad' or 'both'); a no-grad forward saves nothing to "
+                         "differentiate")  # fmt: skip
+    if names and not names - {"dprobs"}:
+        raise ValueError("prepare: argument 'backward' names only dprobs; the engine's backward "
+                         "also computes one of dx, dw1, db1, dw2, db2 (an empty collection: "
+                         "no backward)")  # fmt: skip
+    for bias, given, flag in (("db1", fc1_bias, "fc1_bias"), ("db2", fc2_bias, "fc2_bias"),
+                              ("dprobs", router_probs, "router_probs")):  # fmt: skip
+        if bias in names and not given:
+            raise ValueError(f"prepare: argument 'backward' names {bias} but {flag} is False")
+    return names
+
+
+def _check_arch(arch: object) -> str:
+    if not isinstance(arch, str) or not arch.startswith("sm_"):
+        raise ValueError(f"prepare: argument 'arch' must be an arch name such as 'sm_90a', got "
+                         f"{arch!r}")  # fmt: skip
+    return arch
+
+
+def _prepare_all(calls: list[LayerCalls], arch: str) -> PrepareReport:
+    before = _C.counters()
+    report = PrepareReport(calls=calls)
+    for c in calls:
+        report.kernels += len(_prepare_one(c, arch))
+    after = _C.counters()
+    report.kernels_compiled = after["kernels_compiled"] - before["kernels_compiled"]
+    report.disk_reads = after["disk_reads"] - before["disk_reads"]
+    report.nvrtc_seconds = after["nvrtc_seconds"] - before["nvrtc_seconds"]
+    return report
+
+
+def _prepare_one(c: LayerCalls, arch: str) -> list[str]:
+    """The kernel names of every plan the calls `c` describes would look up (the same layer
+    objects and flags as _engine_calls passes at run time)."""
+    act, layout, glu = _parse_options(c.activation, c.glu_layout)
+    code = _parse_recipe(c.recipe, "prepare")
+    layer = _layer_for(c.num_experts, c.hidden, c.ffn, act, layout, c.limit, c.alpha, c.fc1_bias,
+                       c.fc2_bias, c.router_probs, c.split_sizes_dtype == torch.int64)  # fmt: skip
+    names: list[str] = []
+    for grad in GRAD_MODES[c.grad]:
+        names += _C.prepare(layer, grad, arch, code)
+    g = c.backward
+    transposed = bool(code) and c.fp8_transposed_weights and bool(g)
+    if g:
+        weight_grads = "dw1" in g or "dw2" in g
+        # Weight gradients in bf16 (the weights' dtype) unless they are added into fp32
+        # main_grad buffers: _engine_calls._run_backward's choice.
+        names += _C.prepare_backward(layer, arch, code, "dx" in g, "dw1" in g, "db1" in g,
+                                     "dw2" in g, "db2" in g,
+                                     weight_grads and not c.accumulate_main_grad,
+                                     c.fp8_transposed_weights)  # fmt: skip
+    if code:
+        quant = _quant_layer(c.num_experts, c.hidden, c.ffn, glu)
+        # Inference (and evaluation inside a training job) quantizes without the transposed
+        # copies; a backward with FP8 data gradients reads them.
+        names += _C.prepare_weight_quantizer(quant, code, False, arch)
+        if transposed:
+            names += _C.prepare_weight_quantizer(quant, code, True, arch)
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+def prepare(
+    model: nn.Module,
+    *,
+    arch: Optional[str] = None,
+    training: Optional[bool] = None,
+    input_requires_grad: bool = True,
+    router_probs: bool = False,
+    split_sizes_dtype: torch.dtype = torch.int64,
+) -> PrepareReport:
+    """Compiles (or loads from the caches) the kernels the gmjit layers of `model` will run:
+    every GroupedMLP and ExpertParallelMoE (experts="gmjit") in it, and the experts modules of a
+    transformers model built with experts_implementation="gmjit" (or a gmjit FP8 name).
+    Layers of the same shape and options are prepared once.
+
+    arch: None for the arch of the GPU holding each layer's weights (then they must be on one);
+    give it ("sm_90a") to prepare off the GPU, e.g. for a model on the meta device.
+    training: None follows each layer (module.training with w1 or w2 requiring grad); True
+    prepares both forwards and the backward of the parameters that require grad (and dx with
+    `input_requires_grad`); False the no-grad forward only.
+    router_probs, split_sizes_dtype: how GroupedMLP.forward will be called (probs passed or not;
+    torch.int64 or torch.int32 split sizes); the other layers decide these themselves.
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"prepare: argument 'model' must be a torch.nn.Module, got {type(model)}")
+    if arch is not None:
+        _check_arch(arch)
+    by_arch: dict[str, list[LayerCalls]] = {}
+    for module in model.modules():
+        found = _calls_of_module(module, training, input_requires_grad, router_probs,
+                                 split_sizes_dtype)  # fmt: skip
+        if found is None:
+            continue
+        calls, weight = found
+        where = arch if arch is not None else _arch_of(weight)
+        bucket = by_arch.setdefault(where, [])
+        if calls not in bucket:
+            bucket.append(calls)
+    if not by_arch:
+        raise ValueError("prepare: argument 'model' holds no gmjit layer (GroupedMLP, "
+                         "ExpertParallelMoE with experts='gmjit', or transformers experts with a "
+                         "gmjit experts_implementation)")  # fmt: skip
+    total = PrepareReport(calls=[])
+    for where, calls in by_arch.items():
+        r = _prepare_all(calls, where)
+        total.calls += r.calls
+        total.kernels += r.kernels
+        total.kernels_compiled += r.kernels_compiled
+        total.disk_reads += r.disk_reads
+        total.nvrtc_seconds += r.nvrtc_seconds
+    return total
+
+
+def _arch_of(weight: torch.Tensor) -> str:
+    if weight.device.type != "cuda":
+        raise ValueError(f"prepare: argument 'arch' is needed: the layer's weights are on "
+                         f"{weight.device}, not a CUDA device (give e.g. "
+                         "arch='sm_90a')")  # fmt: skip
+    index = weight.device.index if weight.device.index is not None else torch.cuda.current_device()
+    for device in _C.devices():
+        if device["ordinal"] == index:
+            return device["arch"]
+    raise ValueError(f"prepare: gmjit's driver sees no CUDA device {index} (the weights' "
+                     "device); give arch='sm_...'")  # fmt: skip
+
+
+def gradients_in_training(training: bool, input_requires_grad: bool,
+                          params: dict) -> Optional[frozenset]:
+    """The backward's gradient names in training (None: nothing requires grad, so calls run the
+    no-grad forward only)."""
+    if not training:
+        return None
+    names = {"dx"} if input_requires_grad else set()
+    for grad_name, p in params.items():
+        if p is not None and p.requires_grad:
+            names.add(grad_name)
+    return frozenset(names) if names else None
+
+
+def _calls_of_module(module, training, input_requires_grad, router_probs, split_sizes_dtype):
+    """(LayerCalls, a weight) for a gmjit layer, None for any other module."""
+    from gmjit.torch.expert_parallel import ExpertParallelMoE
+    from gmjit.torch.module import GroupedMLP
+
+    if isinstance(module, GroupedMLP):
+        shape = (module.num_experts, module.hidden, module.ffn)
+        options = dict(activation=module.activation, glu_layout=module.glu_layout,
+                       limit=module.limit, alpha=module.alpha, recipe=module.recipe,
+                       accumulate_main_grad=module.accumulate_main_grad)  # fmt: skip
+        probs, split_dtype = router_probs, split_sizes_dtype
+    elif isinstance(module, ExpertParallelMoE) and module.experts_name == "gmjit":
+        shape = (module.local_experts, module.hidden, module.ffn)
+        options = dict(activation=module.activation, glu_layout=module.glu_layout,
+                       limit=module.limit, alpha=module.alpha, recipe=module.recipe,
+                       accumulate_main_grad=False)  # fmt: skip
+        # The router weights are applied after the combine; counts come from a scatter_add
+        # over int64 expert ids.
+        probs, split_dtype = False, torch.int64
+    else:
+        return _calls_of_transformers_experts(module, training, input_requires_grad)
+    trains = training if training is not None else (
+        module.training and (module.w1.requires_grad or module.w2.requires_grad))  # fmt: skip
+    params = {"dw1": module.w1, "db1": module.b1, "dw2": module.w2, "db2": module.b2}
+    names = gradients_in_training(trains, input_requires_grad, params)
+    calls = _layer_calls(*shape, fc1_bias=module.b1 is not None, fc2_bias=module.b2 is not None,
+                         router_probs=probs, split_sizes_dtype=split_dtype,
+                         grad="both" if names else "no_grad", backward=names or (),
+                         fp8_transposed_weights=True, **options)  # fmt: skip
+    return calls, module.w1
+
+
+def _calls_of_transformers_experts(module, training, input_requires_grad):
+    """A transformers experts module set to a gmjit experts_implementation, else None. Asked of
+    gmjit.transformers only where it was imported: it registers the implementations, so a model
+    cannot run them without it."""
+    hf = sys.modules.get("gmjit.transformers")
+    return None if hf is None else hf.prepare_calls(module, training, input_requires_grad)
+
+
+__all__ = ["GRADIENTS", "GRAD_MODES", "LayerCalls", "PrepareReport", "prepare", "prepare_layer"]
