@@ -39,3 +39,16 @@ def test_fp8_block_loss_tracks_bf16_from_the_same_seed():
           f"fp8_block {last_fp8:.4f}")  # fmt: skip
     assert last_bf16 < 0.9 * bf16[0]  # it learned something
     assert abs(last_fp8 - last_bf16) / last_bf16 < 0.05
+
+
+def test_after_prepare_the_training_loop_compiles_nothing():
+    """--prepare: gmjit.torch.prepare(model) on the example's model (gradient checkpointing, every
+    experts module) leaves the loop nothing to compile or read from disk. Widths no other test
+    uses, so that the kernels are new to this process."""
+    example = load_example()
+    a = example.parse_args(["--steps", "3", "--batch", "2", "--seq", "64", "--layers", "2",
+                            "--hidden", "320", "--ffn", "224", "--prepare"])  # fmt: skip
+    result = example.train(example.gmjit_impl("bf16"), a)
+    assert result["prepared"]["kernels"] > 0
+    assert result["loop_compiles"] == 0 and result["loop_disk_reads"] == 0, result
+    assert all(torch.isfinite(torch.tensor(result["losses"])))

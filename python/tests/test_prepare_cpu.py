@@ -200,6 +200,18 @@ def test_transformers_experts_with_gmjit_prepare_what_experts_forward_runs(engin
     assert_prepared(engine)
 
 
+def test_a_whole_transformers_model_prepares_each_experts_shape_once(engine):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(hf_configs.qwen3_moe(), experts_implementation="gmjit",
+                                             dtype=torch.bfloat16)  # fmt: skip
+    report = prepare(model.train(), arch="sm_90a")
+    (calls,) = report.calls  # two decoder layers, one experts shape
+    assert (calls.num_experts, calls.hidden, calls.ffn) == (8, 128, 64)
+    assert calls.grad == "both" and calls.backward == frozenset({"dx", "dw1", "dw2"})
+    assert calls.router_probs and calls.split_sizes_dtype == torch.int32
+
+
 def test_transformers_experts_on_another_implementation_are_not_gmjit_layers(engine):
     m = hf_configs.experts_module("mixtral", implementation="grouped_mm")
     with pytest.raises(ValueError, match="holds no gmjit layer"):
