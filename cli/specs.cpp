@@ -76,24 +76,29 @@ std::string text(const json& entry, const std::string& where, const char* field,
 
 GradientSet gradient_set(const json& value, const std::string& where, const LayerSpec& layer) {
   if (!value.is_array() || value.empty()) {
-    fail(where, "a non-empty list of dx, dw1, db1, dw2, db2", &value);
+    fail(where, "a non-empty list of dx, dw1, db1, dw2, db2, dprobs", &value);
   }
   GradientSet set{false, false, false, false, false};
+  // dprobs comes with the other gradients' kernels: it selects none, but ["dprobs"] alone is the
+  // backward of frozen experts under a trained router.
+  bool dprobs = false;
   for (std::size_t j = 0; j < value.size(); ++j) {
     const json& item = value[j];
     const std::string at = fmt::format("{}[{}]", where, j);
-    if (!item.is_string()) fail(at, "one of dx, dw1, db1, dw2, db2", &item);
+    if (!item.is_string()) fail(at, "one of dx, dw1, db1, dw2, db2, dprobs", &item);
     const std::string name = item.get<std::string>();
-    bool* flag = name == "dx"    ? &set.dx
-                 : name == "dw1" ? &set.dw1
-                 : name == "db1" ? &set.db1
-                 : name == "dw2" ? &set.dw2
-                 : name == "db2" ? &set.db2
-                                 : nullptr;
-    if (flag == nullptr) fail(at, "one of dx, dw1, db1, dw2, db2", &item);
+    bool* flag = name == "dx"       ? &set.dx
+                 : name == "dw1"    ? &set.dw1
+                 : name == "db1"    ? &set.db1
+                 : name == "dw2"    ? &set.dw2
+                 : name == "db2"    ? &set.db2
+                 : name == "dprobs" ? &dprobs
+                                    : nullptr;
+    if (flag == nullptr) fail(at, "one of dx, dw1, db1, dw2, db2, dprobs", &item);
     // A bias gradient of a layer without that bias would be a plan no call can use.
     if (flag == &set.db1 && !layer.fc1_bias) fail(at, "db1 needs \"fc1_bias\": true");
     if (flag == &set.db2 && !layer.fc2_bias) fail(at, "db2 needs \"fc2_bias\": true");
+    if (flag == &dprobs && !layer.router_probs) fail(at, "dprobs needs \"router_probs\": true");
     *flag = true;
   }
   return set;

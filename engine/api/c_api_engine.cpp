@@ -12,6 +12,7 @@
 #include "codegen/fp8_forward.hpp"
 #include "codegen/grouped_mlp.hpp"
 #include "engine/api/c_api_support.hpp"
+#include "engine/api/validate.hpp"
 
 namespace c_api = gmjit::engine::c_api;
 
@@ -51,16 +52,23 @@ static_assert(only(GMJIT_GRAD_DX, &gmjit::GradientSet::dx) &&
               only(GMJIT_GRAD_BF16_WEIGHTS, &gmjit::GradientSet::bf16_weight_grads) &&
               kAllGradients == 63);
 
-// The backward's gradients, checked against the call's flags as a backward call would be.
+// The backward's gradients, checked against the call's flags as a backward call would be: the
+// C names here, the rest by the engine's own check (engine/api/validate.hpp).
 gmjit::GradientSet convert_gradients(unsigned int bits, const gmjit::LayerSpec& spec) {
-  if ((bits & ~kAllGradients) != 0) {
+  if ((bits & ~(kAllGradients | GMJIT_GRAD_DPROBS)) != 0) {
     throw gmjit::Error(gmjit::Status::invalid_argument,
                        fmt::format("argument 'spec->backward': {:#x} holds bits that are no "
                                    "GMJIT_GRAD_* flag",
                                    bits));
   }
-  const gmjit::GradientSet g = gmjit::GradientSet::from_bits(static_cast<std::uint8_t>(bits));
-  if (!g.dx && !g.dw1 && !g.db1 && !g.dw2 && !g.db2) {
+  const gmjit::GradientSet g =
+      gmjit::GradientSet::from_bits(static_cast<std::uint8_t>(bits & kAllGradients));
+  const bool dprobs = (bits & GMJIT_GRAD_DPROBS) != 0;
+  if (dprobs && !spec.router_probs) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       "argument 'spec->backward': GMJIT_GRAD_DPROBS needs spec->router_probs");
+  }
+  if (!g.dx && !g.dw1 && !g.db1 && !g.dw2 && !g.db2 && !dprobs) {
     throw gmjit::Error(gmjit::Status::invalid_argument,
                        "argument 'spec->backward': names no gradient (GMJIT_GRAD_BF16_WEIGHTS "
                        "alone); 0 prepares no backward");
@@ -73,11 +81,7 @@ gmjit::GradientSet convert_gradients(unsigned int bits, const gmjit::LayerSpec& 
     throw gmjit::Error(gmjit::Status::invalid_argument,
                        "argument 'spec->backward': GMJIT_GRAD_DB2 needs spec->fc2_bias");
   }
-  if (g.bf16_weight_grads && !g.dw1 && !g.dw2) {
-    throw gmjit::Error(gmjit::Status::invalid_argument,
-                       "argument 'spec->backward': GMJIT_GRAD_BF16_WEIGHTS without "
-                       "GMJIT_GRAD_DW1 or GMJIT_GRAD_DW2");
-  }
+  gmjit::engine::validate_gradient_set(spec, g, "spec->backward");
   return g;
 }
 

@@ -228,8 +228,13 @@ void check_weights(const LayerSpec& layer, const Recipe& recipe, const ForwardAr
 }  // namespace
 
 void validate_gradient_set(const LayerSpec& layer, const GradientSet& gradients, const char* name) {
-  if (!gradients.dx && !gradients.dw1 && !gradients.db1 && !gradients.dw2 && !gradients.db2) {
-    fail(name, "names no gradient; one of dx, dw1, db1, dw2, db2 is needed");
+  // With router probs, a backward of none of these still computes dprobs (frozen experts, an
+  // input that needs no gradient, a trained router).
+  if (!gradients.dx && !gradients.dw1 && !gradients.db1 && !gradients.dw2 && !gradients.db2 &&
+      !layer.router_probs) {
+    fail(name,
+         "names no gradient; one of dx, dw1, db1, dw2, db2 is needed (a layer without "
+         "router_probs has no dprobs)");
   }
   if (gradients.db1 && !layer.fc1_bias) fail(name, "has db1 but the layer has no fc1_bias");
   if (gradients.db2 && !layer.fc2_bias) fail(name, "has db2 but the layer has no fc2_bias");

@@ -14,8 +14,9 @@ void validate_token_count(const char* name, std::int64_t tokens, std::int64_t ex
 void validate_workspace_query(const LayerSpec& layer, std::int64_t tokens);
 
 // Checks that `gradients` is a backward some call of `layer` could ask for: at least one
-// gradient, a bias gradient only where the layer has that bias, bf16 weight gradients only with
-// dw1 or dw2. Any other set would be a plan no call looks up. `name` is the argument's.
+// gradient (none: dprobs only, for layers with router_probs), a bias gradient only where the
+// layer has that bias, bf16 weight gradients only with dw1 or dw2. Any other set would be a plan
+// no call looks up. `name` is the argument's.
 void validate_gradient_set(const LayerSpec& layer, const GradientSet& gradients, const char* name);
 
 // Checks that `grad` is one of GradMode's values (a wider enum value would select another plan).

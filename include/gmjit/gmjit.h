@@ -267,6 +267,10 @@ GMJIT_API gmjit_status gmjit_backward_ex(gmjit_engine* engine, const gmjit_forwa
 #define GMJIT_GRAD_DW2 8u
 #define GMJIT_GRAD_DB2 16u
 #define GMJIT_GRAD_BF16_WEIGHTS 32u /* dw1 / dw2 written as bfloat16, not float32 */
+/* dprobs (layers with router_probs): computed by the kernels of the other gradients, so it selects
+ * no kernel of its own; it lets a backward of dprobs alone (frozen experts, an input that needs
+ * no gradient) be prepared. Not a GradientSet bit. */
+#define GMJIT_GRAD_DPROBS 64u
 
 /* What a call would pass that selects its kernels; gmjit_layer holds the rest. Fill it with
  * gmjit_prepare_spec_init, then change fields (struct_size as in gmjit_engine_options). */

@@ -444,7 +444,8 @@ def experts_forward(
     return out.to(hidden_states.dtype)
 
 
-def prepare_calls(experts: nn.Module, training: Optional[bool], input_requires_grad: bool):
+def prepare_calls(experts: nn.Module, training: Optional[bool],
+                  input_requires_grad: bool) -> Optional[tuple]:  # fmt: skip
     """For gmjit.torch.prepare: (the LayerCalls experts_forward will make, a weight) for an
     experts module whose config selects a gmjit experts implementation and that gmjit can run;
     None for any other module (those fall back to grouped_mm and compile nothing)."""
@@ -461,18 +462,20 @@ def prepare_calls(experts: nn.Module, training: Optional[bool], input_requires_g
     up, down = _weights(experts, plan.has_gate)
     b_up = getattr(experts, "gate_up_proj_bias" if plan.has_gate else "up_proj_bias", None)
     b_down = getattr(experts, "down_proj_bias", None)
-    trains = training if training is not None else (
-        experts.training and (up.requires_grad or down.requires_grad))  # fmt: skip
+    trains = experts.training if training is None else training
     params = {"dw1": up, "dw2": down}
     if plan.has_bias:
         params.update(db1=b_up, db2=b_down)
-    names = _prepare.gradients_in_training(trains, input_requires_grad, params)
+    names = _prepare.gradients_in_training(trains, input_requires_grad, params, probs=True)
     # experts_forward's call: the router weights as probs, int32 counts, weights converted to
     # gmjit's halves layout.
-    calls = _prepare.LayerCalls(
-        getattr(experts, "num_experts", up.shape[0]), plan.hidden, plan.ffn, plan.activation,
-        "halves", plan.limit, plan.alpha, plan.has_bias, plan.has_bias, True, torch.int32,
-        _recipe_for(experts, plan, recipe), "both" if names else "no_grad", names or frozenset())
+    calls = _prepare.layer_calls(
+        num_experts=getattr(experts, "num_experts", up.shape[0]), hidden=plan.hidden,
+        ffn=plan.ffn, activation=plan.activation, glu_layout="halves", limit=plan.limit,
+        alpha=plan.alpha, fc1_bias=plan.has_bias, fc2_bias=plan.has_bias, router_probs=True,
+        split_sizes_dtype=torch.int32, recipe=_recipe_for(experts, plan, recipe),
+        grad="both" if names else "no_grad", backward=names or (), accumulate_main_grad=False,
+        fp8_transposed_weights=True)  # fmt: skip
     return calls, up
 
 

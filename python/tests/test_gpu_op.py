@@ -266,21 +266,25 @@ def test_module_matches_the_function_and_loads_transformers_layouts():
 
 @pytest.mark.parametrize("recipe", ["bf16", "fp8_block"])
 def test_after_prepare_training_and_evaluation_compile_nothing(recipe):
-    """gmjit.torch.prepare with the arch of the weights' GPU: a training step with reentrant
-    recompute, then an evaluation forward, find every kernel prepared (no NVRTC compile, no disk
-    read). A shape no other test uses, so that nothing was compiled before."""
-    m = GroupedMLP(3, 384, 256, "geglu", bias=True, recipe=recipe, device="cuda")
-    report = prepare(m, router_probs=True)
+    """gmjit.torch.prepare of a model on the meta device for this GPU's arch, as a build step would
+    run it; then a training step with reentrant recompute and, on a fresh module (nothing
+    quantized yet), an evaluation forward find every kernel prepared: no NVRTC compile, no disk
+    read. A shape no other test uses, so that nothing was compiled before."""
+    def module(device):
+        return GroupedMLP(3, 384, 256, "geglu", bias=True, recipe=recipe, device=device)
+
+    arch = next(d["arch"] for d in gmjit.devices() if d["ordinal"] == torch.cuda.current_device())
+    report = prepare(module("meta"), arch=arch, router_probs=True)
     assert report.kernels > 0
     before = gmjit.counters()
+    m = module("cuda")
     x = torch.randn(300, 384, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     splits = torch.tensor([100, 0, 200], device="cuda")
     probs = torch.rand(300, device="cuda", requires_grad=True)
     y = checkpoint(m, x, splits, probs, use_reentrant=True)
     y.float().square().mean().backward()
-    m.eval()
     with torch.no_grad():
-        m(x, splits, probs)
+        module("cuda").eval()(x, splits, probs)
     torch.cuda.synchronize()
     after = gmjit.counters()
     assert after["kernels_compiled"] == before["kernels_compiled"]

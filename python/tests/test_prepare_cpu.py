@@ -18,9 +18,10 @@ from torch.utils.checkpoint import checkpoint
 import gmjit
 import gmjit.transformers as gt
 import hf_configs
-from gmjit.torch import ACTIVATIONS, ExpertParallelMoE, GroupedMLP, _op, prepare, prepare_layer
+from gmjit.torch import (ACTIVATIONS, RECIPES, ExpertParallelMoE, GroupedMLP, _op, prepare,
+                         prepare_layer)  # fmt: skip
 from op_globals import patch_op_globals
-from test_fake_engine import StandIn
+from test_fake_engine import StandIn, view
 
 NAMES = {v: k for k, v in ACTIVATIONS.items()}
 GLU = {"swiglu", "geglu", "clamped_swiglu"}
@@ -61,6 +62,18 @@ class RecordingEngine:
         self.prepared.add(("quantize", layer.key[:3], recipe, transposed))
         return ["quantize"]
 
+    def forward_fp8(self, L, recipe, T, device, x, split, w1q, w1s, w2q, w2s, b1, b2, probs, y,
+                    saved, stream):  # fmt: skip
+        # Which plans run is what matters here, not FP8 numbers: zeros, as from zero weights.
+        self.ran.add(("forward", L.key, bool(saved), recipe))
+        view(y, torch.bfloat16, (T, L.H)).zero_()
+        if saved:
+            view(saved, torch.bfloat16, (T, L.F1)).zero_()
+
+    def quantize_weights(self, L, recipe, device, w1, w2, w1q, w1s, w2q, w2s, stream,
+                         w1t=0, *more):  # fmt: skip
+        self.ran.add(("quantize", L.key[:3], recipe, bool(w1t)))
+
     def counters(self):
         return {"kernels_compiled": self.compiled, "disk_reads": 0, "nvrtc_seconds": 0.0}
 
@@ -86,11 +99,13 @@ class RecordingEngine:
 def engine(monkeypatch):
     rec = RecordingEngine()
     fake_c = types.SimpleNamespace(Layer=FakeLayer, forward=rec.forward, backward=rec.backward,
-                                   prepare=rec.prepare, prepare_backward=rec.prepare_backward,
+                                   forward_fp8=rec.forward_fp8,
+                                   quantize_weights=rec.quantize_weights, prepare=rec.prepare,
+                                   prepare_backward=rec.prepare_backward,
                                    prepare_weight_quantizer=rec.prepare_weight_quantizer,
                                    counters=rec.counters)  # fmt: skip
     patch_op_globals(monkeypatch, _C=fake_c, _layers={}, _entries={}, _require_cuda=lambda x: 0,
-                     _current_stream=lambda device: 0)  # fmt: skip
+                     _current_stream=lambda device: 0, _weights_device=lambda w1: 0)  # fmt: skip
     return rec
 
 
@@ -148,12 +163,48 @@ def test_main_grad_accumulation_runs_the_prepared_fp32_weight_gradients(engine, 
 def test_frozen_weights_prepare_the_backward_of_dx_only(engine, path):
     m = GroupedMLP(2, 32, 32, "gelu").requires_grad_(False)
     m.train()
-    report = prepare(m, arch="sm_90a", training=True)
+    report = prepare(m, arch="sm_90a")
     assert report.calls[0].backward == frozenset({"dx"})
     x, splits, _ = batch(32, [3, 4], False)
     m(x, splits).float().sum().backward()
     assert_prepared(engine)
     assert all(r[2] == (True, False, False, False, False) for r in engine.ran if r[0] == "backward")
+
+
+def test_frozen_experts_under_a_trained_router_prepare_the_dprobs_backward(engine, path):
+    m = GroupedMLP(2, 32, 32).requires_grad_(False)
+    report = prepare(m, arch="sm_90a", router_probs=True, input_requires_grad=False)
+    assert report.calls[0].backward == frozenset({"dprobs"})
+    x, splits, probs = batch(32, [3, 4], True)
+    m(x.detach(), splits, probs).float().sum().backward()
+    assert probs.grad is not None
+    assert_prepared(engine)
+
+
+def test_only_the_biases_trained_prepare_their_gradients(engine, path):
+    m = GroupedMLP(2, 32, 32, bias=True)
+    m.w1.requires_grad_(False)
+    m.w2.requires_grad_(False)
+    report = prepare(m, arch="sm_90a")
+    assert report.calls[0].backward == frozenset({"dx", "db1", "db2"})
+    x, splits, _ = batch(32, [3, 4], False)
+    m(x, splits).float().sum().backward()
+    assert_prepared(engine)
+
+
+@pytest.mark.parametrize("recipe", ["fp8_block", "fp8_tensor"])
+def test_fp8_training_then_evaluation_runs_only_prepared_plans(engine, path, recipe):
+    m = GroupedMLP(2, 128, 128, recipe=recipe)
+    prepare(m, arch="sm_90a", router_probs=True)
+    x, splits, probs = batch(128, [3, 5], True)
+    checkpoint(m, x, splits, probs, use_reentrant=True).float().sum().backward()
+    fresh = GroupedMLP(2, 128, 128, recipe=recipe).eval()  # nothing quantized yet
+    with torch.no_grad():
+        fresh(x, splits, probs)
+    kinds = {(r[0], r[-1]) for r in engine.ran if r[0] == "quantize"}
+    assert kinds == {("quantize", True), ("quantize", False)}  # training's and evaluation's
+    assert {r[3] for r in engine.ran if r[0] == "forward"} == {RECIPES[recipe]}
+    assert_prepared(engine)
 
 
 def test_an_eval_module_prepares_and_runs_the_no_grad_forward_only(engine, path):
@@ -208,7 +259,7 @@ def test_a_whole_transformers_model_prepares_each_experts_shape_once(engine):
     report = prepare(model.train(), arch="sm_90a")
     (calls,) = report.calls  # two decoder layers, one experts shape
     assert (calls.num_experts, calls.hidden, calls.ffn) == (8, 128, 64)
-    assert calls.grad == "both" and calls.backward == frozenset({"dx", "dw1", "dw2"})
+    assert calls.grad == "both" and calls.backward == frozenset({"dx", "dw1", "dw2", "dprobs"})
     assert calls.router_probs and calls.split_sizes_dtype == torch.int32
 
 
@@ -236,6 +287,13 @@ def test_fp8_training_prepares_both_quantizers_and_the_fp8_data_gradients(engine
     assert backward[3] is True
 
 
+def test_a_grad_forward_without_a_backward_still_prepares_the_transposed_quantizer(engine):
+    # grouped_mlp quantizes with the transposed copies whenever its forward is grad-enabled.
+    prepare_layer(2, 128, 128, arch="sm_90a", recipe="fp8_block", grad="grad", backward=())
+    assert {p[3] for p in engine.prepared if p[0] == "quantize"} == {False, True}
+    assert not [p for p in engine.prepared if p[0] == "backward"]
+
+
 def test_fp8_inference_prepares_the_plain_quantizer(engine):
     prepare_layer(2, 128, 256, "relu", arch="sm_90a", recipe="fp8_tensor")
     assert {p for p in engine.prepared if p[0] == "quantize"} == {("quantize", (2, 128, 256), 3,
@@ -249,12 +307,15 @@ def test_fp8_inference_prepares_the_plain_quantizer(engine):
         (dict(backward=("dx", "dq")), r"holds \['dq'\]"),
         (dict(grad="no_grad", backward=("dx",)), "needs a grad-enabled forward"),
         (dict(grad="both", backward=("db1",)), "db1 but fc1_bias is False"),
-        (dict(grad="both", backward=("dprobs",), router_probs=True), "names only dprobs"),
+        (dict(grad="both", backward=("dprobs",)), "dprobs but router_probs is False"),
+        (dict(fc1_bias="yes"), "'fc1_bias' must be True or False"),
+        (dict(limit="7"), "'limit' must be a number"),
         (dict(grad="train"), "argument 'grad'"),
         (dict(split_sizes_dtype=torch.int16), "split_sizes_dtype"),
         (dict(arch="90a"), "argument 'arch'"),
         (dict(recipe="fp8_block"), "128"),  # ffn 96 is no multiple of the FP8 block
-        (dict(activation="tanh"), "argument 'activation'"),
+        (dict(activation="tanh"), "^prepare: argument 'activation'"),
+        (dict(glu_layout="pairs"), "^prepare: argument 'glu_layout'"),
     ],
 )
 def test_prepare_layer_names_a_bad_argument(engine, kwargs, match):
@@ -263,6 +324,13 @@ def test_prepare_layer_names_a_bad_argument(engine, kwargs, match):
     with pytest.raises(ValueError, match=match):
         prepare_layer(2, 128, 96, **args)
     assert not engine.prepared
+
+
+@pytest.mark.parametrize("sizes, name", [((0, 64, 64), "num_experts"), ((2, 60, 64), "hidden"),
+                                         ((2, 64, 4.0), "ffn")])  # fmt: skip
+def test_prepare_layer_names_a_bad_size(engine, sizes, name):
+    with pytest.raises(ValueError, match=f"^prepare: argument '{name}'"):
+        prepare_layer(*sizes, arch="sm_90a")
 
 
 def test_a_model_without_gmjit_layers_or_without_arch_off_the_gpu_is_refused(engine):

@@ -182,6 +182,20 @@ TEST(Specs, BiasGradientsNeedTheirBias) {
   EXPECT_TRUE(specs.at(0).backward.at(0).db1);
 }
 
+// dprobs selects no kernel, but alone it is the backward of frozen experts under a trained router.
+TEST(Specs, DprobsAloneIsABackwardOfLayersWithRouterProbs) {
+  EXPECT_NE(error_of(json::parse(R"([{"experts": 8, "hidden": 256, "ffn": 128,
+                                      "backward": [["dprobs"]]}])"))
+                .find("specs[0].backward[0][0]: dprobs needs \"router_probs\": true"),
+            std::string::npos);
+  const std::vector<CompileSpec> specs =
+      parse_specs(json::parse(R"([{"experts": 8, "hidden": 256, "ffn": 128, "router_probs": true,
+                                   "backward": [["dprobs"], ["dx", "dprobs"]]}])"),
+                  kDefaultArches);
+  EXPECT_EQ(specs.at(0).backward.at(0).bits(), 0u);
+  EXPECT_EQ(specs.at(0).backward.at(1).bits(), 1u);  // dx alone
+}
+
 // Converting a double beyond float's range to float is undefined behaviour.
 TEST(Specs, NumbersBeyondFloatRangeAreErrors) {
   for (const char* value : {"1e300", "-1e300", "3.5e38"}) {

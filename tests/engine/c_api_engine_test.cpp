@@ -191,9 +191,14 @@ TEST_F(CApiEngine, PrepareTakesEveryValidSpecOfAGradientSet) {
   spec.fp8_transposed_weights = 0;  // the BF16 backward of an FP8 forward
   EXPECT_EQ(gmjit_prepare(engine, &layer, &spec, "sm_90a", &kernels), GMJIT_OK)
       << gmjit_last_error();
+  // Frozen experts, an input without gradient, a trained router: a backward of dprobs alone.
+  spec.recipe = GMJIT_RECIPE_BF16;
+  spec.backward = GMJIT_GRAD_DPROBS;
+  EXPECT_EQ(gmjit_prepare(engine, &layer, &spec, "sm_90a", &kernels), GMJIT_OK)
+      << gmjit_last_error();
   gmjit_engine_counters counters;
   ASSERT_EQ(gmjit_engine_get_counters(engine, &counters), GMJIT_OK);
-  EXPECT_EQ(counters.backward_plans_built, 2u);
+  EXPECT_EQ(counters.backward_plans_built, 3u);
   gmjit_engine_destroy(engine);
 }
 
@@ -215,13 +220,23 @@ TEST_F(CApiEngine, PrepareRejectsSpecsNoCallCouldHave) {
   EXPECT_EQ(gmjit_prepare(engine, &layer, &spec, "sm_90a", &kernels), GMJIT_INVALID_ARGUMENT);
   EXPECT_TRUE(error_mentions("GMJIT_GRAD_DB2 needs spec->fc2_bias")) << gmjit_last_error();
 
-  spec.backward = 64u;
+  spec.backward = 128u;
   EXPECT_EQ(gmjit_prepare(engine, &layer, &spec, "sm_90a", &kernels), GMJIT_INVALID_ARGUMENT);
-  EXPECT_TRUE(error_mentions("0x40")) << gmjit_last_error();
+  EXPECT_TRUE(error_mentions("0x80")) << gmjit_last_error();
 
   spec.backward = GMJIT_GRAD_BF16_WEIGHTS;
   EXPECT_EQ(gmjit_prepare(engine, &layer, &spec, "sm_90a", &kernels), GMJIT_INVALID_ARGUMENT);
   EXPECT_TRUE(error_mentions("names no gradient")) << gmjit_last_error();
+
+  spec.backward = GMJIT_GRAD_DX | GMJIT_GRAD_BF16_WEIGHTS;  // no weight gradient to write
+  EXPECT_EQ(gmjit_prepare(engine, &layer, &spec, "sm_90a", &kernels), GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(error_mentions("without dw1 or dw2")) << gmjit_last_error();
+
+  spec.router_probs = 0;
+  spec.backward = GMJIT_GRAD_DPROBS;
+  EXPECT_EQ(gmjit_prepare(engine, &layer, &spec, "sm_90a", &kernels), GMJIT_INVALID_ARGUMENT);
+  EXPECT_TRUE(error_mentions("GMJIT_GRAD_DPROBS needs spec->router_probs")) << gmjit_last_error();
+  spec.router_probs = 1;
 
   gmjit_prepare_spec_init(&spec);
   spec.grad = 3;

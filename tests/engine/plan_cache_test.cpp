@@ -218,7 +218,8 @@ TEST_F(PlanCache, RecomputeStepsBuildTwoForwardPlansAndOneBackwardPlanInStepOne)
 // A gradient set no backward call could ask for would be a plan nobody looks up: refused by
 // name before anything is built.
 TEST_F(PlanCache, BackwardsNoCallCouldRunAreRefusedBeforeAnyBuild) {
-  const LayerSpec layer = testing::small_layer();  // no biases
+  LayerSpec layer = testing::small_layer();  // no biases
+  layer.router_probs = false;                // so no dprobs either
   Engine engine(EngineOptions{.use_disk_cache = false});
   const auto refused = [&](GradientSet g, const char* why) {
     try {
@@ -238,6 +239,11 @@ TEST_F(PlanCache, BackwardsNoCallCouldRunAreRefusedBeforeAnyBuild) {
   engine.prepare_backward(layer, Recipe::bf16(), GradientSet{true, false, false, false, false},
                           "sm_90a");
   EXPECT_EQ(engine.counters().backward_plans_built, 1u);
+  // With router probs, no gradient of these is dprobs alone (frozen experts, a trained router).
+  layer.router_probs = true;
+  engine.prepare_backward(layer, Recipe::bf16(), GradientSet{false, false, false, false, false},
+                          "sm_90a");
+  EXPECT_EQ(engine.counters().backward_plans_built, 2u);
 }
 
 TEST_F(PlanCache, WithFusionOffEachOpIsAKernelThroughTheSamePipeline) {

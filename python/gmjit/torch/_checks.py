@@ -31,7 +31,8 @@ _FP8 = torch.float8_e4m3fn
 _options: dict[tuple[str, str], tuple[int, int, bool]] = {}
 
 
-def _parse_options(activation: str, glu_layout: str) -> tuple[int, int, bool]:
+def _parse_options(activation: str, glu_layout: str,
+                   where: str = "grouped_mlp") -> tuple[int, int, bool]:  # fmt: skip
     key = (activation, glu_layout)
     try:
         parsed = _options.get(key)
@@ -41,12 +42,12 @@ def _parse_options(activation: str, glu_layout: str) -> tuple[int, int, bool]:
         return parsed
     if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise ValueError(
-            f"grouped_mlp: argument 'activation' must be one of {sorted(ACTIVATIONS)}, "
+            f"{where}: argument 'activation' must be one of {sorted(ACTIVATIONS)}, "
             f"got {activation!r}"
         )
     if not isinstance(glu_layout, str) or glu_layout not in GLU_LAYOUTS:
         raise ValueError(
-            f"grouped_mlp: argument 'glu_layout' must be one of {sorted(GLU_LAYOUTS)}, "
+            f"{where}: argument 'glu_layout' must be one of {sorted(GLU_LAYOUTS)}, "
             f"got {glu_layout!r}"
         )
     glu = activation in GLU_ACTIVATIONS
@@ -84,6 +85,26 @@ def _check_layer(E: int, H: int, F: int, glu: bool, layout: int, where: str = "g
         raise ValueError(f"{where}: argument 'glu_layout' must be 'halves' when ffn ({F}) is not "
                          "a multiple of 32 ('interleaved32' alternates 32 gate and 32 up rows of "
                          "w1)")  # fmt: skip
+
+
+def check_layer_sizes(num_experts: int, hidden: int, ffn: int, glu: bool, layout: int,
+                      where: str) -> None:  # fmt: skip
+    """_check_layer's limits for callers that give the sizes as numbers (GroupedMLP, prepare),
+    naming those arguments."""
+    for name, value in (("num_experts", num_experts), ("hidden", hidden), ("ffn", ffn)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where}: argument '{name}' must be an int, got {value!r}")
+    if not 1 <= num_experts <= MAX_EXPERTS:
+        raise ValueError(f"{where}: argument 'num_experts' must be 1 to {MAX_EXPERTS}, got "
+                         f"{num_experts}")  # fmt: skip
+    for name, width in (("hidden", hidden), ("ffn", ffn)):
+        if not (8 <= width <= MAX_WIDTH and width % 8 == 0):
+            raise ValueError(f"{where}: argument '{name}' must be a multiple of 8 (16-byte bf16 "
+                             f"rows) from 8 to {MAX_WIDTH}, got {width}")  # fmt: skip
+    if glu and layout == GLU_LAYOUTS["interleaved32"] and ffn % 32:
+        raise ValueError(f"{where}: argument 'glu_layout' must be 'halves' when ffn ({ffn}) is "
+                         "not a multiple of 32 ('interleaved32' alternates 32 gate and 32 up rows "
+                         "of w1)")  # fmt: skip
 
 
 def _check_fp8_layer(hidden: int, ffn: int, layout: int, glu: bool, where: str = "grouped_mlp"):

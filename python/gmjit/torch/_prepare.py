@@ -21,14 +21,15 @@ from torch import nn
 
 from gmjit import _C
 from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
-from gmjit.torch._checks import _check_fp8_layer, _check_layer, _parse_options, _parse_recipe
+from gmjit.torch._checks import (_check_fp8_layer, _parse_options, _parse_recipe,
+                                 check_layer_sizes)  # fmt: skip
 from gmjit.torch._engine_calls import _layer_for, _quant_layer
 
 # The grad modes of a layer's forwards: inference, a grad-enabled forward only, or both
 # (training with activation recompute: a no-grad forward, then the grad-enabled recompute).
 GRAD_MODES = {"no_grad": (False,), "grad": (True,), "both": (False, True)}
-# Gradients a backward can be asked for. dprobs is computed by the same kernels whether asked for
-# or not, so it is accepted and selects nothing.
+# Gradients a backward can be asked for. dprobs comes from the other gradients' kernels and selects
+# none of its own; ("dprobs",) alone is the backward of frozen experts under a trained router.
 GRADIENTS = ("dx", "dw1", "db1", "dw2", "db2", "dprobs")
 
 
@@ -99,21 +100,26 @@ def prepare_layer(
     transposed FP8 weights (the default when grouped_mlp quantizes, and GroupedMLP's in
     training) and so runs its data gradients in FP8.
     """
-    calls = _layer_calls(num_experts, hidden, ffn, activation, glu_layout, limit, alpha, fc1_bias,
+    calls = layer_calls(num_experts, hidden, ffn, activation, glu_layout, limit, alpha, fc1_bias,
                          fc2_bias, router_probs, split_sizes_dtype, recipe, grad, backward,
                          accumulate_main_grad, fp8_transposed_weights)  # fmt: skip
     return _prepare_all([calls], _check_arch(arch))
 
 
-def _layer_calls(num_experts, hidden, ffn, activation, glu_layout, limit, alpha, fc1_bias,
+def layer_calls(num_experts, hidden, ffn, activation, glu_layout, limit, alpha, fc1_bias,
                  fc2_bias, router_probs, split_sizes_dtype, recipe, grad, backward,
                  accumulate_main_grad, fp8_transposed_weights) -> LayerCalls:  # fmt: skip
     """The checked description (ValueError naming a bad argument)."""
-    _, layout, glu = _parse_options(activation, glu_layout)
-    for name, value in (("num_experts", num_experts), ("hidden", hidden), ("ffn", ffn)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"prepare: argument '{name}' must be an int, got {value!r}")
-    _check_layer(num_experts, hidden, ffn, glu, layout, "prepare")
+    _, layout, glu = _parse_options(activation, glu_layout, "prepare")
+    check_layer_sizes(num_experts, hidden, ffn, glu, layout, "prepare")
+    for name, value in (("limit", limit), ("alpha", alpha)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"prepare: argument '{name}' must be a number, got {value!r}")
+    for name, value in (("fc1_bias", fc1_bias), ("fc2_bias", fc2_bias),
+                        ("router_probs", router_probs), ("accumulate_main_grad", accumulate_main_grad),
+                        ("fp8_transposed_weights", fp8_transposed_weights)):  # fmt: skip
+        if not isinstance(value, bool):
+            raise ValueError(f"prepare: argument '{name}' must be True or False, got {value!r}")
     if _parse_recipe(recipe, "prepare"):
         _check_fp8_layer(hidden, ffn, layout, glu, "prepare")
     if split_sizes_dtype not in (torch.int32, torch.int64):
@@ -147,10 +153,6 @@ def _gradient_names(backward, grad, fc1_bias, fc2_bias, router_probs) -> frozens
         raise ValueError("prepare: argument 'backward' needs a grad-enabled forward "
                          "(grad='grad' or 'both'); a no-grad forward saves nothing to "
                          "differentiate")  # fmt: skip
-    if names and not names - {"dprobs"}:
-        raise ValueError("prepare: argument 'backward' names only dprobs; the engine's backward "
-                         "also computes one of dx, dw1, db1, dw2, db2 (an empty collection: "
-                         "no backward)")  # fmt: skip
     for bias, given, flag in (("db1", fc1_bias, "fc1_bias"), ("db2", fc2_bias, "fc2_bias"),
                               ("dprobs", router_probs, "router_probs")):  # fmt: skip
         if bias in names and not given:
@@ -188,7 +190,9 @@ def _prepare_one(c: LayerCalls, arch: str) -> list[str]:
     for grad in GRAD_MODES[c.grad]:
         names += _C.prepare(layer, grad, arch, code)
     g = c.backward
-    transposed = bool(code) and c.fp8_transposed_weights and bool(g)
+    # A call that quantizes its own weights makes the transposed copies whenever its forward is
+    # grad-enabled (_op.grouped_mlp), with or without a backward to come.
+    transposed = bool(code) and c.fp8_transposed_weights and True in GRAD_MODES[c.grad]
     if g:
         weight_grads = "dw1" in g or "dw2" in g
         # Weight gradients in bf16 (the weights' dtype) unless they are added into fp32
@@ -200,7 +204,7 @@ def _prepare_one(c: LayerCalls, arch: str) -> list[str]:
     if code:
         quant = _quant_layer(c.num_experts, c.hidden, c.ffn, glu)
         # Inference (and evaluation inside a training job) quantizes without the transposed
-        # copies; a backward with FP8 data gradients reads them.
+        # copies; grad-enabled calls make them for the FP8 data gradients.
         names += _C.prepare_weight_quantizer(quant, code, False, arch)
         if transposed:
             names += _C.prepare_weight_quantizer(quant, code, True, arch)
@@ -227,14 +231,19 @@ def prepare(
 
     arch: None for the arch of the GPU holding each layer's weights (then they must be on one);
     give it ("sm_90a") to prepare off the GPU, e.g. for a model on the meta device.
-    training: None follows each layer (module.training with w1 or w2 requiring grad); True
-    prepares both forwards and the backward of the parameters that require grad (and dx with
-    `input_requires_grad`); False the no-grad forward only.
+    training: None follows each layer's training mode; True prepares, where anything requires
+    grad (the input with `input_requires_grad`, a parameter, or the router probs), both forwards
+    and the backward of those; False, and layers with nothing requiring grad, the no-grad
+    forward only.
     router_probs, split_sizes_dtype: how GroupedMLP.forward will be called (probs passed or not;
     torch.int64 or torch.int32 split sizes); the other layers decide these themselves.
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"prepare: argument 'model' must be a torch.nn.Module, got {type(model)}")
+    for name, value in (("training", training), ("input_requires_grad", input_requires_grad),
+                        ("router_probs", router_probs)):  # fmt: skip
+        if not isinstance(value, bool) and not (name == "training" and value is None):
+            raise ValueError(f"prepare: argument '{name}' must be True or False, got {value!r}")
     if arch is not None:
         _check_arch(arch)
     by_arch: dict[str, list[LayerCalls]] = {}
@@ -276,13 +285,17 @@ def _arch_of(weight: torch.Tensor) -> str:
                      "device); give arch='sm_...'")  # fmt: skip
 
 
-def gradients_in_training(training: bool, input_requires_grad: bool,
-                          params: dict) -> Optional[frozenset]:
-    """The backward's gradient names in training (None: nothing requires grad, so calls run the
-    no-grad forward only)."""
+def gradients_in_training(training: bool, input_requires_grad: bool, params: dict,
+                          probs: bool) -> Optional[frozenset]:  # fmt: skip
+    """The backward's gradient names in training: dx with `input_requires_grad`, those of the
+    `params` (gradient name -> parameter or None) that require grad, and dprobs where probs are
+    passed (a router is trained). None: nothing requires grad, so the calls run the no-grad
+    forward only."""
     if not training:
         return None
     names = {"dx"} if input_requires_grad else set()
+    if probs:
+        names.add("dprobs")
     for grad_name, p in params.items():
         if p is not None and p.requires_grad:
             names.add(grad_name)
@@ -298,7 +311,7 @@ def _calls_of_module(module, training, input_requires_grad, router_probs, split_
         shape = (module.num_experts, module.hidden, module.ffn)
         options = dict(activation=module.activation, glu_layout=module.glu_layout,
                        limit=module.limit, alpha=module.alpha, recipe=module.recipe,
-                       accumulate_main_grad=module.accumulate_main_grad)  # fmt: skip
+                       accumulate_main_grad=bool(module.accumulate_main_grad))  # fmt: skip
         probs, split_dtype = router_probs, split_sizes_dtype
     elif isinstance(module, ExpertParallelMoE) and module.experts_name == "gmjit":
         shape = (module.local_experts, module.hidden, module.ffn)
@@ -310,11 +323,10 @@ def _calls_of_module(module, training, input_requires_grad, router_probs, split_
         probs, split_dtype = False, torch.int64
     else:
         return _calls_of_transformers_experts(module, training, input_requires_grad)
-    trains = training if training is not None else (
-        module.training and (module.w1.requires_grad or module.w2.requires_grad))  # fmt: skip
+    trains = module.training if training is None else training
     params = {"dw1": module.w1, "db1": module.b1, "dw2": module.w2, "db2": module.b2}
-    names = gradients_in_training(trains, input_requires_grad, params)
-    calls = _layer_calls(*shape, fc1_bias=module.b1 is not None, fc2_bias=module.b2 is not None,
+    names = gradients_in_training(trains, input_requires_grad, params, probs)
+    calls = layer_calls(*shape, fc1_bias=module.b1 is not None, fc2_bias=module.b2 is not None,
                          router_probs=probs, split_sizes_dtype=split_dtype,
                          grad="both" if names else "no_grad", backward=names or (),
                          fp8_transposed_weights=True, **options)  # fmt: skip

@@ -10,8 +10,8 @@ from torch import Tensor, nn
 
 from gmjit.torch import _weight_cache, layouts
 from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
-from gmjit.torch._checks import (GLU_ACTIVATIONS, GLU_LAYOUTS, MAX_EXPERTS, MAX_WIDTH,
-                                 _check_fp8_layer, _parse_options, _parse_recipe)
+from gmjit.torch._checks import (GLU_ACTIVATIONS, _check_fp8_layer, _parse_options, _parse_recipe,
+                                 check_layer_sizes)
 from gmjit.torch._op import grouped_mlp, quantize_weights
 
 
@@ -20,21 +20,6 @@ def _quantize_off_gpu() -> bool:
     from gmjit.torch import _op
 
     return _op._FAST_ON_CPU
-
-
-def _check_sizes(num_experts: int, hidden: int, ffn: int, glu: bool, layout: int) -> None:
-    """The engine's limits (_checks._check_layer's), naming the constructor's arguments."""
-    if not 1 <= num_experts <= MAX_EXPERTS:
-        raise ValueError(f"GroupedMLP: argument 'num_experts' must be 1 to {MAX_EXPERTS}, got "
-                         f"{num_experts}")  # fmt: skip
-    for name, width in (("hidden", hidden), ("ffn", ffn)):
-        if not (8 <= width <= MAX_WIDTH and width % 8 == 0):
-            raise ValueError(f"GroupedMLP: argument '{name}' must be a multiple of 8 (16-byte bf16 "
-                             f"rows) from 8 to {MAX_WIDTH}, got {width}")  # fmt: skip
-    if glu and layout == GLU_LAYOUTS["interleaved32"] and ffn % 32:
-        raise ValueError(f"GroupedMLP: argument 'glu_layout' must be 'halves' when ffn ({ffn}) is "
-                         "not a multiple of 32 ('interleaved32' alternates 32 gate and 32 up rows "
-                         "of w1)")  # fmt: skip
 
 
 class GroupedMLP(nn.Module):
@@ -78,8 +63,8 @@ class GroupedMLP(nn.Module):
     ) -> None:
         super().__init__()
         # Reject unknown names, sizes and what the recipe cannot run here, not at the first call.
-        _, layout, glu = _parse_options(activation, glu_layout)
-        _check_sizes(num_experts, hidden, ffn, glu, layout)
+        _, layout, glu = _parse_options(activation, glu_layout, "GroupedMLP")
+        check_layer_sizes(num_experts, hidden, ffn, glu, layout, "GroupedMLP")
         if _parse_recipe(recipe, "GroupedMLP"):
             _check_fp8_layer(hidden, ffn, layout, glu, "GroupedMLP")
         if dtype != torch.bfloat16:
