@@ -78,6 +78,23 @@ int run_compile(const CompileOptions& o) {
       static_cast<unsigned long long>(c.disk_shared_reads),
       static_cast<unsigned long long>(c.disk_writes), report.seconds,
       report.cache_directory.empty() ? "(disabled)" : report.cache_directory.c_str());
+  // Filling the cache for later processes is the command's whole purpose: a run that kept
+  // nothing (cache disabled, read-only or unwritable) fails rather than report success.
+  if (report.cache_directory.empty()) {
+    std::fprintf(stderr,
+                 "error: the disk cache is disabled (GMJIT_CACHE_DISABLE, or no usable "
+                 "GMJIT_CACHE_DIR), so no later process can use what was compiled\n");
+    return 1;
+  }
+  if (c.disk_writes < c.kernels_compiled) {
+    std::fprintf(stderr,
+                 "error: %llu of the %llu kernel(s) compiled were not written to %s "
+                 "(read-only or unwritable: see the warnings above)\n",
+                 static_cast<unsigned long long>(c.kernels_compiled - c.disk_writes),
+                 static_cast<unsigned long long>(c.kernels_compiled),
+                 report.cache_directory.c_str());
+    return 1;
+  }
   return 0;
 }
 

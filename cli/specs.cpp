@@ -22,10 +22,22 @@ namespace {
 
 using nlohmann::json;
 
+// A bad value as an error message shows it: scalars as JSON (long ones cut), containers by kind
+// and size. Dumping a container whole could print megabytes, and nlohmann's serializer recurses,
+// so a deeply nested one would overflow the stack.
+std::string describe(const json& value) {
+  constexpr std::size_t kMaxChars = 60;
+  if (value.is_array()) return fmt::format("an array of {} item(s)", value.size());
+  if (value.is_object()) return fmt::format("an object of {} field(s)", value.size());
+  std::string text = value.dump();
+  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
+  return text;
+}
+
 [[noreturn]] void fail(const std::string& where, const std::string& expected,
                        const json* got = nullptr) {
   throw Error(Status::invalid_argument,
-              got ? fmt::format("{}: expected {}, got {}", where, expected, got->dump())
+              got ? fmt::format("{}: expected {}, got {}", where, expected, describe(*got))
                   : fmt::format("{}: {}", where, expected));
 }
 
@@ -99,6 +111,7 @@ GradientSet gradient_set(const json& value, const std::string& where, const Laye
     if (flag == &set.db1 && !layer.fc1_bias) fail(at, "db1 needs \"fc1_bias\": true");
     if (flag == &set.db2 && !layer.fc2_bias) fail(at, "db2 needs \"fc2_bias\": true");
     if (flag == &dprobs && !layer.router_probs) fail(at, "dprobs needs \"router_probs\": true");
+    if (*flag) fail(at, fmt::format("{} a second time (each gradient may appear once)", name));
     *flag = true;
   }
   return set;
@@ -182,6 +195,9 @@ CompileSpec parse_entry(const json& entry, std::size_t index,
   // their one plan.
   const std::string weight_grads =
       text(entry, where, "weight_grads", {"fp32", "bf16", "both"}, "fp32");
+  if (entry.contains("weight_grads") && !spec.grad) {
+    fail(where + ".weight_grads", "nothing: grad is \"no_grad\", so no backward is prepared");
+  }
   if (weight_grads != "fp32") {
     std::vector<GradientSet> sets;
     for (GradientSet set : spec.backward) {
@@ -218,8 +234,11 @@ CompileSpec parse_entry(const json& entry, std::size_t index,
 // The error names the object as parse_entry's errors do (specs[i], also inside {"layers": ...}).
 class DuplicateKeyCheck {
  public:
-  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
+  bool operator()(int depth, json::parse_event_t event, json& parsed) {
     using Event = json::parse_event_t;
+    // A layer spec nests 4 levels ({"layers": [{"backward": [[...]]}]}); far deeper input is
+    // no spec file, and stopping here keeps the parse and its error messages small.
+    if (depth > kMaxDepth) fail("specs", fmt::format("nesting deeper than {} levels", kMaxDepth));
     if (event == Event::object_start || event == Event::array_start || event == Event::value) {
       if (!frames_.empty() && !frames_.back().object) ++frames_.back().elements;
     }
@@ -239,6 +258,7 @@ class DuplicateKeyCheck {
   }
 
  private:
+  static constexpr int kMaxDepth = 32;
   struct Frame {
     bool object = false;
     std::set<std::string> keys;  // objects: the keys seen so far
@@ -268,7 +288,12 @@ class DuplicateKeyCheck {
 std::vector<CompileSpec> parse_specs(const json& document,
                                      const std::vector<std::string>& default_arches) {
   const json* list = &document;
-  if (document.is_object() && document.contains("layers")) list = &document.at("layers");
+  if (document.is_object() && document.contains("layers")) {
+    for (const auto& [key, value] : document.items()) {
+      if (key != "layers") fail("specs." + key, "an unknown field (a spec file holds \"layers\")");
+    }
+    list = &document.at("layers");
+  }
   if (!list->is_array()) fail("specs", "a JSON list of layer specs (or {\"layers\": [...]})");
   if (list->empty()) fail("specs", "no layers: expected at least one layer spec");
   std::vector<CompileSpec> specs;

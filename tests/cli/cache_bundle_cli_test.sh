@@ -16,6 +16,17 @@ JSON
 GMJIT_CACHE_DIR="$work/a" "$gmjit" compile --specs "$work/model.json" >"$work/cold.txt"
 grep -q "compiled [1-9][0-9]* kernel" "$work/cold.txt" || fail "cold run compiled nothing: $(cat "$work/cold.txt")"
 
+# A compile that keeps nothing for later processes fails (its whole purpose is the cache).
+if GMJIT_CACHE_DISABLE=1 "$gmjit" compile --specs "$work/model.json" >/dev/null 2>"$work/off.err"; then
+  fail "compile with the disk cache disabled reported success"
+fi
+grep -q "disk cache is disabled" "$work/off.err" || fail "no reason given: $(cat "$work/off.err")"
+if GMJIT_CACHE_DIR="$work/ro" GMJIT_CACHE_READONLY=1 "$gmjit" compile --specs "$work/model.json" \
+  >/dev/null 2>"$work/ro.err"; then
+  fail "compile into a read-only cache reported success"
+fi
+grep -q "were not written" "$work/ro.err" || fail "no reason given: $(cat "$work/ro.err")"
+
 GMJIT_CACHE_DIR="$work/a" "$gmjit" cache export "$work/a.gmjb" | grep -q "exported [1-9]" ||
   fail "export wrote no entries"
 for round in 1 2; do

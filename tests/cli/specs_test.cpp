@@ -196,6 +196,33 @@ TEST(Specs, DprobsAloneIsABackwardOfLayersWithRouterProbs) {
   EXPECT_EQ(specs.at(0).backward.at(1).bits(), 1u);  // dx alone
 }
 
+TEST(Specs, AGradientTwiceAndWeightGradsWithoutABackwardAreErrors) {
+  EXPECT_NE(error_of(json::parse(R"([{"experts": 8, "hidden": 256, "ffn": 128,
+                                      "backward": [["dx", "dx"]]}])"))
+                .find("specs[0].backward[0][1]: dx a second time"),
+            std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"([{"experts": 8, "hidden": 256, "ffn": 128, "grad": "no_grad",
+                                      "weight_grads": "bf16"}])"))
+                .find("specs[0].weight_grads: nothing"),
+            std::string::npos);
+  EXPECT_NE(error_of(json::parse(R"({"layers": [{"experts": 8, "hidden": 256, "ffn": 128}],
+                                     "arches": ["sm_90a"]})"))
+                .find("specs.arches: an unknown field"),
+            std::string::npos);
+}
+
+// A bad value is shown by its kind and size when it is a container, cut when it is long: dumping
+// it whole could print megabytes (and recursed deep enough to overflow the stack).
+TEST(Specs, BadValuesAreShownShort) {
+  json hidden = json::array();
+  for (int i = 0; i < 1000; ++i) hidden.push_back(i);
+  json entry = {{"experts", 8}, {"hidden", hidden}, {"ffn", 128}};
+  const std::string error = error_of(json::array({entry}));
+  EXPECT_NE(error.find("got an array of 1000 item(s)"), std::string::npos) << error;
+  entry["hidden"] = std::string(500, 'x');
+  EXPECT_LT(error_of(json::array({entry})).size(), 200u);
+}
+
 // Converting a double beyond float's range to float is undefined behaviour.
 TEST(Specs, NumbersBeyondFloatRangeAreErrors) {
   for (const char* value : {"1e300", "-1e300", "3.5e38"}) {
@@ -237,6 +264,9 @@ TEST(Specs, ADuplicateFieldInTheFileIsAnError) {
   EXPECT_EQ(error_in(R"([{"experts": 8, "hidden": 256, "ffn": 128},
                          {"experts": 8, "hidden": 256, "ffn": 128}])"),
             "(no error)");
+  // 100000 nested lists: refused while parsing (this once overflowed the stack).
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_NE(error_in(deep.c_str()).find("specs: nesting deeper than 32 levels"), std::string::npos);
   stdfs::remove(file);
 }
 
