@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "codegen/arch_limits.hpp"
 #include "codegen/grouped_mlp.hpp"
 #include "codegen/nvrtc_compiler.hpp"
 #include "engine/api/engine_impl.hpp"
@@ -201,6 +202,14 @@ std::vector<DeviceInfo> Engine::devices() {
 
 std::string nvrtc_version() {
   return codegen::nvrtc_version_string();
+}
+
+std::vector<std::string> supported_arches() {
+  std::vector<std::string> names;
+  for (const codegen::ArchLimits& limits : codegen::supported_arches()) {
+    names.emplace_back(limits.arch);
+  }
+  return names;
 }
 
 }  // namespace gmjit

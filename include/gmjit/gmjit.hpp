@@ -224,4 +224,8 @@ class GMJIT_API Engine {
 // The NVRTC version as "major.minor".
 GMJIT_API std::string nvrtc_version();
 
+// The arches gmjit generates kernels for ("sm_80", ..., "sm_90a"): what prepare and
+// `gmjit compile --arch` take.
+GMJIT_API std::vector<std::string> supported_arches();
+
 }  // namespace gmjit

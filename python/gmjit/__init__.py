@@ -10,7 +10,8 @@ from gmjit import _C
 from gmjit._C import Error
 
 __version__ = "0.3.0"
-__all__ = ["Error", "cache_directory", "counters", "devices", "driver_available", "nvrtc_version"]
+__all__ = ["Error", "cache_directory", "counters", "devices", "driver_available", "nvrtc_version",
+           "supported_arches"]
 
 
 def counters() -> dict[str, int | float]:
@@ -41,3 +42,9 @@ def cache_directory() -> str:
 
 def nvrtc_version() -> str:
     return _C.nvrtc_version()
+
+
+def supported_arches() -> list[str]:
+    """The arches gmjit generates kernels for ("sm_80", ..., "sm_90a"), e.g. for
+    gmjit.torch.prepare's `arch`."""
+    return _C.supported_arches()

@@ -445,10 +445,11 @@ def experts_forward(
 
 
 def prepare_calls(experts: nn.Module, training: Optional[bool],
-                  input_requires_grad: bool) -> Optional[tuple]:  # fmt: skip
+                  input_requires_grad: bool) -> Optional[tuple | str]:  # fmt: skip
     """For gmjit.torch.prepare: (the LayerCalls experts_forward will make, a weight) for an
     experts module whose config selects a gmjit experts implementation and that gmjit can run;
-    None for any other module (those fall back to grouped_mm and compile nothing)."""
+    the reason it falls back to grouped_mm (and compiles nothing) where it cannot; None for any
+    other module."""
     from gmjit.torch import _prepare
 
     implementation = getattr(getattr(experts, "config", None), "_experts_implementation", None)
@@ -458,7 +459,7 @@ def prepare_calls(experts: nn.Module, training: Optional[bool],
         return None
     plan = plan_for(experts)
     if plan.reason is not None:
-        return None
+        return f"{type(experts).__name__} falls back to grouped_mm: {plan.reason}"
     up, down = _weights(experts, plan.has_gate)
     b_up = getattr(experts, "gate_up_proj_bias" if plan.has_gate else "up_proj_bias", None)
     b_down = getattr(experts, "down_proj_bias", None)

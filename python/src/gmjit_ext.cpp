@@ -453,6 +453,8 @@ NB_MODULE(_C, m) {
   m.def("driver_available", &driver_available, "(available, why not)");
   m.def("cache_directory", [] { return engine().cache_directory(); });
   m.def("nvrtc_version", &gmjit::nvrtc_version);
+  m.def("supported_arches", &gmjit::supported_arches,
+        "The arches gmjit generates kernels for (what prepare takes).");
   m.def("dlpack_refs", &dlpack_refs, nb::arg("tensors"),
         "Converts DLPack tensors like the C API does (for timing the DLPack path).");
 }

@@ -6,8 +6,8 @@ _engine_calls: the calls into gmjit._C; _custom_ops: the torch.library ops), and
 imports what it uses into _op's own globals instead of reading another module's attributes per
 call. So a name can be a global of more than one module: _C and _current_stream (the fast path's
 launches in _op; forward, backward and quantization in _engine_calls), _entries (the fast path
-reads it, _engine_calls._admit fills it) and check_arguments (_op's path to the custom op,
-_engine_calls._admit). A stand-in must reach every function that reads the name, so
+reads it, _engine_calls._admit fills it) and check_call (_op's path to the custom op,
+_engine_calls._admit, the fake kernels of _custom_ops). A stand-in must reach every function that reads the name, so
 `patch_op_globals` sets it in every module of gmjit.torch whose globals hold it, the same object
 in each (one _entries dict), and fails where none holds it: a renamed or moved name cannot leave
 a test running the real engine.

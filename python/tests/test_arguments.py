@@ -99,6 +99,10 @@ LAYER_LIMITS = [
     (dict(ffn=0), {}, r"'w2' .* hidden \(64\) and ffn \(0\) positive multiples of 8"),
     (dict(hidden=(1 << 20) + 8, device="meta", experts=1, ffn=8), {}, r"at most 1048576"),
     (dict(ffn=24), dict(glu_layout="interleaved32"), r"'glu_layout' must be 'halves' when ffn \(24\)"),
+    # clamped_swiglu's limit and alpha are literals of the kernel's source.
+    ({}, dict(activation="clamped_swiglu", limit=float("nan")), r"'limit' must be a finite number above 0"),
+    ({}, dict(activation="clamped_swiglu", limit=0.0), r"'limit' must be a finite number above 0"),
+    ({}, dict(activation="clamped_swiglu", alpha=float("inf")), r"'alpha' must be a finite number"),
 ]
 
 
@@ -121,3 +125,47 @@ def test_interleaved32_with_ffn_a_multiple_of_32_and_non_glu_layers_pass_the_lay
         grouped_mlp(**layer(ffn=96), glu_layout="interleaved32")
     with pytest.raises(ValueError, match="CUDA device"):  # the layout means nothing without a GLU
         grouped_mlp(**layer(ffn=24, glu=False), activation="relu", glu_layout="interleaved32")
+
+
+def meta_call(**over):
+    a = layer(device="meta")
+    a.update(over)
+    return a
+
+
+# The custom ops are public (torch.ops.gmjit.*): called on meta (or fake) tensors their fake
+# kernels run, with the checks the real kernels run.
+@pytest.mark.parametrize(
+    "call, pattern",
+    [
+        (lambda: torch.ops.gmjit.grouped_mlp(*meta_call().values(), None, None, None, "SWIGLU",
+                                             "halves", 7.0, 1.702, False),
+         r"'activation' must be one of"),
+        (lambda: torch.ops.gmjit.grouped_mlp(*meta_call(w1=torch.empty(E, 100, H, dtype=torch.bfloat16,
+                                                                       device="meta")).values(),
+                                             None, None, None, "swiglu", "halves", 7.0, 1.702, True),
+         r"'w1' must have 2 \* ffn = 256 rows"),
+        (lambda: torch.ops.gmjit.grouped_mlp(*meta_call(x=torch.empty(T, H, 2, dtype=torch.bfloat16,
+                                                                      device="meta")).values(),
+                                             None, None, None, "swiglu", "halves", 7.0, 1.702, False),
+         r"'x' must be a 2-D tensor"),
+        (lambda: torch.ops.gmjit.quantize_weights(torch.empty(E, 256, 128, dtype=torch.bfloat16, device="meta"),
+                                                  torch.empty(E, 128, 128, dtype=torch.bfloat16, device="meta"),
+                                                  "bf16"),
+         r"'recipe' must be an FP8 recipe"),
+        (lambda: torch.ops.gmjit.grouped_mlp_backward(
+            torch.empty(T, H, dtype=torch.bfloat16, device="meta"), *meta_call().values(), None, None,
+            torch.empty(T, 2 * F, dtype=torch.bfloat16, device="meta"), "swiglu", "halves", 7.0,
+            1.702, False, [True]),
+         r"'wanted' must hold 6 flags"),
+    ],
+)
+def test_the_custom_ops_check_meta_tensors_as_real_ones(call, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        call()
+
+
+def test_valid_meta_calls_of_the_custom_ops_give_the_shapes():
+    y, saved = torch.ops.gmjit.grouped_mlp(*meta_call().values(), None, None, None, "swiglu",
+                                           "halves", 7.0, 1.702, True)  # fmt: skip
+    assert y.shape == (T, H) and saved.shape == (T, 2 * F)

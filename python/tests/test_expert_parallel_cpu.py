@@ -160,3 +160,46 @@ def test_fp8_recipes_are_checked_when_the_layer_is_built():
                           experts="torch", device="meta")  # fmt: skip
     with pytest.raises(ValueError, match="recipe"):
         ExpertParallelMoE(256, 128, 4, 2, distributed=False, recipe="int8", device="meta")
+
+
+@pytest.mark.parametrize("experts", ["gmjit", "torch"])
+def test_a_layer_survives_torch_save_and_deepcopy(experts):
+    import copy
+    import io
+
+    layer = ep_common.ExpertParallelMoE(64, 128, 8, 2, distributed=False, experts=experts, seed=3)
+    buf = io.BytesIO()
+    torch.save(layer, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    copied = copy.deepcopy(layer)
+    for other in (loaded, copied):
+        assert other.experts_name == experts and torch.equal(other.w1, layer.w1)
+    if experts == "torch":  # runs on the CPU
+        x = torch.randn(5, 64, dtype=torch.bfloat16)
+        torch.testing.assert_close(loaded(x), layer(x))
+        torch.testing.assert_close(copied(x), layer(x))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(hidden=0), "'hidden' must be a positive int"),
+        (dict(hidden=60), "'hidden' must be a multiple of 8"),
+        (dict(ffn=40, glu_layout="interleaved32"), "'glu_layout' must be 'halves'"),
+        (dict(activation="SWIGLU"), "^ExpertParallelMoE: argument 'activation'"),
+        (dict(activation="clamped_swiglu", limit=float("nan")), "'limit' must be a finite"),
+        (dict(num_experts=8192, top_k=2), "at most 4096"),
+    ],
+)
+def test_the_constructor_names_a_bad_argument(kwargs, match):
+    args = dict(hidden=64, ffn=64, num_experts=4, top_k=2, distributed=False)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        ep_common.ExpertParallelMoE(**args)
+
+
+def test_a_garbage_world_size_variable_is_named(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    with pytest.raises(ValueError, match="WORLD_SIZE must be an integer, got 'abc'"):
+        ep_common.ExpertParallelMoE(64, 64, 4, 2, experts="torch")

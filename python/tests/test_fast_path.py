@@ -74,8 +74,8 @@ def test_bad_arguments_are_named_even_after_a_good_call(rec, warm, override, pat
 
 def test_full_checks_run_once_per_signature(rec, monkeypatch):
     checks = []
-    full = _checks.check_arguments
-    patch_op_globals(monkeypatch, check_arguments=lambda *a: checks.append(1) or full(*a))
+    full = _checks.check_call
+    patch_op_globals(monkeypatch, check_call=lambda *a: checks.append(1) or full(*a))
     for tokens in (32, 7, 0, 32):  # the token count is not part of the signature
         a = args(x=torch.randn(tokens, H, dtype=BF), probs=torch.ones(tokens))
         grouped_mlp(**a)

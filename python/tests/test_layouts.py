@@ -110,3 +110,13 @@ def test_module_rejects_sizes_the_engine_cannot_run_when_built(args, kwargs, pat
     with pytest.raises(ValueError, match=pattern):
         GroupedMLP(*args, **kwargs, device="meta")
     GroupedMLP(3, 64, 48, activation="relu", glu_layout="interleaved32", device="meta")
+
+
+@pytest.mark.parametrize("fn", [layouts.halves_to_interleaved32, layouts.interleaved32_to_halves])
+def test_a_negative_dim_means_what_it_means_in_torch(fn):
+    w1 = torch.randn(2, 128, 16)
+    assert torch.equal(fn(w1, dim=-2), fn(w1, dim=1))
+    b1 = torch.randn(2, 128)
+    assert torch.equal(fn(b1, dim=-1), fn(b1, dim=1))
+    with pytest.raises(ValueError, match="argument 'dim' must be in"):
+        fn(b1, dim=2)

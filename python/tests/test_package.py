@@ -112,3 +112,8 @@ def test_backward_binding_passes_the_transposed_fp8_weights_to_the_engine():
         gmjit._C.backward(*base, 0, False, a[7], a[8], a[9], a[10])
     with pytest.raises(ValueError, match=r"w2t_scales"):  # all four or none
         gmjit._C.backward(*base, recipe=1, w1t_fp8=a[7], w1t_scales=a[8], w2t_fp8=a[9])
+
+
+def test_supported_arches_name_what_prepare_takes():
+    arches = gmjit.supported_arches()
+    assert "sm_90a" in arches and "sm_80" in arches and all(a.startswith("sm_") for a in arches)

@@ -103,7 +103,8 @@ def engine(monkeypatch):
                                    quantize_weights=rec.quantize_weights, prepare=rec.prepare,
                                    prepare_backward=rec.prepare_backward,
                                    prepare_weight_quantizer=rec.prepare_weight_quantizer,
-                                   counters=rec.counters)  # fmt: skip
+                                   counters=rec.counters,
+                                   supported_arches=gmjit._C.supported_arches)  # fmt: skip
     patch_op_globals(monkeypatch, _C=fake_c, _layers={}, _entries={}, _require_cuda=lambda x: 0,
                      _current_stream=lambda device: 0, _weights_device=lambda w1: 0)  # fmt: skip
     return rec
@@ -269,6 +270,17 @@ def test_transformers_experts_on_another_implementation_are_not_gmjit_layers(eng
         prepare(torch.nn.Sequential(m, torch.nn.Linear(4, 4)), arch="sm_90a")
 
 
+def test_experts_that_fall_back_are_reported_with_their_reason(engine):
+    m = hf_configs.experts_module("mixtral", dtype=torch.float32)
+    with pytest.raises(ValueError, match="MixtralExperts falls back to grouped_mm: weights are "
+                                         "torch.float32"):  # fmt: skip
+        prepare(torch.nn.Sequential(m), arch="sm_90a")
+    report = prepare(torch.nn.Sequential(m, GroupedMLP(2, 32, 16)), arch="sm_90a")
+    assert len(report.calls) == 1 and report.skipped == [
+        "0: MixtralExperts falls back to grouped_mm: weights are torch.float32; gmjit runs "
+        "bfloat16 weights"]
+
+
 def test_layers_of_one_shape_are_prepared_once(engine):
     model = torch.nn.Sequential(GroupedMLP(2, 32, 16), GroupedMLP(2, 32, 16), GroupedMLP(2, 32, 32))
     report = prepare(model.eval(), arch="sm_90a")
@@ -312,7 +324,8 @@ def test_fp8_inference_prepares_the_plain_quantizer(engine):
         (dict(limit="7"), "'limit' must be a number"),
         (dict(grad="train"), "argument 'grad'"),
         (dict(split_sizes_dtype=torch.int16), "split_sizes_dtype"),
-        (dict(arch="90a"), "argument 'arch'"),
+        (dict(arch="90a"), "argument 'arch' must be one of"),
+        (dict(arch="sm_90a "), "argument 'arch' must be one of"),
         (dict(recipe="fp8_block"), "128"),  # ffn 96 is no multiple of the FP8 block
         (dict(activation="tanh"), "^prepare: argument 'activation'"),
         (dict(glu_layout="pairs"), "^prepare: argument 'glu_layout'"),

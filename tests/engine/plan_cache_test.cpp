@@ -2,6 +2,7 @@
 // hits afterwards.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <initializer_list>
@@ -244,6 +245,19 @@ TEST_F(PlanCache, BackwardsNoCallCouldRunAreRefusedBeforeAnyBuild) {
   engine.prepare_backward(layer, Recipe::bf16(), GradientSet{false, false, false, false, false},
                           "sm_90a");
   EXPECT_EQ(engine.counters().backward_plans_built, 2u);
+}
+
+// The public list of arches is what prepare takes: each prepares a plan.
+TEST_F(PlanCache, EverySupportedArchPreparesAForwardPlan) {
+  const std::vector<std::string> arches = supported_arches();
+  ASSERT_FALSE(arches.empty());
+  EXPECT_NE(std::find(arches.begin(), arches.end(), "sm_90a"), arches.end());
+  Engine engine(EngineOptions{.use_disk_cache = false, .fuse_ops = false});
+  for (const std::string& arch : arches) {
+    EXPECT_FALSE(engine.prepare(testing::small_layer(), Recipe::bf16(), GradMode::no_grad, arch)
+                     .kernel_names.empty())
+        << arch;
+  }
 }
 
 TEST_F(PlanCache, WithFusionOffEachOpIsAKernelThroughTheSamePipeline) {

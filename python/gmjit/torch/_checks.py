@@ -6,6 +6,7 @@ kernels), the module, expert parallelism and the transformers integration."""
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -85,6 +86,33 @@ def _check_layer(E: int, H: int, F: int, glu: bool, layout: int, where: str = "g
         raise ValueError(f"{where}: argument 'glu_layout' must be 'halves' when ffn ({F}) is not "
                          "a multiple of 32 ('interleaved32' alternates 32 gate and 32 up rows of "
                          "w1)")  # fmt: skip
+
+
+def check_clamp(activation: str, limit: object, alpha: object, where: str = "grouped_mlp") -> None:
+    """clamped_swiglu's limit (a finite number above 0) and alpha (finite), which the kernels take
+    as literals (the engine's check_clamp); other activations ignore both."""
+    if activation != "clamped_swiglu":
+        return
+    for name, value, positive in (("limit", limit, True), ("alpha", alpha, False)):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok or not math.isfinite(value) or (positive and value <= 0):
+            what = "a finite number above 0" if positive else "a finite number"
+            raise ValueError(f"{where}: argument '{name}' must be {what} for clamped_swiglu, "
+                             f"got {value!r}")  # fmt: skip
+
+
+def check_call(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha,
+               recipe) -> tuple[int, int, bool, int]:  # fmt: skip
+    """Every check of a grouped_mlp call that reads no data: options, recipe, tensors, the
+    layer's limits and the recipe's. Returns (activation code, layout code, is_glu, recipe
+    code). Used where a call is admitted and by the fake kernels (meta and fake tensors)."""
+    act, layout, glu = _parse_options(activation, glu_layout)
+    code = _parse_recipe(recipe)
+    check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu, layout)
+    check_clamp(activation, limit, alpha)
+    if code:
+        _check_fp8_layer(x.shape[1], w2.shape[2], layout, glu)
+    return act, layout, glu, code
 
 
 def check_layer_sizes(num_experts: int, hidden: int, ffn: int, glu: bool, layout: int,
@@ -299,9 +327,10 @@ def _fp8_of(names: Sequence[str], given: Sequence[Optional[Tensor]]) -> Optional
     return tuple(given)
 
 
-def _check_op_fp8_weights(code: int, fp8, transposed, w1: Tensor, w2: Tensor, x: Tensor) -> None:
+def _check_op_fp8_weights(code: int, fp8, transposed, w1: Tensor, w2: Tensor, x: Tensor,
+                          addresses: bool = True) -> None:  # fmt: skip
     """The custom ops' FP8 weights (each a 4-tuple or None) against the recipe `code` and the
-    checked w1, w2."""
+    checked w1, w2; their alignment too unless `addresses` is False (fake tensors have none)."""
     if fp8 is None and transposed is None:
         return
     if not code:
@@ -314,4 +343,5 @@ def _check_op_fp8_weights(code: int, fp8, transposed, w1: Tensor, w2: Tensor, x:
         if tensors is not None:
             for name, t, shape, dtype in zip(names, tensors, part, _FP8_DTYPES):
                 _check_tensor(name, t, dtype, shape, x)
-                _check_aligned(name, t)
+                if addresses:
+                    _check_aligned(name, t)

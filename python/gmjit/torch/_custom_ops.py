@@ -27,7 +27,9 @@ from gmjit.torch._checks import (
     _check_tensor,
     fp8_weight_shapes,
     _describe,
+    _describe_sequence,
     _check_quantize_call,
+    check_call,
     _transposed_of,
     _fp8_of,
     _check_op_fp8_weights,
@@ -89,7 +91,12 @@ def _grouped_mlp_fake(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_lay
                       alpha, save_preact, recipe="bf16", w1_fp8=None, w1_scales=None,
                       w2_fp8=None, w2_scales=None, w1t_fp8=None, w1t_scales=None, w2t_fp8=None,
                       w2t_scales=None):  # fmt: skip
-    _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
+    # The op's checks (the op is public): meta and fake tensors get the same errors as real ones.
+    _, _, _, code = check_call(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout,
+                               limit, alpha, recipe)  # fmt: skip
+    fp8 = _fp8_of(FP8_WEIGHT_NAMES, (w1_fp8, w1_scales, w2_fp8, w2_scales))
+    transposed = _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
+    _check_op_fp8_weights(code, fp8, transposed, w1, w2, x, addresses=False)
     T, H = x.shape
     y = x.new_empty((T, H), dtype=_BF16)
     saved = x.new_empty((T, w1.shape[1]) if save_preact else (0,), dtype=_BF16)
@@ -141,7 +148,10 @@ def _grouped_mlp_backward_fake(dy, x, split_sizes, w1, w2, b2, probs, saved_prea
                                glu_layout, limit, alpha, has_b1, wanted, recipe="bf16",
                                w1t_fp8=None, w1t_scales=None, w2t_fp8=None,
                                w2t_scales=None):  # fmt: skip
-    _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
+    transposed = _transposed_of(w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)
+    _check_backward_arguments(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, activation,
+                              glu_layout, limit, alpha, has_b1, wanted, recipe, transposed,
+                              fake=True)  # fmt: skip
     T, H = x.shape
     E, F1, _ = w1.shape
     F = w2.shape[2]
@@ -151,13 +161,18 @@ def _grouped_mlp_backward_fake(dy, x, split_sizes, w1, w2, b2, probs, saved_prea
 
 
 def _check_backward_arguments(dy, x, split_sizes, w1, w2, b2, probs, saved_preact, activation,
-                              glu_layout, limit, alpha, has_b1, wanted, recipe,
-                              transposed) -> None:  # fmt: skip
-    """The backward op's arguments: the forward's (cached checks, as the forward op's), dy
-    [T, H] (any floating dtype and strides: it is made contiguous bf16), the saved bf16
-    pre-activation [T, F1], six `wanted` flags and the transposed FP8 weights."""
-    entry = _checked_entry(x, split_sizes, w1, w2, None, b2, probs, activation, glu_layout, limit,
-                           alpha, recipe)  # fmt: skip
+                              glu_layout, limit, alpha, has_b1, wanted, recipe, transposed,
+                              fake: bool = False) -> None:  # fmt: skip
+    """The backward op's arguments: the forward's (cached checks, as the forward op's; `fake`:
+    uncached, for meta and fake tensors, which have no addresses), dy [T, H] (any floating dtype
+    and strides: it is made contiguous bf16), the saved bf16 pre-activation [T, F1], six `wanted`
+    flags and the transposed FP8 weights."""
+    if fake:
+        code = check_call(x, split_sizes, w1, w2, None, b2, probs, activation, glu_layout, limit,
+                          alpha, recipe)[3]  # fmt: skip
+    else:
+        code = _checked_entry(x, split_sizes, w1, w2, None, b2, probs, activation, glu_layout,
+                              limit, alpha, recipe)[3]  # fmt: skip
     T, H = x.shape
     if not isinstance(dy, Tensor) or dy.shape != (T, H):
         _fail("dy", f"must be a tensor of shape {[T, H]} (that of y), got {_describe(dy)}")
@@ -165,17 +180,17 @@ def _check_backward_arguments(dy, x, split_sizes, w1, w2, b2, probs, saved_preac
         _fail("dy", f"must have a floating-point dtype, got {dy.dtype}")
     if dy.device != x.device:
         _fail("dy", f"must be on {x.device} (where x is), got {dy.device}")
-    _check_tensor("saved_preact", saved_preact, _BF16, (T, entry[2]), x)
-    if len(wanted) != len(GRAD_NAMES):
+    _check_tensor("saved_preact", saved_preact, _BF16, (T, w1.shape[1]), x)
+    if not isinstance(wanted, (list, tuple)) or len(wanted) != len(GRAD_NAMES):
         _fail("wanted", f"must hold {len(GRAD_NAMES)} flags ({', '.join(GRAD_NAMES)}), got "
-              f"{len(wanted)}")  # fmt: skip
+              f"{_describe_sequence(wanted)}")  # fmt: skip
     if wanted[2] and not has_b1:
         _fail("wanted", "asks for db1 but has_b1 is False")
     if wanted[4] and b2 is None:
         _fail("wanted", "asks for db2 but b2 is None")
     if wanted[5] and probs is None:
         _fail("wanted", "asks for dprobs but probs is None")
-    _check_op_fp8_weights(entry[3], None, transposed, w1, w2, x)
+    _check_op_fp8_weights(code, None, transposed, w1, w2, x, addresses=not fake)
 
 
 def _backward_dtypes(w1: Tensor, w2: Tensor) -> tuple[torch.dtype, ...]:
@@ -294,8 +309,8 @@ def _quantize_weights_op(w1: Tensor, w2: Tensor, recipe: str,
 
 @_quantize_weights_op.register_fake
 def _quantize_weights_fake(w1, w2, recipe, transposed=False):
+    code = _check_quantize_call(w1, w2, recipe)  # the op's checks, for meta and fake tensors too
     E, F1, H = w1.shape
-    shapes = fp8_weight_shapes(E, F1, H, w2.shape[2], _parse_recipe(recipe, "quantize_weights"),
-                               transposed)  # fmt: skip
+    shapes = fp8_weight_shapes(E, F1, H, w2.shape[2], code, transposed)
     return [w1.new_empty(shape, dtype=dtype) for shape, dtype in zip(shapes, _FP8_DTYPES)]
 

@@ -27,11 +27,8 @@ from gmjit.torch._checks import (
     _BF16,
     _F32,
     _FP8_DTYPES,
-    _parse_options,
-    _parse_recipe,
-    _check_fp8_layer,
     _fail,
-    check_arguments,
+    check_call,
     fp8_weight_shapes,
     _check_aligned,
 )
@@ -132,11 +129,8 @@ def _checked_entry(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout
 def _admit(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha, recipe,
            key):  # fmt: skip
     """The full checks (raising on a bad argument) and a new entry for `key`."""
-    act, layout, glu = _parse_options(activation, glu_layout)
-    code = _parse_recipe(recipe)
-    check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu, layout)
-    if code:
-        _check_fp8_layer(x.shape[1], w2.shape[2], layout, glu)
+    act, layout, _, code = check_call(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout,
+                                      limit, alpha, recipe)  # fmt: skip
     layer = _layer(x, split_sizes, w1, w2, b1, b2, probs, act, layout, float(limit), float(alpha))
     entry = (layer, x.shape[1], w1.shape[1], code)
     if key is not None and len(_entries) < 4096:  # any bound: keys are per layer shape

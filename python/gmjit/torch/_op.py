@@ -42,10 +42,8 @@ from gmjit import _C
 from gmjit.torch._checks import (
     _BF16,
     _parse_options,
-    _parse_recipe,
-    _check_fp8_layer,
     _fail,
-    check_arguments,
+    check_call,
     check_fp8_weights,
     _check_quantize_call,
 )
@@ -357,21 +355,28 @@ def grouped_mlp(
                            _current_stream(d))  # fmt: skip
         return y
 
-    act, layout, glu = _parse_options(activation, glu_layout)
-    code = _parse_recipe(recipe)
+    _parse_options(activation, glu_layout)  # named before the tensors, as in _admit
     if isinstance(x, Tensor) and _autocast_casts(x):
         x = x.to(_BF16)
-    check_arguments(x, split_sizes, w1, w2, b1, b2, probs, glu, layout)
+    _, _, _, code = check_call(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout,
+                               limit, alpha, recipe)  # fmt: skip
     if code:
-        _check_fp8_layer(x.shape[1], w2.shape[2], layout, glu)
         if fp8_weights is not None:
             check_fp8_weights(fp8_weights, w1, w2, x, code)
     elif fp8_weights is not None:
         _fail("fp8_weights", "is for the FP8 recipes; recipe is 'bf16'")
     if accumulate_main_grad:
+        # Say which condition of the eager path failed: a tracer, or tensors it does not take.
+        if _is_compiling() or _dispatch_modes() or _functorch_active():
+            why = "this call runs under torch.compile or another tracer"
+        elif not (isinstance(x, Tensor) and x.is_cuda):
+            why = f"x is on {x.device if isinstance(x, Tensor) else type(x).__name__}"
+        else:
+            why = "an argument is a tensor subclass"
         raise ValueError(
-            "grouped_mlp: accumulate_main_grad=True works in eager mode only (main_grad "
-            "attributes are not visible to torch.compile and other tracers)"
+            "grouped_mlp: accumulate_main_grad=True works only on the eager path (plain CUDA "
+            "tensors outside torch.compile and other tracers, to which main_grad attributes are "
+            f"not visible), but {why}"
         )
     needs_grad = torch.is_grad_enabled() and _any_requires_grad(x, w1, w2, b1, b2, probs)
     if not code:

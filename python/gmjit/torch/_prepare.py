@@ -58,9 +58,11 @@ class LayerCalls:
 @dataclasses.dataclass
 class PrepareReport:
     """What a prepare did: the layers' calls, how many kernels their plans hold, and of those how
-    many NVRTC compiled (the rest came from the caches) in how many seconds."""
+    many NVRTC compiled (the rest came from the caches) in how many seconds. `skipped`: modules
+    set to gmjit that will not run it (transformers experts that fall back), with the reason."""
 
     calls: list[LayerCalls]
+    skipped: list[str] = dataclasses.field(default_factory=list)
     kernels: int = 0
     kernels_compiled: int = 0
     disk_reads: int = 0
@@ -161,9 +163,10 @@ def _gradient_names(backward, grad, fc1_bias, fc2_bias, router_probs) -> frozens
 
 
 def _check_arch(arch: object) -> str:
-    if not isinstance(arch, str) or not arch.startswith("sm_"):
-        raise ValueError(f"prepare: argument 'arch' must be an arch name such as 'sm_90a', got "
-                         f"{arch!r}")  # fmt: skip
+    arches = _C.supported_arches()
+    if arch not in arches:
+        raise ValueError(f"prepare: argument 'arch' must be one of {arches} (gmjit.supported_"
+                         f"arches()), got {arch!r}")  # fmt: skip
     return arch
 
 
@@ -247,10 +250,14 @@ def prepare(
     if arch is not None:
         _check_arch(arch)
     by_arch: dict[str, list[LayerCalls]] = {}
-    for module in model.modules():
+    skipped: list[str] = []
+    for name, module in model.named_modules():
         found = _calls_of_module(module, training, input_requires_grad, router_probs,
                                  split_sizes_dtype)  # fmt: skip
         if found is None:
+            continue
+        if isinstance(found, str):
+            skipped.append(f"{name or type(module).__name__}: {found}")
             continue
         calls, weight = found
         where = arch if arch is not None else _arch_of(weight)
@@ -258,10 +265,11 @@ def prepare(
         if calls not in bucket:
             bucket.append(calls)
     if not by_arch:
+        why = f"; these will not run gmjit: {'; '.join(skipped)}" if skipped else ""
         raise ValueError("prepare: argument 'model' holds no gmjit layer (GroupedMLP, "
                          "ExpertParallelMoE with experts='gmjit', or transformers experts with a "
-                         "gmjit experts_implementation)")  # fmt: skip
-    total = PrepareReport(calls=[])
+                         f"gmjit experts_implementation){why}")  # fmt: skip
+    total = PrepareReport(calls=[], skipped=skipped)
     for where, calls in by_arch.items():
         r = _prepare_all(calls, where)
         total.calls += r.calls
@@ -303,7 +311,8 @@ def gradients_in_training(training: bool, input_requires_grad: bool, params: dic
 
 
 def _calls_of_module(module, training, input_requires_grad, router_probs, split_sizes_dtype):
-    """(LayerCalls, a weight) for a gmjit layer, None for any other module."""
+    """(LayerCalls, a weight) for a gmjit layer, None for any other module, or the reason a
+    module set to gmjit will not run it."""
     from gmjit.torch.expert_parallel import ExpertParallelMoE
     from gmjit.torch.module import GroupedMLP
 
@@ -334,7 +343,8 @@ def _calls_of_module(module, training, input_requires_grad, router_probs, split_
 
 
 def _calls_of_transformers_experts(module, training, input_requires_grad):
-    """A transformers experts module set to a gmjit experts_implementation, else None. Asked of
+    """A transformers experts module set to a gmjit experts_implementation (or why it falls
+    back), else None. Asked of
     gmjit.transformers only where it was imported: it registers the implementations, so a model
     cannot run them without it."""
     hf = sys.modules.get("gmjit.transformers")

@@ -39,7 +39,8 @@ from torch.nn import functional as F
 from gmjit.torch import _activations
 from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
 from gmjit.torch._checks import (GLU_ACTIVATIONS, GLU_LAYOUTS, _check_fp8_layer,
-                                 _parse_options, _parse_recipe)
+                                 MAX_EXPERTS, _parse_options, _parse_recipe, check_clamp,
+                                 check_layer_sizes)  # fmt: skip
 
 __all__ = ["ExpertParallelMoE", "all_to_all", "torch_experts", "grouped_mm_experts"]
 
@@ -139,6 +140,16 @@ def grouped_mm_experts(activation: str = "swiglu", glu_layout: str = "halves",
 # --------------------------------------------------------------------------- the layer
 
 
+def _world_size_variable() -> int:
+    """WORLD_SIZE as torchrun sets it (1 when unset)."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"ExpertParallelMoE: the environment variable WORLD_SIZE must be an "
+                         f"integer, got {value!r}") from None
+
+
 class ExpertParallelMoE(nn.Module):
     """Router + top-k + expert-parallel experts, over a torch.distributed process group.
 
@@ -190,7 +201,15 @@ class ExpertParallelMoE(nn.Module):
         device: Optional[torch.device | str] = None,
     ) -> None:
         super().__init__()
-        _parse_options(activation, glu_layout)
+        _, layout, glu = _parse_options(activation, glu_layout, "ExpertParallelMoE")
+        for name, value in (("hidden", hidden), ("ffn", ffn), ("num_experts", num_experts),
+                            ("top_k", top_k)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ExpertParallelMoE: argument '{name}' must be a positive int, "
+                                 f"got {value!r}")  # fmt: skip
+        if experts == "gmjit":  # the engine's widths (other experts functions take any)
+            check_layer_sizes(1, hidden, ffn, glu, layout, "ExpertParallelMoE")
+        check_clamp(activation, limit, alpha, "ExpertParallelMoE")
         if _parse_recipe(recipe, "ExpertParallelMoE"):
             if experts != "gmjit":
                 raise ValueError(f"ExpertParallelMoE: recipe {recipe!r} needs experts='gmjit', "
@@ -213,7 +232,7 @@ class ExpertParallelMoE(nn.Module):
             # Launched as one of several processes (torchrun sets WORLD_SIZE) before
             # init_process_group: a single-process layer here would hold every expert and
             # silently train apart from the other ranks.
-            if distributed and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            if distributed and _world_size_variable() > 1:
                 raise ValueError("ExpertParallelMoE: WORLD_SIZE is "
                                  f"{os.environ['WORLD_SIZE']} but torch.distributed is not "
                                  "initialised; call init_process_group before building the "
@@ -227,10 +246,14 @@ class ExpertParallelMoE(nn.Module):
             raise ValueError(f"ExpertParallelMoE: top_k must be in [1, {num_experts}], got {top_k}")
         self.hidden, self.ffn, self.num_experts, self.top_k = hidden, ffn, num_experts, top_k
         self.local_experts = num_experts // self.world_size
+        if experts == "gmjit" and self.local_experts > MAX_EXPERTS:
+            raise ValueError(f"ExpertParallelMoE: {self.local_experts} experts per rank "
+                             f"(num_experts / group size); gmjit runs at most {MAX_EXPERTS}")  # fmt: skip
         self.first_expert = self.rank * self.local_experts
         self.activation, self.glu_layout = activation, glu_layout
         self.limit, self.alpha, self.renormalize = float(limit), float(alpha), renormalize
         self.experts_name = experts if isinstance(experts, str) else getattr(experts, "__name__", "custom")
+        self._experts_arg = experts  # what _experts is made from again after unpickling
         self._experts = self._make_experts(experts)
         self.profile = profile
         self._timing: Optional[Callable] = None
@@ -268,6 +291,18 @@ class ExpertParallelMoE(nn.Module):
         # src is a global rank (group_src needs torch 2.6; the package supports 2.5).
         dist.broadcast(t, src=dist.get_global_rank(self.group, 0), group=self.group)
         return int(t.item())
+
+    def __getstate__(self) -> dict:
+        # The experts function and the timing reader are closures (not picklable): made again
+        # from the constructor's `experts` when the layer is loaded (torch.save, deepcopy).
+        state = self.__dict__.copy()
+        state.pop("_experts", None)
+        state["_timing"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._experts = self._make_experts(self._experts_arg)
 
     def _make_experts(self, experts) -> ExpertsFn:
         opts = (self.activation, self.glu_layout, self.limit, self.alpha)

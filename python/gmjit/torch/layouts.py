@@ -41,6 +41,15 @@ __all__ = [
 ]
 
 
+def _dim(t: Tensor, dim: int) -> int:
+    """`dim` counted from the front: the helpers index shapes with dim + 1, which a negative dim
+    would get wrong without any error."""
+    if not -t.dim() <= dim < t.dim():
+        raise ValueError(f"argument 'dim' must be in [{-t.dim()}, {t.dim()}) for a {t.dim()}-D "
+                         f"tensor, got {dim}")  # fmt: skip
+    return dim % t.dim()
+
+
 def _deinterleave(t: Tensor, dim: int) -> Tensor:
     """(g0, u0, g1, u1, ...) along `dim` -> (g0, g1, ..., u0, u1, ...)."""
     if t.shape[dim] % 2:
@@ -51,6 +60,7 @@ def _deinterleave(t: Tensor, dim: int) -> Tensor:
 
 def _interleave(t: Tensor, dim: int) -> Tensor:
     """(g0, g1, ..., u0, u1, ...) along `dim` -> (g0, u0, g1, u1, ...)."""
+    dim = _dim(t, dim)
     gate, up = t.chunk(2, dim=dim)
     return torch.stack((gate, up), dim=dim + 1).flatten(dim, dim + 1)
 
@@ -108,16 +118,18 @@ def stack_experts(weights: Sequence[Tensor]) -> Tensor:
     return torch.stack(list(weights), dim=0).contiguous()
 
 
-def _check_blocks(t: Tensor, dim: int) -> int:
+def _check_blocks(t: Tensor, dim: int) -> tuple[int, int]:
+    """(2F, dim counted from the front)."""
+    dim = _dim(t, dim)
     n = t.shape[dim]
     if n % 64:
         raise ValueError(f"interleaved32 needs 2F to be a multiple of 64, got {n}")
-    return n
+    return n, dim
 
 
 def halves_to_interleaved32(t: Tensor, dim: int = 1) -> Tensor:
     """FC1 rows (w1, dim 1) or bias entries (b1, dim 1) from halves to gmjit's interleaved32."""
-    n = _check_blocks(t, dim)
+    n, dim = _check_blocks(t, dim)
     gate, up = t.chunk(2, dim=dim)
     shape = list(t.shape)
     blocks = shape[:dim] + [n // 64, 32] + shape[dim + 1 :]
@@ -128,7 +140,7 @@ def halves_to_interleaved32(t: Tensor, dim: int = 1) -> Tensor:
 
 def interleaved32_to_halves(t: Tensor, dim: int = 1) -> Tensor:
     """The inverse of `halves_to_interleaved32`."""
-    n = _check_blocks(t, dim)
+    n, dim = _check_blocks(t, dim)
     shape = list(t.shape)
     blocks = t.reshape(shape[:dim] + [n // 64, 64] + shape[dim + 1 :])
     gate, up = blocks.chunk(2, dim=dim + 1)

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from gmjit.torch import _weight_cache, layouts
 from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
 from gmjit.torch._checks import (GLU_ACTIVATIONS, _check_fp8_layer, _parse_options, _parse_recipe,
-                                 check_layer_sizes)
+                                 check_clamp, check_layer_sizes)
 from gmjit.torch._op import grouped_mlp, quantize_weights
 
 
@@ -65,6 +65,7 @@ class GroupedMLP(nn.Module):
         # Reject unknown names, sizes and what the recipe cannot run here, not at the first call.
         _, layout, glu = _parse_options(activation, glu_layout, "GroupedMLP")
         check_layer_sizes(num_experts, hidden, ffn, glu, layout, "GroupedMLP")
+        check_clamp(activation, limit, alpha, "GroupedMLP")
         if _parse_recipe(recipe, "GroupedMLP"):
             _check_fp8_layer(hidden, ffn, layout, glu, "GroupedMLP")
         if dtype != torch.bfloat16:
