@@ -108,6 +108,22 @@ void check_plot_report(const nlohmann::json& report) {
         Status::invalid_argument,
         fmt::format("expected a gmjit bench --json report (a JSON object), got {}", shown(report)));
   }
+  // The phases are what every report plots: without them gnuplot would fail on empty data with
+  // a message of its own that names nothing.
+  for (const char* phase : {"compile", "disk_hit", "memory_hit"}) {
+    const nlohmann::json* seconds = nullptr;
+    if (report.contains("phases") && report.at("phases").is_object() &&
+        report.at("phases").contains(phase) && report.at("phases").at(phase).is_object() &&
+        report.at("phases").at(phase).contains("seconds")) {
+      seconds = &report.at("phases").at(phase).at("seconds");
+    }
+    if (seconds == nullptr || !seconds->is_number()) {
+      throw Error(Status::invalid_argument,
+                  fmt::format("phases.{}.seconds: expected a number (a gmjit bench --json "
+                              "report), got {}",
+                              phase, seconds == nullptr ? "nothing" : shown(*seconds)));
+    }
+  }
   if (report.contains("arch")) {
     const nlohmann::json& arch = report.at("arch");
     if (!arch.is_string() || codegen::find_arch(arch.get<std::string>()) == nullptr) {

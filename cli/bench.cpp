@@ -146,11 +146,14 @@ Subcommand add_bench_command(CLI::App& app) {
   bench->add_flag("--bf16-weight-grads", s.options.bf16_weight_grads,
                   "forward+backward writes dW1 and dW2 in bf16, as the PyTorch op does (default "
                   "fp32)");
-  bench->add_option("--pattern", s.options.pattern, "also run a call pattern: recompute")
-      ->check(CLI::IsMember({"recompute"}));
+  auto* pattern =
+      bench->add_option("--pattern", s.options.pattern, "also run a call pattern: recompute")
+          ->check(CLI::IsMember({"recompute"}));
+  // Without a pattern the steps would be silently ignored.
   bench->add_option("--steps", s.options.steps, "steps of --pattern")
       ->transform(positive_number(1'000'000))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(pattern);
   bench->add_option(
       "--reference", s.reference_json,
       "benchmarks/side_by_side.py --reference-json output: print and record the ratios");

@@ -203,3 +203,11 @@ def test_a_garbage_world_size_variable_is_named(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "abc")
     with pytest.raises(ValueError, match="WORLD_SIZE must be an integer, got 'abc'"):
         ep_common.ExpertParallelMoE(64, 64, 4, 2, experts="torch")
+
+
+def test_a_meta_layer_runs_a_meta_forward():
+    # Shape propagation (model surgery, memory planning) without autocast's meta error.
+    layer = ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, experts="gmjit",
+                                        device="meta", seed=1)  # fmt: skip
+    y = layer(torch.empty(10, 64, dtype=torch.bfloat16, device="meta"))
+    assert y.shape == (10, 64) and y.device.type == "meta"

@@ -120,3 +120,19 @@ def test_a_negative_dim_means_what_it_means_in_torch(fn):
     assert torch.equal(fn(b1, dim=-1), fn(b1, dim=1))
     with pytest.raises(ValueError, match="argument 'dim' must be in"):
         fn(b1, dim=2)
+
+
+def test_module_loaders_name_the_argument_of_a_wrong_shape():
+    m = GroupedMLP(E, H, F, bias=True)
+    gate_up = torch.randn(E, 2 * F, H)
+    down = torch.randn(E, H, F)
+    with pytest.raises(ValueError, match=r"load_gate_up: argument 'down' gives w2 of shape "
+                                         r"\[3, 64, 32\], but this module's w2 is \[3, 64, 64\]"):
+        m.load_gate_up(gate_up, down[..., :32])
+    with pytest.raises(ValueError, match=r"load_gate_up: argument 'gate_up_bias' gives b1"):
+        m.load_gate_up(gate_up, down, torch.randn(E, F))
+    with pytest.raises(ValueError, match=r"load_megatron: argument 'fc1_weights' gives w1 of "
+                                         r"shape \[2, 128, 64\]"):
+        m.load_megatron([gate_up[0], gate_up[1]], list(down))
+    with pytest.raises(ValueError, match="interleaved=True is for gated"):
+        GroupedMLP(E, H, F, "relu").load_gate_up(torch.randn(E, F, H), down, interleaved=True)

@@ -61,6 +61,10 @@ plot_runs_no_code_from_reports_or_paths)
   expect_failure "'$work/evil2.json': preset" "$gmjit" plot "$work/evil2.json" -o "$work/e.png"
   [ ! -e "$work/pwned-preset" ] || fail "the report's preset ran a shell command"
 
+  echo '{"schema": 1}' >"$work/empty.json"
+  expect_failure "'$work/empty.json': phases.compile.seconds: expected a number" \
+    "$gmjit" plot "$work/empty.json" -o "$work/e.png"
+
   report "$work/ok.json" sm_90a tiny
   odd="o.png'; system 'touch pwned-output'; print '"
   (cd "$work" && "$gmjit" plot ok.json -o "$odd" >/dev/null) || fail "plot -o \"$odd\""
@@ -98,6 +102,7 @@ bench_rejects_non_positive_counts)
   expect_refusal "--repeats" "${bench[@]}" --repeats -1
   expect_refusal "--steps" "${bench[@]}" --pattern recompute --steps -3
   expect_refusal "--steps" "${bench[@]}" --pattern recompute --steps 0
+  expect_refusal "--steps requires --pattern" "${bench[@]}" --steps 3  # else silently ignored
   ;;
 
 bench_measures_a_real_compile_and_a_real_disk_hit)

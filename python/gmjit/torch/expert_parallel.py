@@ -140,6 +140,12 @@ def grouped_mm_experts(activation: str = "swiglu", glu_layout: str = "halves",
 # --------------------------------------------------------------------------- the layer
 
 
+def _autocast_available(device_type: str) -> bool:
+    """Whether torch.autocast knows the device type (not meta, for one)."""
+    check = getattr(torch.amp, "is_autocast_available", None)
+    return device_type in ("cuda", "cpu") if check is None else check(device_type)
+
+
 def _world_size_variable() -> int:
     """WORLD_SIZE as torchrun sets it (1 when unset)."""
     value = os.environ.get("WORLD_SIZE", "1")
@@ -390,7 +396,10 @@ class ExpertParallelMoE(nn.Module):
         on every rank for the same tokens: the counts exchanged depend on them."""
         # In fp32 under autocast too (it would run the linear in bf16 and move tokens between
         # experts).
-        with torch.autocast(x.device.type, enabled=False):
+        if _autocast_available(x.device.type):
+            with torch.autocast(x.device.type, enabled=False):
+                logits = F.linear(x.float(), self.router.weight.float())
+        else:  # meta and other devices autocast does not know (it raises for them)
             logits = F.linear(x.float(), self.router.weight.float())
         probs = torch.softmax(logits, dim=-1)
         weights, experts = probs.topk(self.top_k, dim=-1)
@@ -415,7 +424,8 @@ class ExpertParallelMoE(nn.Module):
         order = torch.argsort(flat, stable=True)
         token = order // k
         rows = x[token]
-        if torch.is_autocast_enabled(x.device.type) and rows.element_size() > self.w1.element_size():
+        if (_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type)
+                and rows.element_size() > self.w1.element_size()):  # fmt: skip
             rows = rows.to(self.w1.dtype)  # what the experts would cast them to, in fewer bytes
         # [E] rows per global expert, without a host sync (CUDA's bincount reads min and max).
         counts = flat.new_zeros(E).scatter_add_(0, flat, torch.ones_like(flat))

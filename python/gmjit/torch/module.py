@@ -176,14 +176,17 @@ class GroupedMLP(nn.Module):
     ) -> "GroupedMLP":
         """Copies transformers-style fused experts weights in (see gmjit.torch.layouts):
         gate_up [E, 2F, H] (or [E, H, 2F] transposed), down [E, H, F] (or [E, F, H])."""
+        if interleaved and self.activation not in GLU_ACTIVATIONS:
+            raise ValueError(f"GroupedMLP.load_gate_up: interleaved=True is for gated (GLU) "
+                             f"weights; this module's activation is {self.activation}")  # fmt: skip
         w1 = layouts.fc1_from_gate_up(gate_up, transposed=transposed, interleaved=interleaved)
-        self.w1.copy_(self._fc1_rows(w1))
-        self.w2.copy_(layouts.fc2_from_down(down, transposed=transposed))
+        self._load("w1", self._fc1_rows(w1), "gate_up", "load_gate_up")
+        self._load("w2", layouts.fc2_from_down(down, transposed=transposed), "down", "load_gate_up")
         if gate_up_bias is not None:
             b1 = layouts.fc1_bias_from_gate_up(gate_up_bias, interleaved=interleaved)
-            self._bias("b1").copy_(self._fc1_rows(b1))
+            self._load("b1", self._fc1_rows(b1), "gate_up_bias", "load_gate_up")
         if down_bias is not None:
-            self._bias("b2").copy_(down_bias)
+            self._load("b2", down_bias, "down_bias", "load_gate_up")
         return self
 
     @torch.no_grad()
@@ -196,13 +199,25 @@ class GroupedMLP(nn.Module):
     ) -> "GroupedMLP":
         """Copies Megatron per-expert weights in: linear_fc1.weight [F1, H] (gate first) and
         linear_fc2.weight [H, F] of each expert, and their biases."""
-        self.w1.copy_(self._fc1_rows(layouts.stack_experts(fc1_weights)))
-        self.w2.copy_(layouts.stack_experts(fc2_weights))
+        where = "load_megatron"
+        self._load("w1", self._fc1_rows(layouts.stack_experts(fc1_weights)), "fc1_weights", where)
+        self._load("w2", layouts.stack_experts(fc2_weights), "fc2_weights", where)
         if fc1_biases is not None:
-            self._bias("b1").copy_(self._fc1_rows(layouts.stack_experts(fc1_biases)))
+            b1 = self._fc1_rows(layouts.stack_experts(fc1_biases))
+            self._load("b1", b1, "fc1_biases", where)
         if fc2_biases is not None:
-            self._bias("b2").copy_(layouts.stack_experts(fc2_biases))
+            self._load("b2", layouts.stack_experts(fc2_biases), "fc2_biases", where)
         return self
+
+    def _load(self, name: str, value: Tensor, argument: str, method: str) -> None:
+        """Copies `value` into parameter `name`, naming the argument it came from when the
+        shapes differ (torch's own error names neither)."""
+        target = self._bias(name) if name in ("b1", "b2") else getattr(self, name)
+        if value.shape != target.shape:
+            raise ValueError(f"GroupedMLP.{method}: argument '{argument}' gives {name} of shape "
+                             f"{list(value.shape)}, but this module's {name} is "
+                             f"{list(target.shape)} ({self.extra_repr()})")  # fmt: skip
+        target.copy_(value)
 
     def _fc1_rows(self, t: Tensor) -> Tensor:
         """FC1 rows (w1 or b1, gate half first) in this module's GLU layout."""
