@@ -100,9 +100,9 @@ LAYER_LIMITS = [
     (dict(hidden=(1 << 20) + 8, device="meta", experts=1, ffn=8), {}, r"at most 1048576"),
     (dict(ffn=24), dict(glu_layout="interleaved32"), r"'glu_layout' must be 'halves' when ffn \(24\)"),
     # clamped_swiglu's limit and alpha are literals of the kernel's source.
-    ({}, dict(activation="clamped_swiglu", limit=float("nan")), r"'limit' must be a finite number above 0"),
+    ({}, dict(activation="clamped_swiglu", limit=float("nan")), r"'limit' must be a finite .* 0"),
     ({}, dict(activation="clamped_swiglu", limit=0.0), r"'limit' must be a finite number above 0"),
-    ({}, dict(activation="clamped_swiglu", alpha=float("inf")), r"'alpha' must be a finite number"),
+    ({}, dict(activation="clamped_swiglu", alpha=float("inf")), r"'alpha' must be a finite"),
 ]
 
 
@@ -133,30 +133,29 @@ def meta_call(**over):
     return a
 
 
+def meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def forward_op(call, activation="swiglu", save=False):
+    return torch.ops.gmjit.grouped_mlp(*call.values(), None, None, None, activation, "halves",
+                                       7.0, 1.702, save)  # fmt: skip
+
+
 # The custom ops are public (torch.ops.gmjit.*): called on meta (or fake) tensors their fake
 # kernels run, with the checks the real kernels run.
 @pytest.mark.parametrize(
     "call, pattern",
     [
-        (lambda: torch.ops.gmjit.grouped_mlp(*meta_call().values(), None, None, None, "SWIGLU",
-                                             "halves", 7.0, 1.702, False),
-         r"'activation' must be one of"),
-        (lambda: torch.ops.gmjit.grouped_mlp(*meta_call(w1=torch.empty(E, 100, H, dtype=torch.bfloat16,
-                                                                       device="meta")).values(),
-                                             None, None, None, "swiglu", "halves", 7.0, 1.702, True),
+        (lambda: forward_op(meta_call(), "SWIGLU"), r"'activation' must be one of"),
+        (lambda: forward_op(meta_call(w1=meta(E, 100, H)), save=True),
          r"'w1' must have 2 \* ffn = 256 rows"),
-        (lambda: torch.ops.gmjit.grouped_mlp(*meta_call(x=torch.empty(T, H, 2, dtype=torch.bfloat16,
-                                                                      device="meta")).values(),
-                                             None, None, None, "swiglu", "halves", 7.0, 1.702, False),
-         r"'x' must be a 2-D tensor"),
-        (lambda: torch.ops.gmjit.quantize_weights(torch.empty(E, 256, 128, dtype=torch.bfloat16, device="meta"),
-                                                  torch.empty(E, 128, 128, dtype=torch.bfloat16, device="meta"),
-                                                  "bf16"),
+        (lambda: forward_op(meta_call(x=meta(T, H, 2))), r"'x' must be a 2-D tensor"),
+        (lambda: torch.ops.gmjit.quantize_weights(meta(E, 256, 128), meta(E, 128, 128), "bf16"),
          r"'recipe' must be an FP8 recipe"),
         (lambda: torch.ops.gmjit.grouped_mlp_backward(
-            torch.empty(T, H, dtype=torch.bfloat16, device="meta"), *meta_call().values(), None, None,
-            torch.empty(T, 2 * F, dtype=torch.bfloat16, device="meta"), "swiglu", "halves", 7.0,
-            1.702, False, [True]),
+            meta(T, H), *meta_call().values(), None, None, meta(T, 2 * F), "swiglu", "halves",
+            7.0, 1.702, False, [True]),
          r"'wanted' must hold 6 flags"),
     ],
 )
@@ -166,6 +165,5 @@ def test_the_custom_ops_check_meta_tensors_as_real_ones(call, pattern):
 
 
 def test_valid_meta_calls_of_the_custom_ops_give_the_shapes():
-    y, saved = torch.ops.gmjit.grouped_mlp(*meta_call().values(), None, None, None, "swiglu",
-                                           "halves", 7.0, 1.702, True)  # fmt: skip
+    y, saved = forward_op(meta_call(), save=True)
     assert y.shape == (T, H) and saved.shape == (T, 2 * F)

@@ -136,3 +136,10 @@ def test_module_loaders_name_the_argument_of_a_wrong_shape():
         m.load_megatron([gate_up[0], gate_up[1]], list(down))
     with pytest.raises(ValueError, match="interleaved=True is for gated"):
         GroupedMLP(E, H, F, "relu").load_gate_up(torch.randn(E, F, H), down, interleaved=True)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_torchscript_is_refused_with_what_to_use_instead():
+    for module in (GroupedMLP(E, H, F), torch.nn.Sequential(GroupedMLP(E, H, F))):
+        with pytest.raises(RuntimeError, match="use torch.compile"):
+            torch.jit.script(module)

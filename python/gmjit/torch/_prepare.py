@@ -117,9 +117,10 @@ def layer_calls(num_experts, hidden, ffn, activation, glu_layout, limit, alpha, 
     for name, value in (("limit", limit), ("alpha", alpha)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"prepare: argument '{name}' must be a number, got {value!r}")
-    for name, value in (("fc1_bias", fc1_bias), ("fc2_bias", fc2_bias),
-                        ("router_probs", router_probs), ("accumulate_main_grad", accumulate_main_grad),
-                        ("fp8_transposed_weights", fp8_transposed_weights)):  # fmt: skip
+    flags = dict(fc1_bias=fc1_bias, fc2_bias=fc2_bias, router_probs=router_probs,
+                 accumulate_main_grad=accumulate_main_grad,
+                 fp8_transposed_weights=fp8_transposed_weights)  # fmt: skip
+    for name, value in flags.items():
         if not isinstance(value, bool):
             raise ValueError(f"prepare: argument '{name}' must be True or False, got {value!r}")
     if _parse_recipe(recipe, "prepare"):

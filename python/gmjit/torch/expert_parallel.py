@@ -254,7 +254,8 @@ class ExpertParallelMoE(nn.Module):
         self.local_experts = num_experts // self.world_size
         if experts == "gmjit" and self.local_experts > MAX_EXPERTS:
             raise ValueError(f"ExpertParallelMoE: {self.local_experts} experts per rank "
-                             f"(num_experts / group size); gmjit runs at most {MAX_EXPERTS}")  # fmt: skip
+                             f"(num_experts / group size); gmjit runs at most "
+                             f"{MAX_EXPERTS}")  # fmt: skip
         self.first_expert = self.rank * self.local_experts
         self.activation, self.glu_layout = activation, glu_layout
         self.limit, self.alpha, self.renormalize = float(limit), float(alpha), renormalize
@@ -297,6 +298,11 @@ class ExpertParallelMoE(nn.Module):
         # src is a global rank (group_src needs torch 2.6; the package supports 2.5).
         dist.broadcast(t, src=dist.get_global_rank(self.group, 0), group=self.group)
         return int(t.item())
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first (see GroupedMLP.__prepare_scriptable__).
+        raise RuntimeError("ExpertParallelMoE cannot be compiled by TorchScript "
+                           "(torch.jit.script): use torch.compile or eager mode")
 
     def __getstate__(self) -> dict:
         # The experts function and the timing reader are closures (not picklable): made again

@@ -88,6 +88,12 @@ class GroupedMLP(nn.Module):
         self.b2 = nn.Parameter(torch.empty(num_experts, hidden, **kw)) if bias else None
         self.reset_parameters()
 
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this first: its own error would be about Python constructs
+        # deep inside the op (try blocks), not about what to use instead.
+        raise RuntimeError("GroupedMLP cannot be compiled by TorchScript (torch.jit.script): the "
+                           "op is a torch.library custom op; use torch.compile or torch.export")
+
     def reset_parameters(self) -> None:
         # nn.Linear's default, per expert: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
         for weight, bias, fan_in in ((self.w1, self.b1, self.hidden), (self.w2, self.b2, self.ffn)):
