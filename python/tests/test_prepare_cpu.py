@@ -322,6 +322,8 @@ def test_fp8_inference_prepares_the_plain_quantizer(engine):
         (dict(grad="both", backward=("dprobs",)), "dprobs but router_probs is False"),
         (dict(fc1_bias="yes"), "'fc1_bias' must be True or False"),
         (dict(limit="7"), "'limit' must be a number"),
+        (dict(activation="clamped_swiglu", limit=-1.0), "'limit' must be a finite number above"),
+        (dict(grad="both", backward=True), "'backward' must be a collection"),
         (dict(grad="train"), "argument 'grad'"),
         (dict(split_sizes_dtype=torch.int16), "split_sizes_dtype"),
         (dict(arch="90a"), "argument 'arch' must be one of"),

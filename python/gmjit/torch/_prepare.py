@@ -21,7 +21,7 @@ from torch import nn
 
 from gmjit import _C
 from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
-from gmjit.torch._checks import (_check_fp8_layer, _parse_options, _parse_recipe,
+from gmjit.torch._checks import (_check_fp8_layer, _parse_options, _parse_recipe, check_clamp,
                                  check_layer_sizes)  # fmt: skip
 from gmjit.torch._engine_calls import _layer_for, _quant_layer
 
@@ -117,6 +117,7 @@ def layer_calls(num_experts, hidden, ffn, activation, glu_layout, limit, alpha, 
     for name, value in (("limit", limit), ("alpha", alpha)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"prepare: argument '{name}' must be a number, got {value!r}")
+    check_clamp(activation, limit, alpha, "prepare")
     flags = dict(fc1_bias=fc1_bias, fc2_bias=fc2_bias, router_probs=router_probs,
                  accumulate_main_grad=accumulate_main_grad,
                  fp8_transposed_weights=fp8_transposed_weights)  # fmt: skip
@@ -147,7 +148,11 @@ def _gradient_names(backward, grad, fc1_bias, fc2_bias, router_probs) -> frozens
     if isinstance(backward, str):  # one name would be iterated letter by letter
         raise ValueError("prepare: argument 'backward' must be a collection of gradient names "
                          f"such as ('dx', 'dw1', 'dw2'), got the string {backward!r}")  # fmt: skip
-    names = frozenset(backward)
+    try:
+        names = frozenset(backward)
+    except TypeError:  # not iterable, or unhashable items
+        raise ValueError("prepare: argument 'backward' must be a collection of gradient names "
+                         f"such as ('dx', 'dw1', 'dw2'), got {backward!r}") from None
     unknown = sorted(n for n in names if n not in GRADIENTS)
     if unknown:
         raise ValueError(f"prepare: argument 'backward' holds {unknown}; gradients are "
