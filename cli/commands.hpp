@@ -50,6 +50,7 @@ struct CompileOptions {
   std::vector<std::string> arches{"sm_90a"};
   std::string grad = "both";
   std::string recipe = "bf16";
+  std::string weight_grads = "fp32";  // the backward's dW1/dW2: fp32, bf16 (PyTorch's) or both
   std::string
       specs;  // a JSON file of layer specs (cli/specs.hpp); excludes --preset/--grad/--recipe
 };

@@ -24,16 +24,25 @@ void add_compile_options(CLI::App& command, CompileOptions& o) {
   auto* recipe = command.add_option("--recipe", o.recipe, std::string(bench::kRecipeNames))
                      ->check(CLI::IsMember({"bf16", "fp8-block", "fp8-block-pow2", "fp8-tensor"}))
                      ->capture_default_str();
+  auto* weight_grads =
+      command
+          .add_option("--weight-grads", o.weight_grads,
+                      "the backward's dW1/dW2: fp32 (main-grad buffers, C/C++ callers), bf16 (what "
+                      "the PyTorch op writes for bf16 weights) or both")
+          ->check(CLI::IsMember({"fp32", "bf16", "both"}))
+          ->capture_default_str();
   // A spec file's entries name their own layer, grad and recipe: with them, these options would
   // be silently ignored, so giving both is an error.
   command
       .add_option("--specs", o.specs,
                   "JSON list of layer specs (every MoE layer of a model); excludes --preset, "
-                  "--grad and --recipe, --arch is the default for entries without \"arches\"")
+                  "--grad, --recipe and --weight-grads, --arch is the default for entries without "
+                  "\"arches\"")
       ->check(CLI::ExistingFile)
       ->excludes(preset)
       ->excludes(grad)
-      ->excludes(recipe);
+      ->excludes(recipe)
+      ->excludes(weight_grads);
 }
 
 int run_compile(const CompileOptions& o) {
@@ -61,7 +70,7 @@ int run_compile(const CompileOptions& o) {
         GradientSet gradients;
         gradients.db1 = spec.layer.fc1_bias;
         gradients.db2 = spec.layer.fc2_bias;
-        spec.backward.push_back(gradients);
+        spec.backward = with_weight_grads({gradients}, o.weight_grads);
       }
       spec.arches = o.arches;
       specs.push_back(std::move(spec));

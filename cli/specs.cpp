@@ -190,26 +190,12 @@ CompileSpec parse_entry(const json& entry, std::size_t index,
     common.db2 = layer.fc2_bias;
     spec.backward.push_back(common);
   }
-  // dW1 and dW2 in fp32 (main-grad buffers, the C and C++ callers'), in bf16 (what the PyTorch op
-  // hands autograd for bf16 weights: different kernels), or both. Sets without dw1 or dw2 keep
-  // their one plan.
   const std::string weight_grads =
       text(entry, where, "weight_grads", {"fp32", "bf16", "both"}, "fp32");
   if (entry.contains("weight_grads") && !spec.grad) {
     fail(where + ".weight_grads", "nothing: grad is \"no_grad\", so no backward is prepared");
   }
-  if (weight_grads != "fp32") {
-    std::vector<GradientSet> sets;
-    for (GradientSet set : spec.backward) {
-      const bool has_weight_grads = set.dw1 || set.dw2;
-      if (weight_grads == "both" || !has_weight_grads) sets.push_back(set);
-      if (has_weight_grads) {
-        set.bf16_weight_grads = true;
-        sets.push_back(set);
-      }
-    }
-    spec.backward = std::move(sets);
-  }
+  spec.backward = with_weight_grads(spec.backward, weight_grads);
   if (entry.contains("arches")) {
     const json& arches = entry.at("arches");
     if (!arches.is_array() || arches.empty()) {
@@ -284,6 +270,21 @@ class DuplicateKeyCheck {
 };
 
 }  // namespace
+
+std::vector<GradientSet> with_weight_grads(const std::vector<GradientSet>& sets,
+                                           const std::string& weight_grads) {
+  if (weight_grads == "fp32") return sets;
+  std::vector<GradientSet> out;
+  for (GradientSet set : sets) {
+    const bool has_weight_grads = set.dw1 || set.dw2;
+    if (weight_grads == "both" || !has_weight_grads) out.push_back(set);
+    if (has_weight_grads) {
+      set.bf16_weight_grads = true;
+      out.push_back(set);
+    }
+  }
+  return out;
+}
 
 std::vector<CompileSpec> parse_specs(const json& document,
                                      const std::vector<std::string>& default_arches) {

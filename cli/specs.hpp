@@ -22,6 +22,12 @@ struct CompileSpec {
   std::vector<std::string> arches;
 };
 
+// The backward sets with their weight gradients in fp32 (main-grad buffers, the C and C++
+// callers'), in bf16 (what the PyTorch op writes for bf16 weights: other kernels), or both:
+// `weight_grads` is "fp32", "bf16" or "both". Sets without dw1 or dw2 keep their one plan.
+std::vector<GradientSet> with_weight_grads(const std::vector<GradientSet>& sets,
+                                           const std::string& weight_grads);
+
 // Throws Error(invalid_argument) naming "specs[i].field" and what was expected.
 std::vector<CompileSpec> parse_specs(const nlohmann::json& document,
                                      const std::vector<std::string>& default_arches);

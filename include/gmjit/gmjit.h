@@ -25,7 +25,7 @@ extern "C" {
 GMJIT_API int gmjit_version(void);
 
 /* The enums below have the same values as gmjit::Status, gmjit::Activation and
- * gmjit::GluLayout (checked at build time in engine/api/c_api.cpp). */
+ * gmjit::GluLayout (checked at build time in engine/api/c_api_support.cpp). */
 typedef enum gmjit_status {
   GMJIT_OK = 0,
   GMJIT_INVALID_ARGUMENT = 1,
@@ -128,7 +128,8 @@ typedef enum gmjit_fp8_weight_grads {
 typedef struct gmjit_engine_options {
   size_t struct_size;        /* sizeof(gmjit_engine_options) */
   int use_disk_cache;        /* 1: the persistent kernel cache (GMJIT_CACHE_DISABLE still wins) */
-  int portable_kernels_only; /* 1: the portable mma.sync forward kernels even on Hopper */
+  int portable_kernels_only; /* 1: the portable mma.sync BF16 kernels (forward and backward) even
+                              on Hopper; FP8 recipes ignore it */
   int fuse_ops;              /* 0: every op a kernel of its own (a reference for the fused ones) */
   /* No-grad forwards of at most this many tokens per expert on average run the decode kernels
    * (16; 0: never). GMJIT_DECODE_TOKENS_PER_EXPERT, when set, replaces it. */

@@ -109,8 +109,8 @@ enum class Fp8WeightGrads : std::uint8_t {
 
 struct EngineOptions {
   bool use_disk_cache = true;  // the environment can still disable it (GMJIT_CACHE_DISABLE)
-  // Use the portable (mma.sync) forward kernels even where Hopper kernels exist: for testing
-  // both paths on one machine and for comparing them.
+  // Use the portable (mma.sync) BF16 kernels, forward and backward, even where Hopper kernels
+  // exist: for testing both paths on one machine and for comparing them. FP8 recipes ignore it.
   bool portable_kernels_only = false;
   // Apply the fusion rules (the default). Off, every op runs as a kernel of its own through the
   // same codegen, compile and cache path: slower, and a reference for the fused kernels.
@@ -224,7 +224,7 @@ class GMJIT_API Engine {
 // The NVRTC version as "major.minor".
 GMJIT_API std::string nvrtc_version();
 
-// The arches gmjit generates kernels for ("sm_80", ..., "sm_90a"): what prepare and
+// The arches gmjit generates kernels for ("sm_80", "sm_90a", ...): what prepare and
 // `gmjit compile --arch` take.
 GMJIT_API std::vector<std::string> supported_arches();
 

@@ -119,7 +119,9 @@ struct GMJIT_API LayerSpec {
   DType split_dtype = DType::i64;  // int32 or int64 split sizes
 
   std::int64_t fc1_out() const noexcept { return is_glu(activation.kind) ? 2 * ffn : ffn; }
-  std::string describe() const;  // "E=8 H=4096 F=14336 swiglu(halves) b1 b2 probs i64"
+  // "E=8 H=4096 F=14336 swiglu(halves) b1 b2 probs split=int64"; clamped_swiglu adds
+  // "[limit=7,alpha=1.702]".
+  std::string describe() const;
 };
 
 // Which gradients a backward computes. FC1's pre-activation gradient is always computed (it is

@@ -45,6 +45,6 @@ def nvrtc_version() -> str:
 
 
 def supported_arches() -> list[str]:
-    """The arches gmjit generates kernels for ("sm_80", ..., "sm_90a"), e.g. for
+    """The arches gmjit generates kernels for ("sm_80", "sm_90a", ...), e.g. for
     gmjit.torch.prepare's `arch`."""
     return _C.supported_arches()

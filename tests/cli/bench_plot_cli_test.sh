@@ -177,7 +177,13 @@ compile_specs_excludes_preset_grad_and_recipe)
   expect_refusal "--recipe" "$gmjit" compile --specs "$work/s.json" --recipe fp8-block
   expect_refusal "--grad" "$gmjit" compile --specs "$work/s.json" --grad on
   expect_refusal "--preset" "$gmjit" compile --specs "$work/s.json" --preset tiny
+  expect_refusal "--weight-grads" "$gmjit" compile --specs "$work/s.json" --weight-grads bf16
   [ ! -e "$work/cache" ] || fail "a refused compile touched the cache"
+  # --weight-grads both: the fp32 and the bf16 backward (what PyTorch's op runs) of a preset.
+  "$gmjit" compile --preset tiny --grad on --weight-grads both >"$work/wg.txt" ||
+    fail "compile --weight-grads both: $(cat "$work/wg.txt")"
+  grep -q "bwd bf16" "$work/wg.txt" || fail "no bf16 backward: $(cat "$work/wg.txt")"
+  grep -q "^3 plan(s)" "$work/wg.txt" || fail "expected 3 plans: $(cat "$work/wg.txt")"
   ;;
 
 bench_rejects_recompute_with_a_non_bf16_recipe)
