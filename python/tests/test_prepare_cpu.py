@@ -379,3 +379,20 @@ def test_the_engine_refuses_a_backward_no_call_could_run():
     with pytest.raises(ValueError, match="names no gradient"):
         gmjit._C.prepare_backward(layer, "sm_90a", 0, False, False, False, False, False, False,
                                   True)  # fmt: skip
+
+
+def test_the_cold_and_warm_benchmark_script_runs_end_to_end(tmp_path):
+    """benchmarks/prepare_cold_warm.py on its tiny model: the cold process compiles, the
+    restarted one reads every kernel from disk and compiles nothing."""
+    import json
+    import subprocess
+    import sys
+
+    from benchmark_scripts import BENCHMARKS
+
+    out = tmp_path / "rows.json"
+    subprocess.run([sys.executable, f"{BENCHMARKS}/prepare_cold_warm.py", "--model", "tiny",
+                    "--json", str(out)], check=True, capture_output=True)  # fmt: skip
+    cold, warm = json.loads(out.read_text())
+    assert cold["kernels_compiled"] > 0 and cold["kernels"] == warm["kernels"]
+    assert warm["kernels_compiled"] == 0 and warm["disk_reads"] == cold["kernels_compiled"]
