@@ -47,7 +47,8 @@ void print_stats(const cache::CacheStats& s) {
 // Errors name the file: a stream would open a folder and fail later in a read with a message
 // that names neither.
 std::vector<std::byte> read_whole_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO would otherwise wait for a writer before the check below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     throw Error(Status::invalid_argument,
                 fmt::format("import '{}': cannot open: {}", path, std::strerror(errno)));
@@ -82,6 +83,18 @@ std::vector<std::byte> read_whole_file(const std::string& path) {
 // planted under a guessable name is never opened), synced, then renamed over the target: a
 // reader never sees half a bundle.
 void write_file_atomically(const std::string& path, const std::vector<std::byte>& bytes) {
+  // The rename below replaces whatever is at `path`: only a regular file (or nothing) may be.
+  // A device node, a FIFO or a symbolic link would be replaced by a plain file, not written.
+  struct stat existing {};
+  if (::lstat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) {
+    throw Error(Status::invalid_argument,
+                fmt::format("export '{}': exists and is {}; give the path of a regular file (or "
+                            "of none) to write the bundle to",
+                            path,
+                            S_ISLNK(existing.st_mode)   ? "a symbolic link"
+                            : S_ISDIR(existing.st_mode) ? "a directory"
+                                                        : "not a regular file"));
+  }
   std::string temp = path + ".tmp-XXXXXX";
   const int fd = ::mkstemp(temp.data());
   if (fd < 0) {

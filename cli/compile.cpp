@@ -1,7 +1,12 @@
 #include <cstdio>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
+#include "cache/disk_cache.hpp"
 #include "cli/commands.hpp"
 #include "cli/specs.hpp"
 #include "codegen/arch_limits.hpp"
@@ -44,6 +49,29 @@ void add_compile_options(CLI::App& command, CompileOptions& o) {
       ->excludes(recipe)
       ->excludes(weight_grads);
 }
+
+namespace {
+
+// How many of the kernels the run prepared are no longer in the cache's layers: the size bound
+// (GMJIT_CACHE_MAXSIZE) evicted them while later ones were written.
+std::size_t missing_from_cache(const CompileReport& report) {
+  cache::DiskCacheConfig config = cache::DiskCacheConfig::from_environment();
+  config.warn = [](std::string_view) {};  // the engine has reported the environment already
+  const cache::DiskCache disk(config);
+  std::set<std::pair<std::string, std::string>> present;
+  for (const std::vector<cache::EntryListing>& listing : {disk.list(), disk.list_shared()}) {
+    for (const cache::EntryListing& entry : listing) {
+      present.emplace(entry.labels.kernel, entry.labels.arch);
+    }
+  }
+  const std::set<std::pair<std::string, std::string>> prepared(report.kernels.begin(),
+                                                               report.kernels.end());
+  std::size_t missing = 0;
+  for (const auto& kernel : prepared) missing += present.count(kernel) == 0 ? 1 : 0;
+  return missing;
+}
+
+}  // namespace
 
 int run_compile(const CompileOptions& o) {
   for (const auto& arch : o.arches) {
@@ -102,6 +130,13 @@ int run_compile(const CompileOptions& o) {
                  static_cast<unsigned long long>(c.kernels_compiled - c.disk_writes),
                  static_cast<unsigned long long>(c.kernels_compiled),
                  report.cache_directory.c_str());
+    return 1;
+  }
+  if (const std::size_t missing = missing_from_cache(report); missing > 0) {
+    std::fprintf(stderr,
+                 "error: %zu of the kernel(s) prepared are no longer in %s: the size bound "
+                 "(GMJIT_CACHE_MAXSIZE) evicted them while later ones were written; raise it\n",
+                 missing, report.cache_directory.c_str());
     return 1;
   }
   return 0;

@@ -327,38 +327,34 @@ CompileReport compile_specs(const std::vector<CompileSpec>& specs, bool print) {
   CompileReport report;
   const auto start = std::chrono::steady_clock::now();
   Engine engine;
-  const auto line = [print](const CompileSpec& spec, const std::string& arch, const char* what,
-                            std::size_t kernels) {
+  // Prints the plan's line and keeps its kernels for the report.
+  const auto line = [print, &report](const CompileSpec& spec, const std::string& arch,
+                                     const char* what, const PreparedPlanInfo& plan) {
     if (print) {
-      std::printf("%-16s %-7s %-9s %zu kernels\n", spec.name.c_str(), arch.c_str(), what, kernels);
+      std::printf("%-16s %-7s %-9s %zu kernels\n", spec.name.c_str(), arch.c_str(), what,
+                  plan.kernel_names.size());
     }
+    for (const std::string& name : plan.kernel_names) report.kernels.emplace_back(name, arch);
+    ++report.plans;
   };
   for (const CompileSpec& spec : specs) {
     try {
       for (const std::string& arch : spec.arches) {
         if (spec.no_grad) {
-          line(
-              spec, arch, "no-grad",
-              engine.prepare(spec.layer, spec.recipe, GradMode::no_grad, arch).kernel_names.size());
-          ++report.plans;
+          line(spec, arch, "no-grad",
+               engine.prepare(spec.layer, spec.recipe, GradMode::no_grad, arch));
         }
         if (spec.grad) {
-          line(spec, arch, "grad",
-               engine.prepare(spec.layer, spec.recipe, GradMode::grad, arch).kernel_names.size());
-          ++report.plans;
+          line(spec, arch, "grad", engine.prepare(spec.layer, spec.recipe, GradMode::grad, arch));
           for (const GradientSet& gradients : spec.backward) {
             line(spec, arch, gradients.bf16_weight_grads ? "bwd bf16" : "backward",
-                 engine.prepare_backward(spec.layer, spec.recipe, gradients, arch)
-                     .kernel_names.size());
-            ++report.plans;
+                 engine.prepare_backward(spec.layer, spec.recipe, gradients, arch));
           }
         }
         if (spec.recipe.is_fp8()) {
           // Training quantizes with the transposed copies the FP8 backward reads.
           line(spec, arch, "weights",
-               engine.prepare_weight_quantizer(spec.layer, spec.recipe, spec.grad, arch)
-                   .kernel_names.size());
-          ++report.plans;
+               engine.prepare_weight_quantizer(spec.layer, spec.recipe, spec.grad, arch));
         }
       }
     } catch (const Error& error) {

@@ -4,6 +4,7 @@
 // cache"); parse errors name the entry index and the field.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -36,6 +37,7 @@ std::vector<CompileSpec> load_specs(const std::string& path,
 
 struct CompileReport {
   std::uint64_t plans = 0;
+  std::vector<std::pair<std::string, std::string>> kernels;  // (entry name, arch) of every plan
   EngineCounters counters;
   double seconds = 0;
   std::string cache_directory;

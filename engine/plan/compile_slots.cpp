@@ -1,7 +1,10 @@
 #include "engine/plan/compile_slots.hpp"
 
+#include <pthread.h>
+
 #include <cerrno>
 #include <cstdlib>
+#include <new>
 #include <thread>
 
 #include "engine/runtime/log.hpp"
@@ -32,14 +35,40 @@ CompileSlots& CompileSlots::process() {
     const std::size_t capacity = capacity_from(std::getenv("GMJIT_COMPILE_THREADS"),
                                                std::thread::hardware_concurrency(), &warning);
     if (warning) log(LogLevel::warn, "{}", *warning);
-    return new CompileSlots(capacity);
+    auto* made = new CompileSlots(capacity);
+    // Without the handlers (ENOMEM) a fork during a compile may leave its child waiting, as
+    // before; nothing else changes.
+    (void)pthread_atfork([] { slots->before_fork(); }, [] { slots->after_fork_in_parent(); },
+                         [] { slots->after_fork_in_child(); });
+    return made;
   }();
   return *slots;
 }
 
+void CompileSlots::before_fork() {
+  std::unique_lock lock(mutex_);
+  forking_ = true;
+  freed_.wait(lock, [&] { return in_use_ == 0; });
+  lock.release();  // locked through fork(): no lease starts until an after_fork handler
+}
+
+void CompileSlots::after_fork_in_parent() {
+  forking_ = false;
+  mutex_.unlock();
+  freed_.notify_all();
+}
+
+void CompileSlots::after_fork_in_child() {
+  forking_ = false;
+  mutex_.unlock();
+  // The parent's waiters do not exist here; a fresh condition variable forgets them.
+  freed_.~condition_variable();
+  new (&freed_) std::condition_variable();
+}
+
 CompileSlots::Lease::Lease(CompileSlots& slots) : slots_(slots) {
   std::unique_lock lock(slots_.mutex_);
-  slots_.freed_.wait(lock, [&] { return slots_.in_use_ < slots_.capacity_; });
+  slots_.freed_.wait(lock, [&] { return !slots_.forking_ && slots_.in_use_ < slots_.capacity_; });
   ++slots_.in_use_;
 }
 
@@ -48,7 +77,8 @@ CompileSlots::Lease::~Lease() {
     const std::lock_guard lock(slots_.mutex_);
     --slots_.in_use_;
   }
-  slots_.freed_.notify_one();
+  // All: a fork waiting for the last slot must not miss the wake-up a queued lease took.
+  slots_.freed_.notify_all();
 }
 
 }  // namespace gmjit::engine

@@ -3,6 +3,9 @@
 // in parallel, so threads (or a job's ranks sharing a node) building several cold plans together
 // would otherwise start dozens at once, each taking a core and tens of MB. Waiting for a slot is
 // safe anywhere a compile may run: a compile holds one slot and waits for nothing else.
+//
+// fork(): the process's slots hold a fork until no compile runs and start none meanwhile, so
+// that a child never inherits a slot (or NVRTC's own locks) held by a thread it does not have.
 #include <condition_variable>
 #include <cstddef>
 #include <mutex>
@@ -39,11 +42,19 @@ class CompileSlots {
 
   std::size_t capacity() const noexcept { return capacity_; }
 
+  // The pthread_atfork handlers of process(), public for the tests: before_fork waits for the
+  // compiles in flight and keeps the slots locked through fork(); the others unlock them in the
+  // parent and in the child.
+  void before_fork();
+  void after_fork_in_parent();
+  void after_fork_in_child();
+
  private:
   const std::size_t capacity_;
   std::mutex mutex_;
   std::condition_variable freed_;
   std::size_t in_use_ = 0;
+  bool forking_ = false;  // a fork is waiting for the compiles in flight: start no new one
 };
 
 }  // namespace gmjit::engine

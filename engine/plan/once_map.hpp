@@ -1,11 +1,17 @@
 #pragma once
 // A map whose values are built once per key however many threads ask at the same time. The
 // first asker builds outside the lock; the others wait on its future. A failed build is
-// reported to everyone waiting and forgotten, so a later call retries.
+// reported to everyone waiting and forgotten, so a later call retries. A build that was in
+// flight when the process forked has no thread left to finish it in the child: there the next
+// asker builds again (engine/runtime/fork_generation.hpp).
+#include <chrono>
+#include <cstdint>
 #include <future>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+
+#include "engine/runtime/fork_generation.hpp"
 
 namespace gmjit::engine {
 
@@ -19,12 +25,18 @@ class OnceMap {
     std::optional<std::promise<Value>> promise;  // only the first asker makes one
     {
       std::lock_guard lock(mutex_);
+      const std::uint64_t generation = fork_generation();
       auto it = entries_.find(key);
+      if (it != entries_.end() && it->second.generation != generation &&
+          it->second.future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+        entries_.erase(it);  // a parent's thread was building it: nobody will finish it here
+        it = entries_.end();
+      }
       if (it == entries_.end()) {
         promise.emplace();
-        it = entries_.emplace(key, promise->get_future().share()).first;
+        it = entries_.emplace(key, Entry{promise->get_future().share(), generation}).first;
       }
-      future = it->second;
+      future = it->second.future;
     }
     const bool owner = promise.has_value();
     if (built != nullptr) *built = owner;
@@ -43,8 +55,12 @@ class OnceMap {
   }
 
  private:
+  struct Entry {
+    std::shared_future<Value> future;
+    std::uint64_t generation;  // fork_generation() when the build began
+  };
   std::mutex mutex_;
-  std::unordered_map<Key, std::shared_future<Value>, Hash> entries_;
+  std::unordered_map<Key, Entry, Hash> entries_;
 };
 
 }  // namespace gmjit::engine

@@ -26,6 +26,11 @@ if GMJIT_CACHE_DIR="$work/ro" GMJIT_CACHE_READONLY=1 "$gmjit" compile --specs "$
   fail "compile into a read-only cache reported success"
 fi
 grep -q "were not written" "$work/ro.err" || fail "no reason given: $(cat "$work/ro.err")"
+if GMJIT_CACHE_DIR="$work/small" GMJIT_CACHE_MAXSIZE=20K "$gmjit" compile --specs "$work/model.json" \
+  >/dev/null 2>"$work/small.err"; then
+  fail "compile into a cache too small to keep its kernels reported success"
+fi
+grep -q "evicted them" "$work/small.err" || fail "no reason given: $(cat "$work/small.err")"
 
 GMJIT_CACHE_DIR="$work/a" "$gmjit" cache export "$work/a.gmjb" | grep -q "exported [1-9]" ||
   fail "export wrote no entries"

@@ -88,6 +88,25 @@ grep -q "GMJIT_CACHE_DIR='gm' is not an absolute path" "$work/err" || fail "$(ca
 grep -q "local layer: $work/home/gm/v1" "$work/out" || fail "'~/gm': $(cat "$work/out")"
 [ ! -e "$work/~" ] || fail "GMJIT_CACHE_DIR='~/gm' created a folder named '~'"
 
+# export replaces only a regular file: a FIFO or a symbolic link at the path is refused and
+# left as it was; import of a FIFO is refused without waiting for a writer.
+mkfifo "$work/fifo"
+echo kept >"$work/target"
+ln -s "$work/target" "$work/link"
+for name in fifo link; do
+  GMJIT_CACHE_DIR="$work/c3" "$gmjit" cache export "$work/$name" >/dev/null 2>"$work/err" &&
+    fail "export over a $name exited 0"
+  grep -q "export '$work/$name': exists and is" "$work/err" || fail "$(cat "$work/err")"
+done
+[ -p "$work/fifo" ] && [ -L "$work/link" ] && [ "$(cat "$work/target")" = kept ] ||
+  fail "a refused export changed what was at its path"
+rc=0
+timeout 20 env GMJIT_CACHE_DIR="$work/c3" "$gmjit" cache import "$work/fifo" >/dev/null \
+  2>"$work/err" || rc=$?
+[ "$rc" -ne 124 ] || fail "import of a FIFO waited for a writer"
+[ "$rc" -ne 0 ] || fail "import of a FIFO exited 0"
+grep -q "expected a bundle file" "$work/err" || fail "$(cat "$work/err")"
+
 # One prefix per warning line.
 GMJIT_CACHE_DIR="$work/c2" GMJIT_CACHE_MAXSIZE=lots "$gmjit" cache stats >/dev/null 2>"$work/err"
 grep -q "^gmjit cache: GMJIT_CACHE_MAXSIZE='lots'" "$work/err" || fail "$(cat "$work/err")"

@@ -59,7 +59,10 @@ class LayerCalls:
 class PrepareReport:
     """What a prepare did: the layers' calls, how many kernels their plans hold, and of those how
     many NVRTC compiled (the rest came from the caches) in how many seconds. `skipped`: modules
-    set to gmjit that will not run it (transformers experts that fall back), with the reason."""
+    set to gmjit that will not run it (transformers experts that fall back), with the reason.
+
+    kernels_compiled, disk_reads and nvrtc_seconds are the process-wide engine's counters over
+    the call (gmjit.counters()): compiles that other threads ran meanwhile count too."""
 
     calls: list[LayerCalls]
     skipped: list[str] = dataclasses.field(default_factory=list)
