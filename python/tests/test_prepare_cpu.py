@@ -396,3 +396,39 @@ def test_the_cold_and_warm_benchmark_script_runs_end_to_end(tmp_path):
     cold, warm = json.loads(out.read_text())
     assert cold["kernels_compiled"] > 0 and cold["kernels"] == warm["kernels"]
     assert warm["kernels_compiled"] == 0 and warm["disk_reads"] == cold["kernels_compiled"]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12: fork of a threaded process
+def test_a_fork_during_a_prepare_leaves_the_child_able_to_prepare():
+    """os.fork (multiprocessing's default on Linux) while another thread compiles: the child
+    prepares the layer that was in flight and another one instead of waiting forever."""
+    import os
+    import threading
+    import time
+
+    args = dict(arch="sm_90a", grad="both")
+    worker = threading.Thread(target=lambda: prepare_layer(3, 136, 200, **args))
+    worker.start()
+    time.sleep(0.3)  # into its compiles
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            prepare_layer(3, 136, 200, **args)
+            prepare_layer(3, 152, 200, "gelu", arch="sm_90a")
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 120
+    status = None
+    while status is None and time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == 0:
+            status = None
+            time.sleep(0.1)
+    worker.join()
+    if status is None:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung in prepare")
+    assert os.waitstatus_to_exitcode(status) == 0
