@@ -79,6 +79,12 @@ int DiskCache::try_store(const Key128& key, const EntryLabels& labels,
   const fs::UniqueFd fanout =
       open_fanout(dir->get(), layout::fanout_name(key), /*create=*/true, &error);
   if (!fanout.valid()) return error != 0 ? error : kUntrusted;
+  // Another process (or engine) that missed at the same time may have published this kernel
+  // already, under another plan's labels (the name carries the grad mode): one copy is enough.
+  const std::string prefix = key.hex() + ".";
+  for (const std::string& existing : fs::list_directory(fanout.get())) {
+    if (existing.starts_with(prefix) && layout::parse_entry_file_name(existing)) return 0;
+  }
   const std::vector<std::byte> bytes = encode(key, labels, payload);
   const std::string name = layout::entry_file_name(key, labels);
   if (const int publish_error = publish(fanout.get(), name, bytes); publish_error != 0) {

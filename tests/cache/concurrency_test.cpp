@@ -121,6 +121,23 @@ TEST(ConcurrentThreads, OneCacheObjectSharedByThreads) {
   ExpectDirectoryIsClean(tmp.path());
 }
 
+// Two writers that both missed (two processes preparing a grad and a no-grad plan that share a
+// kernel) store it under different labels: the second finds the first's entry and keeps one.
+TEST(ConcurrentWriters, AKernelStoredUnderTwoPlansLabelsIsKeptOnce) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const Key128 key = key_for(7);
+  EntryLabels grad = labels_for(7), no_grad = labels_for(7);
+  grad.grad_mode = "grad";
+  no_grad.grad_mode = "nograd";
+  ASSERT_TRUE(cache.store(key, grad, payload_for(key)));
+  EXPECT_TRUE(cache.store(key, no_grad, payload_for(key)));  // present: nothing more to write
+  EXPECT_EQ(entry_files(tmp.path()).size(), 1u);
+  EXPECT_EQ(cache.load(key), payload_for(key));
+  EXPECT_EQ(warnings.size(), 0u) << warnings.all();
+}
+
 // A child publishes with a fault that SIGKILLs it part-way; nothing bad may become visible.
 void ExpectKilledWriterLeavesNoVisibleEntry(gmjit::testing::CacheFault fault) {
   TempDir tmp;
