@@ -52,6 +52,15 @@ bool DiskCache::store(const Key128& key, const EntryLabels& labels,
     // stale, or the cache was rm -rf'ed. The directory is writable, so try once more, and if
     // that races too, skip this store without turning writes off.
     if (error == kTempVanished) error = try_store(key, labels, payload);
+    if (error == EISDIR || error == ENOTEMPTY) {
+      // A directory sits where this entry's file goes: a problem of that one path, not of the
+      // cache, so the other writes go on.
+      ++state_->store_failures;
+      warn("gmjit cache: cannot publish " +
+           (directory_ / layout::fanout_name(key) / layout::entry_file_name(key, labels)).string() +
+           ": a directory is in its place (" + fs::errno_text(error) + "); remove it");
+      return false;
+    }
     if (error == kTempVanished || error == kUntrusted) {
       ++state_->store_failures;  // untrusted: warned once; never write there
       return false;
@@ -83,7 +92,12 @@ int DiskCache::try_store(const Key128& key, const EntryLabels& labels,
   // already, under another plan's labels (the name carries the grad mode): one copy is enough.
   const std::string prefix = key.hex() + ".";
   for (const std::string& existing : fs::list_directory(fanout.get())) {
-    if (existing.starts_with(prefix) && layout::parse_entry_file_name(existing)) return 0;
+    struct stat info {};
+    if (existing.starts_with(prefix) && layout::parse_entry_file_name(existing) &&
+        ::fstatat(fanout.get(), existing.c_str(), &info, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISREG(info.st_mode)) {
+      return 0;
+    }
   }
   const std::vector<std::byte> bytes = encode(key, labels, payload);
   const std::string name = layout::entry_file_name(key, labels);

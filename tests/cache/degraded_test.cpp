@@ -75,6 +75,22 @@ TEST(ReadOnlyCache, BadEntryIsAMissKeptOnDiskAndWarnedOnce) {
   EXPECT_EQ(warnings.size(), 1u) << warnings.all();
 }
 
+// A directory where one entry's file goes fails that store alone, naming the path; the cache
+// keeps writing the others (it is no reason to turn disk writes off).
+TEST(BlockedEntry, ADirectoryInAnEntrysPlaceFailsThatStoreAloneNamingIt) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  ASSERT_TRUE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));  // makes v1/
+  const stdfs::path blocked = entry_path(cache, key_for(2), labels_for(2));
+  stdfs::create_directories(blocked / "inside");
+  EXPECT_FALSE(cache.store(key_for(2), labels_for(2), payload_for(key_for(2))));
+  ASSERT_EQ(warnings.size(), 1u) << warnings.all();
+  EXPECT_NE(warnings.all().find(blocked.string()), std::string::npos) << warnings.all();
+  EXPECT_TRUE(cache.store(key_for(3), labels_for(3), payload_for(key_for(3))));
+  EXPECT_EQ(cache.load(key_for(3)), payload_for(key_for(3)));
+}
+
 TEST(UnwritableDirectory, RootUnderARegularFileMeansMemoryOnlyWithOneWarning) {
   // Works as root too: no permission bit is involved, mkdir fails with ENOTDIR.
   TempDir tmp;
