@@ -26,8 +26,9 @@ constexpr std::uint64_t kRescanEveryStores = 64;
 constexpr double kEvictTargetFraction = 0.9;
 constexpr std::uint64_t kMaxEntryBytes = 1ull << 30;  // sanity bound on what load() reads
 // try_store's results besides 0 and errno values (which are positive).
-constexpr int kUntrusted = -1;     // a directory is not trusted (warned once)
-constexpr int kTempVanished = -2;  // ENOENT while publishing: the temp file was removed
+constexpr int kUntrusted = -1;       // a directory is not trusted (warned once)
+constexpr int kTempVanished = -2;    // ENOENT while publishing: the temp file was removed
+constexpr int kAlreadyPresent = -3;  // another writer published this key (other labels)
 
 }  // namespace
 

@@ -52,6 +52,7 @@ bool DiskCache::store(const Key128& key, const EntryLabels& labels,
     // stale, or the cache was rm -rf'ed. The directory is writable, so try once more, and if
     // that races too, skip this store without turning writes off.
     if (error == kTempVanished) error = try_store(key, labels, payload);
+    if (error == kAlreadyPresent) return true;  // on disk; nothing written, nothing to report
     if (error == EISDIR || error == ENOTEMPTY) {
       // A directory sits where this entry's file goes: a problem of that one path, not of the
       // cache, so the other writes go on.
@@ -78,7 +79,7 @@ bool DiskCache::store(const Key128& key, const EntryLabels& labels,
   }
 }
 
-// One publish: 0, an errno, kUntrusted or kTempVanished.
+// One publish: 0, an errno, kUntrusted, kTempVanished or kAlreadyPresent.
 int DiskCache::try_store(const Key128& key, const EntryLabels& labels,
                          std::span<const std::byte> payload) {
   // Each level is checked, through its open handle, before anything is created inside it.
@@ -96,7 +97,9 @@ int DiskCache::try_store(const Key128& key, const EntryLabels& labels,
     if (existing.starts_with(prefix) && layout::parse_entry_file_name(existing) &&
         ::fstatat(fanout.get(), existing.c_str(), &info, AT_SYMLINK_NOFOLLOW) == 0 &&
         S_ISREG(info.st_mode)) {
-      return 0;
+      // Used just now, as a load would stamp it, so that eviction does not take it first.
+      (void)::utimensat(fanout.get(), existing.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
+      return kAlreadyPresent;
     }
   }
   const std::vector<std::byte> bytes = encode(key, labels, payload);

@@ -74,6 +74,11 @@ std::size_t missing_from_cache(const CompileReport& report) {
 }  // namespace
 
 int run_compile(const CompileOptions& o) {
+  if (o.grad == "off" && o.weight_grads != "fp32") {
+    throw Error(Status::invalid_argument,
+                "--weight-grads: names the backward's weight gradients, but --grad off prepares "
+                "no backward");
+  }
   for (const auto& arch : o.arches) {
     if (!codegen::is_supported_arch(arch)) {
       throw Error(Status::invalid_argument,
@@ -119,23 +124,24 @@ int run_compile(const CompileOptions& o) {
   // nothing (cache disabled, read-only or unwritable) fails rather than report success.
   if (report.cache_directory.empty()) {
     std::fprintf(stderr,
-                 "error: the disk cache is disabled (GMJIT_CACHE_DISABLE, or no usable "
+                 "gmjit: compile: the disk cache is disabled (GMJIT_CACHE_DISABLE, or no usable "
                  "GMJIT_CACHE_DIR), so no later process can use what was compiled\n");
     return 1;
   }
   if (c.disk_writes < c.kernels_compiled) {
-    std::fprintf(stderr,
-                 "error: %llu of the %llu kernel(s) compiled were not written to %s "
-                 "(read-only or unwritable: see the warnings above)\n",
-                 static_cast<unsigned long long>(c.kernels_compiled - c.disk_writes),
-                 static_cast<unsigned long long>(c.kernels_compiled),
-                 report.cache_directory.c_str());
+    const bool told_so = cache::DiskCacheConfig::from_environment().read_only;
+    std::fprintf(
+        stderr, "gmjit: compile: %llu of the %llu kernel(s) compiled were not written to %s (%s)\n",
+        static_cast<unsigned long long>(c.kernels_compiled - c.disk_writes),
+        static_cast<unsigned long long>(c.kernels_compiled), report.cache_directory.c_str(),
+        told_so ? "GMJIT_CACHE_READONLY is set" : "unwritable: see the warnings above");
     return 1;
   }
   if (const std::size_t missing = missing_from_cache(report); missing > 0) {
     std::fprintf(stderr,
-                 "error: %zu of the kernel(s) prepared are no longer in %s: the size bound "
-                 "(GMJIT_CACHE_MAXSIZE) evicted them while later ones were written; raise it\n",
+                 "gmjit: compile: %zu of the kernel(s) prepared are no longer in %s: evicted "
+                 "while later ones were written (the size bound, GMJIT_CACHE_MAXSIZE: raise it; "
+                 "or another process's eviction or prune)\n",
                  missing, report.cache_directory.c_str());
     return 1;
   }

@@ -29,7 +29,7 @@ std::string describe(const json& value) {
   constexpr std::size_t kMaxChars = 60;
   if (value.is_array()) return fmt::format("an array of {} item(s)", value.size());
   if (value.is_object()) return fmt::format("an object of {} field(s)", value.size());
-  std::string text = value.dump();
+  std::string text = value.dump(-1, ' ', /*ensure_ascii=*/true);  // cut below splits no UTF-8
   if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
   return text;
 }

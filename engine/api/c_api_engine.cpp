@@ -81,7 +81,12 @@ gmjit::GradientSet convert_gradients(unsigned int bits, const gmjit::LayerSpec& 
     throw gmjit::Error(gmjit::Status::invalid_argument,
                        "argument 'spec->backward': GMJIT_GRAD_DB2 needs spec->fc2_bias");
   }
-  gmjit::engine::validate_gradient_set(spec, g, "spec->backward");
+  if (g.bf16_weight_grads && !g.dw1 && !g.dw2) {
+    throw gmjit::Error(gmjit::Status::invalid_argument,
+                       "argument 'spec->backward': GMJIT_GRAD_BF16_WEIGHTS without "
+                       "GMJIT_GRAD_DW1 or GMJIT_GRAD_DW2");
+  }
+  gmjit::engine::validate_gradient_set(spec, g, "spec->backward");  // the engine's own rules
   return g;
 }
 

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <new>
@@ -28,18 +29,36 @@ std::size_t CompileSlots::capacity_from(const char* env, unsigned hardware,
   return static_cast<std::size_t>(value);
 }
 
+namespace {
+
+// The process's slots for the fork handlers: set before they are registered, so that a fork on
+// another thread while process() is still initialising finds either nothing or the slots.
+std::atomic<CompileSlots*> process_slots{nullptr};
+
+void on_fork_prepare() {
+  if (CompileSlots* slots = process_slots.load()) slots->before_fork();
+}
+void on_fork_parent() {
+  if (CompileSlots* slots = process_slots.load()) slots->after_fork_in_parent();
+}
+void on_fork_child() {
+  if (CompileSlots* slots = process_slots.load()) slots->after_fork_in_child();
+}
+
+}  // namespace
+
 CompileSlots& CompileSlots::process() {
   // Never destroyed: compile threads of a process that is exiting may still hold a lease.
-  static CompileSlots* slots = [] {
+  static CompileSlots* const slots = [] {
     std::optional<std::string> warning;
     const std::size_t capacity = capacity_from(std::getenv("GMJIT_COMPILE_THREADS"),
                                                std::thread::hardware_concurrency(), &warning);
     if (warning) log(LogLevel::warn, "{}", *warning);
     auto* made = new CompileSlots(capacity);
+    process_slots.store(made);
     // Without the handlers (ENOMEM) a fork during a compile may leave its child waiting, as
     // before; nothing else changes.
-    (void)pthread_atfork([] { slots->before_fork(); }, [] { slots->after_fork_in_parent(); },
-                         [] { slots->after_fork_in_child(); });
+    (void)pthread_atfork(&on_fork_prepare, &on_fork_parent, &on_fork_child);
     return made;
   }();
   return *slots;
@@ -61,8 +80,9 @@ void CompileSlots::after_fork_in_parent() {
 void CompileSlots::after_fork_in_child() {
   forking_ = false;
   mutex_.unlock();
-  // The parent's waiters do not exist here; a fresh condition variable forgets them.
-  freed_.~condition_variable();
+  // The parent's waiters do not exist here, but the copied condition variable still counts
+  // them: destroying it would wait for them forever (glibc). A fresh one is built in its place
+  // and the old state is abandoned on purpose (its destructor has nothing else to do).
   new (&freed_) std::condition_variable();
 }
 

@@ -6,6 +6,7 @@
 //
 // fork(): the process's slots hold a fork until no compile runs and start none meanwhile, so
 // that a child never inherits a slot (or NVRTC's own locks) held by a thread it does not have.
+// A thread holding a lease must therefore not fork (a lease only ever wraps one NVRTC compile).
 #include <condition_variable>
 #include <cstddef>
 #include <mutex>

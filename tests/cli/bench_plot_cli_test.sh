@@ -178,6 +178,8 @@ compile_specs_excludes_preset_grad_and_recipe)
   expect_refusal "--grad" "$gmjit" compile --specs "$work/s.json" --grad on
   expect_refusal "--preset" "$gmjit" compile --specs "$work/s.json" --preset tiny
   expect_refusal "--weight-grads" "$gmjit" compile --specs "$work/s.json" --weight-grads bf16
+  expect_refusal "--grad off prepares no backward" "$gmjit" compile --preset tiny --grad off \
+    --weight-grads bf16
   [ ! -e "$work/cache" ] || fail "a refused compile touched the cache"
   # --weight-grads both: the fp32 and the bf16 backward (what PyTorch's op runs) of a preset.
   "$gmjit" compile --preset tiny --grad on --weight-grads both >"$work/wg.txt" ||
