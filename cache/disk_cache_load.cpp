@@ -50,11 +50,10 @@ std::optional<std::vector<std::byte>> DiskCache::load_here(const Key128& key,
       const std::string fanout_name = layout::fanout_name(key);
       const fs::UniqueFd fanout = open_fanout(dir->get(), fanout_name, false, nullptr);
       if (fanout.valid()) {
-        // The name also carries labels that load() does not know, so look the key up by prefix;
-        // a fan-out directory holds 1/256 of the entries.
-        const std::string prefix = key.hex() + ".";
+        // The name also carries labels that load() does not know, so look the key up among the
+        // names; a fan-out directory holds 1/256 of the entries.
         for (const std::string& name : fs::list_directory(fanout.get())) {
-          if (!name.starts_with(prefix) || !layout::parse_entry_file_name(name)) continue;
+          if (!layout::is_entry_name_of(name, key)) continue;
           if (auto payload =
                   load_file(fanout.get(), name, directory_ / fanout_name / name, key, accept)) {
             return payload;

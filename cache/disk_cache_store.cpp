@@ -91,10 +91,9 @@ int DiskCache::try_store(const Key128& key, const EntryLabels& labels,
   if (!fanout.valid()) return error != 0 ? error : kUntrusted;
   // Another process (or engine) that missed at the same time may have published this kernel
   // already, under another plan's labels (the name carries the grad mode): one copy is enough.
-  const std::string prefix = key.hex() + ".";
   for (const std::string& existing : fs::list_directory(fanout.get())) {
     struct stat info {};
-    if (existing.starts_with(prefix) && layout::parse_entry_file_name(existing) &&
+    if (layout::is_entry_name_of(existing, key) &&
         ::fstatat(fanout.get(), existing.c_str(), &info, AT_SYMLINK_NOFOLLOW) == 0 &&
         S_ISREG(info.st_mode)) {
       // Used just now, as a load would stamp it, so that eviction does not take it first.

@@ -70,6 +70,11 @@ std::optional<ParsedName> parse_entry_file_name(std::string_view name) {
   return parsed;
 }
 
+bool is_entry_name_of(std::string_view name, const Key128& key) {
+  const std::optional<ParsedName> parsed = parse_entry_file_name(name);
+  return parsed && parsed->key == key;
+}
+
 bool is_temp_name(std::string_view name) {
   return name.size() > kTempPrefix.size() && name.starts_with(kTempPrefix);
 }

@@ -30,6 +30,9 @@ struct ParsedName {
   std::string grad_mode;
 };
 std::optional<ParsedName> parse_entry_file_name(std::string_view name);
+// Whether `name` is an entry file name of `key`, under any labels (the name carries the arch and
+// grad mode, which a lookup by key does not know).
+bool is_entry_name_of(std::string_view name, const Key128& key);
 bool is_temp_name(std::string_view name);
 
 }  // namespace gmjit::cache::layout

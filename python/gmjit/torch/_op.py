@@ -41,7 +41,6 @@ from gmjit import _C
 
 from gmjit.torch._checks import (
     _BF16,
-    _parse_options,
     _fail,
     check_call,
     check_fp8_weights,
@@ -355,7 +354,6 @@ def grouped_mlp(
                            _current_stream(d))  # fmt: skip
         return y
 
-    _parse_options(activation, glu_layout)  # named before the tensors, as in _admit
     if isinstance(x, Tensor) and _autocast_casts(x):
         x = x.to(_BF16)
     _, _, _, code = check_call(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout,
