@@ -86,7 +86,8 @@ def train(impl: str, a) -> dict:
         "loop_compiles": after["kernels_compiled"] - before["kernels_compiled"],
         "loop_disk_reads": after["disk_reads"] - before["disk_reads"],
         "losses": losses,
-        "step_ms": statistics.median(times[5:]) * 1e3,
+        # The first steps warm up (allocator, cuBLAS); a short run has nothing else to time.
+        "step_ms": statistics.median(times[5:] if len(times) > 5 else times) * 1e3,
         "total_s": sum(times),
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
     }
@@ -111,7 +112,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                          "weight gradients where faster)")
     ap.add_argument("--prepare", action="store_true",
                     help="compile gmjit's kernels before the first step (gmjit.torch.prepare)")
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    for name in ("steps", "batch", "seq", "vocab", "hidden", "ffn", "experts", "top_k", "layers",
+                 "every"):  # fmt: skip
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
+    return a
 
 
 def gmjit_impl(recipe: str) -> str:

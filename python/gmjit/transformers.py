@@ -146,13 +146,14 @@ def describe_experts(experts: nn.Module) -> ExpertsPlan:
     base = dict(has_gate=has_gate, has_bias=has_bias, transposed=transposed)
     if not isinstance(up, Tensor) or not isinstance(down, Tensor) or up.dim() != 3 or down.dim() != 3:
         return ExpertsPlan(reason="no 3-D gate_up_proj/up_proj and down_proj weights", **base)
-    if up.dtype != torch.bfloat16 or down.dtype != torch.bfloat16:
-        return ExpertsPlan(reason=f"weights are {up.dtype}; gmjit runs bfloat16 weights", **base)
     E = getattr(experts, "num_experts", up.shape[0])
     hidden = up.shape[1] if transposed else up.shape[2]
     f1 = up.shape[2] if transposed else up.shape[1]
     ffn = f1 // 2 if has_gate else f1
-    base.update(hidden=hidden, ffn=ffn)
+    base.update(hidden=hidden, ffn=ffn)  # also on a fallback: an activation= override uses them
+    for name, w in (("gate_up_proj" if has_gate else "up_proj", up), ("down_proj", down)):
+        if w.dtype != torch.bfloat16:
+            return ExpertsPlan(reason=f"{name} is {w.dtype}; gmjit runs bfloat16 weights", **base)
     if up.shape[0] != E:
         return ExpertsPlan(reason=f"weights hold {up.shape[0]} experts, num_experts is {E}", **base)
     if not 1 <= E <= MAX_EXPERTS:

@@ -103,7 +103,17 @@ LAYER_LIMITS = [
     ({}, dict(activation="clamped_swiglu", limit=float("nan")), r"'limit' must be a finite .* 0"),
     ({}, dict(activation="clamped_swiglu", limit=0.0), r"'limit' must be a finite number above 0"),
     ({}, dict(activation="clamped_swiglu", alpha=float("inf")), r"'alpha' must be a finite"),
+    # Not numbers at all: named whatever the activation.
+    ({}, dict(limit="a"), r"'limit' must be a real number, got 'a'"),
+    ({}, dict(activation="clamped_swiglu", alpha=None), r"'alpha' must be a real number"),
 ]
+
+
+def test_numpy_scalars_are_numbers_too():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(ValueError, match="CUDA device"):  # past every argument check
+        grouped_mlp(**layer(), activation="clamped_swiglu", limit=np.float32(7.0),
+                    alpha=np.float64(1.702))  # fmt: skip
 
 
 @pytest.mark.parametrize("fast", [False, True])

@@ -190,6 +190,7 @@ def test_a_layer_survives_torch_save_and_deepcopy(experts):
         (dict(activation="SWIGLU"), "^ExpertParallelMoE: argument 'activation'"),
         (dict(activation="clamped_swiglu", limit=float("nan")), "'limit' must be a finite"),
         (dict(num_experts=8192, top_k=2), "at most 4096"),
+        (dict(dtype=torch.float32), "'dtype' must be torch.bfloat16 with experts='gmjit'"),
     ],
 )
 def test_the_constructor_names_a_bad_argument(kwargs, match):
@@ -211,3 +212,38 @@ def test_a_meta_layer_runs_a_meta_forward():
                                         device="meta", seed=1)  # fmt: skip
     y = layer(torch.empty(10, 64, dtype=torch.bfloat16, device="meta"))
     assert y.shape == (10, 64) and y.device.type == "meta"
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(w1=torch.randn(1, 128, 64)), r"'w1' must be a tensor of shape \[4, 128, 64\]"),
+        (dict(w2=torch.randn(8, 64, 64)), r"'w2' must be a tensor of shape \[4, 64, 64\]"),
+        (dict(b1=None), "'b1' is required: the layer has bias=True"),
+        (dict(b2=torch.randn(4, 32)), r"'b2' must be a tensor of shape \[4, 64\]"),
+        (dict(router_weight=torch.randn(4, 32)), r"'router_weight' must be a tensor of shape"),
+    ],
+)
+def test_load_experts_takes_whole_layer_tensors_only(change, match):
+    """A one-expert tensor would broadcast into every expert and extra experts be dropped."""
+    layer = ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, experts="torch",
+                                        bias=True, seed=1)  # fmt: skip
+    full = dict(w1=torch.randn(4, 128, 64), w2=torch.randn(4, 64, 64), b1=torch.randn(4, 128),
+                b2=torch.randn(4, 64), router_weight=torch.randn(4, 64))  # fmt: skip
+    before = layer.w1.detach().clone()
+    with pytest.raises(ValueError, match=match):
+        layer.load_experts(**{**full, **change})
+    assert torch.equal(layer.w1, before)  # refused before anything was copied
+    layer.load_experts(**full)
+    assert torch.equal(layer.w1, full["w1"].to(layer.w1.dtype))
+    plain = ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, experts="torch", seed=1)
+    with pytest.raises(ValueError, match="'b1' was given but the layer has bias=False"):
+        plain.load_experts(full["w1"], full["w2"], b1=full["b1"])
+
+
+def test_a_single_process_layer_compiles_without_graph_breaks():
+    torch._dynamo.reset()
+    layer = ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, experts="torch", seed=1)
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    y = torch.compile(layer, backend="aot_eager", fullgraph=True)(x)
+    torch.testing.assert_close(y, layer(x))

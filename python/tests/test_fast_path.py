@@ -19,7 +19,7 @@ VALID_OPTIONAL = dict(b1=torch.zeros(E, 2 * F, dtype=BF), b2=torch.zeros(E, H, d
 
 # Bad arguments whose dtypes and weight shapes match a valid call's (the per-call checks).
 PER_CALL = [
-    (dict(x=torch.randn(T, H + 8, dtype=BF)), r"'w1' must have shape \[4, 256, 72\]"),
+    (dict(x=torch.randn(T, H + 8, dtype=BF)), r"'x' must have hidden = 64 columns"),
     (dict(x=torch.randn(T, 2 * H, dtype=BF)[:, :H]), r"'x' must be contiguous"),
     (dict(w1=torch.randn(E, H, 2 * F, dtype=BF).transpose(1, 2)), r"'w1' must be contiguous"),
     (dict(w2=torch.randn(E, F, H, dtype=BF).transpose(1, 2)), r"'w2' must be contiguous"),
@@ -125,6 +125,33 @@ def test_tracing_and_other_devices_do_not_take_the_fast_path(rec):
     with FakeTensorMode():
         y = grouped_mlp(**{k: torch.empty_like(v) for k, v in args().items()})
     assert y.shape == (T, H) and rec.calls == [] and not _op._entries
+
+
+def test_jit_trace_records_the_op_and_its_replay_runs_the_engine(rec):
+    """The eager path launches kernels that torch.jit.trace cannot see: a trace taken through it
+    would replay an empty output."""
+    a = args()
+    grouped_mlp(**a)  # the signature's entry exists: the fast path would be taken untraced
+    f = lambda x, s: grouped_mlp(x, s, a["w1"], a["w2"])  # noqa: E731
+    with torch.no_grad():
+        traced = torch.jit.trace(f, (a["x"], a["split_sizes"]), check_trace=False)
+    assert "gmjit::grouped_mlp" in [n.kind() for n in traced.graph.nodes()]
+    before = len(rec.calls)
+    assert traced(torch.randn(T, H, dtype=BF), a["split_sizes"]).shape == (T, H)
+    assert len(rec.calls) == before + 1 and rec.calls[-1][0] == "forward"
+
+
+@pytest.mark.parametrize("name", ["x", "w1", "probs"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_forward_mode_tangents_are_refused_not_dropped(rec, name, grad):
+    import torch.autograd.forward_ad as fwAD
+
+    a = args(probs=torch.ones(T))
+    with fwAD.dual_level(), torch.set_grad_enabled(grad):
+        grouped_mlp(**a)  # no tangent: runs
+        a[name] = fwAD.make_dual(a[name], torch.ones_like(a[name]))
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            grouped_mlp(**a)
 
 
 def op_call(a: dict, save_preact: bool = False):

@@ -272,12 +272,12 @@ def test_transformers_experts_on_another_implementation_are_not_gmjit_layers(eng
 
 def test_experts_that_fall_back_are_reported_with_their_reason(engine):
     m = hf_configs.experts_module("mixtral", dtype=torch.float32)
-    with pytest.raises(ValueError, match="MixtralExperts falls back to grouped_mm: weights are "
-                                         "torch.float32"):  # fmt: skip
+    with pytest.raises(ValueError, match="MixtralExperts falls back to grouped_mm: gate_up_proj "
+                                         "is torch.float32"):  # fmt: skip
         prepare(torch.nn.Sequential(m), arch="sm_90a")
     report = prepare(torch.nn.Sequential(m, GroupedMLP(2, 32, 16)), arch="sm_90a")
     assert len(report.calls) == 1 and report.skipped == [
-        "0: MixtralExperts falls back to grouped_mm: weights are torch.float32; gmjit runs "
+        "0: MixtralExperts falls back to grouped_mm: gate_up_proj is torch.float32; gmjit runs "
         "bfloat16 weights"]
 
 
@@ -432,3 +432,18 @@ def test_a_fork_during_a_prepare_leaves_the_child_able_to_prepare():
         os.waitpid(pid, 0)
         pytest.fail("the forked child hung in prepare")
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_fp8_layers_are_refused_for_an_arch_they_cannot_run_on(engine):
+    with pytest.raises(ValueError, match="recipe 'fp8_block' runs on Hopper .* argument 'arch'"):
+        prepare_layer(2, 128, 128, arch="sm_80", recipe="fp8_block")
+    with pytest.raises(ValueError, match="argument 'arch'"):
+        prepare(GroupedMLP(2, 128, 128, recipe="fp8_tensor"), arch="sm_100")
+    assert prepare_layer(2, 128, 128, arch="sm_90a", recipe="fp8_block").kernels > 0
+
+
+@pytest.mark.parametrize("convert", [lambda m: m.half(), lambda m: m.float()])
+def test_a_layer_converted_out_of_bf16_is_refused_not_compiled(engine, convert):
+    with pytest.raises(ValueError, match=r"GroupedMLP '1' holds torch.float\d+ weights"):
+        prepare(torch.nn.Sequential(torch.nn.Linear(4, 4), convert(GroupedMLP(2, 32, 16))),
+                arch="sm_90a")  # fmt: skip

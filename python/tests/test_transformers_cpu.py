@@ -48,7 +48,20 @@ def test_plan_follows_what_the_decorator_and_the_gate_declare(name, expected):
 
 def test_fp32_weights_fall_back():
     plan = gt.describe_experts(hf_configs.experts_module("mixtral", dtype=torch.float32))
-    assert "bfloat16" in plan.reason
+    assert plan.reason == "gate_up_proj is torch.float32; gmjit runs bfloat16 weights"
+    assert (plan.hidden, plan.ffn) == (128, 128)  # the shape is still read
+
+
+def test_the_fallback_names_the_weight_that_is_not_bf16():
+    m = hf_configs.experts_module("mixtral")
+    m.down_proj = torch.nn.Parameter(m.down_proj.float())
+    assert gt.describe_experts(m).reason.startswith("down_proj is torch.float32")
+
+
+def test_fp32_experts_copy_into_a_bf16_module_given_the_activation():
+    m = hf_configs.experts_module("mixtral", dtype=torch.float32)
+    module = GroupedMLP.from_transformers_experts(m, activation="swiglu")
+    assert module.w1.dtype == torch.bfloat16 and module.hidden == m.down_proj.shape[1]
 
 
 def test_widths_not_multiple_of_8_fall_back():
@@ -397,4 +410,4 @@ def test_forward_after_a_cast_falls_back_for_the_cast_weights(caplog, monkeypatc
     with caplog.at_level(logging.WARNING, logger="gmjit.transformers"):
         y = gt.gmjit_experts_forward(m, x.half(), idx, w.half())
     assert y.dtype == torch.float16
-    assert any("weights are torch.float16" in r.getMessage() for r in caplog.records)
+    assert any("gate_up_proj is torch.float16" in r.getMessage() for r in caplog.records)

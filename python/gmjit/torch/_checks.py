@@ -7,6 +7,7 @@ kernels), the module, expert parallelism and the transformers integration."""
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional, Sequence
 
 import torch
@@ -89,13 +90,16 @@ def _check_layer(E: int, H: int, F: int, glu: bool, layout: int, where: str = "g
 
 
 def check_clamp(activation: str, limit: object, alpha: object, where: str = "grouped_mlp") -> None:
-    """clamped_swiglu's limit (a finite number above 0) and alpha (finite), which the kernels take
-    as literals (the engine's check_clamp); other activations ignore both."""
-    if activation != "clamped_swiglu":
-        return
+    """limit and alpha are real numbers (NumPy's too); for clamped_swiglu, which the kernels take
+    as literals (the engine's check_clamp), limit finite and above 0, alpha finite. Other
+    activations ignore their values."""
     for name, value, positive in (("limit", limit, True), ("alpha", alpha, False)):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not ok or not math.isfinite(value) or (positive and value <= 0):
+        # Symbolic floats too: a dynamic-shape trace may hand the fake kernel one.
+        if not isinstance(value, (numbers.Real, torch.SymFloat, torch.SymInt)) \
+                or isinstance(value, bool):  # fmt: skip
+            raise ValueError(f"{where}: argument '{name}' must be a real number, got {value!r}")
+        if activation == "clamped_swiglu" and not (
+                math.isfinite(value) and (not positive or value > 0)):  # fmt: skip
             what = "a finite number above 0" if positive else "a finite number"
             raise ValueError(f"{where}: argument '{name}' must be {what} for clamped_swiglu, "
                              f"got {value!r}")  # fmt: skip
@@ -198,6 +202,9 @@ def check_arguments(
             f"must have {'2 * ffn' if glu else 'ffn'} = {2 * F if glu else F} rows per expert "
             f"(ffn = {F} from w2 [experts, hidden, ffn]), got shape {list(w1.shape)}",
         )
+    if H != w1.shape[2] and w1.shape[2] == w2.shape[1]:  # the weights agree: x is the odd one
+        _fail("x", f"must have hidden = {w1.shape[2]} columns (w1 [experts, ffn1, hidden] and w2 "
+                   f"[experts, hidden, ffn] say so), got shape {list(x.shape)}")  # fmt: skip
     _check_tensor("w1", w1, _BF16, (E, F1, H), x)
     _check_tensor("w2", w2, _BF16, (E, H, F), x)
     _check_layer(E, H, F, glu, layout)

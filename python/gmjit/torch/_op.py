@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 from torch import Tensor
 
 from gmjit import _C
@@ -93,6 +94,9 @@ _is_compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _grad_enabled = torch._C.is_grad_enabled
 _functorch_active = torch._C._are_functorch_transforms_active
+# torch.jit.trace records only the ops it sees dispatched: the eager path's kernel launch is not
+# one, so a trace takes the custom op.
+_tracing_state = torch._C._get_tracing_state
 
 
 def _any_requires_grad(x, w1, w2, b1, b2, probs) -> bool:
@@ -211,6 +215,17 @@ def _refuse_differentiating_transforms() -> None:
                 "torch.autograd.grad). torch.func.vmap and functional_call work.")
 
 
+def _refuse_tangents(*tensors: Optional[Tensor]) -> None:
+    """Forward-mode AD (torch.autograd.forward_ad): the op has no forward derivative, and without
+    this check a no-grad call would drop the tangents silently."""
+    for t in tensors:
+        if isinstance(t, Tensor) and _forward_ad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(
+                "gmjit.torch.grouped_mlp: forward-mode AD (torch.autograd.forward_ad dual "
+                "tensors) is not supported: an argument carries a tangent; use reverse mode "
+                "(backward(), torch.autograd.grad)")
+
+
 def grouped_mlp(
     x: Tensor,
     split_sizes: Tensor,
@@ -270,10 +285,13 @@ def grouped_mlp(
     # The custom op wherever something traces or wraps tensors (torch.compile, export,
     # FakeTensorMode, make_fx, tensor subclasses, meta, torch.func transforms): the eager path
     # only knows CUDA tensors.
+    if _forward_ad._current_level >= 0:
+        _refuse_tangents(x, w1, w2, b1, b2, probs)
     if _functorch_active():
         _refuse_differentiating_transforms()
     elif (
         not _is_compiling()
+        and _tracing_state() is None
         and type(x) is Tensor
         and (x.is_cuda or _FAST_ON_CPU)
         and not _dispatch_modes()
@@ -365,7 +383,7 @@ def grouped_mlp(
         _fail("fp8_weights", "is for the FP8 recipes; recipe is 'bf16'")
     if accumulate_main_grad:
         # Say which condition of the eager path failed: a tracer, or tensors it does not take.
-        if _is_compiling() or _dispatch_modes() or _functorch_active():
+        if _is_compiling() or _dispatch_modes() or _functorch_active() or _tracing_state():
             why = "this call runs under torch.compile or another tracer"
         elif not (isinstance(x, Tensor) and x.is_cuda):
             why = f"x is on {x.device if isinstance(x, Tensor) else type(x).__name__}"
@@ -416,7 +434,8 @@ def quantize_weights(
     """
     code = _check_quantize_call(w1, w2, recipe)
     w1, w2 = w1.detach(), w2.detach()
-    if (not _is_compiling() and type(w1) is Tensor and type(w2) is Tensor
-            and (w1.is_cuda or _FAST_ON_CPU) and not _dispatch_modes()):  # fmt: skip
+    if (not _is_compiling() and _tracing_state() is None and type(w1) is Tensor
+            and type(w2) is Tensor and (w1.is_cuda or _FAST_ON_CPU)
+            and not _dispatch_modes()):  # fmt: skip
         return _quantize_impl(w1, w2, code, bool(transposed))
     return tuple(torch.ops.gmjit.quantize_weights(w1, w2, recipe, bool(transposed)))

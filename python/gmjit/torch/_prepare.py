@@ -180,6 +180,10 @@ def _check_arch(arch: object) -> str:
 
 
 def _prepare_all(calls: list[LayerCalls], arch: str) -> PrepareReport:
+    for c in calls:  # the engine would refuse it too, as a gmjit.Error naming no argument
+        if _parse_recipe(c.recipe, "prepare") and arch != "sm_90a":
+            raise ValueError(f"prepare: recipe {c.recipe!r} runs on Hopper (arch 'sm_90a') only; "
+                             f"argument 'arch' (or the weights' GPU) is {arch!r}")  # fmt: skip
     before = _C.counters()
     report = PrepareReport(calls=calls)
     for c in calls:
@@ -261,7 +265,7 @@ def prepare(
     by_arch: dict[str, list[LayerCalls]] = {}
     skipped: list[str] = []
     for name, module in model.named_modules():
-        found = _calls_of_module(module, training, input_requires_grad, router_probs,
+        found = _calls_of_module(name, module, training, input_requires_grad, router_probs,
                                  split_sizes_dtype)  # fmt: skip
         if found is None:
             continue
@@ -319,12 +323,19 @@ def gradients_in_training(training: bool, input_requires_grad: bool, params: dic
     return frozenset(names) if names else None
 
 
-def _calls_of_module(module, training, input_requires_grad, router_probs, split_sizes_dtype):
+def _calls_of_module(name, module, training, input_requires_grad, router_probs,
+                     split_sizes_dtype):  # fmt: skip
     """(LayerCalls, a weight) for a gmjit layer, None for any other module, or the reason a
     module set to gmjit will not run it."""
     from gmjit.torch.expert_parallel import ExpertParallelMoE
     from gmjit.torch.module import GroupedMLP
 
+    runs_gmjit = isinstance(module, GroupedMLP) or (
+        isinstance(module, ExpertParallelMoE) and module.experts_name == "gmjit")
+    if runs_gmjit and module.w1.dtype != torch.bfloat16:
+        # Its forward would fail on the first call: not a layer that falls back.
+        raise ValueError(f"prepare: {type(module).__name__} '{name}' holds {module.w1.dtype} "
+                         "weights; gmjit's layers run torch.bfloat16 ones")  # fmt: skip
     if isinstance(module, GroupedMLP):
         shape = (module.num_experts, module.hidden, module.ffn)
         options = dict(activation=module.activation, glu_layout=module.glu_layout,

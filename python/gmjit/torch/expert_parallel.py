@@ -141,9 +141,16 @@ def grouped_mm_experts(activation: str = "swiglu", glu_layout: str = "halves",
 
 
 def _autocast_available(device_type: str) -> bool:
-    """Whether torch.autocast knows the device type (not meta, for one)."""
+    """Whether torch.autocast knows the device type (not meta, for one). Dynamo cannot trace
+    torch's query (a C builtin): under torch.compile the device types a traced call can be on."""
     check = getattr(torch.amp, "is_autocast_available", None)
-    return device_type in ("cuda", "cpu") if check is None else check(device_type)
+    if check is None or torch.compiler.is_compiling():
+        return device_type in ("cuda", "cpu")
+    return check(device_type)
+
+
+def _shape_of(value: object) -> str:
+    return str(list(value.shape)) if isinstance(value, Tensor) else type(value).__name__
 
 
 def _world_size_variable() -> int:
@@ -213,8 +220,11 @@ class ExpertParallelMoE(nn.Module):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ExpertParallelMoE: argument '{name}' must be a positive int, "
                                  f"got {value!r}")  # fmt: skip
-        if experts == "gmjit":  # the engine's widths (other experts functions take any)
+        if experts == "gmjit":  # the engine's widths and dtype (other experts functions take any)
             check_layer_sizes(1, hidden, ffn, glu, layout, "ExpertParallelMoE")
+            if dtype != torch.bfloat16:
+                raise ValueError("ExpertParallelMoE: argument 'dtype' must be torch.bfloat16 "
+                                 f"with experts='gmjit' (the kernels' type), got {dtype}")  # fmt: skip
         check_clamp(activation, limit, alpha, "ExpertParallelMoE")
         if _parse_recipe(recipe, "ExpertParallelMoE"):
             if experts != "gmjit":
@@ -360,15 +370,37 @@ class ExpertParallelMoE(nn.Module):
     @torch.no_grad()
     def load_experts(self, w1: Tensor, w2: Tensor, b1: Optional[Tensor] = None,
                      b2: Optional[Tensor] = None, router_weight: Optional[Tensor] = None) -> None:  # fmt: skip
-        """Copies this rank's slice out of the full layer's [E, ...] weights."""
+        """Copies this rank's slice out of the full layer's [E, ...] weights (E = num_experts:
+        every rank passes the same full tensors). b1 and b2 are required on a layer with
+        bias=True and refused on one without."""
+        given = {"w1": w1, "w2": w2, "b1": b1, "b2": b2}
+        for name, value in given.items():
+            own = getattr(self, name)
+            if own is None or value is None:
+                if own is not value:
+                    raise ValueError(f"ExpertParallelMoE.load_experts: argument '{name}' " + (
+                        "was given but the layer has bias=False" if own is None
+                        else "is required: the layer has bias=True"))  # fmt: skip
+                continue
+            # Whole-layer shapes: copy_ would broadcast one expert into all, and a slice would
+            # quietly drop extra experts.
+            full = [self.num_experts, *own.shape[1:]]
+            if not isinstance(value, Tensor) or list(value.shape) != full:
+                raise ValueError(f"ExpertParallelMoE.load_experts: argument '{name}' must be a "
+                                 f"tensor of shape {full} (all {self.num_experts} experts), got "
+                                 f"{_shape_of(value)}")  # fmt: skip
+        router = self.router.weight
+        if router_weight is not None and (not isinstance(router_weight, Tensor)
+                                          or router_weight.shape != router.shape):  # fmt: skip
+            raise ValueError("ExpertParallelMoE.load_experts: argument 'router_weight' must be a "
+                             f"tensor of shape {list(router.shape)}, got "
+                             f"{_shape_of(router_weight)}")  # fmt: skip
         s = slice(self.first_expert, self.first_expert + self.local_experts)
-        self.w1.copy_(w1[s])
-        self.w2.copy_(w2[s])
-        if self.b1 is not None:
-            self.b1.copy_(b1[s])
-            self.b2.copy_(b2[s])
+        for name, value in given.items():
+            if value is not None:
+                getattr(self, name).copy_(value[s])
         if router_weight is not None:
-            self.router.weight.copy_(router_weight)
+            router.copy_(router_weight)
 
     def allreduce_router_grad(self, average: bool = False) -> None:
         """Sums the replicated router's gradient over the group: every gradient of the layer is

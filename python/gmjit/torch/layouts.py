@@ -50,6 +50,12 @@ def _dim(t: Tensor, dim: int) -> int:
     return dim % t.dim()
 
 
+def _require_dims(t: Tensor, dims: int, name: str, shape: str) -> None:
+    if not isinstance(t, Tensor) or t.dim() != dims:
+        got = list(t.shape) if isinstance(t, Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be a {dims}-D tensor {shape}, got {got}")
+
+
 def _deinterleave(t: Tensor, dim: int) -> Tensor:
     """(g0, u0, g1, u1, ...) along `dim` -> (g0, g1, ..., u0, u1, ...)."""
     if t.shape[dim] % 2:
@@ -61,6 +67,8 @@ def _deinterleave(t: Tensor, dim: int) -> Tensor:
 def _interleave(t: Tensor, dim: int) -> Tensor:
     """(g0, g1, ..., u0, u1, ...) along `dim` -> (g0, u0, g1, u1, ...)."""
     dim = _dim(t, dim)
+    if t.shape[dim] % 2:  # chunk would make unequal halves
+        raise ValueError(f"a gate/up (halves) dimension must be even, got {t.shape[dim]}")
     gate, up = t.chunk(2, dim=dim)
     return torch.stack((gate, up), dim=dim + 1).flatten(dim, dim + 1)
 
@@ -82,6 +90,7 @@ def fc1_from_gate_up(gate_up: Tensor, *, transposed: bool = False,
 
 def fc1_bias_from_gate_up(bias: Tensor, *, interleaved: bool = False) -> Tensor:
     """A fused gate/up bias [E, 2F] -> b1 [E, 2F] (halves)."""
+    _require_dims(bias, 2, "bias", "[E, 2F]")
     return (_deinterleave(bias, 1) if interleaved else bias).contiguous()
 
 
@@ -101,12 +110,14 @@ def fc2_from_down(down: Tensor, *, transposed: bool = False) -> Tensor:
 
 def gate_up_from_fc1(w1: Tensor, *, transposed: bool = False, interleaved: bool = False) -> Tensor:
     """The inverse of `fc1_from_gate_up`: w1 [E, 2F, H] (halves) -> a fused gate/up weight."""
+    _require_dims(w1, 3, "w1", "[E, 2F, H]")
     w = _interleave(w1, 1) if interleaved else w1
     return (w.transpose(1, 2) if transposed else w).contiguous()
 
 
 def down_from_fc2(w2: Tensor, *, transposed: bool = False) -> Tensor:
     """The inverse of `fc2_from_down`."""
+    _require_dims(w2, 3, "w2", "[E, H, F]")
     return (w2.transpose(1, 2) if transposed else w2).contiguous()
 
 
