@@ -129,7 +129,7 @@ fs::DirTrust DiskCache::trust_of(int dir_fd) const {
 // made (create: *create_error gets the errno) or is not trusted (one warning).
 std::shared_ptr<const fs::UniqueFd> DiskCache::open_directory(bool create,
                                                               int* create_error) const {
-  const std::lock_guard<std::mutex> lock(state_->directory_mutex);
+  const std::lock_guard lock(state_->directory_mutex);
   if (state_->directory) {
     // A directory removed from the tree (rm -rf of the cache) is made and opened anew.
     struct stat st {};

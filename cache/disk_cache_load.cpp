@@ -131,7 +131,7 @@ void DiskCache::report_bad_entry(int fanout_fd, const std::string& name,
   ++state_->bad_entries;
   const std::string what = path.string() + ": " + std::string(reason);
   if (config_.read_only) {
-    const std::lock_guard<std::mutex> lock(state_->reported_mutex);
+    const std::lock_guard lock(state_->reported_mutex);
     if (state_->reported_read_only.insert(path.string()).second) {
       warn("gmjit cache: ignoring bad entry " + what +
            (shared_layer_ ? " (shared layer, never removed)" : " (read-only cache, not removed)"));
@@ -148,7 +148,7 @@ void DiskCache::report_bad_entry(int fanout_fd, const std::string& name,
   if (unlinkat(fanout_fd, name.c_str(), 0) != 0 && errno != ENOENT) {
     // A read-only mount or folder the configuration did not declare: ignored, said once.
     const std::string error = fs::errno_text(errno);
-    const std::lock_guard<std::mutex> lock(state_->reported_mutex);
+    const std::lock_guard lock(state_->reported_mutex);
     if (state_->reported_read_only.insert(path.string()).second) {
       warn("gmjit cache: ignoring bad entry " + what + " (cannot remove it: " + error + ")");
     }

@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "cache/disk_cache.hpp"
+#include "cache/fork_safe_mutex.hpp"
 #include "cache/fs_util.hpp"
 
 namespace gmjit::cache {
@@ -33,12 +34,14 @@ constexpr int kAlreadyPresent = -3;  // another writer published this key (other
 }  // namespace
 
 struct DiskCache::State {
+  // Not fork-safe: it is held while the sink runs, which may wait for the forking thread (a
+  // Python sink for the GIL).
   mutable std::mutex warn_mutex;  // serialises calls to config.warn
-  std::mutex rng_mutex;
+  ForkSafeMutex rng_mutex;
   std::mt19937_64 rng{std::random_device{}() ^ static_cast<std::uint64_t>(fs::now_ns())};
   std::mutex maintain_mutex;  // one eviction walk at a time per object
   // The versioned directory, opened once; replaced only when it was removed from the tree.
-  std::mutex directory_mutex;
+  ForkSafeMutex directory_mutex;
   std::shared_ptr<const fs::UniqueFd> directory;
   // 0: writes on. Otherwise the time (fs::monotonic_ns) before which stores are skipped after
   // a failed write.
@@ -52,7 +55,7 @@ struct DiskCache::State {
   std::array<std::atomic<bool>, static_cast<std::size_t>(Operation::count)> warned_swallowed{};
   std::atomic<std::int64_t> size_estimate{-1};  // -1: unknown, scan on the next store
   std::atomic<std::uint64_t> stores_since_scan{0};
-  std::mutex reported_mutex;
+  ForkSafeMutex reported_mutex;
   // Bad entries kept (a read-only cache, or their removal failed), each reported once.
   std::unordered_set<std::string> reported_read_only;
   std::atomic<std::uint64_t> hits{0}, shared_hits{0}, misses{0}, bad_entries{0}, stores{0},

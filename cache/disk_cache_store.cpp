@@ -118,7 +118,7 @@ int DiskCache::publish(int fanout_fd, const std::string& name, std::span<const s
   for (int attempt = 0; attempt < 8 && !fd.valid(); ++attempt) {
     std::uint64_t random = 0;
     {
-      const std::lock_guard<std::mutex> lock(state_->rng_mutex);
+      const std::lock_guard lock(state_->rng_mutex);
       random = state_->rng();
     }
     char suffix[40];

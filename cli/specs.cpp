@@ -156,6 +156,11 @@ CompileSpec parse_entry(const json& entry, std::size_t index,
            fmt::format("only for activation clamped_swiglu, not {}", activation));
     }
   }
+  if (entry.contains("glu_layout") && !is_glu(layer.activation.kind)) {
+    fail(where + ".glu_layout",
+         fmt::format("only for the GLU activations (swiglu, geglu, clamped_swiglu), not {}",
+                     activation));
+  }
   layer.activation.limit = number(entry, where, "limit", layer.activation.limit);
   layer.activation.alpha = number(entry, where, "alpha", layer.activation.alpha);
   layer.activation.layout =

@@ -36,18 +36,24 @@ constexpr std::int64_t kMaxWidth = std::int64_t{1} << 20;
   throw Error(Status::invalid_argument, what);
 }
 
+// The layer checks below name the argument every API passes the layer as.
+[[noreturn]] void fail_layer(const std::string& what) {
+  fail("argument 'layer': " + what);
+}
+
 // Rows of 16 bytes are what cp.async and TMA copy; the kernels handle any such width (partial
 // tiles past the last multiple of the tile).
 void check_width(const char* name, std::int64_t width) {
   if (width < 8 || width % 8 != 0 || width > kMaxWidth) {
-    fail(fmt::format("{} must be a positive multiple of 8 (16-byte bf16 rows) up to {}, got {}",
-                     name, kMaxWidth, width));
+    fail_layer(
+        fmt::format("{} must be a positive multiple of 8 (16-byte bf16 rows) up to {}, got {}",
+                    name, kMaxWidth, width));
   }
 }
 
 void check_glu_layout(const ActivationSpec& activation, std::int64_t ffn) {
   if (is_glu(activation.kind) && activation.layout == GluLayout::interleaved32 && ffn % 32 != 0) {
-    fail(fmt::format(
+    fail_layer(fmt::format(
         "ffn must be a multiple of 32 with the interleaved32 GLU layout (W1 rows alternate 32 gate "
         "and 32 lin rows), got {}; use the halves layout for other widths",
         ffn));
@@ -58,11 +64,12 @@ void check_glu_layout(const ActivationSpec& activation, std::int64_t ffn) {
 void check_clamp(const ActivationSpec& activation) {
   if (activation.kind != Activation::clamped_swiglu) return;  // unused: canonical() drops them
   if (!std::isfinite(activation.limit) || activation.limit <= 0) {
-    fail(fmt::format("clamped_swiglu's limit must be a finite number above 0, got {}",
-                     activation.limit));
+    fail_layer(fmt::format("clamped_swiglu's limit must be a finite number above 0, got {}",
+                           activation.limit));
   }
   if (!std::isfinite(activation.alpha)) {
-    fail(fmt::format("clamped_swiglu's alpha must be a finite number, got {}", activation.alpha));
+    fail_layer(
+        fmt::format("clamped_swiglu's alpha must be a finite number, got {}", activation.alpha));
   }
 }
 
@@ -70,27 +77,27 @@ void check_clamp(const ActivationSpec& activation) {
 
 void check_supported(const LayerSpec& layer) {
   if (layer.experts < 1 || layer.experts > 4096) {
-    fail(fmt::format("experts must be in [1, 4096], got {}", layer.experts));
+    fail_layer(fmt::format("experts must be in [1, 4096], got {}", layer.experts));
   }
   check_width("hidden", layer.hidden);
   check_width("ffn", layer.ffn);
   // Enum values past the last one would reach the templates' static_asserts as compile errors
   // (activation_name's switch names every value there is).
   if (std::string_view(activation_name(layer.activation.kind)) == "unknown") {
-    fail(
+    fail_layer(
         fmt::format("activation must be one of swiglu, geglu, clamped_swiglu, srelu, gelu, relu; "
                     "got enum value {}",
                     static_cast<int>(layer.activation.kind)));
   }
   if (static_cast<int>(layer.activation.layout) > static_cast<int>(GluLayout::interleaved32)) {
-    fail(fmt::format("the GLU layout must be halves or interleaved32, got enum value {}",
-                     static_cast<int>(layer.activation.layout)));
+    fail_layer(fmt::format("the GLU layout must be halves or interleaved32, got enum value {}",
+                           static_cast<int>(layer.activation.layout)));
   }
   check_glu_layout(layer.activation, layer.ffn);
   check_clamp(layer.activation);
   if (layer.split_dtype != DType::i32 && layer.split_dtype != DType::i64) {
-    fail(fmt::format("split_sizes dtype must be int32 or int64, got {}",
-                     dtype_name(layer.split_dtype)));
+    fail_layer(fmt::format("split_sizes dtype must be int32 or int64, got {}",
+                           dtype_name(layer.split_dtype)));
   }
 }
 

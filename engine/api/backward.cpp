@@ -101,7 +101,7 @@ struct BackwardWorkspace {
 
 std::size_t Engine::backward_workspace_bytes(const LayerSpec& spec, std::int64_t tokens,
                                              const Recipe& recipe) const {
-  engine::validate_workspace_query(spec, tokens);
+  engine::validate_workspace_query(spec, tokens, recipe);
   // The most a backward of this recipe can need: with the FP8 data gradients.
   const bool fp8_wgrad = recipe.is_fp8() && engine::fp8_weight_grads_for_call(
                                                 impl_->options.fp8_weight_grads, spec, tokens);

@@ -3,10 +3,13 @@
 #include <fmt/format.h>
 
 #include "codegen/arch_limits.hpp"
+#include "codegen/fp8_forward.hpp"
 #include "codegen/grouped_mlp.hpp"
 #include "codegen/nvrtc_compiler.hpp"
 #include "engine/api/engine_impl.hpp"
 #include "engine/api/validate.hpp"
+#include "engine/plan/compile_slots.hpp"
+#include "engine/plan/kernel_store.hpp"
 #include "engine/plan/plan_builder.hpp"
 #include "engine/runtime/capture_mode.hpp"
 #include "engine/runtime/device_context.hpp"
@@ -18,6 +21,21 @@ namespace gmjit {
 namespace engine {
 
 namespace {
+
+// The function-local statics a first prepare initialises, initialised when the library loads:
+// a fork while another thread ran one's initialiser would leave the child waiting on its guard
+// forever (a data-loader worker forked as a training job's first prepares start).
+bool initialise_process_statics() {
+  (void)log_level();
+  (void)CompileSlots::process();
+  try {
+    initialise_key_statics();
+  } catch (const std::exception& e) {  // NVRTC refused its version: the first key asks again
+    log(LogLevel::warn, "while loading: {}", e.what());
+  }
+  return true;
+}
+[[maybe_unused]] const bool process_statics_ready = initialise_process_statics();
 
 std::unique_ptr<cache::DiskCache> open_disk_cache(const EngineOptions& options) {
   cache::DiskCacheConfig config = cache::DiskCacheConfig::from_environment();
@@ -153,6 +171,8 @@ PreparedPlanInfo Engine::prepare_backward(const LayerSpec& spec, const Recipe& r
                                           const GradientSet& gradients, const std::string& arch,
                                           bool fp8_transposed_weights) {
   codegen::check_supported(spec);
+  // Its BF16 kernels would build for any arch, but only an FP8 forward (sm_90a) leads to them.
+  if (recipe.is_fp8()) codegen::check_fp8_supported(spec, arch);
   engine::validate_gradient_set(spec, gradients, "gradients");
   const bool fp8_data = recipe.is_fp8() && fp8_transposed_weights;
   return engine::describe(*impl_->prepared_plan(

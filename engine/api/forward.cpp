@@ -63,7 +63,7 @@ std::pair<std::size_t, std::size_t> Engine::Impl::kernels_to_run(const engine::D
 
 std::size_t Engine::forward_workspace_bytes(const LayerSpec& spec, GradMode grad,
                                             std::int64_t tokens, const Recipe& recipe) const {
-  engine::validate_workspace_query(spec, tokens);
+  engine::validate_workspace_query(spec, tokens, recipe);
   engine::validate_grad_mode(grad);
   return ForwardWorkspace(spec, grad, tokens, !impl_->options.fuse_ops && !recipe.is_fp8(),
                           recipe.kind())

@@ -174,8 +174,10 @@ void validate_token_count(const char* name, std::int64_t tokens, std::int64_t ex
   }
 }
 
-void validate_workspace_query(const LayerSpec& layer, std::int64_t tokens) {
+void validate_workspace_query(const LayerSpec& layer, std::int64_t tokens, const Recipe& recipe) {
   codegen::check_supported(layer);
+  // No size for a layer no call could run: FP8 runs on sm_90a only, whose limits are the recipe's.
+  if (recipe.is_fp8()) codegen::check_fp8_supported(layer, "sm_90a");
   validate_token_count("tokens", tokens, layer.experts);
 }
 
@@ -363,6 +365,12 @@ GradientSet validate_backward(const ForwardContext& context, const Recipe& recip
          "is bfloat16, but accumulate adds into float32 main-grad buffers; pass float32 ones");
   }
   const DType weight_grad_dtype = bf16_weight_grads ? DType::bf16 : DType::f32;
+  if (args.dw1.present() && args.dw2.present() && args.dw1.dtype != args.dw2.dtype &&
+      (args.dw1.dtype == DType::bf16 || args.dw2.dtype == DType::bf16)) {
+    fail("dw2", fmt::format("is {} but dw1 is {}; the weight gradients are both float32 or both "
+                            "bfloat16",
+                            dtype_name(args.dw2.dtype), dtype_name(args.dw1.dtype)));
+  }
   check_optional("dw1", args.dw1, weight_grad_dtype, {E, F1, H}, device);
   check_optional("db1", args.db1, DType::f32, {E, F1}, device);
   check_optional("dw2", args.dw2, weight_grad_dtype, {E, H, F}, device);

@@ -11,7 +11,7 @@ namespace gmjit::engine {
 void validate_token_count(const char* name, std::int64_t tokens, std::int64_t experts);
 
 // The workspace-size queries: a supported layer and a valid token count.
-void validate_workspace_query(const LayerSpec& layer, std::int64_t tokens);
+void validate_workspace_query(const LayerSpec& layer, std::int64_t tokens, const Recipe& recipe);
 
 // Checks that `gradients` is a backward some call of `layer` could ask for: at least one
 // gradient (none: dprobs only, for layers with router_probs), a bias gradient only where the

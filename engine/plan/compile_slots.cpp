@@ -45,23 +45,29 @@ void on_fork_child() {
   if (CompileSlots* slots = process_slots.load()) slots->after_fork_in_child();
 }
 
+// Registered when the library loads (the handlers find no slots until process() makes them).
+// Without them (ENOMEM) a fork during a compile may leave its child waiting, as before.
+[[maybe_unused]] const bool handlers_registered =
+    pthread_atfork(&on_fork_prepare, &on_fork_parent, &on_fork_child) == 0;
+
 }  // namespace
 
 CompileSlots& CompileSlots::process() {
+  // No function-local static: a fork while another thread ran its initialiser would leave the
+  // child waiting on the guard forever. Racing first callers each make slots; one set is kept.
   // Never destroyed: compile threads of a process that is exiting may still hold a lease.
-  static CompileSlots* const slots = [] {
-    std::optional<std::string> warning;
-    const std::size_t capacity = capacity_from(std::getenv("GMJIT_COMPILE_THREADS"),
-                                               std::thread::hardware_concurrency(), &warning);
-    if (warning) log(LogLevel::warn, "{}", *warning);
-    auto* made = new CompileSlots(capacity);
-    process_slots.store(made);
-    // Without the handlers (ENOMEM) a fork during a compile may leave its child waiting, as
-    // before; nothing else changes.
-    (void)pthread_atfork(&on_fork_prepare, &on_fork_parent, &on_fork_child);
-    return made;
-  }();
-  return *slots;
+  if (CompileSlots* slots = process_slots.load()) return *slots;
+  std::optional<std::string> warning;
+  const std::size_t capacity = capacity_from(std::getenv("GMJIT_COMPILE_THREADS"),
+                                             std::thread::hardware_concurrency(), &warning);
+  auto* made = new CompileSlots(capacity);
+  CompileSlots* kept = nullptr;
+  if (!process_slots.compare_exchange_strong(kept, made)) {
+    delete made;
+    return *kept;
+  }
+  if (warning) log(LogLevel::warn, "{}", *warning);
+  return *made;
 }
 
 void CompileSlots::before_fork() {

@@ -115,9 +115,23 @@ bool decode_payload(std::span<const std::byte> bytes, CompiledKernel& out) {
   return true;
 }
 
-cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view arch) {
+namespace {
+
+const std::string& nvrtc_version_for_keys() {
   static const std::string nvrtc = codegen::nvrtc_full_version();
-  return kernel_key(source, arch, nvrtc);
+  return nvrtc;
+}
+
+}  // namespace
+
+void initialise_key_statics() {
+  (void)templates_digest();
+  (void)payload_format();
+  (void)nvrtc_version_for_keys();
+}
+
+cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view arch) {
+  return kernel_key(source, arch, nvrtc_version_for_keys());
 }
 
 cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view arch,

@@ -33,6 +33,10 @@ bool decode_payload(std::span<const std::byte> bytes, CompiledKernel& out);
 // The payload's version and raw layout, as the disk key holds it.
 const std::string& payload_format();
 
+// Initialises the statics every kernel key reads (the templates' digest, the NVRTC version, the
+// payload format); throws Error when NVRTC cannot say its version.
+void initialise_key_statics();
+
 // Everything that can change the binary or how its entry is read (docs/DESIGN.md §4): format
 // version, payload format, generated source, every template header, canonical NVRTC options,
 // target arch, NVRTC version (as much of it as the library tells: codegen::nvrtc_full_version()).

@@ -3,7 +3,8 @@
 // first asker builds outside the lock; the others wait on its future. A failed build is
 // reported to everyone waiting and forgotten, so a later call retries. A build that was in
 // flight when the process forked has no thread left to finish it in the child: there the next
-// asker builds again (engine/runtime/fork_generation.hpp).
+// asker builds again (engine/runtime/fork_generation.hpp), and the map's lock is never copied
+// into the child held (cache/fork_safe_mutex.hpp).
 #include <chrono>
 #include <cstdint>
 #include <future>
@@ -11,6 +12,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "cache/fork_safe_mutex.hpp"
 #include "engine/runtime/fork_generation.hpp"
 
 namespace gmjit::engine {
@@ -23,9 +25,11 @@ class OnceMap {
   Value get_or_build(const Key& key, Build&& build, bool* built = nullptr) {
     std::shared_future<Value> future;
     std::optional<std::promise<Value>> promise;  // only the first asker makes one
+    // Outside the lock: its first call registers an atfork handler, which waits for a fork in
+    // progress, and a fork waits for this lock.
+    const std::uint64_t generation = fork_generation();
     {
       std::lock_guard lock(mutex_);
-      const std::uint64_t generation = fork_generation();
       auto it = entries_.find(key);
       if (it != entries_.end() && it->second.generation != generation &&
           it->second.future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
@@ -59,7 +63,7 @@ class OnceMap {
     std::shared_future<Value> future;
     std::uint64_t generation;  // fork_generation() when the build began
   };
-  std::mutex mutex_;
+  cache::ForkSafeMutex mutex_;
   std::unordered_map<Key, Entry, Hash> entries_;
 };
 

@@ -7,8 +7,8 @@
 
 namespace gmjit::engine {
 
-// This process's fork generation. The first call registers the pthread_atfork handler that
-// counts; state made before that cannot have been made in a parent.
+// This process's fork generation (its pthread_atfork handler is registered when the library
+// loads).
 std::uint64_t fork_generation() noexcept;
 
 }  // namespace gmjit::engine

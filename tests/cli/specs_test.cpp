@@ -166,6 +166,17 @@ TEST(Specs, LimitAndAlphaAreOnlyForClampedSwiglu) {
   EXPECT_FLOAT_EQ(specs.at(0).layer.activation.limit, 5.0f);
 }
 
+TEST(Specs, AGluLayoutIsOnlyForTheGluActivations) {
+  EXPECT_NE(error_of(json::parse(R"([{"experts": 4, "hidden": 256, "ffn": 520,
+                                      "activation": "relu", "glu_layout": "interleaved32"}])"))
+                .find("specs[0].glu_layout: only for the GLU activations"),
+            std::string::npos);
+  const std::vector<CompileSpec> specs = parse_specs(
+      json::parse(R"([{"experts": 4, "hidden": 256, "ffn": 512, "glu_layout": "interleaved32"}])"),
+      kDefaultArches);
+  EXPECT_EQ(specs.at(0).layer.activation.layout, GluLayout::interleaved32);
+}
+
 TEST(Specs, BiasGradientsNeedTheirBias) {
   EXPECT_NE(error_of(json::parse(R"([{"experts": 8, "hidden": 256, "ffn": 128,
                                       "backward": [["dx", "db1"]]}])"))

@@ -105,8 +105,11 @@ TEST(BackwardValidation, Bf16WeightGradientsAreBothBf16AndNeverAccumulated) {
   both.args.dw1.dtype = both.args.dw2.dtype = DType::bf16;
   EXPECT_TRUE(validate_backward(both.context, Recipe::bf16(), both.args).bf16_weight_grads);
   Fixture mixed;
-  mixed.args.dw2.dtype = DType::bf16;  // dw1 stays fp32
-  expect_rejected(mixed, "'dw1'");
+  mixed.args.dw2.dtype = DType::bf16;  // dw1 stays fp32: the message says which one disagrees
+  expect_rejected(mixed, "argument 'dw2': is bfloat16 but dw1 is float32");
+  Fixture mixed_other_way;
+  mixed_other_way.args.dw1.dtype = DType::bf16;
+  expect_rejected(mixed_other_way, "argument 'dw2': is float32 but dw1 is bfloat16");
   Fixture accumulating;
   accumulating.args.dw1.dtype = accumulating.args.dw2.dtype = DType::bf16;
   accumulating.args.accumulate = true;

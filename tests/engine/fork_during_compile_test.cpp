@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <exception>
 #include <thread>
+#include <vector>
 
 #include "engine/plan/compile_slots.hpp"
 #include "testing/layers.hpp"
@@ -76,6 +77,38 @@ TEST(ForkDuringCompile, TheChildPreparesTheLayerInFlightAndAnother) {
   EXPECT_TRUE(ok) << "forked while the parent's plan was being built";
   // The parent's own build finished, and later compiles still get slots.
   engine.prepare(other, Recipe::bf16(), GradMode::no_grad, "sm_90a");
+}
+
+// Threads starting their first prepares when the process forks (a data-loader worker forked as
+// a job's layers start compiling): whatever lock or first-use initialiser they were in, the
+// child prepares the same layers and another.
+TEST(ForkDuringCompile, AForkAsThreadsStartPreparingLeavesTheChildAbleToPrepare) {
+  for (int round = 0; round < 2; ++round) {
+    Engine engine(EngineOptions{.use_disk_cache = false});
+    std::vector<LayerSpec> layers;
+    for (int i = 0; i < 3; ++i) {
+      LayerSpec layer = gmjit::testing::small_layer();
+      layer.hidden = 64 + 8 * (4 * round + i);  // new to the process: a cold build
+      layers.push_back(layer);
+    }
+    std::vector<std::thread> threads;
+    for (const LayerSpec& layer : layers) {
+      threads.emplace_back([&engine, layer] {
+        engine.prepare_backward(layer, Recipe::bf16(), GradientSet{}, "sm_90a");
+      });
+    }
+    const bool ok = child_succeeds(
+        [&] {
+          engine.prepare_backward(layers[0], Recipe::bf16(), GradientSet{}, "sm_90a");
+          LayerSpec other = layers[0];
+          other.ffn = 200;
+          engine.prepare(other, Recipe::bf16(), GradMode::no_grad, "sm_90a");
+        },
+        120);
+    for (std::thread& t : threads) t.join();
+    EXPECT_TRUE(ok) << "round " << round << ": forked as " << layers.size()
+                    << " threads started preparing";
+  }
 }
 
 TEST(ForkDuringCompile, AForkWaitsForTheCompilesInFlightAndStartsNone) {

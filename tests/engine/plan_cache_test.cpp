@@ -127,6 +127,17 @@ TEST_F(PlanCache, Fp8BackwardPlansWithAndWithoutTheTransposedWeightsArePreparedA
   EXPECT_EQ(engine.counters().backward_plans_built, 2u);
   engine.prepare_backward(layer, Recipe::fp8_block(), all, "sm_90a", false);
   EXPECT_EQ(engine.counters().backward_plans_built, 2u);
+  // Without the transposed weights its kernels are BF16 ones, but only an FP8 forward (Hopper)
+  // leads to this backward: another arch, or a width the FP8 forward refuses, is refused too.
+  for (const bool transposed : {true, false}) {
+    EXPECT_THROW(engine.prepare_backward(layer, Recipe::fp8_block(), all, "sm_80", transposed),
+                 Error);
+    LayerSpec narrow = layer;
+    narrow.hidden = 264;
+    EXPECT_THROW(engine.prepare_backward(narrow, Recipe::fp8_block(), all, "sm_90a", transposed),
+                 Error);
+  }
+  EXPECT_EQ(engine.counters().backward_plans_built, 2u);
 }
 
 // The FP8 backward plans carry the FP8 weight gradients, the BF16 ones, or both, as

@@ -173,7 +173,8 @@ TEST(LayerValidation, RejectsWidthsThatAreNotPositiveMultiplesOf8NamingTheArgume
     SCOPED_TRACE(bad);
     LayerSpec layer = small_layer();
     layer.hidden = bad;
-    expect_layer_rejected(layer, {"hidden", "multiple of 8", std::to_string(bad)});
+    expect_layer_rejected(layer,
+                          {"argument 'layer': hidden", "multiple of 8", std::to_string(bad)});
     layer = small_layer();
     layer.ffn = bad;
     expect_layer_rejected(layer, {"ffn", "multiple of 8", std::to_string(bad)});
@@ -263,6 +264,19 @@ TEST(WorkspaceQueries, RejectNegativeOrHugeTokenCountsAndUnsupportedLayers) {
   bad.ffn = -8;
   expect_invalid([&] { engine.forward_workspace_bytes(bad, GradMode::no_grad, 16); }, "ffn");
   expect_invalid([&] { engine.backward_workspace_bytes(bad, 16); }, "ffn");
+}
+
+// No size for a layer that no call of the recipe could run (the C API's query refuses it too).
+TEST(WorkspaceQueries, Fp8QueriesRefuseWidthsTheFp8KernelsDoNotRun) {
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  LayerSpec layer = small_layer();
+  layer.hidden = 264;
+  layer.ffn = 520;
+  for (const Recipe& recipe : {Recipe::fp8_block(), Recipe::fp8_tensor()}) {
+    EXPECT_THROW(engine.forward_workspace_bytes(layer, GradMode::no_grad, 100, recipe), Error);
+    EXPECT_THROW(engine.backward_workspace_bytes(layer, 100, recipe), Error);
+  }
+  EXPECT_GT(engine.forward_workspace_bytes(layer, GradMode::grad, 100, Recipe::bf16()), 0u);
 }
 
 }  // namespace
