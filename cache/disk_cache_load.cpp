@@ -130,9 +130,13 @@ void DiskCache::report_bad_entry(int fanout_fd, const std::string& name,
                                  std::string_view reason) {
   ++state_->bad_entries;
   const std::string what = path.string() + ": " + std::string(reason);
-  if (config_.read_only) {
+  // Whether this path is new to the set, decided under the lock; the warning after it.
+  auto first_report = [&] {
     const std::lock_guard lock(state_->reported_mutex);
-    if (state_->reported_read_only.insert(path.string()).second) {
+    return state_->reported_read_only.insert(path.string()).second;
+  };
+  if (config_.read_only) {
+    if (first_report()) {
       warn("gmjit cache: ignoring bad entry " + what +
            (shared_layer_ ? " (shared layer, never removed)" : " (read-only cache, not removed)"));
     }
@@ -148,8 +152,7 @@ void DiskCache::report_bad_entry(int fanout_fd, const std::string& name,
   if (unlinkat(fanout_fd, name.c_str(), 0) != 0 && errno != ENOENT) {
     // A read-only mount or folder the configuration did not declare: ignored, said once.
     const std::string error = fs::errno_text(errno);
-    const std::lock_guard lock(state_->reported_mutex);
-    if (state_->reported_read_only.insert(path.string()).second) {
+    if (first_report()) {
       warn("gmjit cache: ignoring bad entry " + what + " (cannot remove it: " + error + ")");
     }
     return;

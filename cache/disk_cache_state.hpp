@@ -34,8 +34,8 @@ constexpr int kAlreadyPresent = -3;  // another writer published this key (other
 }  // namespace
 
 struct DiskCache::State {
-  // Not fork-safe: it is held while the sink runs, which may wait for the forking thread (a
-  // Python sink for the GIL).
+  // Not fork-safe: it is held while the sink (user code, of any length) runs, and a fork must
+  // not wait for that.
   mutable std::mutex warn_mutex;  // serialises calls to config.warn
   ForkSafeMutex rng_mutex;
   std::mt19937_64 rng{std::random_device{}() ^ static_cast<std::uint64_t>(fs::now_ns())};

@@ -33,8 +33,8 @@ Registry& registry() {
 // When the library loads, if no static object's mutex made it earlier.
 [[maybe_unused]] Registry& registry_at_load = registry();
 
-// Registry first, then every mutex: the only order anything takes them in, since the sections
-// these mutexes guard take no other lock.
+// Registry first, then every mutex: the only order anything takes them in, since no section
+// these mutexes guard takes another of them.
 void lock_all() {
   Registry& r = registry();
   r.mutex.lock();

@@ -4,7 +4,9 @@
 // there forever, and the child's next plan build or cache store would wait on it. Each
 // ForkSafeMutex is registered process-wide; pthread_atfork handlers take every registered mutex
 // before the fork (waiting out the short sections in flight) and release them in the parent and
-// in the child. Use it for short critical sections that take no other lock and never fork.
+// in the child. Use it for short critical sections that never fork and take no other
+// ForkSafeMutex. One may warn through the disk cache's sink (the directory lock), whose own
+// lock it then takes: a sink must never wait for another thread (the engine's writes stderr).
 //
 // It lives in the cache, the lowest layer with locks, so that the engine above can use it too.
 #include <mutex>

@@ -53,13 +53,13 @@ void check_fp8_supported(const LayerSpec& layer, const std::string& arch) {
   }
   if (layer.hidden % kFp8Block != 0 || layer.ffn % kFp8Block != 0) {
     fail(
-        fmt::format("argument 'layer': the FP8 recipes need hidden and ffn in multiples of {0} "
+        fmt::format("the FP8 recipes need layer.hidden and layer.ffn in multiples of {0} "
                     "(whole {0}-wide "
                     "scale blocks and K tiles), got hidden {1} and ffn {2}",
                     kFp8Block, layer.hidden, layer.ffn));
   }
   if (is_glu(layer.activation.kind) && layer.activation.layout != GluLayout::halves) {
-    fail("argument 'layer': the FP8 recipes need the halves GLU layout (gate rows, then lin rows)");
+    fail("the FP8 recipes need the halves GLU layout (gate rows, then lin rows)");
   }
 }
 

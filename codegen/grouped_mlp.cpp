@@ -36,9 +36,10 @@ constexpr std::int64_t kMaxWidth = std::int64_t{1} << 20;
   throw Error(Status::invalid_argument, what);
 }
 
-// The layer checks below name the argument every API passes the layer as.
+// The layer checks below name the field ("layer.hidden"): every API takes the layer as `layer`,
+// and the CLI's spec files use the same names for the sizes.
 [[noreturn]] void fail_layer(const std::string& what) {
-  fail("argument 'layer': " + what);
+  fail("layer." + what);
 }
 
 // Rows of 16 bytes are what cp.async and TMA copy; the kernels handle any such width (partial
@@ -64,12 +65,13 @@ void check_glu_layout(const ActivationSpec& activation, std::int64_t ffn) {
 void check_clamp(const ActivationSpec& activation) {
   if (activation.kind != Activation::clamped_swiglu) return;  // unused: canonical() drops them
   if (!std::isfinite(activation.limit) || activation.limit <= 0) {
-    fail_layer(fmt::format("clamped_swiglu's limit must be a finite number above 0, got {}",
-                           activation.limit));
+    fail_layer(
+        fmt::format("activation.limit must be a finite number above 0 for clamped_swiglu, got {}",
+                    activation.limit));
   }
   if (!std::isfinite(activation.alpha)) {
-    fail_layer(
-        fmt::format("clamped_swiglu's alpha must be a finite number, got {}", activation.alpha));
+    fail_layer(fmt::format("activation.alpha must be a finite number for clamped_swiglu, got {}",
+                           activation.alpha));
   }
 }
 
@@ -90,14 +92,14 @@ void check_supported(const LayerSpec& layer) {
                     static_cast<int>(layer.activation.kind)));
   }
   if (static_cast<int>(layer.activation.layout) > static_cast<int>(GluLayout::interleaved32)) {
-    fail_layer(fmt::format("the GLU layout must be halves or interleaved32, got enum value {}",
+    fail_layer(fmt::format("activation.layout must be halves or interleaved32, got enum value {}",
                            static_cast<int>(layer.activation.layout)));
   }
   check_glu_layout(layer.activation, layer.ffn);
   check_clamp(layer.activation);
   if (layer.split_dtype != DType::i32 && layer.split_dtype != DType::i64) {
-    fail_layer(fmt::format("split_sizes dtype must be int32 or int64, got {}",
-                           dtype_name(layer.split_dtype)));
+    fail_layer(
+        fmt::format("split_dtype must be int32 or int64, got {}", dtype_name(layer.split_dtype)));
   }
 }
 

@@ -8,7 +8,6 @@
 #include "codegen/nvrtc_compiler.hpp"
 #include "engine/api/engine_impl.hpp"
 #include "engine/api/validate.hpp"
-#include "engine/plan/compile_slots.hpp"
 #include "engine/plan/kernel_store.hpp"
 #include "engine/plan/plan_builder.hpp"
 #include "engine/runtime/capture_mode.hpp"
@@ -24,10 +23,10 @@ namespace {
 
 // The function-local statics a first prepare initialises, initialised when the library loads:
 // a fork while another thread ran one's initialiser would leave the child waiting on its guard
-// forever (a data-loader worker forked as a training job's first prepares start).
+// forever (a data-loader worker forked as a training job's first prepares start). Those that
+// read the environment (the log level, the compile slots) are guard-free instead, so that a
+// variable set after the library loaded still counts.
 bool initialise_process_statics() {
-  (void)log_level();
-  (void)CompileSlots::process();
   try {
     initialise_key_statics();
   } catch (const std::exception& e) {  // NVRTC refused its version: the first key asks again

@@ -365,8 +365,9 @@ GradientSet validate_backward(const ForwardContext& context, const Recipe& recip
          "is bfloat16, but accumulate adds into float32 main-grad buffers; pass float32 ones");
   }
   const DType weight_grad_dtype = bf16_weight_grads ? DType::bf16 : DType::f32;
+  auto weight_grad_dtype_ok = [](DType d) { return d == DType::bf16 || d == DType::f32; };
   if (args.dw1.present() && args.dw2.present() && args.dw1.dtype != args.dw2.dtype &&
-      (args.dw1.dtype == DType::bf16 || args.dw2.dtype == DType::bf16)) {
+      weight_grad_dtype_ok(args.dw1.dtype) && weight_grad_dtype_ok(args.dw2.dtype)) {
     fail("dw2", fmt::format("is {} but dw1 is {}; the weight gradients are both float32 or both "
                             "bfloat16",
                             dtype_name(args.dw2.dtype), dtype_name(args.dw1.dtype)));

@@ -35,14 +35,20 @@ namespace {
 // another thread while process() is still initialising finds either nothing or the slots.
 std::atomic<CompileSlots*> process_slots{nullptr};
 
+// The slots the prepare handler held, for the other two: slots made by another thread during
+// the fork were never locked by it.
+std::atomic<CompileSlots*> held_through_fork{nullptr};
+
 void on_fork_prepare() {
-  if (CompileSlots* slots = process_slots.load()) slots->before_fork();
+  CompileSlots* slots = process_slots.load();
+  if (slots != nullptr) slots->before_fork();
+  held_through_fork.store(slots);
 }
 void on_fork_parent() {
-  if (CompileSlots* slots = process_slots.load()) slots->after_fork_in_parent();
+  if (CompileSlots* slots = held_through_fork.exchange(nullptr)) slots->after_fork_in_parent();
 }
 void on_fork_child() {
-  if (CompileSlots* slots = process_slots.load()) slots->after_fork_in_child();
+  if (CompileSlots* slots = held_through_fork.exchange(nullptr)) slots->after_fork_in_child();
 }
 
 // Registered when the library loads (the handlers find no slots until process() makes them).

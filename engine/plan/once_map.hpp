@@ -25,8 +25,7 @@ class OnceMap {
   Value get_or_build(const Key& key, Build&& build, bool* built = nullptr) {
     std::shared_future<Value> future;
     std::optional<std::promise<Value>> promise;  // only the first asker makes one
-    // Outside the lock: its first call registers an atfork handler, which waits for a fork in
-    // progress, and a fork waits for this lock.
+    // Read before the lock: the section under it stays a lookup and an insert.
     const std::uint64_t generation = fork_generation();
     {
       std::lock_guard lock(mutex_);

@@ -1,5 +1,6 @@
 #include "engine/runtime/log.hpp"
 
+#include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -7,21 +8,35 @@
 
 namespace gmjit::engine {
 
+namespace {
+
+LogLevel level_from_environment() {
+  const char* value = std::getenv("GMJIT_LOG");
+  std::string text = value ? value : "";
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (text == "debug") return LogLevel::debug;
+  if (text == "info") return LogLevel::info;
+  if (!text.empty() && text != "warn") {  // said, not silently taken for the default
+    std::fprintf(
+        stderr, "gmjit [warn] GMJIT_LOG='%s' is not one of warn, info, debug; using warn\n", value);
+  }
+  return LogLevel::warn;
+}
+
+// -1 until the first call reads GMJIT_LOG. Not a function-local static: a fork while another
+// thread ran its initialiser would leave the child waiting on the guard forever. Racing first
+// callers read the same variable (a bad value may be warned about twice).
+std::atomic<int> cached_level{-1};
+
+}  // namespace
+
 LogLevel log_level() {
-  static const LogLevel level = [] {
-    const char* value = std::getenv("GMJIT_LOG");
-    std::string text = value ? value : "";
-    for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (text == "debug") return LogLevel::debug;
-    if (text == "info") return LogLevel::info;
-    if (!text.empty() && text != "warn") {  // said, not silently taken for the default
-      std::fprintf(stderr,
-                   "gmjit [warn] GMJIT_LOG='%s' is not one of warn, info, debug; using warn\n",
-                   value);
-    }
-    return LogLevel::warn;
-  }();
-  return level;
+  int level = cached_level.load(std::memory_order_relaxed);
+  if (level < 0) {
+    level = static_cast<int>(level_from_environment());
+    cached_level.store(level, std::memory_order_relaxed);
+  }
+  return static_cast<LogLevel>(level);
 }
 
 void log_line(LogLevel level, std::string_view message) {

@@ -137,8 +137,30 @@ def _weights(experts: nn.Module, has_gate: bool) -> tuple[Optional[Tensor], Opti
     return up, getattr(experts, "down_proj", None)
 
 
+def _qualname(fn: object) -> str:
+    """A function's qualified name, from its code object where Python has it there (3.11+):
+    traced by torch.compile, the function's own __qualname__ is not the name (a fresh model's
+    first call, described while tracing, would miss every known gate)."""
+    name = getattr(getattr(fn, "__code__", None), "co_qualname", None)
+    return name if isinstance(name, str) else getattr(fn, "__qualname__", "")
+
+
 def describe_experts(experts: nn.Module) -> ExpertsPlan:
-    """What gmjit would run for a transformers experts module (no tensors are read)."""
+    """What gmjit would run for a transformers experts module (no tensors are read). Weights
+    that are not bf16 make it fall back, but the plan still holds the shapes and the gate's
+    layout and constants: GroupedMLP.from_transformers_experts(..., activation=...) copies
+    such weights into a bf16 layer by them."""
+    plan = _describe_shapes_and_gate(experts)
+    up, down = _weights(experts, plan.has_gate)
+    if plan.hidden:  # both weights found
+        for name, w in (("gate_up_proj" if plan.has_gate else "up_proj", up), ("down_proj", down)):
+            if w.dtype != torch.bfloat16:
+                reason = f"{name} is {w.dtype}; gmjit runs bfloat16 weights"
+                return dataclasses.replace(plan, reason=reason)
+    return plan
+
+
+def _describe_shapes_and_gate(experts: nn.Module) -> ExpertsPlan:
     has_gate = bool(getattr(experts, "has_gate", True))
     has_bias = bool(getattr(experts, "has_bias", False))
     transposed = bool(getattr(experts, "is_transposed", False))
@@ -151,9 +173,6 @@ def describe_experts(experts: nn.Module) -> ExpertsPlan:
     f1 = up.shape[2] if transposed else up.shape[1]
     ffn = f1 // 2 if has_gate else f1
     base.update(hidden=hidden, ffn=ffn)  # also on a fallback: an activation= override uses them
-    for name, w in (("gate_up_proj" if has_gate else "up_proj", up), ("down_proj", down)):
-        if w.dtype != torch.bfloat16:
-            return ExpertsPlan(reason=f"{name} is {w.dtype}; gmjit runs bfloat16 weights", **base)
     if up.shape[0] != E:
         return ExpertsPlan(reason=f"weights hold {up.shape[0]} experts, num_experts is {E}", **base)
     if not 1 <= E <= MAX_EXPERTS:
@@ -179,9 +198,9 @@ def describe_experts(experts: nn.Module) -> ExpertsPlan:
                                " has no gmjit equivalent", **base)  # fmt: skip
         # The default gate splits the 2F columns into halves whatever is_concatenated says.
         return ExpertsPlan(activation=glu, interleaved=False, **base)
-    known = KNOWN_GATES.get(getattr(gate_fn, "__qualname__", ""))
+    known = KNOWN_GATES.get(_qualname(gate_fn))
     if known is None:
-        return ExpertsPlan(reason=f"custom _apply_gate {getattr(gate_fn, '__qualname__', gate_fn)!r}"
+        return ExpertsPlan(reason=f"custom _apply_gate {_qualname(gate_fn) or gate_fn!r}"
                            " is not one gmjit knows (gmjit.transformers.KNOWN_GATES)", **base)  # fmt: skip
     activation, interleaved, limit_attr, alpha_attr = known
     limit = float(getattr(experts, limit_attr, DEFAULT_LIMIT))

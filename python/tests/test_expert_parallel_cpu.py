@@ -220,6 +220,7 @@ def test_a_meta_layer_runs_a_meta_forward():
         (dict(w1=torch.randn(1, 128, 64)), r"'w1' must be a tensor of shape \[4, 128, 64\]"),
         (dict(w2=torch.randn(8, 64, 64)), r"'w2' must be a tensor of shape \[4, 64, 64\]"),
         (dict(b1=None), "'b1' is required: the layer has bias=True"),
+        (dict(w2=None), "'w2' is required$"),
         (dict(b2=torch.randn(4, 32)), r"'b2' must be a tensor of shape \[4, 64\]"),
         (dict(router_weight=torch.randn(4, 32)), r"'router_weight' must be a tensor of shape"),
     ],

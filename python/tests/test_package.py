@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
@@ -117,3 +118,19 @@ def test_backward_binding_passes_the_transposed_fp8_weights_to_the_engine():
 def test_supported_arches_name_what_prepare_takes():
     arches = gmjit.supported_arches()
     assert "sm_90a" in arches and "sm_80" in arches and all(a.startswith("sm_") for a in arches)
+
+
+def test_gmjit_log_set_after_import_counts(tmp_path):
+    """The library reads GMJIT_LOG on first use, not when it loads (its other first-use state is
+    made at load, for fork safety)."""
+    import subprocess
+    import sys
+
+    code = ("import os, gmjit.torch; os.environ['GMJIT_LOG'] = 'info'; "
+            "gmjit.torch.prepare_layer(2, 64, 40, arch='sm_90a')")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "GMJIT_LOG"}
+    env["GMJIT_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "gmjit [info] compiled" in done.stderr

@@ -58,10 +58,27 @@ def test_the_fallback_names_the_weight_that_is_not_bf16():
     assert gt.describe_experts(m).reason.startswith("down_proj is torch.float32")
 
 
-def test_fp32_experts_copy_into_a_bf16_module_given_the_activation():
-    m = hf_configs.experts_module("mixtral", dtype=torch.float32)
-    module = GroupedMLP.from_transformers_experts(m, activation="swiglu")
-    assert module.w1.dtype == torch.bfloat16 and module.hidden == m.down_proj.shape[1]
+@pytest.mark.parametrize("family, activation", [("mixtral", "swiglu"),
+                                                ("gpt_oss", "clamped_swiglu")])  # fmt: skip
+def test_fp32_experts_copy_into_a_bf16_module_given_the_activation(family, activation):
+    """The fallback reason does not lose the gate's layout and constants: gpt-oss's interleaved
+    gate/up rows land where the bf16 module's conversion puts them."""
+    m32 = hf_configs.experts_module(family, dtype=torch.float32)
+    module = GroupedMLP.from_transformers_experts(m32, activation=activation)
+    reference = GroupedMLP.from_transformers_experts(m32.to(torch.bfloat16))
+    assert module.w1.dtype == torch.bfloat16 and module.hidden == reference.hidden
+    assert (module.limit, module.alpha) == (reference.limit, reference.alpha)
+    for name in ("w1", "w2", "b1", "b2"):
+        if getattr(reference, name) is not None:
+            torch.testing.assert_close(getattr(module, name), getattr(reference, name))
+
+
+def test_from_transformers_experts_takes_the_callers_device_and_constants():
+    m = hf_configs.experts_module("gpt_oss")
+    module = GroupedMLP.from_transformers_experts(m, device="meta", limit=5.0)
+    assert module.w1.device.type == "meta" and module.limit == 5.0
+    with pytest.raises(ValueError, match="argument 'bias' is not taken"):
+        GroupedMLP.from_transformers_experts(m, bias=False)
 
 
 def test_widths_not_multiple_of_8_fall_back():
@@ -171,15 +188,21 @@ def test_expert_parallel_sentinels_contribute_nothing():
     assert ours[3].abs().max() == 0
 
 
-def test_a_fresh_model_compiles_with_fullgraph():
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])  # the default gate, a known custom one
+def test_a_fresh_model_compiles_with_fullgraph(family, monkeypatch):
     # No eager call first: the plan is described while tracing (no import of transformers' lazy
     # modules, no logging: either one is a graph break). On the CPU the experts fall back.
-    m = hf_configs.experts_module("mixtral")
+    m = hf_configs.experts_module(family)
     x = torch.randn(6, 128, dtype=torch.bfloat16)
     idx = torch.randint(0, 8, (6, 2))
     w = torch.rand(6, 2, dtype=torch.bfloat16)
     torch._dynamo.reset()
+    reasons = []  # what the plan said inside the trace: gmjit's (None), not a fallback's
+    describe = gt.describe_experts
+    monkeypatch.setattr(gt, "describe_experts",
+                        lambda e: (lambda p: reasons.append(p.reason) or p)(describe(e)))  # fmt: skip
     y = torch.compile(m, backend="eager", fullgraph=True)(x, idx, w)
+    assert reasons and reasons[0] is None
     m.config._experts_implementation = "eager"
     torch.testing.assert_close(y, m(x, idx, w), rtol=2e-2, atol=2e-2)
 

@@ -173,8 +173,7 @@ TEST(LayerValidation, RejectsWidthsThatAreNotPositiveMultiplesOf8NamingTheArgume
     SCOPED_TRACE(bad);
     LayerSpec layer = small_layer();
     layer.hidden = bad;
-    expect_layer_rejected(layer,
-                          {"argument 'layer': hidden", "multiple of 8", std::to_string(bad)});
+    expect_layer_rejected(layer, {"layer.hidden", "multiple of 8", std::to_string(bad)});
     layer = small_layer();
     layer.ffn = bad;
     expect_layer_rejected(layer, {"ffn", "multiple of 8", std::to_string(bad)});
@@ -201,7 +200,7 @@ TEST(LayerValidation, ActivationAndGluLayoutOutsideTheirEnumsAreRejected) {
   expect_layer_rejected(layer, {"activation", "17"});
   layer = small_layer();
   layer.activation.layout = static_cast<GluLayout>(5);
-  expect_layer_rejected(layer, {"GLU layout", "5"});
+  expect_layer_rejected(layer, {"layer.activation.layout", "5"});
 }
 
 TEST(LayerValidation, ClampedSwigluNeedsAFiniteLimitAboveZeroAndAFiniteAlpha) {

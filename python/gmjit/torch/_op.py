@@ -96,7 +96,7 @@ _grad_enabled = torch._C.is_grad_enabled
 _functorch_active = torch._C._are_functorch_transforms_active
 # torch.jit.trace records only the ops it sees dispatched: the eager path's kernel launch is not
 # one, so a trace takes the custom op.
-_tracing_state = torch._C._get_tracing_state
+_is_tracing = torch._C._is_tracing
 
 
 def _any_requires_grad(x, w1, w2, b1, b2, probs) -> bool:
@@ -291,7 +291,7 @@ def grouped_mlp(
         _refuse_differentiating_transforms()
     elif (
         not _is_compiling()
-        and _tracing_state() is None
+        and not _is_tracing()
         and type(x) is Tensor
         and (x.is_cuda or _FAST_ON_CPU)
         and not _dispatch_modes()
@@ -383,7 +383,7 @@ def grouped_mlp(
         _fail("fp8_weights", "is for the FP8 recipes; recipe is 'bf16'")
     if accumulate_main_grad:
         # Say which condition of the eager path failed: a tracer, or tensors it does not take.
-        if _is_compiling() or _dispatch_modes() or _functorch_active() or _tracing_state():
+        if _is_compiling() or _dispatch_modes() or _functorch_active() or _is_tracing():
             why = "this call runs under torch.compile or another tracer"
         elif not (isinstance(x, Tensor) and x.is_cuda):
             why = f"x is on {x.device if isinstance(x, Tensor) else type(x).__name__}"
@@ -434,7 +434,7 @@ def quantize_weights(
     """
     code = _check_quantize_call(w1, w2, recipe)
     w1, w2 = w1.detach(), w2.detach()
-    if (not _is_compiling() and _tracing_state() is None and type(w1) is Tensor
+    if (not _is_compiling() and not _is_tracing() and type(w1) is Tensor
             and type(w2) is Tensor and (w1.is_cuda or _FAST_ON_CPU)
             and not _dispatch_modes()):  # fmt: skip
         return _quantize_impl(w1, w2, code, bool(transposed))

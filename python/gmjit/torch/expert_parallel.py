@@ -378,9 +378,10 @@ class ExpertParallelMoE(nn.Module):
             own = getattr(self, name)
             if own is None or value is None:
                 if own is not value:
-                    raise ValueError(f"ExpertParallelMoE.load_experts: argument '{name}' " + (
-                        "was given but the layer has bias=False" if own is None
-                        else "is required: the layer has bias=True"))  # fmt: skip
+                    why = ("was given but the layer has bias=False" if own is None
+                           else "is required" + (": the layer has bias=True"
+                                                 if name in ("b1", "b2") else ""))  # fmt: skip
+                    raise ValueError(f"ExpertParallelMoE.load_experts: argument '{name}' {why}")
                 continue
             # Whole-layer shapes: copy_ would broadcast one expert into all, and a slice would
             # quietly drop extra experts.

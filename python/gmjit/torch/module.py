@@ -249,16 +249,20 @@ class GroupedMLP(nn.Module):
         if plan.reason is not None and activation is None:
             raise ValueError(f"GroupedMLP.from_transformers_experts: {plan.reason}")
         w = experts.gate_up_proj if getattr(experts, "has_gate", True) else experts.up_proj
+        if "bias" in kwargs:
+            raise ValueError("GroupedMLP.from_transformers_experts: argument 'bias' is not taken; "
+                             "the experts module's biases decide it")  # fmt: skip
+        # The module's constants and device unless the caller gives them (device="cuda" builds
+        # straight onto the GPU from weights loaded on the CPU).
+        options = dict(limit=plan.limit, alpha=plan.alpha, device=w.device)
+        options.update(kwargs)
         module = cls(
             experts.num_experts,
             plan.hidden,
             plan.ffn,
             activation or plan.activation,
             bias=plan.has_bias,
-            limit=plan.limit,
-            alpha=plan.alpha,
-            device=w.device,
-            **kwargs,
+            **options,
         )
         return module.load_gate_up(
             w,
