@@ -26,6 +26,7 @@
 #include "codegen/fp8_forward.hpp"
 #include "codegen/grouped_mlp.hpp"
 #include "engine/api/validate.hpp"
+#include "engine/plan/compile_slots.hpp"
 
 namespace gmjit::bench {
 namespace {
@@ -383,9 +384,12 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
   std::nth_element(lookup_s.begin(), lookup_s.begin() + kLookups / 2, lookup_s.end());
   const double memory_s = lookup_s[kLookups / 2];
 
+  // At most this many compiles run at once (GMJIT_COMPILE_THREADS, else the hardware threads).
+  const std::size_t compile_threads = engine::CompileSlots::process().capacity();
   report["phases"] = {{"compile",
                        {{"seconds", compile_s},
                         {"kernels_compiled", after_compile.kernels_compiled},
+                        {"compile_threads", compile_threads},
                         {"sequential_nvrtc_seconds", after_compile.nvrtc_seconds}}},
                       {"disk_hit",
                        {{"seconds", disk_s},
@@ -397,10 +401,10 @@ nlohmann::json run_bench(const BenchOptions& input, const std::string& self) {
                        {"memory_hit_vs_compile", compile_s / memory_s}};
 
   std::printf("\n  %-12s %14s %12s\n", "phase", "time", "vs compile");
-  std::printf("  %-12s %12.3f s %11s  (%llu kernels in parallel; %.3f s of NVRTC in all)\n",
-              "compile", compile_s, "1x",
-              static_cast<unsigned long long>(after_compile.kernels_compiled),
-              after_compile.nvrtc_seconds);
+  std::printf(
+      "  %-12s %12.3f s %11s  (%llu kernels, %zu at a time; %.3f s of NVRTC CPU time in all)\n",
+      "compile", compile_s, "1x", static_cast<unsigned long long>(after_compile.kernels_compiled),
+      compile_threads, after_compile.nvrtc_seconds);
   std::printf("  %-12s %11.3f ms %11.0fx  (fresh process; cuInit %.1f ms, not included)\n",
               "disk-hit", disk_s * 1e3, compile_s / disk_s,
               child.at("cuinit_seconds").get<double>() * 1e3);

@@ -2,6 +2,7 @@
 
 #include <spawn.h>
 #include <sys/wait.h>
+#include <csignal>
 
 #include <cerrno>
 #include <cstdio>
@@ -80,7 +81,15 @@ bool run_gnuplot(const std::vector<std::string>& arguments, const std::string& p
   for (const std::string& argument : arguments) argv.push_back(const_cast<char*>(argument.c_str()));
   argv.push_back(nullptr);
   pid_t pid = 0;
-  const int error = ::posix_spawnp(&pid, "gnuplot", nullptr, nullptr, argv.data(), environ);
+  // With the signals `gmjit` blocks (interrupt_cleanup.hpp) unblocked: Ctrl-C ends gnuplot too.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
+  const int error = ::posix_spawnp(&pid, "gnuplot", nullptr, &attributes, argv.data(), environ);
+  posix_spawnattr_destroy(&attributes);
   if (error != 0) {
     std::fprintf(stderr, "gmjit: plot: cannot run gnuplot (%s); is it installed and on PATH?\n",
                  std::strerror(error));

@@ -4,7 +4,8 @@
 The model is built on the meta device from its config (no weights), its experts set to gmjit, in
 training mode; `prepare` then compiles what a training step with activation recompute runs. Each
 of the two runs is a fresh process on one cache folder: "cold" starts from an empty folder and
-compiles with NVRTC, "warm" is a restarted job that finds every kernel on disk.
+compiles with NVRTC, "warm" is a restarted job that finds every kernel on disk (each checked: a
+run that compiled or read otherwise fails). NVRTC seconds are CPU time summed over the kernels.
 
     python3 benchmarks/prepare_cold_warm.py [--model qwen3-30b-a3b|gpt-oss|mixtral|tiny]
                                             [--arch sm_90a] [--json out.json]
@@ -75,14 +76,32 @@ def main() -> None:
     if a.child:
         print(json.dumps(run_once(a.model, a.arch)))
         return
+    if a.json and not os.path.isdir(os.path.dirname(os.path.abspath(a.json))):
+        ap.error(f"--json {a.json}: its folder does not exist")  # before minutes of compiling
     rows = []
     with tempfile.TemporaryDirectory(prefix="gmjit-prepare-") as cache:
-        env = dict(os.environ, GMJIT_CACHE_DIR=cache)
+        # Only this folder serves the runs: no shared layer, no read-only or disabled cache, and
+        # no NVRTC compile cache of the driver's (on a GPU machine it would make "cold" warm).
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("GMJIT_CACHE_SHARED_DIR", "GMJIT_CACHE_READONLY",
+                            "GMJIT_CACHE_DISABLE")}  # fmt: skip
+        env.update(GMJIT_CACHE_DIR=cache, CUDA_CACHE_DISABLE="1")
         for phase in ("cold", "warm"):
-            out = subprocess.run([sys.executable, __file__, "--child", "--model", a.model,
-                                  "--arch", a.arch], env=env, check=True, capture_output=True,
-                                 text=True).stdout  # fmt: skip
-            rows.append(dict(phase=phase, **json.loads(out.strip().splitlines()[-1])))
+            done = subprocess.run([sys.executable, __file__, "--child", "--model", a.model,
+                                   "--arch", a.arch], env=env, capture_output=True,
+                                  text=True)  # fmt: skip
+            if done.returncode != 0:
+                sys.exit(f"prepare_cold_warm: the {phase} run failed:\n{done.stderr.strip()}")
+            rows.append(dict(phase=phase, **json.loads(done.stdout.strip().splitlines()[-1])))
+    cold, warm = rows
+    # A run that timed the wrong thing fails rather than reports it.
+    if cold["kernels_compiled"] == 0 or cold["disk_reads"] != 0:
+        sys.exit(f"prepare_cold_warm: the cold run compiled {cold['kernels_compiled']} kernels and "
+                 f"read {cold['disk_reads']} from disk; expected compiles only")  # fmt: skip
+    if warm["kernels_compiled"] != 0 or warm["disk_reads"] == 0:
+        sys.exit(f"prepare_cold_warm: the warm run compiled {warm['kernels_compiled']} kernels and "
+                 f"read {warm['disk_reads']} from disk; expected disk reads only (is the cache "
+                 "folder writable?)")  # fmt: skip
     for r in rows:
         print(f"{r['phase']:5s} {r['model']}: {r['layer_shapes']} layer shape(s), {r['kernels']} "
               f"kernels, {r['kernels_compiled']} compiled ({r['nvrtc_seconds']} s NVRTC), "

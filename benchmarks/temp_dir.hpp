@@ -1,7 +1,7 @@
 #pragma once
 // A fresh folder under the temporary directory (mkdtemp: a new name, mode 0700, so nothing
 // planted under a guessable name is written through), removed with its contents when the owner
-// goes out of scope, on an error too.
+// goes out of scope, on an error too, and when `gmjit` is interrupted (interrupt_cleanup.hpp).
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "benchmarks/interrupt_cleanup.hpp"
 #include "gmjit/error.hpp"
 
 namespace gmjit::bench {
@@ -25,8 +26,10 @@ class TempDir {
                                                 std::strerror(errno)));
     }
     path_ = pattern;
+    add_interrupt_folder(path_);
   }
   ~TempDir() {
+    remove_interrupt_folder(path_);
     std::error_code ignored;  // best effort: a leftover folder in the temp dir is harmless
     std::filesystem::remove_all(path_, ignored);
   }

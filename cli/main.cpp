@@ -5,10 +5,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include "benchmarks/interrupt_cleanup.hpp"
 #include "cli/commands.hpp"
 #include "gmjit/error.hpp"
 
 int main(int argc, char** argv) {
+  // Before any thread: bench's and plot's temporary folders are removed on Ctrl-C too.
+  gmjit::bench::remove_folders_on_interrupt();
   CLI::App app{"gmjit: JIT-compiled fused grouped-MLP kernels (NVRTC)"};
   app.require_subcommand(1);
 

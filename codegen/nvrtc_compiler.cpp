@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <nvrtc.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -22,6 +23,12 @@
 
 namespace gmjit::codegen {
 namespace {
+
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
 
 struct ProgramDeleter {
   void operator()(nvrtcProgram program) const { nvrtcDestroyProgram(&program); }
@@ -106,6 +113,7 @@ CompiledCubin compile_to_cubin(const KernelSource& kernel, std::string_view arch
   arch_limits(arch);  // throws Error(unsupported) for an arch missing from the table
   dump_source_if_asked(kernel, key_hex);
   const auto start = std::chrono::steady_clock::now();
+  const double cpu_start = thread_cpu_seconds();
 
   std::vector<const char*> header_sources, header_names;
   for (const auto& header : embedded_templates()) {
@@ -145,6 +153,7 @@ CompiledCubin compile_to_cubin(const KernelSource& kernel, std::string_view arch
   compiled.log = std::move(log);
   compiled.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  compiled.cpu_seconds = thread_cpu_seconds() - cpu_start;
   return compiled;
 }
 

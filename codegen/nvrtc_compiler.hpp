@@ -12,8 +12,9 @@ namespace gmjit::codegen {
 
 struct CompiledCubin {
   std::vector<std::byte> cubin;
-  std::string log;  // warnings, if any
-  double seconds = 0;
+  std::string log;         // warnings, if any
+  double seconds = 0;      // wall time of the compile
+  double cpu_seconds = 0;  // the compiling thread's CPU time: a compile's cost on an idle core
 };
 
 // The options handed to NVRTC, in a fixed order (they are part of the disk key).

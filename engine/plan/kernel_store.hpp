@@ -47,7 +47,7 @@ cache::Key128 kernel_key(const codegen::KernelSource& source, std::string_view a
 
 struct StoreCounters {
   std::atomic<std::uint64_t> kernels_compiled{0};
-  std::atomic<std::uint64_t> nvrtc_microseconds{0};  // summed over kernels
+  std::atomic<std::uint64_t> nvrtc_microseconds{0};  // NVRTC CPU time summed over kernels
   std::atomic<std::uint64_t> disk_reads{0};
   std::atomic<std::uint64_t> disk_shared_reads{0};  // of disk_reads, from a shared layer
   std::atomic<std::uint64_t> disk_writes{0};

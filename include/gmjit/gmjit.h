@@ -151,7 +151,7 @@ typedef struct gmjit_engine_counters {
   uint64_t forward_plans_built; /* weight quantizers included */
   uint64_t backward_plans_built;
   uint64_t kernels_compiled;
-  double nvrtc_seconds; /* NVRTC time summed over kernels */
+  double nvrtc_seconds; /* NVRTC CPU time summed over kernels */
   uint64_t disk_reads;  /* kernels served from the disk cache */
   uint64_t
       disk_shared_reads;    /* of them, from the read-only shared layer (GMJIT_CACHE_SHARED_DIR) */

@@ -133,7 +133,7 @@ struct EngineCounters {
   std::uint64_t forward_plans_built = 0;
   std::uint64_t backward_plans_built = 0;
   std::uint64_t kernels_compiled = 0;
-  double nvrtc_seconds = 0;      // NVRTC time summed over kernels: what a sequential compile costs
+  double nvrtc_seconds = 0;      // NVRTC CPU time summed over kernels: a sequential compile's cost
   std::uint64_t disk_reads = 0;  // kernels served from the disk cache
   // Of disk_reads, those served by a read-only shared layer (GMJIT_CACHE_SHARED_DIR).
   std::uint64_t disk_shared_reads = 0;

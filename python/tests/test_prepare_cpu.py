@@ -398,6 +398,35 @@ def test_the_cold_and_warm_benchmark_script_runs_end_to_end(tmp_path):
     assert warm["kernels_compiled"] == 0 and warm["disk_reads"] == cold["kernels_compiled"]
 
 
+@pytest.mark.parametrize("variable", ["GMJIT_CACHE_SHARED_DIR", "GMJIT_CACHE_READONLY",
+                                      "GMJIT_CACHE_DISABLE"])  # fmt: skip
+def test_the_cold_and_warm_script_ignores_the_callers_cache_settings(tmp_path, variable):
+    """A filled shared layer would make the cold run warm, a read-only or disabled cache the warm
+    run cold: the script runs on its own folder alone (else it would report them as cold and
+    warm)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from benchmark_scripts import BENCHMARKS
+
+    script = f"{BENCHMARKS}/prepare_cold_warm.py"
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    env = dict(os.environ, GMJIT_CACHE_DIR=str(shared))
+    subprocess.run([sys.executable, script, "--child", "--model", "tiny"], env=env, check=True,
+                   capture_output=True)  # fmt: skip  (fills the would-be shared layer)
+    env = dict(os.environ, **{variable: str(shared) if variable.endswith("DIR") else "1"})
+    out = tmp_path / "rows.json"
+    done = subprocess.run([sys.executable, script, "--model", "tiny", "--json", str(out)],
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    cold, warm = json.loads(out.read_text())
+    assert cold["kernels_compiled"] > 0 and cold["disk_reads"] == 0
+    assert warm["kernels_compiled"] == 0 and warm["disk_reads"] > 0
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12: fork of a threaded process
 def test_a_fork_during_a_prepare_leaves_the_child_able_to_prepare():
     """os.fork (multiprocessing's default on Linux) while another thread compiles: the child

@@ -160,6 +160,28 @@ bench_and_plot_leave_no_temporary_folder)
   fi
   ;;
 
+bench_removes_its_folder_when_interrupted)
+  # Ctrl-C (SIGINT) or SIGTERM while it compiles: the fresh cache folder goes too, and the exit
+  # status is the signal's. Waits for the folder, so the signal lands mid-run.
+  mkdir "$work/tmp"
+  export TMPDIR="$work/tmp"
+  for sig in INT TERM; do
+    "$gmjit" bench --preset deepseek --no-gpu >"$work/out" 2>&1 &
+    pid=$!
+    for _ in $(seq 200); do
+      [ -n "$(ls -A "$work/tmp")" ] && break
+      sleep 0.01
+    done
+    [ -n "$(ls -A "$work/tmp")" ] || fail "no cache folder appeared: $(cat "$work/out")"
+    kill -s "$sig" "$pid"
+    status=0
+    wait "$pid" || status=$?
+    want=$((128 + $(kill -l "$sig")))
+    [ "$status" -eq "$want" ] || fail "SIG$sig: exit $status, not $want"
+    [ -z "$(ls -A "$work/tmp")" ] || fail "SIG$sig left $(ls -A "$work/tmp")"
+  done
+  ;;
+
 bench_validates_reference_before_timing)
   expect_refusal "--reference '/nonexistent/ref.json'" "${bench[@]}" --reference /nonexistent/ref.json
   echo "not json" >"$work/bad.json"
