@@ -13,13 +13,16 @@ extern "C" {
 #endif
 
 /* This header's version. A library of another major version, or while the major is 0 of
- * another minor, is not compatible with it (struct layouts, functions): compare with
- * gmjit_version() at start-up. */
+ * another minor, is not compatible with it (struct layouts, functions); another patch release
+ * is. Check at start-up: if (!GMJIT_VERSION_COMPATIBLE(gmjit_version())) ... */
 #define GMJIT_VERSION_MAJOR 0
 #define GMJIT_VERSION_MINOR 3
 #define GMJIT_VERSION_PATCH 0
 #define GMJIT_VERSION \
   (GMJIT_VERSION_MAJOR * 10000 + GMJIT_VERSION_MINOR * 100 + GMJIT_VERSION_PATCH)
+/* Whether a library of version v (gmjit_version()) serves this header. */
+#define GMJIT_VERSION_COMPATIBLE(v) \
+  (GMJIT_VERSION_MAJOR == 0 ? (v) / 100 == GMJIT_VERSION / 100 : (v) / 10000 == GMJIT_VERSION_MAJOR)
 
 /* The library's version, as GMJIT_VERSION. */
 GMJIT_API int gmjit_version(void);

@@ -9,6 +9,9 @@ from __future__ import annotations
 from gmjit import _C
 from gmjit._C import Error
 
+Error.__doc__ = ("An engine error other than a bad argument (those are ValueErrors): a failed "
+                 "compile (with NVRTC's log), a CUDA driver error, an unsupported device.")
+
 __version__ = "0.3.0"
 __all__ = ["Error", "cache_directory", "counters", "devices", "driver_available", "nvrtc_version",
            "supported_arches"]
@@ -41,6 +44,7 @@ def cache_directory() -> str:
 
 
 def nvrtc_version() -> str:
+    """The linked NVRTC's "major.minor" (what compiles the kernels; part of every cache key)."""
     return _C.nvrtc_version()
 
 

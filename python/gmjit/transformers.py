@@ -219,6 +219,7 @@ def reference_gate(plan: ExpertsPlan, gate_up: Tensor) -> Tensor:
 
 
 def reference_activation(plan: ExpertsPlan, h: Tensor) -> Tensor:
+    """What gmjit computes from FC1's output for a plan without a gate (relu, gelu, srelu)."""
     return _activations.plain(h, plan.activation)
 
 
@@ -508,6 +509,10 @@ def register() -> None:
         ExpertsInterface.register(name, gmjit_experts_forward if recipe == "bf16"
                                   else _experts_forward_for(recipe))  # fmt: skip
 
+
+__all__ = ["KNOWN_GATES", "NAME", "RECIPE_NAMES", "ExpertsPlan", "describe_experts",
+           "experts_forward", "gmjit_experts_forward", "plan_for", "prepare_calls",
+           "reference_activation", "reference_gate", "register", "verify"]
 
 if hasattr(_MOE, "ExpertsInterface"):
     register()

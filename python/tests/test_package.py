@@ -29,6 +29,24 @@ def test_library_and_extension_sit_together_in_the_package():
     assert any(p.name.startswith("_C.") for p in folder.iterdir())
 
 
+def test_the_packages_own_library_loads_whatever_ld_library_path_says(tmp_path):
+    """Another libgmjit.so (a C++ install, an older build) on LD_LIBRARY_PATH is not loaded in
+    place of the one beside _C, whose internal classes the extension calls."""
+    import shutil
+    import subprocess
+    import sys
+
+    own = pathlib.Path(gmjit.__file__).parent / "libgmjit.so"
+    shutil.copy(own, tmp_path / "libgmjit.so")  # a decoy: same file, other folder
+    code = ("import gmjit; print([l.split()[-1] for l in open('/proc/self/maps') "
+            "if l.rstrip().endswith('libgmjit.so')][0])")  # fmt: skip
+    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert pathlib.Path(done.stdout.strip()).resolve() == own.resolve()
+
+
 def test_cache_directory_follows_the_environment(monkeypatch):
     import os
 

@@ -423,3 +423,17 @@ TEST(CApiStatus, HasReadableNames) {
 }
 
 }  // namespace
+
+namespace {
+
+// A patch release serves this header; another minor (while the major is 0) or major does not,
+// as the soname says (libgmjit.so.MAJOR.MINOR).
+TEST(CApiVersion, CompatibilityFollowsTheSoname) {
+  EXPECT_EQ(gmjit_version(), GMJIT_VERSION);
+  EXPECT_TRUE(GMJIT_VERSION_COMPATIBLE(gmjit_version()));
+  EXPECT_TRUE(GMJIT_VERSION_COMPATIBLE(GMJIT_VERSION + 1));
+  EXPECT_FALSE(GMJIT_VERSION_COMPATIBLE(GMJIT_VERSION + 100));
+  EXPECT_FALSE(GMJIT_VERSION_COMPATIBLE(GMJIT_VERSION + 10000));
+}
+
+}  // namespace

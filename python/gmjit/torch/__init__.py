@@ -12,11 +12,11 @@ writes that neither move a version counter nor follow an optimizer step.
 from gmjit.torch import layouts
 from gmjit.torch._checks import ACTIVATIONS, GLU_LAYOUTS, RECIPES
 from gmjit.torch._op import grouped_mlp, quantize_weights
-from gmjit.torch._prepare import PrepareReport, prepare, prepare_layer
+from gmjit.torch._prepare import GRADIENTS, PrepareReport, prepare, prepare_layer
 from gmjit.torch._weight_cache import invalidate_weight_caches
 from gmjit.torch.expert_parallel import ExpertParallelMoE
 from gmjit.torch.module import GroupedMLP
 
-__all__ = ["ACTIVATIONS", "ExpertParallelMoE", "GLU_LAYOUTS", "GroupedMLP", "PrepareReport",
-           "RECIPES", "grouped_mlp", "invalidate_weight_caches", "layouts", "prepare", "prepare_layer",
-           "quantize_weights"]
+__all__ = ["ACTIVATIONS", "ExpertParallelMoE", "GLU_LAYOUTS", "GRADIENTS", "GroupedMLP",
+           "PrepareReport", "RECIPES", "grouped_mlp", "invalidate_weight_caches", "layouts",
+           "prepare", "prepare_layer", "quantize_weights"]

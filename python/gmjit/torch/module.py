@@ -95,7 +95,8 @@ class GroupedMLP(nn.Module):
                            "op is a torch.library custom op; use torch.compile or torch.export")
 
     def reset_parameters(self) -> None:
-        # nn.Linear's default, per expert: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+        """nn.Linear's default initialisation, per expert: weights and biases drawn from
+        U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = hidden for FC1 and ffn for FC2."""
         for weight, bias, fan_in in ((self.w1, self.b1, self.hidden), (self.w2, self.b2, self.ffn)):
             bound = 1.0 / math.sqrt(fan_in)
             nn.init.uniform_(weight, -bound, bound)

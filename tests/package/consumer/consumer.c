@@ -10,7 +10,7 @@ int main(void) {
   gmjit_engine_options options;
   gmjit_engine_counters counters;
   gmjit_status status;
-  if (gmjit_version() != GMJIT_VERSION) {
+  if (!GMJIT_VERSION_COMPATIBLE(gmjit_version())) {
     fprintf(stderr, "library version %d, header %d\n", gmjit_version(), GMJIT_VERSION);
     return 1;
   }
