@@ -9,7 +9,6 @@
 #include <fmt/format.h>
 
 #include "codegen/arch_limits.hpp"
-#include "codegen/fp8_forward.hpp"
 #include "codegen/grouped_mlp.hpp"
 #include "engine/api/c_api_support.hpp"
 #include "engine/api/validate.hpp"
@@ -239,11 +238,8 @@ gmjit_status gmjit_workspace_bytes(const gmjit_engine* engine, const gmjit_layer
     c_api::require(engine, "engine");
     c_api::require(layer, "layer");
     c_api::require(spec, "spec");
+    // Every spec has a forward, whose size query checks the layer (and the FP8 limits).
     const SpecCalls calls = calls_of(*layer, *spec);
-    // The layer checks of gmjit_prepare (the size queries check less): no size for a layer no
-    // call could run. FP8 runs on sm_90a only, so that arch's limits are the recipe's.
-    gmjit::codegen::check_supported(calls.layer);
-    if (calls.recipe.is_fp8()) gmjit::codegen::check_fp8_supported(calls.layer, "sm_90a");
     const gmjit::Engine& e = engine->engine;
     std::size_t forward = 0;
     for (const gmjit::GradMode grad : calls.forwards) {

@@ -39,8 +39,8 @@ from torch.nn import functional as F
 from gmjit.torch import _activations
 from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
 from gmjit.torch._checks import (GLU_ACTIVATIONS, GLU_LAYOUTS, _check_fp8_layer,
-                                 MAX_EXPERTS, _parse_options, _parse_recipe, check_clamp,
-                                 check_layer_sizes)  # fmt: skip
+                                 MAX_EXPERTS, _describe, _parse_options, _parse_recipe,
+                                 check_clamp, check_layer_sizes)  # fmt: skip
 
 __all__ = ["ExpertParallelMoE", "all_to_all", "torch_experts", "grouped_mm_experts"]
 
@@ -147,10 +147,6 @@ def _autocast_available(device_type: str) -> bool:
     if check is None or torch.compiler.is_compiling():
         return device_type in ("cuda", "cpu")
     return check(device_type)
-
-
-def _shape_of(value: object) -> str:
-    return str(list(value.shape)) if isinstance(value, Tensor) else type(value).__name__
 
 
 def _world_size_variable() -> int:
@@ -389,13 +385,13 @@ class ExpertParallelMoE(nn.Module):
             if not isinstance(value, Tensor) or list(value.shape) != full:
                 raise ValueError(f"ExpertParallelMoE.load_experts: argument '{name}' must be a "
                                  f"tensor of shape {full} (all {self.num_experts} experts), got "
-                                 f"{_shape_of(value)}")  # fmt: skip
+                                 f"{_describe(value)}")  # fmt: skip
         router = self.router.weight
         if router_weight is not None and (not isinstance(router_weight, Tensor)
                                           or router_weight.shape != router.shape):  # fmt: skip
             raise ValueError("ExpertParallelMoE.load_experts: argument 'router_weight' must be a "
                              f"tensor of shape {list(router.shape)}, got "
-                             f"{_shape_of(router_weight)}")  # fmt: skip
+                             f"{_describe(router_weight)}")  # fmt: skip
         s = slice(self.first_expert, self.first_expert + self.local_experts)
         for name, value in given.items():
             if value is not None:
