@@ -13,7 +13,7 @@ int run_doctor() {
   std::string why;
   if (Engine::driver_available(&why)) {
     const auto devices = Engine::devices();
-    std::printf("  driver:       loaded, %zu device(s)\n", devices.size());
+    std::printf("  driver:       %s, %zu device(s)\n", driver_version().c_str(), devices.size());
     for (const auto& d : devices) {
       std::printf("    cuda:%d      %s, %s, %d SMs, %.1f GiB\n", d.ordinal, d.name.c_str(),
                   d.arch.c_str(), d.multiprocessors,
@@ -27,8 +27,9 @@ int run_doctor() {
   config.warn = [](std::string_view line) {
     std::printf("  cache warning: %.*s\n", static_cast<int>(line.size()), line.data());
   };
+  // Where the cache is enabled DiskCache reports these itself; a disabled one says why here.
   if (config.disabled) {
-    for (const std::string& line : config.environment_warnings) config.warn(line);  // why
+    for (const std::string& line : config.environment_warnings) config.warn(line);
     std::printf("  cache:        disabled\n");
     return 0;
   }

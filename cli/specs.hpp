@@ -1,7 +1,7 @@
 #pragma once
 // `gmjit compile --specs FILE.json`: every MoE layer of a model, compiled into the cache ahead of
-// time without a GPU. The format is described in docs/EXPERT_PARALLEL.md ("Warm a cluster's
-// cache"); parse errors name the entry index and the field.
+// time without a GPU. The format is described in docs/EXPERT_PARALLEL.md ("Every layer of a
+// model from a spec file"); parse errors name the entry index and the field.
 #include <cstdint>
 #include <string>
 #include <utility>

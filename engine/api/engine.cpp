@@ -223,6 +223,12 @@ std::string nvrtc_version() {
   return codegen::nvrtc_version_string();
 }
 
+std::string driver_version() {
+  if (!engine::driver_available()) return {};
+  const int version = engine::driver().version;  // 1000 * major + 10 * minor
+  return fmt::format("{}.{}", version / 1000, version % 1000 / 10);
+}
+
 std::vector<std::string> supported_arches() {
   std::vector<std::string> names;
   for (const codegen::ArchLimits& limits : codegen::supported_arches()) {

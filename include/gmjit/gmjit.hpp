@@ -224,6 +224,10 @@ class GMJIT_API Engine {
 // The NVRTC version as "major.minor".
 GMJIT_API std::string nvrtc_version();
 
+// The CUDA driver's version as "major.minor" (the newest CUDA it supports), or "" where no
+// driver could be loaded.
+GMJIT_API std::string driver_version();
+
 // The arches gmjit generates kernels for ("sm_80", "sm_90a", ...): what prepare and
 // `gmjit compile --arch` take.
 GMJIT_API std::vector<std::string> supported_arches();

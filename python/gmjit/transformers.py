@@ -311,7 +311,10 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
         return tuple(_aligned(t) for t in (up.contiguous(), down.contiguous(), b_up, b_down))
     params = [t for t in (up, down, b_up, b_down) if t is not None]
     grad = torch.is_grad_enabled() and any(p.requires_grad for p in params)
-    cacheable = not grad and not torch.compiler.is_compiling()
+    # A compiled graph cannot change the module's __dict__ (a graph break, so no fullgraph),
+    # and a fake copy must neither be kept nor replace a real one: both leave the cache as it is.
+    untouched = torch.compiler.is_compiling() or _weight_cache.faking()
+    cacheable = not grad and not untouched
     if cacheable:
         key = _weight_cache.weights_key(*params)
         old = experts.__dict__.get("_gmjit_weights")
@@ -327,9 +330,11 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
         w2 = layouts.fc2_from_down(down, transposed=plan.transposed)
         b1 = layouts.maybe(layouts.fc1_bias_from_gate_up, b_up, interleaved=plan.interleaved)
         out = tuple(_aligned(t) for t in (w1, w2, b1, b_down))
+    if untouched:
+        return out
     if cacheable:
         entry, out = _weight_cache.store(kept, key, source, out)
-    else:
+    else:  # grad mode: the differentiable copies are the call's own; a cached one is stale
         entry = _weight_cache.release(experts.__dict__.get("_gmjit_weights"))
     _set_or_pop(experts, "_gmjit_weights", entry)
     return out
@@ -357,9 +362,10 @@ def _fp8_weights(experts: nn.Module, plan: ExpertsPlan, recipe: str, w1: Tensor,
     """The quantized (w1, w2) of `recipe` (with `transposed`, the 8-tuple with the transposed
     copies the backward's FP8 data gradients read), kept on the module while its weights'
     keys stay the same (gmjit.torch._weight_cache: they change at optimizer steps and in-place
-    writes). None while compiling, and while capturing a CUDA graph of training (`transposed`):
+    writes). None while compiling or faking (_weight_cache.faking), and while capturing a CUDA graph of training (`transposed`):
     the op then quantizes inside the graph, so that replays read the current weights."""
-    if torch.compiler.is_compiling() or (transposed and _weight_cache.capturing()):
+    if (torch.compiler.is_compiling() or _weight_cache.faking()
+            or (transposed and _weight_cache.capturing())):  # fmt: skip
         return None
     params = [t for t in _weights(experts, plan.has_gate) if t is not None]
     key = (recipe,) + _weight_cache.weights_key(*params)

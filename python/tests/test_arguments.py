@@ -177,3 +177,38 @@ def test_the_custom_ops_check_meta_tensors_as_real_ones(call, pattern):
 def test_valid_meta_calls_of_the_custom_ops_give_the_shapes():
     y, saved = forward_op(meta_call(), save=True)
     assert y.shape == (T, H) and saved.shape == (T, 2 * F)
+
+
+def test_accumulate_main_grad_is_refused_only_where_a_backward_would_need_it():
+    # A meta module (shapes only) and a no-grad call under a tracer compute no gradient.
+    t = layer(device="meta")
+    w1 = t["w1"].requires_grad_()
+    with torch.no_grad():
+        y = grouped_mlp(**t, accumulate_main_grad=True)
+    assert y.shape == (T, H) and y.device.type == "meta"
+    with pytest.raises(ValueError, match="accumulate_main_grad=True works only on the eager path"):
+        grouped_mlp(**t, accumulate_main_grad=True)
+    assert w1.requires_grad
+
+
+def test_clamped_swiglu_traces_with_dynamic_shapes_in_one_graph():
+    # dynamic=True makes the module's float limit symbolic; checking it must not break the
+    # graph (the trace then reaches the call, which needs a GPU).
+    from gmjit.torch import GroupedMLP
+
+    torch._dynamo.reset()
+    m = GroupedMLP(E, H, F, activation="clamped_swiglu", limit=6.0)
+    run = torch.compile(m, backend="eager", fullgraph=True, dynamic=True)
+    with pytest.raises(ValueError, match="'x' must be on a CUDA device"):
+        run(torch.randn(T, H, dtype=torch.bfloat16), torch.tensor([T // E] * E))
+
+
+def test_a_modules_repr_shows_the_options_that_change_its_output():
+    from gmjit.torch import GroupedMLP
+
+    plain = repr(GroupedMLP(E, H, F, device="meta"))
+    assert "limit" not in plain and "glu_layout" not in plain
+    text = repr(GroupedMLP(E, H, F, activation="clamped_swiglu", glu_layout="interleaved32",
+                           limit=5.0, alpha=1.5, accumulate_main_grad=True, device="meta"))  # fmt: skip
+    for part in ("glu_layout=interleaved32", "limit=5.0, alpha=1.5", "accumulate_main_grad=True"):
+        assert part in text, text

@@ -112,7 +112,7 @@ def test_the_router_runs_in_fp32_under_autocast():
 
 def test_misuse_is_refused_before_any_collective(monkeypatch):
     layer = ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, experts="torch", seed=1)
-    with pytest.raises(ValueError, match=r"hidden=64\], got \[64, 20\]"):
+    with pytest.raises(ValueError, match=r"hidden=64\], got shape \[64, 20\]"):
         layer(torch.randn(64, 20).to(torch.bfloat16))  # transposed [H, T]
     with pytest.raises(ValueError, match="distributed=False"):
         ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, group=object())
@@ -248,3 +248,124 @@ def test_a_single_process_layer_compiles_without_graph_breaks():
     x = torch.randn(8, 64, dtype=torch.bfloat16)
     y = torch.compile(layer, backend="aot_eager", fullgraph=True)(x)
     torch.testing.assert_close(y, layer(x))
+
+
+def _compile_and_copy_worker(rank: int, world: int, init_file: str, result_file: str) -> None:
+    """Across 2 ranks: torch.compile's gradients equal eager's; double backward equals the
+    single-process layer's; deepcopy shares the group, pickling binds the world group again and
+    a subgroup's layer, loaded, waits for its group."""
+    import copy
+    import io
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    failures = []
+
+    def check(name, a, b):
+        if not torch.allclose(a, b, rtol=1e-4, atol=1e-5):
+            failures.append(f"{name}: |a - b| = {(a - b).abs().max().item():.3g}")
+
+    try:
+        make = lambda **kw: ep_common.ExpertParallelMoE(32, 16, 4, 2, experts="torch", seed=1,
+                                                        dtype=torch.float32, **kw)  # fmt: skip
+        x = torch.randn(6 + rank, 32, generator=torch.Generator().manual_seed(rank))
+        grads = {}
+        for mode in ("eager", "compiled", "fullgraph"):
+            torch._dynamo.reset()
+            layer, xr = make(), x.clone().requires_grad_()
+            run = layer
+            if mode != "eager":  # fullgraph: the host-read splits become unbacked sizes
+                torch._dynamo.config.capture_scalar_outputs = mode == "fullgraph"
+                run = torch.compile(layer, backend="aot_eager", fullgraph=mode == "fullgraph")
+            run(xr).square().sum().backward()
+            grads[mode] = (layer.w1.grad, layer.w2.grad, layer.router.weight.grad, xr.grad)
+        torch._dynamo.config.capture_scalar_outputs = False
+        for mode in ("compiled", "fullgraph"):
+            for name, a, b in zip(("w1", "w2", "router", "x"), grads[mode], grads["eager"]):
+                check(f"{mode} d{name}", a, b)
+
+        # A gradient penalty: the terms through the exchanges must reach the experts.
+        layer, xr = make(), x.clone().requires_grad_()
+        (gx,) = torch.autograd.grad(layer(xr).square().sum(), xr, create_graph=True)
+        gx.square().sum().backward()
+        ref, xr = make(distributed=False), x.clone().requires_grad_()
+        (gx,) = torch.autograd.grad(ref(xr).square().sum(), xr, create_graph=True)
+        gx.square().sum().backward()
+        full = ref.w1.grad.clone()
+        dist.all_reduce(full)  # the layer's gradient is that of the sum of the ranks' losses
+        mine = slice(layer.first_expert, layer.first_expert + layer.local_experts)
+        check("double backward dw1", layer.w1.grad, full[mine])
+
+        layer = make()
+        copied = copy.deepcopy(layer)
+        if copied.group is not layer.group:
+            failures.append("deepcopy did not share the process group")
+        buf = io.BytesIO()
+        torch.save(layer, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        if loaded.group is not dist.group.WORLD:
+            failures.append(f"a loaded world-group layer has group {loaded.group!r}")
+        for name, other in (("deepcopy", copied), ("torch.load", loaded)):
+            check(f"{name} forward", other(x), layer(x))
+
+        alone = dist.new_group([0])  # every rank calls new_group; rank 0 builds the layer
+        if rank == 0:
+            single = make(group=alone)
+            buf = io.BytesIO()
+            torch.save(single, buf)
+            buf.seek(0)
+            loaded = torch.load(buf, weights_only=False)
+            try:
+                loaded(x)
+                failures.append("a loaded subgroup layer ran without its group")
+            except ValueError as e:
+                if "global ranks [0]" not in str(e):
+                    failures.append(f"unexpected message: {e}")
+            loaded.group = alone
+            check("rebound subgroup forward", loaded(x), single(x))
+        if rank == 0:
+            with open(result_file, "w") as f:
+                f.write("\n".join(failures) if failures else "ok")
+    except Exception:
+        if rank == 0:
+            with open(result_file, "w") as f:
+                f.write(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def test_compiled_and_double_backward_gradients_and_copies_across_ranks():
+    assert _spawn(_compile_and_copy_worker) == "ok"
+
+
+def test_x_and_seed_are_checked():
+    layer = ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, experts="torch", seed=1)
+    with pytest.raises(ValueError, match="x must be a floating-point tensor, got torch.int64"):
+        layer(torch.ones(3, 64, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"x must be \[..., hidden=64\], got list"):
+        layer([[1.0] * 64])
+    for bad in (1.0, True, "1"):
+        with pytest.raises(ValueError, match="'seed' must be an int or None"):
+            ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, experts="torch", seed=bad)
+    np = pytest.importorskip("numpy")
+    a = ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, experts="torch",
+                                    seed=np.int64(3))  # fmt: skip
+    b = ep_common.ExpertParallelMoE(64, 64, 4, 2, distributed=False, experts="torch", seed=3)
+    assert torch.equal(a.w1, b.w1) and type(a.seed) is int
+
+
+def test_torch_experts_compute_in_fp32_under_autocast():
+    # The reference and CPU stand-in: autocast would run its matmuls in bf16.
+    from gmjit.torch.expert_parallel import torch_experts
+
+    torch.manual_seed(0)
+    x, splits = torch.randn(12, 64), torch.tensor([5, 0, 7])
+    w1, w2 = torch.randn(3, 256, 64) / 8, torch.randn(3, 64, 128) / 11
+    run = torch_experts()
+    plain = run(x, splits, w1, w2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = run(x, splits, w1, w2)
+    assert autocast.dtype == torch.float32
+    torch.testing.assert_close(autocast, plain, rtol=0, atol=0)

@@ -865,6 +865,24 @@ def test_a_copied_or_pickled_module_starts_without_the_cache(fp8_engine, monkeyp
     torch.testing.assert_close(twin.w1, m.w1, rtol=0, atol=0)
 
 
+def test_a_call_under_fake_tensor_mode_leaves_the_cache_alone(fp8_engine, monkeypatch):
+    # A memory or FLOP estimate over a real module: its fake copies hold no data, and the next
+    # real call would be handed them.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    m = GroupedMLP(E, H, F, recipe="fp8_block").eval()
+    x, splits = torch.randn(T, H, dtype=BF), torch.tensor(SPLITS)
+    with torch.no_grad():
+        m(x, splits)
+        cached = m._fp8_cache.value
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            assert m.fp8_weights() is None
+            m(mode.from_tensor(x), mode.from_tensor(splits))
+        assert m._fp8_cache.value is cached and m.fp8_quantizations == 1
+        torch.testing.assert_close(m(x, splits), m(x, splits))
+
+
 def test_a_training_module_quantizes_inside_a_captured_cuda_graph(fp8_engine, monkeypatch):
     # Cached weights would be constants of the graph, stale after the next optimizer step.
     monkeypatch.setattr(_op, "_FAST_ON_CPU", True)

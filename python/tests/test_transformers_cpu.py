@@ -207,6 +207,25 @@ def test_a_fresh_model_compiles_with_fullgraph(family, monkeypatch):
     torch.testing.assert_close(y, m(x, idx, w), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_gpt_oss_experts_trace_to_one_graph_and_leave_the_cache_alone(grad):
+    # What forward runs for CUDA inputs: converting gpt-oss's transposed, interleaved weights
+    # under torch.compile must not touch the module's cache (a graph break); the trace then
+    # reaches the call, which needs a GPU.
+    m = hf_configs.experts_module("gpt_oss")
+    plan = gt.plan_for(m)
+    with torch.no_grad():
+        cached = gt._converted_weights(m, plan)  # an eager no-grad call's copy
+    x = torch.randn(6, 128, dtype=torch.bfloat16)
+    idx = torch.randint(0, 8, (6, 2))
+    w = torch.rand(6, 2, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    run = torch.compile(lambda *a: gt.experts_forward(m, plan, *a), backend="eager", fullgraph=True)
+    with torch.set_grad_enabled(grad), pytest.raises(ValueError, match="must be on a CUDA device"):
+        run(x, idx, w)
+    assert m.__dict__["_gmjit_weights"].value[0] is cached[0]
+
+
 def test_converted_weights_are_reused_until_a_parameter_changes():
     m = hf_configs.experts_module("gpt_oss")
     plan = gt.plan_for(m)

@@ -29,8 +29,15 @@ _F32 = torch.float32
 _FP8 = torch.float8_e4m3fn
 
 
-# Parsed (activation, glu_layout) pairs: (activation code, layout code, is_glu).
-_options: dict[tuple[str, str], tuple[int, int, bool]] = {}
+# Parsed (activation, glu_layout) pairs: (activation code, layout code, is_glu). Every valid
+# pair, made at import: filled on first use instead, a pair first seen inside a torch.compile
+# trace (where the fake kernels run it as plain Python) changed the dict that dynamo guards on,
+# and the trace failed its own guard.
+_options: dict[tuple[str, str], tuple[int, int, bool]] = {
+    (name, layout): (code, layout_code if name in GLU_ACTIVATIONS else 0, name in GLU_ACTIVATIONS)
+    for name, code in ACTIVATIONS.items()
+    for layout, layout_code in GLU_LAYOUTS.items()
+}
 
 
 def _parse_options(activation: str, glu_layout: str,
@@ -54,9 +61,7 @@ def _parse_options(activation: str, glu_layout: str,
         )
     glu = activation in GLU_ACTIVATIONS
     # The layout means nothing without a GLU; one code keeps one plan.
-    parsed = (ACTIVATIONS[activation], GLU_LAYOUTS[glu_layout] if glu else 0, glu)
-    _options[key] = parsed
-    return parsed
+    return (ACTIVATIONS[activation], GLU_LAYOUTS[glu_layout] if glu else 0, glu)
 
 
 def _parse_recipe(recipe: str, where: str = "grouped_mlp") -> int:
@@ -98,8 +103,11 @@ def check_clamp(activation: str, limit: object, alpha: object, where: str = "gro
         if not isinstance(value, (numbers.Real, torch.SymFloat, torch.SymInt)) \
                 or isinstance(value, bool):  # fmt: skip
             raise ValueError(f"{where}: argument '{name}' must be a real number, got {value!r}")
+        # Comparisons, not math.isfinite: torch.compile with dynamic=True makes float
+        # attributes symbolic, and math.isfinite on one breaks the graph (a comparison guards
+        # on the value instead; the kernel takes it as a literal anyway). False for NaN.
         if activation == "clamped_swiglu" and not (
-                math.isfinite(value) and (not positive or value > 0)):  # fmt: skip
+                -math.inf < value < math.inf and (not positive or value > 0)):  # fmt: skip
             what = "a finite number above 0" if positive else "a finite number"
             raise ValueError(f"{where}: argument '{name}' must be {what} for clamped_swiglu, "
                              f"got {value!r}")  # fmt: skip

@@ -381,7 +381,8 @@ def grouped_mlp(
             check_fp8_weights(fp8_weights, w1, w2, x, code)
     elif fp8_weights is not None:
         _fail("fp8_weights", "is for the FP8 recipes; recipe is 'bf16'")
-    if accumulate_main_grad:
+    needs_grad = torch.is_grad_enabled() and _any_requires_grad(x, w1, w2, b1, b2, probs)
+    if accumulate_main_grad and needs_grad:  # without a backward the flag changes nothing
         # Say which condition of the eager path failed: a tracer, or tensors it does not take.
         if _is_compiling() or _dispatch_modes() or _functorch_active() or _is_tracing():
             why = "this call runs under torch.compile or another tracer"
@@ -394,7 +395,6 @@ def grouped_mlp(
             "tensors outside torch.compile and other tracers, to which main_grad attributes are "
             f"not visible), but {why}"
         )
-    needs_grad = torch.is_grad_enabled() and _any_requires_grad(x, w1, w2, b1, b2, probs)
     if not code:
         y, _ = torch.ops.gmjit.grouped_mlp(x, split_sizes, w1, w2, b1, b2, probs, activation,
                                            glu_layout, float(limit), float(alpha),

@@ -23,7 +23,9 @@ lives (invalidation keeps it too): every later copy is written into it where the
 4-tuple) and becomes the copy eager calls read as well, so captured copies do not pile up; where
 they differ (another recipe), the captured memory is kept as it is. Tensors the cache did not
 make (a bias used as it is) are never written. A copy made inside a capture is not cached: its
-kernels run only when the graph replays, so eager calls would read unwritten memory.
+kernels run only when the graph replays, so eager calls would read unwritten memory. Nothing is
+cached or dropped while compiling or under a FakeTensorMode (`faking`): those calls quantize or
+convert inside the op, and a fake copy kept would hand its non-existent data to the next call.
 """
 
 from __future__ import annotations
@@ -117,6 +119,16 @@ def making() -> Iterator[None]:
     them)."""
     with torch.inference_mode(False), torch.no_grad():
         yield
+
+
+def faking() -> bool:
+    """Whether a FakeTensorMode is active (a memory or FLOP estimate run over a real module):
+    copies made then hold no data, so callers neither cache them nor drop what is cached."""
+    if not torch._C._len_torch_dispatch_stack():  # the common case, without the import
+        return False
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode() is not None
 
 
 _cuda_available: Optional[bool] = None

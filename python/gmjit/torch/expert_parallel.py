@@ -15,8 +15,9 @@ The router weights are applied after the combine (step 6), not through grouped_m
 the rows travel without their weights, the weighted sum of a token's k rows is formed in fp32,
 and the router gets its gradient from ordinary torch ops.
 
-Autograd runs end to end: the all_to_all is wrapped in an autograd.Function whose backward is
-the reverse all_to_all. Gradients of the expert weights are complete on their owning rank after
+Autograd runs end to end: the all_to_all's backward is the reverse all_to_all (differentiable
+again, so double backward works); under torch.compile it is torch's functional collective,
+which the compiled graph holds. Gradients of the expert weights are complete on their owning rank after
 backward (the rows of every rank flow back to it). The router weights are replicated: their
 gradient on each rank covers that rank's tokens only, and has to be summed (or averaged) over
 the ranks like any data-parallel parameter (`allreduce_router_grad()`, or DDP / FSDP on the
@@ -27,6 +28,7 @@ data-parallel wrapper can leave them out.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import time
 from typing import Callable, Optional
@@ -52,7 +54,9 @@ ExpertsFn = Callable[[Tensor, Tensor, Tensor, Tensor, Optional[Tensor], Optional
 
 
 class _AllToAll(torch.autograd.Function):
-    """all_to_all_single over dim 0 with uneven splits; backward is the reverse exchange."""
+    """all_to_all_single over dim 0 with uneven splits (eager). Its backward is the reverse
+    exchange through this Function again, so that it is differentiable in turn (a gradient
+    penalty's double backward reaches the experts through it)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
@@ -64,16 +68,40 @@ class _AllToAll(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        grad = grad.contiguous()
-        out = grad.new_empty((sum(ctx.in_splits),) + tuple(grad.shape[1:]))
-        dist.all_to_all_single(out, grad, ctx.in_splits, ctx.out_splits, group=ctx.group)
-        return out, None, None, None
+        return _AllToAll.apply(grad, ctx.in_splits, ctx.out_splits, ctx.group), None, None, None
 
 
 def all_to_all(x: Tensor, out_splits: list[int], in_splits: list[int], group=None) -> Tensor:
     """Differentiable all_to_all_single: rank r sends x's rows in_splits[j] to rank j and gets
-    out_splits[j] rows from rank j (concatenated in rank order)."""
+    out_splits[j] rows from rank j (concatenated in rank order).
+
+    Under torch.compile, torch's functional collective: traced through _AllToAll, the in-place
+    collective's result was lost in the compiled backward (the experts' gradients came out
+    zero). Eager calls keep _AllToAll: the functional collective's deferred waits made gloo
+    ranks abort at exit now and then."""
+    if torch.compiler.is_compiling():
+        from torch.distributed import _functional_collectives as funcol
+
+        return funcol.all_to_all_single_autograd(x.contiguous(), list(out_splits),
+                                                 list(in_splits),
+                                                 group if group is not None else dist.group.WORLD)  # fmt: skip
     return _AllToAll.apply(x, list(out_splits), list(in_splits), group)
+
+
+class _SavedGroup:
+    """A pickled layer's process group, by its global ranks. Loaded where torch.distributed
+    is initialised with exactly those ranks as the world, it is the world group again; any
+    other group (a subgroup) cannot be found from its ranks without a collective, so the
+    loaded layer waits for `layer.group = <that group>` before its next forward."""
+
+    def __init__(self, ranks: tuple[int, ...]) -> None:
+        self.ranks = ranks
+
+    def bind(self):
+        if (dist.is_available() and dist.is_initialized()
+                and self.ranks == tuple(range(dist.get_world_size()))):  # fmt: skip
+            return dist.group.WORLD
+        return self
 
 
 # --------------------------------------------------------------------------- experts functions
@@ -97,6 +125,12 @@ def torch_experts(activation: str = "swiglu", glu_layout: str = "halves",
     stand-in for gmjit on the CPU and the reference in tests. Reads split_sizes on the host."""
 
     def experts(x, split_sizes, w1, w2, b1=None, b2=None):
+        if _autocast_available(x.device.type):  # autocast would run the matmuls in bf16
+            with torch.autocast(x.device.type, enabled=False):
+                return in_compute_dtype(x, split_sizes, w1, w2, b1, b2)
+        return in_compute_dtype(x, split_sizes, w1, w2, b1, b2)
+
+    def in_compute_dtype(x, split_sizes, w1, w2, b1, b2):
         outs = []
         start = 0
         for e, n in enumerate(split_sizes.tolist()):
@@ -285,7 +319,10 @@ class ExpertParallelMoE(nn.Module):
                 p.expert_parallel = True
         if seed is None:
             seed = self._shared_seed(int(torch.randint(0, 2**62, ()).item()), device)
-        self.seed = seed
+        elif isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise ValueError(f"ExpertParallelMoE: argument 'seed' must be an int or None, got "
+                             f"{seed!r}")  # fmt: skip
+        self.seed = int(seed)  # a numpy integer would overflow in reset_parameters' arithmetic
         self.reset_parameters()
 
     def _shared_seed(self, local: int, device) -> int:
@@ -313,14 +350,34 @@ class ExpertParallelMoE(nn.Module):
     def __getstate__(self) -> dict:
         # The experts function and the timing reader are closures (not picklable): made again
         # from the constructor's `experts` when the layer is loaded (torch.save, deepcopy).
+        # A process group cannot be pickled either: its global ranks stand in for it, and the
+        # loading process binds the group of the same ranks again (see _bind_loaded_group).
         state = self.__dict__.copy()
         state.pop("_experts", None)
         state["_timing"] = None
+        if self.group is not None:
+            state["group"] = _SavedGroup(tuple(dist.get_process_group_ranks(self.group)))
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._experts = self._make_experts(self._experts_arg)
+        if isinstance(self.group, _SavedGroup):
+            self.group = self.group.bind()
+
+    def __deepcopy__(self, memo: dict) -> "ExpertParallelMoE":
+        # A copy in this process (an EMA model, swa_utils.AveragedModel) works in the same
+        # group: the group is shared, everything else copied.
+        import copy
+
+        copied = self.__class__.__new__(self.__class__)
+        memo[id(self)] = copied
+        state = self.__getstate__()
+        group, state["group"] = self.group, None
+        state = copy.deepcopy(state, memo)
+        state["group"] = group
+        copied.__setstate__(state)
+        return copied
 
     def _make_experts(self, experts) -> ExpertsFn:
         opts = (self.activation, self.glu_layout, self.limit, self.alpha)
@@ -407,9 +464,12 @@ class ExpertParallelMoE(nn.Module):
         stay on one scale (as DDP-averaged dense gradients need; see scale_expert_grads)."""
         g = self.router.weight.grad
         if self.world_size > 1 and g is not None:
-            dist.all_reduce(g, group=self.group)
+            # Summed in fp32: a bf16 sum over the ranks rounds at every step.
+            total = g.float()
+            dist.all_reduce(total, group=self.group)
             if average:
-                g.div_(self.world_size)
+                total.div_(self.world_size)
+            g.copy_(total)
         if average:
             self.scale_expert_grads(1.0 / self.world_size)
 
@@ -443,10 +503,17 @@ class ExpertParallelMoE(nn.Module):
         return weights, experts
 
     def forward(self, x: Tensor) -> Tensor:
-        shape = x.shape
-        if x.dim() == 0 or shape[-1] != self.hidden:
+        if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[-1] != self.hidden:
             raise ValueError(f"ExpertParallelMoE: x must be [..., hidden={self.hidden}], got "
-                             f"{list(shape)}")  # fmt: skip
+                             f"{_describe(x)}")  # fmt: skip
+        shape = x.shape
+        if not x.is_floating_point():
+            raise ValueError(f"ExpertParallelMoE: x must be a floating-point tensor, got {x.dtype}")
+        if isinstance(self.group, _SavedGroup):
+            raise ValueError(f"ExpertParallelMoE: this layer was saved in the process group of "
+                             f"global ranks {list(self.group.ranks)}, which a loaded layer "
+                             f"cannot find by itself; set `layer.group` to that group before "
+                             f"calling it")  # fmt: skip
         x = x.reshape(-1, self.hidden)
         T, k, E, W, El = x.shape[0], self.top_k, self.num_experts, self.world_size, self.local_experts
         clock = _Clock(x.device) if self.profile else None

@@ -127,9 +127,9 @@ class GroupedMLP(nn.Module):
         (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales) after them, for FP8 data gradients in the
         backward: cached, quantized again only when w1 or w2 changed or the transposed copies
         are wanted and not cached. (The cached 8-tuple also serves calls that do not want them.)
-        None for the BF16 recipe, while compiling or capturing a training module's CUDA graph
+        None for the BF16 recipe, while compiling, under a FakeTensorMode or capturing a training module's CUDA graph
         (the op then quantizes inside the graph) and for weights off the GPU."""
-        if self.recipe == "bf16" or torch.compiler.is_compiling():
+        if self.recipe == "bf16" or torch.compiler.is_compiling() or _weight_cache.faking():
             return None
         w1, w2 = self.w1, self.w2
         if not (w1.is_cuda and w2.is_cuda) and not _quantize_off_gpu():
@@ -166,9 +166,15 @@ class GroupedMLP(nn.Module):
         self._fp8_cache = _weight_cache.invalidated(self._fp8_cache)
 
     def extra_repr(self) -> str:
-        recipe = "" if self.recipe == "bf16" else f", recipe={self.recipe}"
+        extra = "" if self.recipe == "bf16" else f", recipe={self.recipe}"
+        if self.activation in GLU_ACTIVATIONS and self.glu_layout != "halves":
+            extra += f", glu_layout={self.glu_layout}"
+        if self.activation == "clamped_swiglu":
+            extra += f", limit={self.limit}, alpha={self.alpha}"
+        if self.accumulate_main_grad:
+            extra += ", accumulate_main_grad=True"
         return (f"num_experts={self.num_experts}, hidden={self.hidden}, ffn={self.ffn}, "
-                f"activation={self.activation}, bias={self.b1 is not None}{recipe}")  # fmt: skip
+                f"activation={self.activation}, bias={self.b1 is not None}{extra}")  # fmt: skip
 
     @torch.no_grad()
     def load_gate_up(
