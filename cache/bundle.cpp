@@ -151,8 +151,12 @@ ImportResult import_into(DiskCache& cache, std::span<const std::byte> bytes) {
                    " is not writable (disabled, read-only or not trusted)";
     return result;
   }
+  // One key is one entry, whatever its name: a kernel shared by plans of both grad modes may
+  // have been written under both names, and a store keeps one good copy of a key.
+  std::unordered_set<std::string> keys;  // hex
   for (std::size_t i = 0; i < decoded.entries.size(); ++i) {
     const VerifiedEntry& entry = decoded.entries[i];
+    if (!keys.insert(entry.key.hex()).second) continue;
     if (!cache.store(entry.key, entry.labels, entry.payload)) {
       result.error = "could not publish entry " + std::to_string(i) + " ('" + entry.name +
                      "') into " + cache.directory().string();
@@ -161,12 +165,10 @@ ImportResult import_into(DiskCache& cache, std::span<const std::byte> bytes) {
     ++result.published;
   }
   // Stores evict by the size bound, so what was published need not be there any more.
-  std::unordered_set<std::string> names;
-  for (const VerifiedEntry& entry : decoded.entries) names.insert(entry.name);
   for (const EntryListing& listing : cache.list()) {
-    if (names.erase(listing.path.filename().string()) != 0) ++result.present;
+    if (keys.erase(listing.key.hex()) != 0) ++result.present;
   }
-  result.evicted = names.size();
+  result.evicted = keys.size();
   return result;
 }
 

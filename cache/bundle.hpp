@@ -45,9 +45,11 @@ struct Decoded {
 // entries is empty.
 Decoded decode(std::span<const std::byte> bytes);
 
+// Entries are counted by key: a bundle may hold one key under two names (a kernel shared by plans
+// of both grad modes, written under both by a race), and that is one kernel, stored once.
 struct ImportResult {
   std::uint64_t published = 0;
-  // Of the bundle's entries, how many are in the local layer once the import is done, and how
+  // Of the bundle's keys, how many are in the local layer once the import is done, and how
   // many of those published are not (evicted by the size bound, by this import's own stores).
   std::uint64_t present = 0;
   std::uint64_t evicted = 0;
@@ -56,7 +58,8 @@ struct ImportResult {
 };
 
 // Verifies the whole bundle first and publishes nothing when any check fails; then publishes
-// each entry atomically into the cache's local layer. A failed write stops the import (the
+// each key's entry atomically into the cache's local layer (replacing a bad file under its
+// name; a good copy already there is kept). A failed write stops the import (the
 // entries already published are good ones). A bundle larger than GMJIT_CACHE_MAXSIZE evicts
 // some of its own entries: present says what the cache holds afterwards.
 ImportResult import_into(DiskCache& cache, std::span<const std::byte> bytes);

@@ -101,22 +101,40 @@ bool DiskCache::trusted_or_warn(const std::filesystem::path& dir, fs::DirTrust t
   return false;
 }
 
-// A directory that passes the trust checks but cannot be opened (too many open files, an I/O or
-// stale NFS handle error, a shared layer not readable by this user) is an error, not a trust
-// problem: a store hands the errno to fail_store (writes off for a while, one warning), a load
-// misses with one warning of its own.
+// A directory that passes the trust checks (or cannot even be looked at) but cannot be opened (too
+// many open files, an I/O or stale NFS handle error, a name too long, a parent this user may not
+// search, a shared layer not readable by this user) is an error, not a trust problem: a store
+// hands the errno to fail_store (writes off for a while, one warning), a load misses with one
+// warning of its own. The two do not repeat each other's errno for the versioned directory.
 void DiskCache::report_open_error(const std::filesystem::path& dir, int error,
                                   int* create_error) const {
   if (create_error != nullptr) {
     *create_error = error;
     return;
   }
-  if (state_->warned_unopenable.exchange(true)) return;
-  warn("gmjit cache: " + dir.string() + " is not accessible (" + fs::errno_text(error) +
-       "); treated as a miss (reported once)" +
+  const bool versioned = dir == directory_;
+  if (versioned ? state_->directory_error_reported.exchange(error) == error
+                : state_->warned_unopenable.exchange(true)) {
+    return;
+  }
+  warn("gmjit cache: " + dir.string() + " is not accessible (" + fs::errno_text(error) + "); " +
+       (versioned && !shared_layer_ ? "loads miss and new kernels are kept in memory only"
+                                    : "treated as a miss") +
+       " (reported once)" +
        (shared_layer_ && error == EACCES
             ? "; a shared layer must be readable by its users (chmod -R a+rX)"
             : ""));
+}
+
+// A directory a walk could not read: what it holds is missing from what the walk returns, so
+// say so (once per path) rather than pass for complete.
+void DiskCache::report_unreadable(const std::vector<UnreadableDirectory>& unreadable) const {
+  for (const UnreadableDirectory& dir : unreadable) {
+    if (!state_->first_report(state_->reported_unreadable, dir.path.string())) continue;
+    warn("gmjit cache: cannot read " + dir.path.string() + " (" + fs::errno_text(dir.error) +
+         "); the entries in it are left out of stats, listings, exports and eviction (reported "
+         "once)");
+  }
 }
 
 fs::DirTrust DiskCache::trust_of(int dir_fd) const {
@@ -145,10 +163,12 @@ std::shared_ptr<const fs::UniqueFd> DiskCache::open_directory(bool create,
   fs::UniqueFd fd = fs::open_directory_at(AT_FDCWD, directory_.c_str());
   if (!fd.valid()) {
     const int error = errno;
-    // By path only to word the warning: lstat tells a symlink from a missing parent.
+    // By path only to word the warning: lstat tells a symlink from a missing parent. When lstat
+    // fails too (a name too long, a parent this user may not search), open's errno says why.
     const fs::DirTrust trust = fs::check_directory(
         directory_, shared_layer_ ? fs::Owners::self_or_root : fs::Owners::self);
-    if (trust == fs::DirTrust::kTrusted && error != ENOENT) {
+    if ((trust == fs::DirTrust::kTrusted && error != ENOENT) ||
+        trust == fs::DirTrust::kInaccessible) {
       report_open_error(directory_, error, create ? create_error : nullptr);
     } else {
       trusted_or_warn(directory_, trust);
@@ -166,7 +186,7 @@ std::string DiskCache::why_not_opened() const {
   const fs::DirTrust trust =
       fs::check_directory(directory_, shared_layer_ ? fs::Owners::self_or_root : fs::Owners::self);
   if (trust == fs::DirTrust::kMissing) return {};
-  if (trust != fs::DirTrust::kTrusted) {
+  if (trust != fs::DirTrust::kTrusted && trust != fs::DirTrust::kInaccessible) {
     return directory_.string() + " is " + fs::to_string(trust) + "; it was not used";
   }
   const fs::UniqueFd fd = fs::open_directory_at(AT_FDCWD, directory_.c_str());
@@ -176,7 +196,9 @@ std::string DiskCache::why_not_opened() const {
 
 // A fan-out directory inside dir_fd, opened without following a symlink and trusted by its
 // handle. Invalid when missing, untrusted (one warning) or, with create, not creatable
-// (*create_error gets the errno).
+// (*create_error gets mkdir's errno: the versioned directory cannot be written). One that exists
+// but cannot be opened is that fan-out's problem: a load misses with one warning, a store
+// (create) fails alone with one warning per fan-out (*create_error gets kEntryFailed).
 fs::UniqueFd DiskCache::open_fanout(int dir_fd, const std::string& name, bool create,
                                     int* create_error) const {
   bool created = false;
@@ -192,8 +214,12 @@ fs::UniqueFd DiskCache::open_fanout(int dir_fd, const std::string& name, bool cr
   if (!fd.valid()) {
     const int error = errno;
     const fs::DirTrust trust = fs::trust_after_open_error(dir_fd, name, error);
-    if (trust == fs::DirTrust::kInaccessible) {  // a directory there, open() refused
-      report_open_error(directory_ / name, error, create ? create_error : nullptr);
+    if (trust == fs::DirTrust::kInaccessible && create_error != nullptr) {  // open() refused
+      *create_error = fail_entry(directory_ / name, error,
+                                 "this fan-out directory cannot be opened (check its owner and "
+                                 "permissions)");
+    } else if (trust == fs::DirTrust::kInaccessible) {
+      report_open_error(directory_ / name, error, nullptr);
     } else {
       trusted_or_warn(directory_ / name, trust);
     }

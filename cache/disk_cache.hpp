@@ -116,13 +116,23 @@ struct RemovalFailure {
   int error = 0;
 };
 
+// A directory of the cache that a walk could not open or list (opendir or readdir failed with
+// `error`: its permissions, too many open files, an I/O error). The entries in it, if any, were
+// not seen: not counted, listed, exported, evicted, pruned or cleared.
+struct UnreadableDirectory {
+  std::filesystem::path path;
+  int error = 0;
+};
+
 struct PruneResult {
   std::uint64_t removed = 0;
-  std::vector<RemovalFailure> failures;  // entries still on disk; their bytes still count
+  std::uint64_t stale_temps_removed = 0;  // temp files (and empty temp folders) of dead writers
+  std::vector<RemovalFailure> failures;   // entries still on disk; their bytes still count
+  std::vector<UnreadableDirectory> unreadable;  // not walked: what they hold was not removed
   // Why the directory could not be pruned at all (untrusted, not accessible, an exception);
   // empty when it was, or when it does not exist (nothing to prune).
   std::string error;
-  bool ok() const { return failures.empty() && error.empty(); }
+  bool ok() const { return failures.empty() && unreadable.empty() && error.empty(); }
 };
 
 // Whether the caller can use a payload (it decodes, and matches what was asked for).
@@ -157,18 +167,24 @@ class DiskCache {
   std::optional<std::vector<std::byte>> load(const Key128& key, LoadOrigin* origin = nullptr,
                                              const PayloadCheck& accept = {});
 
-  // Publishes atomically. Returns false when the cache is disabled or read-only (silently: the
-  // user asked for it) or unwritable (after one warning per DiskCache; stores are then skipped
-  // for config.write_retry_seconds before one is tried again). The caller keeps working from
-  // memory.
+  // Publishes atomically, unless a good copy of the entry (this key and payload, under either
+  // grad mode's name) is on disk already; a bad or unreadable file under the entry's name is
+  // replaced. Returns false when the cache is disabled or read-only (silently: the user asked for
+  // it), unwritable (after one warning per DiskCache; stores are then skipped for
+  // config.write_retry_seconds before one is tried again), or when this entry's own path cannot
+  // be written (a directory or an immutable file in its place, a fan-out directory that cannot
+  // be opened: one warning per path, other stores go on). The caller keeps working from memory.
   bool store(const Key128& key, const EntryLabels& labels, std::span<const std::byte> payload);
 
   bool enabled() const { return !config_.disabled; }
+  std::uint64_t max_bytes() const { return config_.max_bytes; }
   bool read_only() const { return config_.read_only; }
   bool writable() const;
   const std::filesystem::path& directory() const { return directory_; }
 
-  // The local layer only; the shared layers have their own calls.
+  // The local layer only; the shared layers have their own calls. A directory of the cache that
+  // cannot be read is reported through warn (once per path) and left out of stats, listings and
+  // exports.
   CacheStats stats() const;
   std::vector<EntryListing> list() const;
   std::vector<CacheStats> shared_stats() const;  // one per shared layer, in lookup order
@@ -183,7 +199,8 @@ class DiskCache {
   // Removes least-recently-used entries until the total is at most max_bytes, and entries not
   // used for older_than_seconds (when given; saturating, so a huge value removes nothing by age).
   // Also removes temp files left by crashed writers. Disabled or read-only caches are not
-  // modified (read_only() tells the caller why nothing was removed).
+  // modified (read_only() tells the caller why nothing was removed). A fan-out directory it
+  // cannot read is returned in `unreadable` (the result is then not ok()), not warned about.
   PruneResult prune(std::uint64_t max_bytes, std::optional<std::int64_t> older_than_seconds);
 
   DiskCacheCounters counters() const;
@@ -211,8 +228,13 @@ class DiskCache {
                                                   const Key128& key, const PayloadCheck& accept);
   void report_bad_entry(int fanout_fd, const std::string& name, const std::filesystem::path& path,
                         int fd, std::string_view reason);
+  void report_unreadable(const std::vector<UnreadableDirectory>& unreadable) const;
   bool fail_store(int error);
-  int publish(int fanout_fd, const std::string& name, std::span<const std::byte> bytes);
+  int fail_entry(const std::filesystem::path& path, int error, std::string_view problem) const;
+  bool holds_entry(int fanout_fd, const std::string& name, const Key128& key,
+                   std::span<const std::byte> payload) const;
+  int publish(int fanout_fd, const std::string& name, const std::filesystem::path& path,
+              std::span<const std::byte> bytes);
   void account_store(int dir_fd, std::uint64_t bytes, const std::string& name);
   int try_store(const Key128& key, const EntryLabels& labels, std::span<const std::byte> payload);
   PruneResult maintain(int dir_fd, std::uint64_t trigger_bytes, std::uint64_t target_bytes,

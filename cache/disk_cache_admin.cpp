@@ -76,6 +76,7 @@ CacheStats DiskCache::stats() const {
     if (const auto dir = open_directory(/*create=*/false, nullptr)) {
       const maintenance::Scan scan = maintenance::scan(dir->get(), directory_, false, fs::now_ns());
       ++state_->scans;
+      report_unreadable(scan.unreadable);
       stats.entries = scan.entries.size();
       stats.total_bytes = scan.total_bytes;
     }
@@ -94,6 +95,7 @@ std::vector<EntryListing> DiskCache::list() const {
     if (!dir) return listings;
     maintenance::Scan scan = maintenance::scan(dir->get(), directory_, false, fs::now_ns());
     ++state_->scans;
+    report_unreadable(scan.unreadable);
     std::vector<std::byte> head;
     for (maintenance::ScannedEntry& entry : scan.entries) {
       EntryListing listing;
@@ -157,9 +159,17 @@ std::vector<RawEntry> DiskCache::read_valid_entries(std::uint64_t* skipped,
       const auto dir = open_directory(/*create=*/false, nullptr);
       if (!dir) why = why_not_opened();
       if (dir) {
-        const maintenance::Scan scan =
-            maintenance::scan(dir->get(), directory_, false, fs::now_ns());
+        maintenance::Scan scan = maintenance::scan(dir->get(), directory_, false, fs::now_ns());
         ++state_->scans;
+        if (!scan.unreadable.empty() && scan.unreadable.front().path == directory_) {
+          // The versioned directory itself could not be listed (it comes first): nothing was
+          // read, which is an error, not a partial export.
+          why = directory_.string() + " could not be listed (" +
+                fs::errno_text(scan.unreadable.front().error) + ")";
+          scan.entries.clear();
+        } else {
+          report_unreadable(scan.unreadable);
+        }
         const fs::Owners owners = shared_layer_ ? fs::Owners::self_or_root : fs::Owners::self;
         for (const maintenance::ScannedEntry& entry : scan.entries) {
           const fs::UniqueFd fanout = fs::open_directory_at(dir->get(), entry.fanout.c_str());

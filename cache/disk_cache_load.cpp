@@ -116,7 +116,7 @@ std::optional<std::vector<std::byte>> DiskCache::load_file(int fanout_fd, const 
     return std::nullopt;
   }
   // Both ways: a stamp in the future (clock skew, a copied cache) is as wrong as an old one.
-  if (const std::int64_t age = fs::now_ns() - fs::info_of(fd.get()).mtime_ns;
+  if (const std::int64_t age = fs::age_ns(fs::now_ns(), fs::info_of(fd.get()).mtime_ns);
       !config_.read_only && (age > kStampRefreshNs || age < -kStampRefreshNs)) {
     futimens(fd.get(), nullptr);  // best effort: a stale stamp only makes eviction less exact
   }
@@ -132,8 +132,7 @@ void DiskCache::report_bad_entry(int fanout_fd, const std::string& name,
   const std::string what = path.string() + ": " + std::string(reason);
   // Whether this path is new to the set, decided under the lock; the warning after it.
   auto first_report = [&] {
-    const std::lock_guard lock(state_->reported_mutex);
-    return state_->reported_read_only.insert(path.string()).second;
+    return state_->first_report(state_->reported_read_only, path.string());
   };
   if (config_.read_only) {
     if (first_report()) {

@@ -29,7 +29,8 @@ constexpr std::uint64_t kMaxEntryBytes = 1ull << 30;  // sanity bound on what lo
 // try_store's results besides 0 and errno values (which are positive).
 constexpr int kUntrusted = -1;       // a directory is not trusted (warned once)
 constexpr int kTempVanished = -2;    // ENOENT while publishing: the temp file was removed
-constexpr int kAlreadyPresent = -3;  // another writer published this key (other labels)
+constexpr int kAlreadyPresent = -3;  // a good copy of this entry is on disk already
+constexpr int kEntryFailed = -4;     // this entry's own path could not be written (warned)
 
 }  // namespace
 
@@ -49,15 +50,27 @@ struct DiskCache::State {
   std::atomic<bool> warned_unwritable{false};
   std::atomic<bool> warned_writable_again{false};
   std::atomic<bool> warned_untrusted{false};
-  std::atomic<bool> warned_unopenable{false};  // a trusted directory open() refused (EMFILE, EIO)
+  std::atomic<bool> warned_unopenable{false};  // a fan-out directory open() refused (EMFILE, EIO)
+  // The errno last reported for the versioned directory by a load that could not open it, or by
+  // a store that turned writes off (0: none): the other side does not repeat it.
+  std::atomic<int> directory_error_reported{0};
   std::atomic<bool> warned_unreadable_entry{false};
   std::atomic<bool> warned_undeletable{false};  // eviction met an entry it cannot remove
   std::array<std::atomic<bool>, static_cast<std::size_t>(Operation::count)> warned_swallowed{};
   std::atomic<std::int64_t> size_estimate{-1};  // -1: unknown, scan on the next store
   std::atomic<std::uint64_t> stores_since_scan{0};
-  ForkSafeMutex reported_mutex;
+  ForkSafeMutex reported_mutex;  // guards the reported_* sets
+  // Whether `key` is new to `reported` (one of the sets below): report it only then.
+  bool first_report(std::unordered_set<std::string>& reported, const std::string& key) {
+    const std::lock_guard lock(reported_mutex);
+    return reported.insert(key).second;
+  }
   // Bad entries kept (a read-only cache, or their removal failed), each reported once.
   std::unordered_set<std::string> reported_read_only;
+  // Paths a store could not publish to, and directories a walk could not read: each reported
+  // once.
+  std::unordered_set<std::string> reported_store_failures;
+  std::unordered_set<std::string> reported_unreadable;
   std::atomic<std::uint64_t> hits{0}, shared_hits{0}, misses{0}, bad_entries{0}, stores{0},
       store_failures{0}, evictions{0}, scans{0};
 };

@@ -29,13 +29,28 @@ bool DiskCache::fail_store(int error) {
       config_.write_retry_seconds, std::numeric_limits<std::int64_t>::max() / kNsPerSecond / 2);
   state_->writes_off_until_ns =
       fs::monotonic_ns() + std::max<std::int64_t>(retry_ns, 0) * kNsPerSecond;
-  if (!state_->warned_unwritable.exchange(true)) {
+  // A load that could not open the directory has said why already, with this errno.
+  if (state_->directory_error_reported.load() != error &&
+      !state_->warned_unwritable.exchange(true)) {
+    state_->directory_error_reported = error;
     warn("gmjit cache: cannot write to " + directory_.string() + " (" + fs::errno_text(error) +
          "); disk writes are off and new kernels are kept in memory only; a write is tried "
          "again every " +
          std::to_string(config_.write_retry_seconds) + " s (this is reported once)");
   }
   return false;
+}
+
+// A store that failed at one path (a directory or an irreplaceable file where its entry goes, a
+// fan-out directory that cannot be opened) is a problem of that path, not of the cache: that store
+// fails, with one warning per path, and the other writes go on.
+int DiskCache::fail_entry(const std::filesystem::path& path, int error,
+                          std::string_view problem) const {
+  if (state_->first_report(state_->reported_store_failures, path.string())) {
+    warn("gmjit cache: cannot publish to " + path.string() + " (" + fs::errno_text(error) +
+         "): " + std::string(problem) + "; the kernels that go there are kept in memory only");
+  }
+  return kEntryFailed;
 }
 
 bool DiskCache::store(const Key128& key, const EntryLabels& labels,
@@ -52,18 +67,9 @@ bool DiskCache::store(const Key128& key, const EntryLabels& labels,
     // stale, or the cache was rm -rf'ed. The directory is writable, so try once more, and if
     // that races too, skip this store without turning writes off.
     if (error == kTempVanished) error = try_store(key, labels, payload);
-    if (error == kAlreadyPresent) return true;  // on disk; nothing written, nothing to report
-    if (error == EISDIR || error == ENOTEMPTY) {
-      // A directory sits where this entry's file goes: a problem of that one path, not of the
-      // cache, so the other writes go on.
-      ++state_->store_failures;
-      warn("gmjit cache: cannot publish " +
-           (directory_ / layout::fanout_name(key) / layout::entry_file_name(key, labels)).string() +
-           ": a directory is in its place (" + fs::errno_text(error) + "); remove it");
-      return false;
-    }
-    if (error == kTempVanished || error == kUntrusted) {
-      ++state_->store_failures;  // untrusted: warned once; never write there
+    if (error == kAlreadyPresent) return true;  // a good copy is on disk: nothing to write
+    if (error == kTempVanished || error == kUntrusted || error == kEntryFailed) {
+      ++state_->store_failures;  // warned (untrusted: once; never write there); writes stay on
       return false;
     }
     if (error != 0) return fail_store(error);
@@ -79,31 +85,56 @@ bool DiskCache::store(const Key128& key, const EntryLabels& labels,
   }
 }
 
-// One publish: 0, an errno, kUntrusted, kTempVanished or kAlreadyPresent.
+// Whether fanout/name is a good copy of what a store of `payload` under `key` publishes: a regular
+// file of this user that decodes for `key`, with the same payload (stamped as used, then). Its
+// labels may differ: a kernel shared by plans of both grad modes is one entry under either name.
+// Anything else (truncated, corrupt, unreadable, another user's) is no copy: the store replaces
+// it. Stores follow a compile of a second or so, so reading the file costs nothing noticeable.
+bool DiskCache::holds_entry(int fanout_fd, const std::string& name, const Key128& key,
+                            std::span<const std::byte> payload) const {
+  const fs::UniqueFd fd(
+      openat(fanout_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid()) return false;
+  const fs::FileInfo info = fs::info_of(fd.get());
+  // The size first: a header and this payload, or it cannot be a copy (a truncated file).
+  if (!info.is_regular() || !fs::owner_allowed(info.uid, fs::Owners::self) ||
+      info.size < kMinHeaderBytes + payload.size() ||
+      info.size > kMaxHeaderBytes + payload.size()) {
+    return false;
+  }
+  std::vector<std::byte> bytes;
+  if (fs::read_file(fd.get(), kMaxEntryBytes, bytes) != 0) return false;
+  const DecodeResult<DecodedEntry> decoded = decode(bytes, key);
+  if (!decoded || !std::ranges::equal(decoded.value().payload, payload)) return false;
+  // Used just now, as a load would stamp it, so that eviction does not take it first.
+  futimens(fd.get(), nullptr);
+  return true;
+}
+
+// One publish: 0, an errno (the cache directory cannot be written), kUntrusted, kTempVanished,
+// kAlreadyPresent or kEntryFailed.
 int DiskCache::try_store(const Key128& key, const EntryLabels& labels,
                          std::span<const std::byte> payload) {
   // Each level is checked, through its open handle, before anything is created inside it.
   int error = 0;
   const auto dir = open_directory(/*create=*/true, &error);
   if (!dir) return error != 0 ? error : kUntrusted;
-  const fs::UniqueFd fanout =
-      open_fanout(dir->get(), layout::fanout_name(key), /*create=*/true, &error);
+  const std::string fanout_name = layout::fanout_name(key);
+  const fs::UniqueFd fanout = open_fanout(dir->get(), fanout_name, /*create=*/true, &error);
   if (!fanout.valid()) return error != 0 ? error : kUntrusted;
   // Another process (or engine) that missed at the same time may have published this kernel
-  // already, under another plan's labels (the name carries the grad mode): one copy is enough.
+  // already, maybe under another plan's labels (the name carries the grad mode): one good copy
+  // is enough.
   for (const std::string& existing : fs::list_directory(fanout.get())) {
-    struct stat info {};
     if (layout::is_entry_name_of(existing, key) &&
-        ::fstatat(fanout.get(), existing.c_str(), &info, AT_SYMLINK_NOFOLLOW) == 0 &&
-        S_ISREG(info.st_mode)) {
-      // Used just now, as a load would stamp it, so that eviction does not take it first.
-      (void)::utimensat(fanout.get(), existing.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
+        holds_entry(fanout.get(), existing, key, payload)) {
       return kAlreadyPresent;
     }
   }
   const std::vector<std::byte> bytes = encode(key, labels, payload);
   const std::string name = layout::entry_file_name(key, labels);
-  if (const int publish_error = publish(fanout.get(), name, bytes); publish_error != 0) {
+  if (const int publish_error = publish(fanout.get(), name, directory_ / fanout_name / name, bytes);
+      publish_error != 0) {
     return publish_error == ENOENT ? kTempVanished : publish_error;
   }
   ++state_->stores;
@@ -111,8 +142,10 @@ int DiskCache::try_store(const Key128& key, const EntryLabels& labels,
   return 0;
 }
 
-// Returns 0 or an errno. Never leaves a temp file behind unless the process dies.
-int DiskCache::publish(int fanout_fd, const std::string& name, std::span<const std::byte> bytes) {
+// Returns 0, an errno or kEntryFailed (`path`, the entry's, cannot be replaced). Never leaves a
+// temp file behind unless the process dies.
+int DiskCache::publish(int fanout_fd, const std::string& name, const std::filesystem::path& path,
+                       std::span<const std::byte> bytes) {
   fs::UniqueFd fd;
   std::string temp;
   for (int attempt = 0; attempt < 8 && !fd.valid(); ++attempt) {
@@ -144,8 +177,26 @@ int DiskCache::publish(int fanout_fd, const std::string& name, std::span<const s
   if (fsync(fd.get()) != 0) return fail(errno);
   if (close(fd.release()) != 0) return fail(errno);
   if (hooks) hooks->before_rename();
-  // Atomic replace: a racer publishing the same key wrote the same bytes, so either wins.
-  if (renameat(fanout_fd, temp.c_str(), fanout_fd, name.c_str()) != 0) return fail(errno);
+  // Atomic replace: a racer publishing the same key wrote the same bytes, so either wins; a bad
+  // file under this name is replaced whole.
+  if (renameat(fanout_fd, temp.c_str(), fanout_fd, name.c_str()) != 0) {
+    // The temp file was made in the same directory, so the directory is writable: these are
+    // about what is at this one name.
+    switch (const int error = fail(errno)) {
+      case EISDIR:
+      case ENOTEMPTY:
+      case EEXIST:
+        return fail_entry(path, error, "a directory is in its place; remove it");
+      case EPERM:
+      case EACCES:
+      case EBUSY:
+        return fail_entry(path, error,
+                          "the file in its place cannot be replaced (check its attributes, such "
+                          "as immutable); remove it");
+      default:
+        return error;
+    }
+  }
   fs::fsync_directory(fanout_fd);
   return 0;
 }
@@ -158,7 +209,8 @@ void DiskCache::account_store(int dir_fd, std::uint64_t bytes, const std::string
     const auto target =
         static_cast<std::uint64_t>(static_cast<double>(config_.max_bytes) * kEvictTargetFraction);
     const PruneResult result = maintain(dir_fd, config_.max_bytes, target, std::nullopt, name);
-    if (!result.ok() && !state_->warned_undeletable.exchange(true)) {
+    report_unreadable(result.unreadable);
+    if (!result.failures.empty() && !state_->warned_undeletable.exchange(true)) {
       const RemovalFailure& first = result.failures.front();
       const std::size_t more = result.failures.size() - 1;
       warn("gmjit cache: cannot remove " + first.path.string() + " (" +
@@ -190,6 +242,8 @@ PruneResult DiskCache::maintain(int dir_fd, std::uint64_t trigger_bytes, std::ui
   const std::int64_t now = fs::now_ns();
   maintenance::Scan scan = maintenance::scan(dir_fd, directory_, /*remove_stale_temps=*/true, now);
   ++state_->scans;
+  PruneResult pruned{.stale_temps_removed = scan.stale_temps_removed,
+                     .unreadable = std::move(scan.unreadable)};
   const std::uint64_t target = scan.total_bytes > trigger_bytes ? target_bytes : scan.total_bytes;
   std::optional<std::int64_t> cutoff;
   // Saturating: an age beyond the epoch means nothing is that old.
@@ -202,7 +256,9 @@ PruneResult DiskCache::maintain(int dir_fd, std::uint64_t trigger_bytes, std::ui
   state_->size_estimate = static_cast<std::int64_t>(result.remaining_bytes);
   state_->stores_since_scan = 0;
   if (from_store) state_->evictions += result.removed;
-  return PruneResult{result.removed, std::move(result.failures)};
+  pruned.removed = result.removed;
+  pruned.failures = std::move(result.failures);
+  return pruned;
 }
 
 }  // namespace gmjit::cache

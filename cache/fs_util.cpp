@@ -8,15 +8,29 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <memory>
 
 namespace gmjit::cache::fs {
 namespace {
 
+constexpr std::int64_t kNsPerSecond = 1'000'000'000;
+
+// Saturating: a stamp past 2262 (or before 1677) does not fit int64 nanoseconds, and must read as
+// far in the future (or past) rather than wrap.
+std::int64_t to_ns(const timespec& ts) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+  const auto seconds = static_cast<std::int64_t>(ts.tv_sec);
+  if (seconds > (kMax - kNsPerSecond) / kNsPerSecond) return kMax;
+  if (seconds < (kMin + kNsPerSecond) / kNsPerSecond) return kMin;
+  return seconds * kNsPerSecond + ts.tv_nsec;
+}
+
 FileInfo from_stat(const struct stat& st) {
   FileInfo info;
   info.size = static_cast<std::uint64_t>(st.st_size);
-  info.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  info.mtime_ns = to_ns(st.st_mtim);
   info.mode = st.st_mode;
   info.uid = st.st_uid;
   info.dev = st.st_dev;
@@ -78,20 +92,29 @@ std::optional<FileInfo> stat_at(int dir_fd, const std::string& name) {
   return from_stat(st);
 }
 
-std::vector<std::string> list_directory(int dir_fd) {
-  std::vector<std::string> names;
+int list_directory(int dir_fd, std::vector<std::string>& names) {
+  names.clear();
   // A fresh open file description of the same directory: its own offset, closed by closedir.
   const int own = openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (own < 0) return names;
+  if (own < 0) return errno;
   std::unique_ptr<DIR, DirCloser> handle(fdopendir(own));
   if (!handle) {
+    const int error = errno;
     close(own);
-    return names;
+    return error;
   }
-  while (const dirent* entry = readdir(handle.get())) {
+  for (;;) {
+    errno = 0;  // readdir returns null both at the end and on an error
+    const dirent* entry = readdir(handle.get());
+    if (entry == nullptr) return errno;
     const std::string_view name = entry->d_name;
     if (name != "." && name != "..") names.emplace_back(name);
   }
+}
+
+std::vector<std::string> list_directory(int dir_fd) {
+  std::vector<std::string> names;
+  list_directory(dir_fd, names);
   return names;
 }
 
@@ -215,13 +238,20 @@ void fsync_directory(int dir_fd) {
 std::int64_t now_ns() {
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  return to_ns(ts);
 }
 
 std::int64_t monotonic_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  return to_ns(ts);
+}
+
+std::int64_t age_ns(std::int64_t now, std::int64_t stamp) {
+  std::int64_t age = 0;
+  if (!__builtin_sub_overflow(now, stamp, &age)) return age;
+  return stamp < 0 ? std::numeric_limits<std::int64_t>::max()
+                   : std::numeric_limits<std::int64_t>::min();
 }
 
 std::string errno_text(int error) {

@@ -34,7 +34,7 @@ class UniqueFd {
 
 struct FileInfo {
   std::uint64_t size = 0;
-  std::int64_t mtime_ns = 0;
+  std::int64_t mtime_ns = 0;  // saturated to the int64 range (a stamp past 2262 is the largest)
   mode_t mode = 0;
   uid_t uid = 0;
   dev_t dev = 0;
@@ -55,7 +55,10 @@ UniqueFd open_directory_at(int dir_fd, const char* name);
 // fstatat(dir_fd, name, AT_SYMLINK_NOFOLLOW).
 std::optional<FileInfo> stat_at(int dir_fd, const std::string& name);
 // Names in an opened directory except "." and ".."; the handle's own offset is not used, so
-// threads may list the same handle at once.
+// threads may list the same handle at once. Returns 0 or an errno (names then holds what was
+// read before the error).
+int list_directory(int dir_fd, std::vector<std::string>& names);
+// The same where a directory that cannot be listed may pass for an empty one (a lookup: a miss).
 std::vector<std::string> list_directory(int dir_fd);
 
 enum class DirTrust {
@@ -90,6 +93,9 @@ void fsync_directory(int dir_fd);  // best effort
 std::int64_t now_ns();
 // A clock that never steps (timers: an NTP step back must not stretch a pause).
 std::int64_t monotonic_ns();
+// now - stamp, saturated (stamps are saturated, so the plain difference can overflow); negative
+// for a stamp in the future.
+std::int64_t age_ns(std::int64_t now, std::int64_t stamp);
 
 std::string errno_text(int error);
 

@@ -12,20 +12,50 @@
 
 namespace gmjit::cache::maintenance {
 
+namespace {
+
+// Whether a temp name's stamp says its writer is gone: an hour old, or further in the future
+// than any clock sharing the cache (such a stamp would otherwise keep it forever).
+bool is_stale_temp(std::int64_t now_ns, std::int64_t mtime_ns) {
+  const std::int64_t age = fs::age_ns(now_ns, mtime_ns);
+  return age > kStaleTempNs || age < -kFutureStampSlackNs;
+}
+
+// Removes a stale temp file, or a stale temp directory if it is empty. Whether it did.
+bool remove_stale_temp(int fanout_fd, const std::string& name, std::int64_t now_ns) {
+  const std::optional<fs::FileInfo> info = fs::stat_at(fanout_fd, name);
+  if (!info || !is_stale_temp(now_ns, info->mtime_ns)) return false;
+  if (info->is_regular()) return unlinkat(fanout_fd, name.c_str(), 0) == 0;
+  // rmdir: never what is inside (ENOTEMPTY keeps a non-empty one).
+  if (info->is_directory()) return unlinkat(fanout_fd, name.c_str(), AT_REMOVEDIR) == 0;
+  return false;
+}
+
+}  // namespace
+
 Scan scan(int dir_fd, const std::filesystem::path& dir, bool remove_stale_temps,
           std::int64_t now_ns) {
   Scan result;
-  for (const std::string& fanout_name : fs::list_directory(dir_fd)) {
+  std::vector<std::string> fanouts;
+  if (const int error = fs::list_directory(dir_fd, fanouts); error != 0) {
+    result.unreadable.push_back(UnreadableDirectory{dir, error});
+  }
+  std::vector<std::string> names;
+  for (const std::string& fanout_name : fanouts) {
     if (!layout::is_fanout_name(fanout_name)) continue;
     // O_NOFOLLOW: a symlink in place of a fan-out directory is skipped, never walked.
     const fs::UniqueFd fanout = fs::open_directory_at(dir_fd, fanout_name.c_str());
-    if (!fanout.valid()) continue;
-    for (const std::string& name : fs::list_directory(fanout.get())) {
+    const int error = fanout.valid() ? fs::list_directory(fanout.get(), names) : errno;
+    // ENOENT: removed since the listing. ENOTDIR, ELOOP: a symlink or a file, which holds no
+    // entry of this cache (loads and stores refuse it too).
+    if (!fanout.valid() && (error == ENOENT || error == ENOTDIR || error == ELOOP)) continue;
+    if (error != 0) {
+      result.unreadable.push_back(UnreadableDirectory{dir / fanout_name, error});
+      if (!fanout.valid()) continue;  // what was listed before a read error is still walked
+    }
+    for (const std::string& name : names) {
       if (layout::is_temp_name(name)) {
-        const std::optional<fs::FileInfo> info = fs::stat_at(fanout.get(), name);
-        if (remove_stale_temps && info && info->is_regular() &&
-            now_ns - info->mtime_ns > kStaleTempNs &&
-            unlinkat(fanout.get(), name.c_str(), 0) == 0) {
+        if (remove_stale_temps && remove_stale_temp(fanout.get(), name, now_ns)) {
           ++result.stale_temps_removed;
         }
         continue;
@@ -34,7 +64,7 @@ Scan scan(int dir_fd, const std::filesystem::path& dir, bool remove_stale_temps,
       if (!parsed || layout::fanout_name(parsed->key) != fanout_name) continue;
       const std::optional<fs::FileInfo> info = fs::stat_at(fanout.get(), name);
       if (!info || !info->is_regular()) continue;
-      const bool future = info->mtime_ns - now_ns > kFutureStampSlackNs;
+      const bool future = fs::age_ns(now_ns, info->mtime_ns) < -kFutureStampSlackNs;
       const std::int64_t last_used =
           future ? std::numeric_limits<std::int64_t>::min() : info->mtime_ns;
       result.entries.push_back(ScannedEntry{dir / fanout_name / name, fanout_name, name,

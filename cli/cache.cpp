@@ -135,21 +135,45 @@ nlohmann::json failures_json(const cache::PruneResult& result) {
   return out;
 }
 
-// Every entry clear/prune was expected to remove and could not, with why (the first few).
+nlohmann::json unreadable_json(const cache::PruneResult& result) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const cache::UnreadableDirectory& d : result.unreadable) {
+    out.push_back({{"path", d.path.string()}, {"error", std::strerror(d.error)}});
+  }
+  return out;
+}
+
+// What clear/prune was expected to remove and could not, with why (the first few of each kind):
+// entries it could not remove, folders it could not read.
 std::string removal_failures(const std::string& action, const cache::PruneResult& result) {
-  constexpr std::size_t kListed = 10;
-  std::string text = fmt::format("cache {}: could not remove {} entr{}:", action,
-                                 result.failures.size(), result.failures.size() == 1 ? "y" : "ies");
-  for (std::size_t i = 0; i < std::min(kListed, result.failures.size()); ++i) {
-    text += fmt::format(" {} ({});", result.failures[i].path.string(),
-                        std::strerror(result.failures[i].error));
+  static constexpr std::size_t kListed = 10;
+  const auto listed = [](const auto& items, const auto& describe) {
+    std::string text;
+    for (std::size_t i = 0; i < std::min(kListed, items.size()); ++i) {
+      text += fmt::format(" {} ({});", items[i].path.string(), std::strerror(items[i].error));
+    }
+    if (items.size() > kListed) text += fmt::format(" and {} more;", items.size() - kListed);
+    return describe(items.size()) + text;
+  };
+  std::string text;
+  if (!result.failures.empty()) {
+    text += listed(result.failures, [&](std::size_t n) {
+      return fmt::format("cache {}: could not remove {} entr{}:", action, n, n == 1 ? "y" : "ies");
+    });
+    text +=
+        " they are still on disk and count against GMJIT_CACHE_MAXSIZE (check the owner and "
+        "permissions of their folder, file attributes such as immutable, and mount options)";
   }
-  if (result.failures.size() > kListed) {
-    text += fmt::format(" and {} more;", result.failures.size() - kListed);
+  if (!result.unreadable.empty()) {
+    if (!text.empty()) text += "; ";
+    text += listed(result.unreadable, [&](std::size_t n) {
+      return fmt::format("cache {}: could not read {} folder{}:", action, n, n == 1 ? "" : "s");
+    });
+    text +=
+        " the entries in them, if any, were not removed (check the owner and permissions of "
+        "those folders)";
   }
-  return text +
-         " they are still on disk and count against GMJIT_CACHE_MAXSIZE (check the owner and "
-         "permissions of their folder, file attributes such as immutable, and mount options)";
+  return text;
 }
 
 }  // namespace
@@ -274,7 +298,7 @@ void import_bundle(cache::DiskCache& disk, const std::string& file, bool json,
         static_cast<unsigned long long>(result.present),
         static_cast<unsigned long long>(result.present + result.evicted), file.c_str(),
         disk.directory().c_str(), static_cast<unsigned long long>(result.evicted),
-        static_cast<unsigned long long>(disk.stats().max_bytes));
+        static_cast<unsigned long long>(disk.max_bytes()));
   }
 }
 
@@ -284,9 +308,8 @@ cache::PruneResult remove_entries(cache::DiskCache& disk, const CacheCommand& o,
   cache::PruneResult pruned;
   if (o.action == "clear") {
     pruned = disk.clear();
-    out = {{"removed", pruned.removed}, {"failed", failures_json(pruned)}};
   } else {
-    std::uint64_t max_bytes = disk.stats().max_bytes;
+    std::uint64_t max_bytes = disk.max_bytes();
     if (o.max_size) {
       const auto parsed = cache::parse_size(*o.max_size);
       if (!parsed) {
@@ -306,14 +329,23 @@ cache::PruneResult remove_entries(cache::DiskCache& disk, const CacheCommand& o,
       }
     }
     pruned = disk.prune(max_bytes, older_than);
-    out = {{"removed", pruned.removed},
-           {"failed", failures_json(pruned)},
-           {"stats", stats_json(disk.stats())}};
   }
   if (!pruned.error.empty()) {
     out = {{"error", pruned.error}};  // no count that could pass for an empty cache
-  } else if (!o.json) {
-    std::printf("removed %llu entries\n", static_cast<unsigned long long>(pruned.removed));
+    return pruned;
+  }
+  out = {{"removed", pruned.removed},
+         {"stale_temps_removed", pruned.stale_temps_removed},
+         {"failed", failures_json(pruned)},
+         {"unreadable", unreadable_json(pruned)}};
+  if (o.action == "prune") out["stats"] = stats_json(disk.stats());
+  if (!o.json) {
+    std::printf("removed %llu entries", static_cast<unsigned long long>(pruned.removed));
+    if (pruned.stale_temps_removed != 0) {
+      std::printf(" and %llu stale temp file(s) left by writers that died",
+                  static_cast<unsigned long long>(pruned.stale_temps_removed));
+    }
+    std::printf("\n");
   }
   return pruned;
 }
@@ -358,7 +390,10 @@ int run_cache(const CacheCommand& o) {
   } else {
     pruned = remove_entries(disk, o, out);
   }
-  if (o.json) std::printf("%s\n", out.dump(2).c_str());
+  // Replace, not throw: a path need not be UTF-8, and the action has been done by now.
+  if (o.json) {
+    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  }
   if (!pruned.error.empty()) {
     throw Error(Status::internal, fmt::format("cache {} failed: {}", o.action, pruned.error));
   }

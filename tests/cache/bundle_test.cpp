@@ -75,6 +75,56 @@ TEST(Bundle, ImportTwiceLeavesTheSameEntries) {
   EXPECT_EQ(ExportFrom(tmp.path() / "b"), ExportFrom(tmp.path() / "a"));
 }
 
+// A zero-length or damaged file under an entry's name is not a copy of it: the import replaces it.
+TEST(Bundle, ImportReplacesABadFileUnderAnEntrysName) {
+  TempDir tmp;
+  Fill(tmp.path() / "a", 3);
+  const std::vector<std::byte> bytes = ExportFrom(tmp.path() / "a");
+  Warnings warnings;
+  DiskCache b(config_for(tmp.path() / "b", warnings));
+  ASSERT_TRUE(bundle::import_into(b, bytes).ok());
+  const stdfs::path emptied = entry_path(b, key_for(1), labels_for(1));
+  const stdfs::path damaged = entry_path(b, key_for(2), labels_for(2));
+  const std::vector<std::byte> good = read_bytes(damaged);
+  stdfs::resize_file(emptied, 0);
+  std::vector<std::byte> flipped = good;
+  flipped[flipped.size() / 2] ^= std::byte{1};
+  write_bytes(damaged, flipped);
+
+  const bundle::ImportResult result = bundle::import_into(b, bytes);
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.present, 3u);
+  EXPECT_EQ(result.evicted, 0u);
+  EXPECT_EQ(read_bytes(damaged), good);
+  EXPECT_GT(stdfs::file_size(emptied), 0u);
+  EXPECT_EQ(ExportFrom(tmp.path() / "b"), bytes);
+  EXPECT_EQ(warnings.size(), 0u) << warnings.all();
+}
+
+// A kernel shared by plans of both grad modes can be on disk under both names (two processes
+// stored it at once). It is one key, imported once; nothing was evicted.
+TEST(Bundle, AKeyUnderTwoNamesIsOneEntryAndNothingCountsAsEvicted) {
+  EntryLabels grad = labels_for(1), no_grad = labels_for(1);
+  grad.grad_mode = "grad";
+  no_grad.grad_mode = "nograd";
+  const std::vector<std::byte> payload = payload_for(key_for(1));
+  const std::vector<RawEntry> entries = {
+      {layout::entry_file_name(key_for(1), grad), encode(key_for(1), grad, payload)},
+      {layout::entry_file_name(key_for(1), no_grad), encode(key_for(1), no_grad, payload)},
+      {layout::entry_file_name(key_for(2), labels_for(2)),
+       encode(key_for(2), labels_for(2), payload_for(key_for(2)))}};
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const bundle::ImportResult result = bundle::import_into(cache, bundle::encode(entries));
+  ASSERT_TRUE(result.ok()) << result.error;
+  EXPECT_EQ(result.published, 2u);
+  EXPECT_EQ(result.present, 2u);
+  EXPECT_EQ(result.evicted, 0u);
+  EXPECT_EQ(entry_files(tmp.path()).size(), 2u);
+  EXPECT_EQ(cache.load(key_for(1)), payload);
+}
+
 TEST(Bundle, ExportSkipsBadEntriesAndLeavesThemInPlace) {
   TempDir tmp;
   Fill(tmp.path() / "a", 3);

@@ -1,6 +1,5 @@
 // Degraded modes: disabled, read-only, unwritable or full disk, no HOME; and the environment.
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <map>
@@ -180,31 +179,10 @@ TEST(UnwritableDirectory, WithinTheRetryDelayNoWriteIsAttempted) {
   EXPECT_EQ(warnings.size(), 1u) << warnings.all();
 }
 
-// Lowers this process's open-file limit so that every open() fails with EMFILE (as in a job that
-// ran out of descriptors), and restores it.
-class NoFreeDescriptors {
- public:
-  NoFreeDescriptors() {
-    getrlimit(RLIMIT_NOFILE, &saved_);
-    const int lowest_free = dup(0);  // open() returns the lowest free number
-    close(lowest_free);
-    rlimit limit = saved_;
-    limit.rlim_cur = static_cast<rlim_t>(lowest_free);
-    ok_ = setrlimit(RLIMIT_NOFILE, &limit) == 0;
-  }
-  ~NoFreeDescriptors() { setrlimit(RLIMIT_NOFILE, &saved_); }
-  NoFreeDescriptors(const NoFreeDescriptors&) = delete;
-  NoFreeDescriptors& operator=(const NoFreeDescriptors&) = delete;
-  bool ok() const { return ok_; }
-
- private:
-  rlimit saved_{};
-  bool ok_ = false;
-};
-
 // A trusted directory open() refuses is an error with its cause, not a trust problem (whose one
-// warning it would use up) and not a silent miss: a load warns once, a store pauses writes.
-TEST(UnopenableDirectory, TooManyOpenFilesIsAMissAndAPausedWriteEachSayingWhy) {
+// warning it would use up) and not a silent miss: a load misses and a store pauses writes, with
+// one warning between them (the store does not repeat the errno the load gave).
+TEST(UnopenableDirectory, TooManyOpenFilesIsAMissAndAPausedWriteWithOneWarningSayingWhy) {
   TempDir tmp;
   Warnings warnings;
   {
@@ -214,7 +192,7 @@ TEST(UnopenableDirectory, TooManyOpenFilesIsAMissAndAPausedWriteEachSayingWhy) {
   DiskCache cache(config_for(tmp.path(), warnings));  // opens its directory at first use
   bool limited = false;
   {
-    const NoFreeDescriptors no_descriptors;
+    const DescriptorLimit no_descriptors(0);
     limited = no_descriptors.ok();
     if (limited) {
       EXPECT_FALSE(cache.load(key_for(1)).has_value());
@@ -223,13 +201,51 @@ TEST(UnopenableDirectory, TooManyOpenFilesIsAMissAndAPausedWriteEachSayingWhy) {
     }
   }
   if (!limited) GTEST_SKIP() << "cannot lower RLIMIT_NOFILE here";
-  ASSERT_EQ(warnings.size(), 2u) << warnings.all();
+  ASSERT_EQ(warnings.size(), 1u) << warnings.all();
   EXPECT_NE(warnings.lines()[0].find("not accessible (Too many open files"), std::string::npos)
       << warnings.all();
-  EXPECT_NE(warnings.lines()[1].find("cannot write"), std::string::npos) << warnings.all();
-  EXPECT_NE(warnings.lines()[1].find("Too many open files"), std::string::npos) << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find("kept in memory only"), std::string::npos) << warnings.all();
   EXPECT_EQ(warnings.all().find("private"), std::string::npos) << "not a trust problem";
+  EXPECT_EQ(cache.counters().store_failures, 1u);
+  EXPECT_FALSE(cache.writable()) << "writes are paused";
   EXPECT_EQ(cache.load(key_for(1)), payload_for(key_for(1)));  // descriptors back: a hit
+}
+
+// A cache path the kernel refuses to look up (a component longer than NAME_MAX here; a parent the
+// user may not search gives EACCES the same way) is one warning with its errno, not a trust
+// warning ("not accessible ... must be private") followed by a "cannot write" one.
+TEST(UnopenableDirectory, ANameTooLongIsOneWarningWithItsCauseNotATrustProblem) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path() / std::string(300, 'a'), warnings));
+  EXPECT_FALSE(cache.load(key_for(1)).has_value());
+  EXPECT_FALSE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  EXPECT_FALSE(cache.load(key_for(1)).has_value());
+  ASSERT_EQ(warnings.size(), 1u) << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find(cache.directory().string() + " is not accessible (File name "
+                                                                  "too long)"),
+            std::string::npos)
+      << warnings.all();
+  EXPECT_EQ(warnings.all().find("private"), std::string::npos) << "not a trust problem";
+  const PruneResult pruned = cache.prune(0, std::nullopt);
+  EXPECT_NE(pruned.error.find("File name too long"), std::string::npos) << pruned.error;
+}
+
+TEST(UnopenableDirectory, AParentItMayNotSearchIsOneWarningWithItsCause) {
+  if (running_as_root()) {
+    GTEST_SKIP() << "root ignores permission bits; ANameTooLong... covers the same path";
+  }
+  TempDir tmp;
+  Warnings warnings;
+  stdfs::create_directories(tmp.path() / "closed");
+  stdfs::permissions(tmp.path() / "closed", stdfs::perms::none);
+  DiskCache cache(config_for(tmp.path() / "closed" / "cache", warnings));
+  EXPECT_FALSE(cache.load(key_for(1)).has_value());
+  EXPECT_FALSE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  ASSERT_EQ(warnings.size(), 1u) << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find("not accessible (Permission denied)"), std::string::npos)
+      << warnings.all();
+  EXPECT_EQ(warnings.all().find("private"), std::string::npos) << "not a trust problem";
 }
 
 // Removes every temp file in `dir` before the first rename, as another process's maintenance

@@ -1,10 +1,13 @@
 // Size bound, LRU eviction by last-used stamp, stamp refresh, stale temp files, listings.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 
 #include <limits>
 
 #include <algorithm>
 
+#include "cache/fs_util.hpp"
+#include "cache/maintenance.hpp"
 #include "test_support.hpp"
 
 namespace gmjit::cache {
@@ -211,6 +214,58 @@ TEST(StaleTempFiles, OldTempFilesAreRemovedAndFreshOnesKept) {
   EXPECT_TRUE(stdfs::exists(paths[0]));
 }
 
+// Sets a file's stamp `seconds` from now (negative: in the past), as a skewed clock would.
+void SetMtimeFromNow(const stdfs::path& path, std::int64_t seconds) {
+  set_mtime_seconds_ago(path, -seconds);
+}
+
+// A stamp further in the future than clock skew explains was not set by a writer that is still
+// running: taken at face value it would keep the file for ever.
+TEST(StaleTempFiles, ATempFileStampedFarInTheFutureIsStaleAndTheCountIsReturned) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const std::vector<stdfs::path> paths = StoreEntries(cache, 1);
+  const stdfs::path future = paths[0].parent_path() / ".tmp-123-deadbeef";
+  const stdfs::path skewed = paths[0].parent_path() / ".tmp-456-feedface";  // within the slack
+  const stdfs::path old = paths[0].parent_path() / ".tmp-789-cafef00d";
+  for (const stdfs::path& path : {future, skewed, old}) write_bytes(path, {std::byte{1}});
+  SetMtimeFromNow(future, 24 * 3600);
+  SetMtimeFromNow(skewed, 60);
+  set_mtime_seconds_ago(old, 2 * 3600);
+  const PruneResult result = cache.prune(1ull << 40, std::nullopt);
+  EXPECT_TRUE(result.ok());
+  EXPECT_EQ(result.removed, 0u);
+  EXPECT_EQ(result.stale_temps_removed, 2u);
+  EXPECT_FALSE(stdfs::exists(future));
+  EXPECT_FALSE(stdfs::exists(old));
+  EXPECT_TRUE(stdfs::exists(skewed));
+  EXPECT_TRUE(stdfs::exists(paths[0]));
+}
+
+// gmjit never makes a temp directory: an empty stale one is removed (rmdir), but what a
+// non-empty one holds is not gmjit's to delete.
+TEST(StaleTempFiles, AStaleEmptyTempDirectoryIsRemovedAndANonEmptyOneKept) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const stdfs::path fanout = StoreEntries(cache, 1)[0].parent_path();
+  const stdfs::path empty = fanout / ".tmp-1-empty";
+  const stdfs::path full = fanout / ".tmp-2-full";
+  const stdfs::path fresh = fanout / ".tmp-3-fresh";
+  for (const stdfs::path& dir : {empty, full, fresh}) stdfs::create_directory(dir);
+  write_bytes(full / "data", {std::byte{1}});
+  set_mtime_seconds_ago(empty, 2 * 3600);
+  set_mtime_seconds_ago(full, 2 * 3600);
+  const PruneResult result = cache.prune(1ull << 40, std::nullopt);
+  EXPECT_TRUE(result.ok());
+  EXPECT_EQ(result.stale_temps_removed, 1u);
+  EXPECT_FALSE(stdfs::exists(empty));
+  EXPECT_TRUE(stdfs::exists(full / "data"));
+  EXPECT_TRUE(stdfs::exists(fresh));
+  EXPECT_EQ(warnings.size(), 0u) << warnings.all();
+}
+
 TEST(StaleTempFiles, FirstStoreOfAProcessCleansThemUp) {
   TempDir tmp;
   Warnings warnings;
@@ -224,6 +279,55 @@ TEST(StaleTempFiles, FirstStoreOfAProcessCleansThemUp) {
   DiskCache cache(config_for(tmp.path(), warnings));
   ASSERT_TRUE(cache.store(key_for(5), labels_for(5), payload_for(key_for(5))));
   EXPECT_FALSE(stdfs::exists(stale));
+}
+
+// Sets a file's stamp to the Unix time `seconds`; false where the filesystem cannot hold it.
+bool SetMtimeUnix(const stdfs::path& path, std::int64_t seconds) {
+  timespec times[2] = {{static_cast<time_t>(seconds), 0}, {static_cast<time_t>(seconds), 0}};
+  return utimensat(AT_FDCWD, path.c_str(), times, AT_SYMLINK_NOFOLLOW) == 0 &&
+         mtime_seconds(path) == seconds;
+}
+
+// 2286: past what int64 nanoseconds hold (2262). The stamp saturates instead of wrapping (which
+// is undefined behaviour, and could turn it into a stamp in the past), so the future-stamp rule
+// applies to it as to any other.
+TEST(Stamps, AStampPastTheYear2262SaturatesAndCountsAsInTheFuture) {
+  constexpr std::int64_t kYear2286 = 10'000'000'000;
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const std::vector<stdfs::path> paths = StoreEntries(cache, 2);
+  const stdfs::path temp = paths[0].parent_path() / ".tmp-1-0";
+  write_bytes(temp, {std::byte{1}});
+  if (!SetMtimeUnix(paths[0], kYear2286) || !SetMtimeUnix(temp, kYear2286)) {
+    GTEST_SKIP() << "this filesystem cannot hold a stamp in 2286";
+  }
+  const std::optional<fs::FileInfo> info = fs::stat_no_follow(paths[0]);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->mtime_ns, std::numeric_limits<std::int64_t>::max());
+  const fs::UniqueFd dir = fs::open_directory_at(AT_FDCWD, cache.directory().c_str());
+  const maintenance::Scan scan =
+      maintenance::scan(dir.get(), cache.directory(), false, fs::now_ns());
+  for (const maintenance::ScannedEntry& entry : scan.entries) {
+    if (entry.path != paths[0]) continue;
+    EXPECT_EQ(entry.last_used_ns, std::numeric_limits<std::int64_t>::min());
+  }
+  const PruneResult result = cache.prune(1ull << 40, 24 * 3600);  // matches any --older-than
+  EXPECT_EQ(result.removed, 1u);
+  EXPECT_EQ(result.stale_temps_removed, 1u);
+  EXPECT_FALSE(stdfs::exists(paths[0]));
+  EXPECT_FALSE(stdfs::exists(temp));
+  EXPECT_TRUE(stdfs::exists(paths[1]));
+}
+
+TEST(Stamps, AgeSaturatesInsteadOfOverflowing) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+  EXPECT_EQ(fs::age_ns(100, 40), 60);
+  EXPECT_EQ(fs::age_ns(40, 100), -60);
+  EXPECT_EQ(fs::age_ns(fs::now_ns(), kMin), kMax);
+  EXPECT_EQ(fs::age_ns(-fs::now_ns(), kMax), kMin);
+  EXPECT_LT(fs::age_ns(fs::now_ns(), kMax), 0);
 }
 
 TEST(SizeEstimate, StoresDoNotRescanTheDirectoryEachTime) {

@@ -134,6 +134,19 @@ mode_t mode_of(const stdfs::path& path) {
   return st.st_mode & 07777;
 }
 
+DescriptorLimit::DescriptorLimit(int spare) {
+  getrlimit(RLIMIT_NOFILE, &saved_);
+  const int lowest_free = dup(0);  // open() returns the lowest free number
+  close(lowest_free);
+  rlimit limit = saved_;
+  limit.rlim_cur = static_cast<rlim_t>(lowest_free + spare);
+  ok_ = lowest_free >= 0 && setrlimit(RLIMIT_NOFILE, &limit) == 0;
+}
+
+DescriptorLimit::~DescriptorLimit() {
+  setrlimit(RLIMIT_NOFILE, &saved_);
+}
+
 Undeletable::Undeletable(stdfs::path file) : file_(std::move(file)) {
   if (running_as_root()) {
     supported_ = set_immutable(true);

@@ -1,6 +1,7 @@
 #pragma once
 // Shared fixtures for the disk cache tests: a private temp directory per test, a warning
 // recorder and helpers to find and damage entry files.
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -65,6 +66,23 @@ mode_t mode_of(const stdfs::path& path);
 inline bool running_as_root() {
   return geteuid() == 0;
 }
+
+// Lowers this process's open-file limit so that only `spare` more descriptors can be opened
+// (then open() fails with EMFILE, as in a job that ran out of them), and restores it. ok() is
+// false where the limit cannot be lowered: the test then skips. Root ignores permission bits, so
+// this is how a test running as root makes a directory fail to open or list.
+class DescriptorLimit {
+ public:
+  explicit DescriptorLimit(int spare);
+  ~DescriptorLimit();
+  DescriptorLimit(const DescriptorLimit&) = delete;
+  DescriptorLimit& operator=(const DescriptorLimit&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  rlimit saved_{};
+  bool ok_ = false;
+};
 
 // Makes an entry file impossible for this process to unlink, for real: as root (which ignores
 // permission bits) with the immutable attribute, otherwise by taking write permission from its
