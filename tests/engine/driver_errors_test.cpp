@@ -3,10 +3,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <regex>
 #include <string>
 
 #include "engine/runtime/driver.hpp"
 #include "gmjit/error.hpp"
+#include "gmjit/gmjit.hpp"
 
 namespace gmjit::engine {
 namespace {
@@ -21,6 +23,16 @@ std::string message_of(CUresult result) {
 }
 
 constexpr const char* kForkNote = "a fork of the one that initialised CUDA";
+
+// `gmjit doctor` prints it: "major.minor" of a loaded driver, empty without one.
+TEST(DriverVersion, IsMajorDotMinorWhereADriverLoadsAndEmptyElsewhere) {
+  const std::string version = gmjit::driver_version();
+  if (driver_available()) {
+    EXPECT_TRUE(std::regex_match(version, std::regex("[1-9][0-9]*\\.[0-9]+"))) << version;
+  } else {
+    EXPECT_EQ(version, "");
+  }
+}
 
 TEST(DriverErrors, NameTheCallAndOnlyInAForkedChildTheFork) {
   driver_available();  // the driver is loaded (or found missing) by this process
