@@ -369,3 +369,37 @@ def test_torch_experts_compute_in_fp32_under_autocast():
         autocast = run(x, splits, w1, w2)
     assert autocast.dtype == torch.float32
     torch.testing.assert_close(autocast, plain, rtol=0, atol=0)
+
+
+def _ddp_worker(rank: int, world: int, init_file: str, result_file: str) -> None:
+    """The DDP recipe of docs/EXPERT_PARALLEL.md: DDP averages the router's gradient and leaves
+    the experts' (each rank's own) as the layer made them."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        make = lambda: torch.nn.Sequential(ep_common.ExpertParallelMoE(
+            32, 16, 4, 2, experts="torch", seed=1, dtype=torch.float32))  # fmt: skip
+        x = torch.randn(6 + rank, 32, generator=torch.Generator().manual_seed(rank))
+        plain = make()
+        plain(x).square().sum().backward()
+        router = plain[0].router.weight.grad.clone()
+        dist.all_reduce(router)
+        model = make()
+        names = [n for n, p in model.named_parameters() if getattr(p, "expert_parallel", False)]
+        DDP._set_params_and_buffers_to_ignore_for_model(model, names)
+        ddp = DDP(model)
+        ddp(x).square().sum().backward()
+        ok = (names == ["0.w1", "0.w2"]
+              and torch.allclose(model[0].w1.grad, plain[0].w1.grad)
+              and torch.allclose(model[0].router.weight.grad, router / world))  # fmt: skip
+        if rank == 0:
+            with open(result_file, "w") as f:
+                f.write("ok" if ok else "mismatch")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_averages_the_router_and_leaves_the_experts_to_the_layer():
+    assert _spawn(_ddp_worker) == "ok"
