@@ -316,7 +316,7 @@ std::vector<CompileSpec> load_specs(const std::string& path,
   json document;
   try {
     document = json::parse(in, DuplicateKeyCheck());
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // syntax, and numbers out of range (1e309)
     fail("--specs '" + path + "'", std::string("not valid JSON: ") + error.what());
   } catch (const Error& error) {  // a duplicate key
     throw Error(error.status(), fmt::format("--specs '{}': {}", path, error.what()));

@@ -270,9 +270,12 @@ def plan_for(experts: nn.Module) -> ExpertsPlan:
     key = _plan_key(experts)
     cached = experts.__dict__.get(_PLAN_ATTR)
     plan = cached[1] if cached is not None and cached[0] == key else describe_experts(experts)
-    if not plan.verified and plan.reason is None and not torch.compiler.is_compiling():
+    # Neither verified nor kept while tracing: verify reads data (a fake tensor has none), and a
+    # compiled graph cannot change the module's __dict__.
+    tracing = torch.compiler.is_compiling() or _weight_cache.faking()
+    if not plan.verified and plan.reason is None and not tracing:
         plan = verify(experts, plan)
-    if not torch.compiler.is_compiling():
+    if not tracing:
         experts.__dict__[_PLAN_ATTR] = (key, plan)
     return plan
 
@@ -352,7 +355,8 @@ def _aligned(t: Optional[Tensor]) -> Optional[Tensor]:
     """t, or a (differentiable) copy where its data does not start 16-byte aligned: grouped_mlp
     rejects such weights (a view into a larger buffer), while a model's weights are whatever
     loading made them. Not while compiling (no addresses): the op checks them when it runs."""
-    if t is None or torch.compiler.is_compiling() or not t.data_ptr() % 16:
+    if (t is None or torch.compiler.is_compiling() or _weight_cache.faking()
+            or not t.data_ptr() % 16):  # fmt: skip
         return t
     return t.clone()
 

@@ -105,6 +105,7 @@ LAYER_LIMITS = [
     ({}, dict(activation="clamped_swiglu", alpha=float("inf")), r"'alpha' must be a finite"),
     # Not numbers at all: named whatever the activation.
     ({}, dict(limit="a"), r"'limit' must be a real number, got 'a'"),
+    ({}, dict(alpha=10**400), r"'alpha' must be a real number a float can hold, got 1000"),
     ({}, dict(activation="clamped_swiglu", alpha=None), r"'alpha' must be a real number"),
 ]
 

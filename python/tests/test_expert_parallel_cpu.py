@@ -309,6 +309,26 @@ def _compile_and_copy_worker(rank: int, world: int, init_file: str, result_file:
         for name, other in (("deepcopy", copied), ("torch.load", loaded)):
             check(f"{name} forward", other(x), layer(x))
 
+        # Every rank loads rank 0's file: only rank 0 holds those experts.
+        blobs = [None] * world
+        dist.all_gather_object(blobs, buf.getvalue())
+        theirs = torch.load(io.BytesIO(blobs[0]), weights_only=False)
+        if rank == 0 and theirs.group is not dist.group.WORLD:
+            failures.append("rank 0 did not get its own layer back in the world group")
+        if rank == 1:
+            for attempt in ("as loaded", "in the world group"):
+                try:
+                    theirs(x)
+                    failures.append(f"rank 1 ran rank 0's experts {attempt}")
+                except ValueError as e:
+                    want = "saved by global rank 0" if attempt == "as loaded" else "of rank 0 of 2"
+                    if want not in str(e):
+                        failures.append(f"unexpected message {attempt}: {e}")
+                if attempt == "as loaded":  # unbound, it still saves and copies
+                    torch.save(theirs, io.BytesIO())
+                    copy.deepcopy(theirs), copy.copy(theirs)
+                    theirs.group = dist.group.WORLD
+
         alone = dist.new_group([0])  # every rank calls new_group; rank 0 builds the layer
         if rank == 0:
             single = make(group=alone)

@@ -226,6 +226,24 @@ def test_gpt_oss_experts_trace_to_one_graph_and_leave_the_cache_alone(grad):
     assert m.__dict__["_gmjit_weights"].value[0] is cached[0]
 
 
+def test_a_fake_first_call_neither_verifies_nor_caches():
+    # A memory or FLOP estimate (FakeTensorMode) before any real call: verify reads data a
+    # fake tensor does not have, and nothing fake may be kept on the module.
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    m = hf_configs.experts_module("gpt_oss")
+    with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
+        warnings.simplefilter("error")  # FakeTensor.data_ptr() warns: no alignment checks
+        plan = gt.plan_for(m)
+        with torch.no_grad():
+            gt._converted_weights(m, plan)
+    assert plan.reason is None and not plan.verified
+    assert "_gmjit_weights" not in m.__dict__ and gt._PLAN_ATTR not in m.__dict__
+    assert gt.plan_for(m).verified  # the first real call verifies
+
+
 def test_converted_weights_are_reused_until_a_parameter_changes():
     m = hf_configs.experts_module("gpt_oss")
     plan = gt.plan_for(m)

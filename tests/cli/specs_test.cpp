@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -144,6 +145,24 @@ TEST(Specs, FileErrorsNameTheFile) {
     EXPECT_NE(std::string(error.what()).find("'/nonexistent/specs.json': cannot open"),
               std::string::npos);
   }
+}
+
+// Syntax errors and numbers JSON cannot hold (1e309 overflows a double) alike.
+TEST(Specs, AFileThatIsNotJsonNamesTheFile) {
+  const std::string path = testing::TempDir() + "gmjit_specs_overflow.json";
+  for (const char* text :
+       {R"([{"experts": 8, "hidden": 256, "ffn": 128, "limit": 1e309}])", R"([{"experts": 8,)"}) {
+    std::ofstream(path) << text;
+    try {
+      load_specs(path, kDefaultArches);
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("--specs '" + path + "': not valid JSON"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  std::remove(path.c_str());
 }
 
 TEST(Specs, NoLayersIsAnError) {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from typing import Optional, Sequence
 
 import torch
@@ -103,6 +104,11 @@ def check_clamp(activation: str, limit: object, alpha: object, where: str = "gro
         if not isinstance(value, (numbers.Real, torch.SymFloat, torch.SymInt)) \
                 or isinstance(value, bool):  # fmt: skip
             raise ValueError(f"{where}: argument '{name}' must be a real number, got {value!r}")
+        # An int past a double's range: float(value) would raise a bare OverflowError.
+        if isinstance(value, numbers.Integral) and not isinstance(value, torch.SymInt) \
+                and abs(int(value)) > sys.float_info.max:  # fmt: skip
+            raise ValueError(f"{where}: argument '{name}' must be a real number a float can "
+                             f"hold, got {value!r}")  # fmt: skip
         # Comparisons, not math.isfinite: torch.compile with dynamic=True makes float
         # attributes symbolic, and math.isfinite on one breaks the graph (a comparison guards
         # on the value instead; the kernel takes it as a literal anyway). False for NaN.

@@ -89,17 +89,19 @@ def all_to_all(x: Tensor, out_splits: list[int], in_splits: list[int], group=Non
 
 
 class _SavedGroup:
-    """A pickled layer's process group, by its global ranks. Loaded where torch.distributed
-    is initialised with exactly those ranks as the world, it is the world group again; any
-    other group (a subgroup) cannot be found from its ranks without a collective, so the
-    loaded layer waits for `layer.group = <that group>` before its next forward."""
+    """A pickled layer's process group: its global ranks and the saving process's global rank
+    (whose experts the pickle holds). Loaded by that rank where those ranks are the whole world,
+    it is the world group again. Anywhere else (another rank loading rank 0's file, a sub-group,
+    no torch.distributed) the layer waits for `layer.group = <group>` before its next forward,
+    which checks that the group's size and this process's rank in it are the layer's."""
 
-    def __init__(self, ranks: tuple[int, ...]) -> None:
-        self.ranks = ranks
+    def __init__(self, ranks: tuple[int, ...], saved_by: int) -> None:
+        self.ranks, self.saved_by = ranks, saved_by
 
     def bind(self):
         if (dist.is_available() and dist.is_initialized()
-                and self.ranks == tuple(range(dist.get_world_size()))):  # fmt: skip
+                and self.ranks == tuple(range(dist.get_world_size()))
+                and dist.get_rank() == self.saved_by):  # fmt: skip
             return dist.group.WORLD
         return self
 
@@ -304,6 +306,7 @@ class ExpertParallelMoE(nn.Module):
         self._experts = self._make_experts(experts)
         self.profile = profile
         self._timing: Optional[Callable] = None
+        self._checked_group = self.group  # the group _check_group last accepted
         self.last_tokens_received = 0  # rows the local experts got in the last forward
 
         f1 = 2 * ffn if activation in GLU_ACTIVATIONS else ffn
@@ -350,13 +353,22 @@ class ExpertParallelMoE(nn.Module):
     def __getstate__(self) -> dict:
         # The experts function and the timing reader are closures (not picklable): made again
         # from the constructor's `experts` when the layer is loaded (torch.save, deepcopy).
-        # A process group cannot be pickled either: its global ranks stand in for it, and the
-        # loading process binds the group of the same ranks again (see _bind_loaded_group).
+        # A process group cannot be pickled either: _SavedGroup stands in for it, and
+        # _SavedGroup.bind finds it again where it can.
+        state = self._plain_state()
+        if self.group is not None and not isinstance(self.group, _SavedGroup):
+            # After destroy_process_group nothing names the group's ranks any more.
+            live = dist.is_available() and dist.is_initialized()
+            state["group"] = _SavedGroup(
+                tuple(dist.get_process_group_ranks(self.group)) if live else (),
+                dist.get_rank() if live else -1)  # fmt: skip
+        return state
+
+    def _plain_state(self) -> dict:
         state = self.__dict__.copy()
         state.pop("_experts", None)
         state["_timing"] = None
-        if self.group is not None:
-            state["group"] = _SavedGroup(tuple(dist.get_process_group_ranks(self.group)))
+        state["_checked_group"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -372,12 +384,37 @@ class ExpertParallelMoE(nn.Module):
 
         copied = self.__class__.__new__(self.__class__)
         memo[id(self)] = copied
-        state = self.__getstate__()
+        state = self._plain_state()
         group, state["group"] = self.group, None
         state = copy.deepcopy(state, memo)
         state["group"] = group
         copied.__setstate__(state)
         return copied
+
+    def __copy__(self) -> "ExpertParallelMoE":
+        copied = self.__class__.__new__(self.__class__)
+        copied.__setstate__(self._plain_state())  # shallow: the same parameters and group
+        return copied
+
+    def _check_group(self) -> None:
+        """A group set on the layer (after loading it, say) must be one in which this process
+        holds the layer's experts: the same size, and this process at the layer's rank."""
+        group = self.group
+        if isinstance(group, _SavedGroup):
+            raise ValueError(
+                f"ExpertParallelMoE: this layer was saved by global rank {group.saved_by} in the "
+                f"process group of global ranks {list(group.ranks)}, which a loaded layer cannot "
+                "find by itself (or this process is another rank, and would hold rank "
+                f"{group.saved_by}'s experts); set `layer.group` to that group on the rank "
+                "whose experts it holds before calling it")  # fmt: skip
+        size = 1 if group is None else dist.get_world_size(group)
+        rank = 0 if group is None else dist.get_rank(group)
+        if (size, rank) != (self.world_size, self.rank):
+            raise ValueError(
+                f"ExpertParallelMoE: layer.group has {size} ranks and this process is rank "
+                f"{rank} in it, but the layer holds the experts of rank {self.rank} of "
+                f"{self.world_size}")  # fmt: skip
+        self._checked_group = group
 
     def _make_experts(self, experts) -> ExpertsFn:
         opts = (self.activation, self.glu_layout, self.limit, self.alpha)
@@ -463,6 +500,8 @@ class ExpertParallelMoE(nn.Module):
         router's is averaged and the local experts' divided by the group size, so that the two
         stay on one scale (as DDP-averaged dense gradients need; see scale_expert_grads)."""
         g = self.router.weight.grad
+        if self.world_size > 1 and self.group is not self._checked_group:
+            self._check_group()
         if self.world_size > 1 and g is not None:
             # Summed in fp32: a bf16 sum over the ranks rounds at every step.
             total = g.float()
@@ -509,11 +548,8 @@ class ExpertParallelMoE(nn.Module):
         shape = x.shape
         if not x.is_floating_point():
             raise ValueError(f"ExpertParallelMoE: x must be a floating-point tensor, got {x.dtype}")
-        if isinstance(self.group, _SavedGroup):
-            raise ValueError(f"ExpertParallelMoE: this layer was saved in the process group of "
-                             f"global ranks {list(self.group.ranks)}, which a loaded layer "
-                             f"cannot find by itself; set `layer.group` to that group before "
-                             f"calling it")  # fmt: skip
+        if not torch.compiler.is_compiling() and self.group is not self._checked_group:
+            self._check_group()
         x = x.reshape(-1, self.hidden)
         T, k, E, W, El = x.shape[0], self.top_k, self.num_experts, self.world_size, self.local_experts
         clock = _Clock(x.device) if self.profile else None
