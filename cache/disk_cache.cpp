@@ -197,8 +197,9 @@ std::string DiskCache::why_not_opened() const {
 // A fan-out directory inside dir_fd, opened without following a symlink and trusted by its
 // handle. Invalid when missing, untrusted (one warning) or, with create, not creatable
 // (*create_error gets mkdir's errno: the versioned directory cannot be written). One that exists
-// but cannot be opened is that fan-out's problem: a load misses with one warning, a store
-// (create) fails alone with one warning per fan-out (*create_error gets kEntryFailed).
+// but cannot be opened: a load misses with one warning; a store (create) refused by the folder's
+// permissions fails alone with one warning per fan-out (*create_error gets kEntryFailed), and
+// one that failed for another reason (EMFILE, ENOMEM, EIO) gets the errno.
 fs::UniqueFd DiskCache::open_fanout(int dir_fd, const std::string& name, bool create,
                                     int* create_error) const {
   bool created = false;
@@ -214,10 +215,14 @@ fs::UniqueFd DiskCache::open_fanout(int dir_fd, const std::string& name, bool cr
   if (!fd.valid()) {
     const int error = errno;
     const fs::DirTrust trust = fs::trust_after_open_error(dir_fd, name, error);
-    if (trust == fs::DirTrust::kInaccessible && create_error != nullptr) {  // open() refused
-      *create_error = fail_entry(directory_ / name, error,
-                                 "this fan-out directory cannot be opened (check its owner and "
-                                 "permissions)");
+    if (trust == fs::DirTrust::kInaccessible && create_error != nullptr) {
+      // Only a permission refusal is this folder's; out of descriptors or memory, or an I/O
+      // error, would fail every store: fail_store pauses writes, with one warning.
+      *create_error = error == EACCES || error == EPERM
+                          ? fail_entry(directory_ / name, error,
+                                       "this fan-out directory cannot be opened (check its owner "
+                                       "and permissions)")
+                          : error;
     } else if (trust == fs::DirTrust::kInaccessible) {
       report_open_error(directory_ / name, error, nullptr);
     } else {

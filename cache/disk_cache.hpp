@@ -116,9 +116,10 @@ struct RemovalFailure {
   int error = 0;
 };
 
-// A directory of the cache that a walk could not open or list (opendir or readdir failed with
-// `error`: its permissions, too many open files, an I/O error). The entries in it, if any, were
-// not seen: not counted, listed, exported, evicted, pruned or cleared.
+// A directory of the cache that a walk could not open, list or search (opendir, readdir or a
+// stat of its entries failed with `error`: its permissions, too many open files, an I/O error).
+// The entries in it, if any, were not seen: not counted, listed, exported, evicted, pruned or
+// cleared.
 struct UnreadableDirectory {
   std::filesystem::path path;
   int error = 0;
@@ -129,6 +130,10 @@ struct PruneResult {
   std::uint64_t stale_temps_removed = 0;  // temp files (and empty temp folders) of dead writers
   std::vector<RemovalFailure> failures;   // entries still on disk; their bytes still count
   std::vector<UnreadableDirectory> unreadable;  // not walked: what they hold was not removed
+  // What the walk left on disk (undeletable entries included; unreadable folders' not seen):
+  // the stats after a prune, from its own walk, so that they do not report `unreadable` again.
+  std::uint64_t entries_left = 0;
+  std::uint64_t bytes_left = 0;
   // Why the directory could not be pruned at all (untrusted, not accessible, an exception);
   // empty when it was, or when it does not exist (nothing to prune).
   std::string error;
@@ -172,8 +177,9 @@ class DiskCache {
   // replaced. Returns false when the cache is disabled or read-only (silently: the user asked for
   // it), unwritable (after one warning per DiskCache; stores are then skipped for
   // config.write_retry_seconds before one is tried again), or when this entry's own path cannot
-  // be written (a directory or an immutable file in its place, a fan-out directory that cannot
-  // be opened: one warning per path, other stores go on). The caller keeps working from memory.
+  // be written (a directory or an irreplaceable file in its place, a fan-out directory whose
+  // permissions refuse it: one warning per path, other stores go on). The caller keeps working
+  // from memory.
   bool store(const Key128& key, const EntryLabels& labels, std::span<const std::byte> payload);
 
   bool enabled() const { return !config_.disabled; }

@@ -42,8 +42,8 @@ bool DiskCache::fail_store(int error) {
 }
 
 // A store that failed at one path (a directory or an irreplaceable file where its entry goes, a
-// fan-out directory that cannot be opened) is a problem of that path, not of the cache: that store
-// fails, with one warning per path, and the other writes go on.
+// fan-out directory whose permissions refuse it) is a problem of that path, not of the cache: that
+// store fails, with one warning per path, and the other writes go on.
 int DiskCache::fail_entry(const std::filesystem::path& path, int error,
                           std::string_view problem) const {
   if (state_->first_report(state_->reported_store_failures, path.string())) {
@@ -143,7 +143,7 @@ int DiskCache::try_store(const Key128& key, const EntryLabels& labels,
 }
 
 // Returns 0, an errno or kEntryFailed (`path`, the entry's, cannot be replaced). Never leaves a
-// temp file behind unless the process dies.
+// temp file behind unless the process dies or the folder stops letting it be removed.
 int DiskCache::publish(int fanout_fd, const std::string& name, const std::filesystem::path& path,
                        std::span<const std::byte> bytes) {
   fs::UniqueFd fd;
@@ -180,8 +180,6 @@ int DiskCache::publish(int fanout_fd, const std::string& name, const std::filesy
   // Atomic replace: a racer publishing the same key wrote the same bytes, so either wins; a bad
   // file under this name is replaced whole.
   if (renameat(fanout_fd, temp.c_str(), fanout_fd, name.c_str()) != 0) {
-    // The temp file was made in the same directory, so the directory is writable: these are
-    // about what is at this one name.
     switch (const int error = fail(errno)) {
       case EISDIR:
       case ENOTEMPTY:
@@ -190,9 +188,17 @@ int DiskCache::publish(int fanout_fd, const std::string& name, const std::filesy
       case EPERM:
       case EACCES:
       case EBUSY:
-        return fail_entry(path, error,
-                          "the file in its place cannot be replaced (check its attributes, such "
-                          "as immutable); remove it");
+        // Either what is at this name refuses to go, which fails this path alone, or the
+        // folder refuses the rename (its permissions changed since the temp file was made, a
+        // filesystem that does not support it), which every store would hit: pause writes
+        // rather than write, fail and warn once per path. Only a file in place tells them apart.
+        if (struct stat st{}; fstatat(fanout_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+          return fail_entry(path, error,
+                            "the file in its place cannot be replaced (an immutable or "
+                            "append-only file, or one owned by another user in a folder with the "
+                            "sticky bit); remove it");
+        }
+        return error;
       default:
         return error;
     }
@@ -257,6 +263,8 @@ PruneResult DiskCache::maintain(int dir_fd, std::uint64_t trigger_bytes, std::ui
   state_->stores_since_scan = 0;
   if (from_store) state_->evictions += result.removed;
   pruned.removed = result.removed;
+  pruned.entries_left = result.remaining_entries;
+  pruned.bytes_left = result.remaining_bytes;
   pruned.failures = std::move(result.failures);
   return pruned;
 }

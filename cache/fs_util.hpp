@@ -52,7 +52,7 @@ int make_private_directories(const std::filesystem::path& dir);
 // Opens a directory for use as the base of *at() calls: O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, so a
 // symlink in its place is refused (ELOOP) rather than followed. Invalid on failure (errno set).
 UniqueFd open_directory_at(int dir_fd, const char* name);
-// fstatat(dir_fd, name, AT_SYMLINK_NOFOLLOW).
+// fstatat(dir_fd, name, AT_SYMLINK_NOFOLLOW); nullopt with errno set on failure.
 std::optional<FileInfo> stat_at(int dir_fd, const std::string& name);
 // Names in an opened directory except "." and ".."; the handle's own offset is not used, so
 // threads may list the same handle at once. Returns 0 or an errno (names then holds what was

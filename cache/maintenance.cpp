@@ -18,7 +18,7 @@ namespace {
 // than any clock sharing the cache (such a stamp would otherwise keep it forever).
 bool is_stale_temp(std::int64_t now_ns, std::int64_t mtime_ns) {
   const std::int64_t age = fs::age_ns(now_ns, mtime_ns);
-  return age > kStaleTempNs || age < -kFutureStampSlackNs;
+  return age > kStaleTempNs || age < -kStaleTempFutureSlackNs;
 }
 
 // Removes a stale temp file, or a stale temp directory if it is empty. Whether it did.
@@ -53,6 +53,7 @@ Scan scan(int dir_fd, const std::filesystem::path& dir, bool remove_stale_temps,
       result.unreadable.push_back(UnreadableDirectory{dir / fanout_name, error});
       if (!fanout.valid()) continue;  // what was listed before a read error is still walked
     }
+    bool searchless = error != 0;  // already reported
     for (const std::string& name : names) {
       if (layout::is_temp_name(name)) {
         if (remove_stale_temps && remove_stale_temp(fanout.get(), name, now_ns)) {
@@ -63,6 +64,13 @@ Scan scan(int dir_fd, const std::filesystem::path& dir, bool remove_stale_temps,
       const std::optional<layout::ParsedName> parsed = layout::parse_entry_file_name(name);
       if (!parsed || layout::fanout_name(parsed->key) != fanout_name) continue;
       const std::optional<fs::FileInfo> info = fs::stat_at(fanout.get(), name);
+      // EACCES: the folder may not be searched (r--; the listing needs that too, so its
+      // permissions changed since): its entries cannot be seen, so report it once, as one that
+      // cannot be listed is. ENOENT: removed since the listing.
+      if (!info && errno == EACCES && !searchless) {
+        searchless = true;
+        result.unreadable.push_back(UnreadableDirectory{dir / fanout_name, EACCES});
+      }
       if (!info || !info->is_regular()) continue;
       const bool future = fs::age_ns(now_ns, info->mtime_ns) < -kFutureStampSlackNs;
       const std::int64_t last_used =
@@ -84,6 +92,7 @@ EvictResult evict(int dir_fd, Scan scan, std::uint64_t target_bytes,
             });
   EvictResult result;
   std::uint64_t total = scan.total_bytes;
+  result.remaining_entries = scan.entries.size();
   for (const ScannedEntry& entry : scan.entries) {
     const bool too_old = older_than_cutoff_ns && entry.last_used_ns < *older_than_cutoff_ns;
     if (!too_old && total <= target_bytes) break;  // sorted: later entries are newer
@@ -97,6 +106,7 @@ EvictResult evict(int dir_fd, Scan scan, std::uint64_t target_bytes,
     // leaves them on disk and in the total.
     if (error == 0 || error == ENOENT) {
       total -= entry.size;
+      --result.remaining_entries;
     } else {
       result.failures.push_back(RemovalFailure{entry.path, error});
     }

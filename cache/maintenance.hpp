@@ -15,12 +15,15 @@
 
 namespace gmjit::cache::maintenance {
 
-// A temp file this old (or stamped further in the future than kFutureStampSlackNs) belongs to a
-// writer that died: a live one renames it within seconds.
+// A temp file this old (or stamped further in the future than kStaleTempFutureSlackNs) belongs
+// to a writer that died: a live one renames it within seconds.
 inline constexpr std::int64_t kStaleTempNs = 3600ll * 1'000'000'000;
 // Nodes sharing a cache keep their clocks within seconds of each other (NTP); a stamp further
 // ahead of now than this was not set by a clock we share (a skewed node, an rsync'd cache).
 inline constexpr std::int64_t kFutureStampSlackNs = 600ll * 1'000'000'000;
+// Wider for temp files, whose removal is not harmless: on NFS the stamp is the server's clock, so
+// a scanning node whose clock is behind would delete a live writer's file with the entries' slack.
+inline constexpr std::int64_t kStaleTempFutureSlackNs = kStaleTempNs;
 
 struct ScannedEntry {
   std::filesystem::path path;  // for display: the directory's path / fanout / name
@@ -40,20 +43,23 @@ struct Scan {
   std::vector<ScannedEntry> entries;
   std::uint64_t total_bytes = 0;
   std::uint64_t stale_temps_removed = 0;
-  // <dir> or fan-out directories that could not be opened or listed: entries and total_bytes
-  // lack what they hold. A symlink or non-directory under a fan-out name is not one (it is never
-  // walked, and no store or load uses it).
+  // <dir> or fan-out directories that could not be opened, listed or searched (stat of their
+  // entries refused): entries and total_bytes lack what they hold. Each at most once. A symlink or
+  // non-directory under a fan-out name is not one (it is never walked, and no store or load uses
+  // it).
   std::vector<UnreadableDirectory> unreadable;
 };
 
 // Walks <dir>/<ab>/ where dir_fd is the opened <dir> (`dir` only names what is found). With
-// remove_stale_temps, stale temp files (kStaleTempNs) are unlinked, and stale temp directories
-// removed when empty: gmjit never makes one, so what one holds is not gmjit's to delete.
+// remove_stale_temps, stale temp files (kStaleTempNs, kStaleTempFutureSlackNs) are unlinked, and
+// stale temp directories removed when empty: gmjit never makes one, so what one holds is not
+// gmjit's to delete.
 Scan scan(int dir_fd, const std::filesystem::path& dir, bool remove_stale_temps,
           std::int64_t now_ns);
 
 struct EvictResult {
   std::uint64_t removed = 0;
+  std::uint64_t remaining_entries = 0;   // undeletable entries included
   std::uint64_t remaining_bytes = 0;     // undeletable entries included
   std::vector<RemovalFailure> failures;  // entries that stay: unlink failed, not with ENOENT
 };

@@ -338,7 +338,17 @@ cache::PruneResult remove_entries(cache::DiskCache& disk, const CacheCommand& o,
          {"stale_temps_removed", pruned.stale_temps_removed},
          {"failed", failures_json(pruned)},
          {"unreadable", unreadable_json(pruned)}};
-  if (o.action == "prune") out["stats"] = stats_json(disk.stats());
+  if (o.action == "prune") {
+    // From the prune's own walk: disk.stats() would walk again and warn about the folders
+    // that the failure below names already.
+    cache::CacheStats stats;
+    stats.directory = disk.directory();
+    stats.entries = pruned.entries_left;
+    stats.total_bytes = pruned.bytes_left;
+    stats.max_bytes = disk.max_bytes();
+    stats.writable = disk.writable();
+    out["stats"] = stats_json(stats);
+  }
   if (!o.json) {
     std::printf("removed %llu entries", static_cast<unsigned long long>(pruned.removed));
     if (pruned.stale_temps_removed != 0) {

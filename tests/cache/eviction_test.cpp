@@ -243,6 +243,26 @@ TEST(StaleTempFiles, ATempFileStampedFarInTheFutureIsStaleAndTheCountIsReturned)
   EXPECT_TRUE(stdfs::exists(paths[0]));
 }
 
+// On NFS a temp file's stamp is the server's clock: a scanning node whose clock is behind by more
+// than the entries' 10 minutes of slack must not delete a live writer's file. Temp files get an
+// hour either way.
+TEST(StaleTempFiles, ATempFileStampedUnderAnHourAheadIsKept) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const stdfs::path fanout = StoreEntries(cache, 1)[0].parent_path();
+  const stdfs::path ahead = fanout / ".tmp-123-0a0a0a0a";
+  const stdfs::path beyond = fanout / ".tmp-456-0b0b0b0b";
+  for (const stdfs::path& path : {ahead, beyond}) write_bytes(path, {std::byte{1}});
+  SetMtimeFromNow(ahead, 50 * 60);
+  SetMtimeFromNow(beyond, 2 * 3600);
+  const PruneResult result = cache.prune(1ull << 40, std::nullopt);
+  EXPECT_TRUE(result.ok());
+  EXPECT_EQ(result.stale_temps_removed, 1u);
+  EXPECT_TRUE(stdfs::exists(ahead));
+  EXPECT_FALSE(stdfs::exists(beyond));
+}
+
 // gmjit never makes a temp directory: an empty stale one is removed (rmdir), but what a
 // non-empty one holds is not gmjit's to delete.
 TEST(StaleTempFiles, AStaleEmptyTempDirectoryIsRemovedAndANonEmptyOneKept) {
@@ -308,10 +328,13 @@ TEST(Stamps, AStampPastTheYear2262SaturatesAndCountsAsInTheFuture) {
   const fs::UniqueFd dir = fs::open_directory_at(AT_FDCWD, cache.directory().c_str());
   const maintenance::Scan scan =
       maintenance::scan(dir.get(), cache.directory(), false, fs::now_ns());
+  bool found = false;
   for (const maintenance::ScannedEntry& entry : scan.entries) {
     if (entry.path != paths[0]) continue;
+    found = true;
     EXPECT_EQ(entry.last_used_ns, std::numeric_limits<std::int64_t>::min());
   }
+  ASSERT_TRUE(found) << paths[0] << " is not in the scan";
   const PruneResult result = cache.prune(1ull << 40, 24 * 3600);  // matches any --older-than
   EXPECT_EQ(result.removed, 1u);
   EXPECT_EQ(result.stale_temps_removed, 1u);

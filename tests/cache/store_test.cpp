@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 
 #include <ctime>
+#include <functional>
+#include <memory>
 
 #include "cache/layout.hpp"
 #include "test_support.hpp"
@@ -116,20 +118,21 @@ TEST(Store, ABadEntryItCannotReplaceFailsThatStoreAloneNamingIt) {
   EXPECT_NE(warnings.lines()[0].find(path.string()), std::string::npos) << warnings.all();
   EXPECT_NE(warnings.lines()[0].find("Operation not permitted"), std::string::npos)
       << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find("sticky bit"), std::string::npos) << warnings.all();
   const std::uint64_t other = id_in_another_fanout();
   EXPECT_TRUE(cache.store(key_for(other), labels_for(other), payload_for(key_for(other))));
   EXPECT_TRUE(cache.writable());
   EXPECT_EQ(cache.counters().store_failures, 1u);
 }
 
-// A fan-out directory that cannot be opened fails the stores into it, naming it (not the cache's
-// directory); stores into the other fan-out directories go on, with no pause.
-TEST(Store, AFanoutDirectoryItCannotOpenFailsOnlyTheStoresIntoItNamingIt) {
+// Out of descriptors (memory, an I/O error), a fan-out directory fails to open for a reason that
+// every store would meet: writes pause with one warning naming the cache's directory, instead of
+// one warning per fan-out directory and no pause.
+TEST(Store, AFanoutDirectoryItCannotOpenForWantOfDescriptorsPausesWrites) {
   TempDir tmp;
   Warnings warnings;
   DiskCache cache(config_for(tmp.path(), warnings));
   ASSERT_TRUE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
-  const stdfs::path fanout = entry_path(cache, key_for(1), labels_for(1)).parent_path();
   stdfs::remove(entry_path(cache, key_for(1), labels_for(1)));
   bool limited = false;
   {
@@ -141,21 +144,22 @@ TEST(Store, AFanoutDirectoryItCannotOpenFailsOnlyTheStoresIntoItNamingIt) {
   }
   if (!limited) GTEST_SKIP() << "cannot lower RLIMIT_NOFILE here";
   ASSERT_EQ(warnings.size(), 1u) << warnings.all();
-  EXPECT_NE(warnings.lines()[0].find("cannot publish to " + fanout.string() + " ("),
+  EXPECT_NE(warnings.lines()[0].find("cannot write to " + cache.directory().string() +
+                                     " (Too many open files); disk writes are off"),
             std::string::npos)
       << warnings.all();
-  EXPECT_NE(warnings.lines()[0].find("Too many open files"), std::string::npos) << warnings.all();
+  EXPECT_FALSE(cache.writable());
   const std::uint64_t other = id_in_another_fanout();
-  EXPECT_TRUE(cache.store(key_for(other), labels_for(other), payload_for(key_for(other))));
-  EXPECT_TRUE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
-  EXPECT_EQ(cache.load(key_for(1)), payload_for(key_for(1)));
+  EXPECT_FALSE(cache.store(key_for(other), labels_for(other), payload_for(key_for(other))));
+  EXPECT_FALSE(stdfs::exists(entry_path(cache, key_for(other), labels_for(other))))
+      << "paused: not even tried";
+  EXPECT_EQ(cache.counters().store_failures, 2u);
   EXPECT_EQ(warnings.size(), 1u) << warnings.all();
 }
 
-TEST(Store, AFanoutDirectoryWithoutPermissionFailsOnlyTheStoresIntoIt) {
-  if (running_as_root()) {
-    GTEST_SKIP() << "root ignores permission bits; AFanoutDirectoryItCannotOpen... covers the path";
-  }
+// A fan-out directory whose permissions refuse it fails the stores into it, naming it (not the
+// cache's directory); stores into the other fan-out directories go on, with no pause.
+TEST(Store, AFanoutDirectoryWithoutPermissionFailsOnlyTheStoresIntoItNamingIt) {
   TempDir tmp;
   Warnings warnings;
   DiskCache cache(config_for(tmp.path(), warnings));
@@ -163,14 +167,64 @@ TEST(Store, AFanoutDirectoryWithoutPermissionFailsOnlyTheStoresIntoIt) {
   const stdfs::path fanout = entry_path(cache, key_for(1), labels_for(1)).parent_path();
   stdfs::remove(entry_path(cache, key_for(1), labels_for(1)));
   stdfs::permissions(fanout, stdfs::perms::none);
-  EXPECT_FALSE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
   const std::uint64_t other = id_in_another_fanout();
-  EXPECT_TRUE(cache.store(key_for(other), labels_for(other), payload_for(key_for(other))));
-  ASSERT_GE(warnings.size(), 1u) << warnings.all();
+  const bool ran = without_permission_override([&] {
+    EXPECT_FALSE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+    EXPECT_FALSE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+    EXPECT_TRUE(cache.store(key_for(other), labels_for(other), payload_for(key_for(other))));
+    EXPECT_TRUE(cache.writable());
+  });
+  if (!ran) GTEST_SKIP() << "cannot drop CAP_DAC_OVERRIDE here";
+  ASSERT_EQ(warnings.size(), 1u) << "one per fan-out directory: " << warnings.all();
   EXPECT_NE(warnings.lines()[0].find("cannot publish to " + fanout.string() + " ("),
             std::string::npos)
       << warnings.all();
   EXPECT_NE(warnings.lines()[0].find("Permission denied"), std::string::npos) << warnings.all();
+  EXPECT_EQ(cache.counters().store_failures, 2u);
+}
+
+// Runs an action just before a publish renames its temp file.
+class BeforeRename : public PublishHooks {
+ public:
+  explicit BeforeRename(std::function<void()> action) : action_(std::move(action)) {}
+  void before_rename() const override { action_(); }
+
+ private:
+  std::function<void()> action_;
+};
+
+// rename(2) refused with nothing at the entry's name is the folder's doing (its permissions
+// changed since the temp file was made; EPERM: a filesystem that does not support the rename),
+// which every store would meet: writes pause with one warning, instead of each later store
+// writing and syncing a temp file, failing, and warning about its own path.
+TEST(Store, ARenameRefusedWithNothingInPlacePausesWrites) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCacheConfig config = config_for(tmp.path(), warnings);
+  stdfs::path lock_after_temp;  // a fan-out directory to make read-only before the rename
+  config.publish_hooks = std::make_shared<BeforeRename>([&lock_after_temp] {
+    if (!lock_after_temp.empty()) stdfs::permissions(lock_after_temp, stdfs::perms(0500));
+  });
+  DiskCache cache(config);
+  ASSERT_TRUE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+  const stdfs::path fanout = entry_path(cache, key_for(1), labels_for(1)).parent_path();
+  stdfs::remove(entry_path(cache, key_for(1), labels_for(1)));
+  lock_after_temp = fanout;
+  const std::uint64_t other = id_in_another_fanout();
+  const bool ran = without_permission_override([&] {
+    EXPECT_FALSE(cache.store(key_for(1), labels_for(1), payload_for(key_for(1))));
+    EXPECT_FALSE(cache.store(key_for(other), labels_for(other), payload_for(key_for(other))));
+  });
+  if (!ran) GTEST_SKIP() << "cannot drop CAP_DAC_OVERRIDE here";
+  ASSERT_EQ(warnings.size(), 1u) << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find("cannot write to " + cache.directory().string() +
+                                     " (Permission denied); disk writes are off"),
+            std::string::npos)
+      << warnings.all();
+  EXPECT_FALSE(cache.writable());
+  EXPECT_FALSE(stdfs::exists(entry_path(cache, key_for(other), labels_for(other))))
+      << "paused: not even tried";
+  EXPECT_EQ(cache.counters().store_failures, 2u);
 }
 
 }  // namespace

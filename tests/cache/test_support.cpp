@@ -1,14 +1,17 @@
 #include "test_support.hpp"
 
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <stdexcept>
+#include <thread>
 
 #include "cache/layout.hpp"
 
@@ -132,6 +135,24 @@ mode_t mode_of(const stdfs::path& path) {
   struct stat st {};
   if (lstat(path.c_str(), &st) != 0) return 0;
   return st.st_mode & 07777;
+}
+
+bool without_permission_override(const std::function<void()>& body) {
+  bool dropped = false;
+  std::thread thread([&] {
+    // The raw calls: glibc has no wrapper, and libcap's would set the same per-thread sets.
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+    if (syscall(SYS_capget, &header, data) != 0) return;
+    for (const int cap : {CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH}) {
+      data[CAP_TO_INDEX(cap)].effective &= ~CAP_TO_MASK(cap);
+    }
+    if (syscall(SYS_capset, &header, data) != 0) return;
+    dropped = true;
+    body();
+  });
+  thread.join();
+  return dropped;
 }
 
 DescriptorLimit::DescriptorLimit(int spare) {

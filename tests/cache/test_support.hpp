@@ -67,6 +67,12 @@ inline bool running_as_root() {
   return geteuid() == 0;
 }
 
+// Runs `body` on a thread of its own without the capabilities that let root ignore permission
+// bits (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH; capabilities are per thread), so that a test of a
+// directory's permissions works as root too; as a user it just runs `body`. false where they
+// cannot be dropped: `body` did not run, and the test skips.
+bool without_permission_override(const std::function<void()>& body);
+
 // Lowers this process's open-file limit so that only `spare` more descriptors can be opened
 // (then open() fails with EMFILE, as in a job that ran out of them), and restores it. ok() is
 // false where the limit cannot be lowered: the test then skips. Root ignores permission bits, so

@@ -91,11 +91,9 @@ TEST(UnreadableFanout, StatsListingsAndExportsWarnOnceNamingEach) {
   EXPECT_EQ(cache.stats().entries, 2u) << "descriptors back";
 }
 
-// The realistic case, which root cannot reproduce: one fan-out directory without permissions.
+// The realistic case: one fan-out directory without permissions (as root too, without the
+// capabilities that ignore them).
 TEST(UnreadableFanout, WithoutPermissionsItIsReportedAndTheOthersAreWalked) {
-  if (running_as_root()) {
-    GTEST_SKIP() << "root ignores permission bits; the descriptor-limit tests cover the path";
-  }
   TempDir tmp;
   Warnings warnings;
   DiskCache writer(config_for(tmp.path(), warnings));
@@ -104,12 +102,18 @@ TEST(UnreadableFanout, WithoutPermissionsItIsReportedAndTheOthersAreWalked) {
   stdfs::permissions(closed, stdfs::perms::none);
 
   DiskCache cache(config_for(tmp.path(), warnings));
-  EXPECT_EQ(cache.stats().entries, 1u);
+  CacheStats stats;
+  PruneResult result;
+  const bool ran = without_permission_override([&] {
+    stats = cache.stats();
+    result = cache.clear();
+  });
+  if (!ran) GTEST_SKIP() << "cannot drop CAP_DAC_OVERRIDE here";
+  EXPECT_EQ(stats.entries, 1u);
   ASSERT_EQ(warnings.size(), 1u) << warnings.all();
   EXPECT_NE(warnings.lines()[0].find("cannot read " + closed.string() + " (Permission denied)"),
             std::string::npos)
       << warnings.all();
-  const PruneResult result = cache.clear();
   EXPECT_EQ(result.removed, 1u);
   ASSERT_EQ(result.unreadable.size(), 1u);
   EXPECT_EQ(result.unreadable[0].path, closed);
@@ -117,6 +121,64 @@ TEST(UnreadableFanout, WithoutPermissionsItIsReportedAndTheOthersAreWalked) {
   EXPECT_FALSE(stdfs::exists(paths[1]));
   stdfs::permissions(closed, stdfs::perms::owner_all);
   EXPECT_TRUE(stdfs::exists(paths[0]));
+}
+
+// Read but no search permission (r--): no entry in it can be looked at (the listing, an openat of
+// "." in it, is refused as well; a stat refused after a listing counts the same), so it is
+// unreadable, once however many entries it holds, not silently empty.
+TEST(UnreadableFanout, AFolderThatListsButCannotBeSearchedIsReportedOnce) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache writer(config_for(tmp.path(), warnings));
+  const std::vector<stdfs::path> paths = StoreTwo(writer);
+  std::uint64_t neighbour = 2;  // a second entry in the first one's folder
+  while (layout::fanout_name(key_for(neighbour)) != layout::fanout_name(key_for(1))) ++neighbour;
+  ASSERT_TRUE(
+      writer.store(key_for(neighbour), labels_for(neighbour), payload_for(key_for(neighbour))));
+  const stdfs::path searchless = paths[0].parent_path();
+  stdfs::permissions(searchless, stdfs::perms::owner_read);
+
+  DiskCache cache(config_for(tmp.path(), warnings));
+  CacheStats stats;
+  PruneResult result;
+  const bool ran = without_permission_override([&] {
+    stats = cache.stats();
+    result = cache.clear();
+  });
+  if (!ran) GTEST_SKIP() << "cannot drop CAP_DAC_OVERRIDE here";
+  EXPECT_EQ(stats.entries, 1u);
+  ASSERT_EQ(warnings.size(), 1u) << warnings.all();
+  EXPECT_NE(warnings.lines()[0].find("cannot read " + searchless.string() + " (Permission denied)"),
+            std::string::npos)
+      << warnings.all();
+  EXPECT_FALSE(result.ok());
+  EXPECT_EQ(result.removed, 1u);
+  ASSERT_EQ(result.unreadable.size(), 1u);
+  EXPECT_EQ(result.unreadable[0].path, searchless);
+  EXPECT_EQ(result.unreadable[0].error, EACCES);
+  stdfs::permissions(searchless, stdfs::perms::owner_all);
+  EXPECT_TRUE(stdfs::exists(paths[0]));
+  EXPECT_FALSE(stdfs::exists(paths[1]));
+}
+
+// What a prune leaves is counted by its own walk (gmjit cache prune prints it as its stats), so
+// that a folder it could not read is reported by the prune alone, not warned about again.
+TEST(UnreadableFanout, APruneCountsWhatItLeftWithoutWarning) {
+  TempDir tmp;
+  Warnings warnings;
+  DiskCache cache(config_for(tmp.path(), warnings));
+  const std::vector<stdfs::path> paths = StoreTwo(cache);
+  PruneResult result = cache.prune(1ull << 40, std::nullopt);
+  EXPECT_EQ(result.entries_left, 2u);
+  EXPECT_EQ(result.bytes_left, cache.stats().total_bytes);
+  stdfs::permissions(paths[0].parent_path(), stdfs::perms::none);
+  const bool ran = without_permission_override([&] { result = cache.clear(); });
+  if (!ran) GTEST_SKIP() << "cannot drop CAP_DAC_OVERRIDE here";
+  EXPECT_EQ(result.removed, 1u);
+  EXPECT_EQ(result.unreadable.size(), 1u);
+  EXPECT_EQ(result.entries_left, 0u) << "the unreadable folder's entries were not seen";
+  EXPECT_EQ(result.bytes_left, 0u);
+  EXPECT_EQ(warnings.size(), 0u) << warnings.all();
 }
 
 // Not unreadable: a file or a symlink under a fan-out name holds no entry of this cache (loads
