@@ -38,151 +38,15 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from gmjit.torch import _activations
 from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
 from gmjit.torch._checks import (GLU_ACTIVATIONS, GLU_LAYOUTS, _check_fp8_layer,
                                  MAX_EXPERTS, _describe, _parse_options, _parse_recipe,
                                  check_clamp, check_layer_sizes)  # fmt: skip
+from gmjit.torch._ep_exchange import _SavedGroup, all_to_all
+from gmjit.torch._ep_experts import (ExpertsFn, _autocast_available, grouped_mm_experts,
+                                     torch_experts)  # fmt: skip
 
 __all__ = ["ExpertParallelMoE", "all_to_all", "torch_experts", "grouped_mm_experts"]
-
-# experts(x, split_sizes, w1, w2, b1, b2) -> y, rows of x grouped by local expert.
-ExpertsFn = Callable[[Tensor, Tensor, Tensor, Tensor, Optional[Tensor], Optional[Tensor]], Tensor]
-
-
-# --------------------------------------------------------------------------- all_to_all
-
-
-class _AllToAll(torch.autograd.Function):
-    """all_to_all_single over dim 0 with uneven splits (eager). Its backward is the reverse
-    exchange through this Function again, so that it is differentiable in turn (a gradient
-    penalty's double backward reaches the experts through it)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
-        ctx.out_splits, ctx.in_splits, ctx.group = out_splits, in_splits, group
-        x = x.contiguous()
-        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return _AllToAll.apply(grad, ctx.in_splits, ctx.out_splits, ctx.group), None, None, None
-
-
-def all_to_all(x: Tensor, out_splits: list[int], in_splits: list[int], group=None) -> Tensor:
-    """Differentiable all_to_all_single: rank r sends x's rows in_splits[j] to rank j and gets
-    out_splits[j] rows from rank j (concatenated in rank order).
-
-    Under torch.compile, torch's functional collective: traced through _AllToAll, the in-place
-    collective's result was lost in the compiled backward (the experts' gradients came out
-    zero). Eager calls keep _AllToAll: the functional collective's deferred waits made gloo
-    ranks abort at exit now and then."""
-    if torch.compiler.is_compiling():
-        from torch.distributed import _functional_collectives as funcol
-
-        return funcol.all_to_all_single_autograd(x.contiguous(), list(out_splits),
-                                                 list(in_splits),
-                                                 group if group is not None else dist.group.WORLD)  # fmt: skip
-    return _AllToAll.apply(x, list(out_splits), list(in_splits), group)
-
-
-class _SavedGroup:
-    """A pickled layer's process group: its global ranks and the saving process's global rank
-    (whose experts the pickle holds). Loaded by that rank where those ranks are the whole world,
-    it is the world group again. Anywhere else (another rank loading rank 0's file, a sub-group,
-    no torch.distributed) the layer waits for `layer.group = <group>` before its next forward,
-    which checks that the group's size and this process's rank in it are the layer's."""
-
-    def __init__(self, ranks: tuple[int, ...], saved_by: int) -> None:
-        self.ranks, self.saved_by = ranks, saved_by
-
-    def bind(self):
-        if (dist.is_available() and dist.is_initialized()
-                and self.ranks == tuple(range(dist.get_world_size()))
-                and dist.get_rank() == self.saved_by):  # fmt: skip
-            return dist.group.WORLD
-        return self
-
-
-# --------------------------------------------------------------------------- experts functions
-
-
-def _activation(h: Tensor, name: str, layout: str, limit: float, alpha: float) -> Tensor:
-    if name not in GLU_ACTIVATIONS:
-        return _activations.plain(h, name)
-    if layout == "halves":
-        gate, lin = h.chunk(2, dim=-1)
-    else:  # interleaved32: blocks of 32 gate columns, then 32 lin columns
-        blocks = h.reshape(h.shape[0], h.shape[1] // 64, 2, 32)
-        gate, lin = blocks[:, :, 0].flatten(1), blocks[:, :, 1].flatten(1)
-    return _activations.gated(gate, lin, name, limit, alpha)
-
-
-def torch_experts(activation: str = "swiglu", glu_layout: str = "halves",
-                  limit: float = DEFAULT_LIMIT, alpha: float = DEFAULT_ALPHA,
-                  compute_dtype: torch.dtype = torch.float32) -> ExpertsFn:  # fmt: skip
-    """A plain torch experts function (a loop over experts, computed in `compute_dtype`): the
-    stand-in for gmjit on the CPU and the reference in tests. Reads split_sizes on the host."""
-
-    def experts(x, split_sizes, w1, w2, b1=None, b2=None):
-        if _autocast_available(x.device.type):  # autocast would run the matmuls in bf16
-            with torch.autocast(x.device.type, enabled=False):
-                return in_compute_dtype(x, split_sizes, w1, w2, b1, b2)
-        return in_compute_dtype(x, split_sizes, w1, w2, b1, b2)
-
-    def in_compute_dtype(x, split_sizes, w1, w2, b1, b2):
-        outs = []
-        start = 0
-        for e, n in enumerate(split_sizes.tolist()):
-            rows = x[start : start + n].to(compute_dtype)
-            h = rows @ w1[e].to(compute_dtype).T
-            if b1 is not None:
-                h = h + b1[e].to(compute_dtype)
-            y = _activation(h, activation, glu_layout, limit, alpha) @ w2[e].to(compute_dtype).T
-            if b2 is not None:
-                y = y + b2[e].to(compute_dtype)
-            outs.append(y)
-            start += n
-        if not outs:
-            return x.new_zeros((0, w2.shape[1]))
-        return torch.cat(outs).to(x.dtype)
-
-    return experts
-
-
-def grouped_mm_experts(activation: str = "swiglu", glu_layout: str = "halves",
-                       limit: float = DEFAULT_LIMIT,
-                       alpha: float = DEFAULT_ALPHA) -> ExpertsFn:  # fmt: skip
-    """Experts through `torch._grouped_mm` (bf16, sm_90+): the baseline of benchmarks/ep_moe.py."""
-
-    def experts(x, split_sizes, w1, w2, b1=None, b2=None):
-        if x.shape[0] == 0:  # keep the weights in the graph: zero gradients, not None
-            return x.new_zeros((0, w2.shape[1])) + 0 * (w1.sum() + w2.sum()).to(x.dtype)
-        offs = torch.cumsum(split_sizes, 0, dtype=torch.int32)
-        h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
-        if b1 is not None:
-            h = h + torch.repeat_interleave(b1, split_sizes, dim=0, output_size=x.shape[0])
-        a = _activation(h, activation, glu_layout, limit, alpha).to(x.dtype)
-        y = torch._grouped_mm(a, w2.transpose(-2, -1), offs=offs)
-        if b2 is not None:
-            y = y + torch.repeat_interleave(b2, split_sizes, dim=0, output_size=x.shape[0])
-        return y
-
-    return experts
-
-
-# --------------------------------------------------------------------------- the layer
-
-
-def _autocast_available(device_type: str) -> bool:
-    """Whether torch.autocast knows the device type (not meta, for one). Dynamo cannot trace
-    torch's query (a C builtin): under torch.compile the device types a traced call can be on."""
-    check = getattr(torch.amp, "is_autocast_available", None)
-    if check is None or torch.compiler.is_compiling():
-        return device_type in ("cuda", "cpu")
-    return check(device_type)
 
 
 def _world_size_variable() -> int:
