@@ -411,9 +411,15 @@ def _ddp_worker(rank: int, world: int, init_file: str, result_file: str) -> None
         DDP._set_params_and_buffers_to_ignore_for_model(model, names)
         ddp = DDP(model)
         ddp(x).square().sum().backward()
+        # The whole layer on every rank: a single-process layer of the same seed's weights.
+        full = model[0].gather_experts()
+        whole = ep_common.ExpertParallelMoE(32, 16, 4, 2, experts="torch", seed=1,
+                                            dtype=torch.float32, distributed=False)  # fmt: skip
         ok = (names == ["0.w1", "0.w2"]
               and torch.allclose(model[0].w1.grad, plain[0].w1.grad)
-              and torch.allclose(model[0].router.weight.grad, router / world))  # fmt: skip
+              and torch.allclose(model[0].router.weight.grad, router / world)
+              and torch.equal(full["w1"], whole.w1) and torch.equal(full["w2"], whole.w2)
+              and sorted(full) == ["router_weight", "w1", "w2"])  # fmt: skip
         if rank == 0:
             with open(result_file, "w") as f:
                 f.write("ok" if ok else "mismatch")
@@ -421,5 +427,40 @@ def _ddp_worker(rank: int, world: int, init_file: str, result_file: str) -> None
         dist.destroy_process_group()
 
 
-def test_ddp_averages_the_router_and_leaves_the_experts_to_the_layer():
+def test_ddp_averages_the_router_and_gather_experts_gives_the_whole_layer():
     assert _spawn(_ddp_worker) == "ok"
+
+
+def test_the_expert_mark_survives_copies_meta_init_assign_loads_and_swaps():
+    # DDP is told to leave alone the parameters marked expert_parallel: a lost mark averages
+    # experts that differ between ranks.
+    import copy
+    import io
+
+    make = lambda **kw: ep_common.ExpertParallelMoE(32, 32, 4, 2, distributed=False,
+                                                    experts="torch", seed=0, bias=True, **kw)  # fmt: skip
+
+    def marked(layer):
+        return [n for n, p in layer.named_parameters() if getattr(p, "expert_parallel", False)]
+
+    expected = ["w1", "w2", "b1", "b2"]
+    layer = make()
+    assert marked(layer) == expected
+    assert marked(copy.deepcopy(layer)) == expected
+    buf = io.BytesIO()
+    torch.save(layer, buf)
+    buf.seek(0)
+    assert marked(torch.load(buf, weights_only=False)) == expected
+    meta = make(device="meta")
+    meta.to_empty(device="cpu")
+    assert marked(meta) == expected
+    assigned = make(device="meta")
+    assigned.load_state_dict(layer.state_dict(), assign=True)
+    assert marked(assigned) == expected
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        converted = make().to(torch.float32)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+    assert marked(converted) == expected

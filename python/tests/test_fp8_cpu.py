@@ -837,6 +837,28 @@ def test_a_new_weight_tensor_at_the_same_address_is_not_the_cached_weight():
     assert not source.current([alias])
 
 
+def test_cached_copies_leave_the_weights_swappable(fp8_engine, monkeypatch):
+    # Module conversions in swap mode (and FSDP2/DTensor ones) run torch.utils.swap_tensors,
+    # which refuses tensors with weakrefs; the swapped-in weights are then a miss.
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    m = GroupedMLP(E, H, F, recipe="fp8_block").eval()
+    saved = {k: v.clone() + 1 for k, v in m.state_dict().items()}
+    x, splits = torch.randn(T, H, dtype=BF), torch.tensor(SPLITS)
+    with torch.no_grad():
+        m(x, splits)
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        m.load_state_dict(saved)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+    fresh = GroupedMLP(E, H, F, recipe="fp8_block").eval()
+    fresh.load_state_dict(saved)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x, splits), fresh(x, splits), rtol=0, atol=0)
+    assert m.fp8_quantizations == 2
+
+
 def test_weights_quantized_under_inference_mode_can_be_saved_for_a_later_backward(fp8_engine,
                                                                                   monkeypatch):  # fmt: skip
     monkeypatch.setattr(_op, "_FAST_ON_CPU", True)

@@ -1,9 +1,11 @@
 """When a copy made from weights (quantized FP8 weights, weights in gmjit's layout) is stale.
 
 The caches of `GroupedMLP` and of the transformers integration hold one `CachedCopy` each: the
-copy, the weights it was made from (weakly: the same tensor objects, not a new tensor at a freed
-one's address, as `torch.nn.utils.parametrize` makes at every access), their addresses and version
-counters, and the generation it was made in. The version counter sees in-place updates (torch
+copy, the weights it was made from (the same tensor objects, not a new tensor at a freed one's
+address, as `torch.nn.utils.parametrize` makes at every access: each source tensor carries a token
+object the copy names; not a weakref, which would make the parameters unswappable by
+`torch.utils.swap_tensors`, as module conversions in swap mode and FSDP2/DTensor conversions do),
+their addresses and version counters, and the generation it was made in. The version counter sees in-place updates (torch
 optimizers, `copy_`, `load_state_dict`). Training stacks also write weights where it does not:
 Megatron's mixed-precision optimizers copy the main params in through `.data`, FSDP2 all-gathers
 into the same unsharded parameter under a preserved counter, DeepSpeed writes through `.data`.
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import weakref
 from typing import Callable, Iterator, Optional, Sequence
 
 import torch
@@ -71,32 +72,52 @@ def weights_key(*weights: Optional[Tensor]) -> tuple:
                  for w in weights if w is not None)  # fmt: skip
 
 
-class Source:
-    """The weights a copy is made from, taken before making it: the tensors themselves (weakly),
-    the generation, and whether any of them required grad."""
+_TOKEN = "_gmjit_weight_token"
 
-    __slots__ = ("refs", "steps", "invalidations", "trainable")
+
+class _Token:
+    """Marks one tensor object as the source of cached copies (Source): a tensor made anew, at
+    the same address or not, has none or another. A copy or pickle of the tensor copies it into
+    another token (also another)."""
+
+    __slots__ = ()
+
+
+def _token_of(w: Tensor) -> _Token:
+    token = w.__dict__.get(_TOKEN)
+    if token is None:
+        token = w.__dict__[_TOKEN] = _Token()
+    return token
+
+
+class Source:
+    """The weights a copy is made from, taken before making it: the tensors' tokens, the
+    generation, and whether any of them required grad. The tensors themselves are held only
+    until store() has read them: a cached copy must not keep replaced weights alive."""
+
+    __slots__ = ("tokens", "steps", "invalidations", "trainable", "_weights")
 
     def __init__(self, weights: Sequence[Optional[Tensor]]) -> None:
         present = [w for w in weights if w is not None]
-        self.refs = tuple(weakref.ref(w) for w in present)
+        self.tokens = tuple(_token_of(w) for w in present)
         self.steps, self.invalidations = _steps, _invalidations
         self.trainable = any(w.requires_grad for w in present)
+        self._weights = present
 
     def current(self, weights: Sequence[Optional[Tensor]]) -> bool:
         """Whether a copy made from this source is a copy of `weights` now: the same tensors, no
         invalidation since, and no optimizer step since unless the weights were frozen then and
         are now (a teacher's or a reference model's copies are not made again at every step of
         the model being trained). Runs at every call that finds the copy: plain loops."""
-        refs = self.refs
+        tokens = self.tokens
         n = 0
         for w in weights:
             if w is None:
                 continue
-            if n == len(refs) or refs[n]() is not w:
+            if n == len(tokens) or w.__dict__.get(_TOKEN) is not tokens[n]:
                 return False
             n += 1
-        if n != len(refs) or self.invalidations != _invalidations:
+        if n != len(tokens) or self.invalidations != _invalidations:
             return False
         if self.steps == _steps:
             return True
@@ -107,9 +128,11 @@ class Source:
                 return False
         return True
 
-    def weights(self) -> list[Tensor]:
-        """The source weights still alive."""
-        return [w for w in (r() for r in self.refs) if w is not None]
+    def take_weights(self) -> list[Tensor]:
+        """The weights the copy was made from, once: store() reads them, and from then on the
+        source holds no tensor."""
+        weights, self._weights = self._weights, []
+        return weights
 
 
 @contextlib.contextmanager
@@ -257,7 +280,7 @@ def store(kept: Optional[CachedCopy], key: tuple, source: Source,
     order."""
     if capturing():
         return kept, value
-    owned = _owned(value, source.weights())
+    owned = _owned(value, source.take_weights())
     captured = kept.captured if kept is not None else []
     base: Optional[tuple[tuple, tuple]] = None
     with torch.no_grad():

@@ -59,6 +59,11 @@ def _world_size_variable() -> int:
                          f"integer, got {value!r}") from None
 
 
+def _mark_after_load(module: "ExpertParallelMoE", incompatible_keys) -> None:
+    # A module-level function, not a lambda: the hook is pickled with the layer.
+    module._mark_expert_parameters()
+
+
 class ExpertParallelMoE(nn.Module):
     """Router + top-k + expert-parallel experts, over a torch.distributed process group.
 
@@ -181,9 +186,9 @@ class ExpertParallelMoE(nn.Module):
         self.w2 = nn.Parameter(torch.empty(El, hidden, ffn, **kw))
         self.b1 = nn.Parameter(torch.empty(El, f1, **kw)) if bias else None
         self.b2 = nn.Parameter(torch.empty(El, hidden, **kw)) if bias else None
-        for p in (self.w1, self.w2, self.b1, self.b2):
-            if p is not None:
-                p.expert_parallel = True
+        self._mark_expert_parameters()
+        # load_state_dict(assign=True) puts the state dict's tensors in place: marked again.
+        self.register_load_state_dict_post_hook(_mark_after_load)
         if seed is None:
             seed = self._shared_seed(int(torch.randint(0, 2**62, ()).item()), device)
         elif isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
@@ -240,6 +245,21 @@ class ExpertParallelMoE(nn.Module):
         self._experts = self._make_experts(self._experts_arg)
         if isinstance(self.group, _SavedGroup):
             self.group = self.group.bind()
+        self._mark_expert_parameters()  # Parameter's deepcopy leaves attributes behind
+
+    def _mark_expert_parameters(self) -> None:
+        """`param.expert_parallel = True` on this rank's expert parameters, what a data-parallel
+        wrapper is told to leave alone by. Set again wherever new Parameter objects take their
+        place (deepcopy, to_empty from meta, load_state_dict(assign=True), conversions in swap
+        mode): a lost mark would let DDP average experts that differ between ranks."""
+        for p in (self.w1, self.w2, self.b1, self.b2):
+            if p is not None:
+                p.expert_parallel = True
+
+    def _apply(self, fn, recurse: bool = True):
+        out = super()._apply(fn, recurse)
+        self._mark_expert_parameters()
+        return out
 
     def __deepcopy__(self, memo: dict) -> "ExpertParallelMoE":
         # A copy in this process (an EMA model, swa_utils.AveragedModel) works in the same
@@ -356,6 +376,27 @@ class ExpertParallelMoE(nn.Module):
                 getattr(self, name).copy_(value[s])
         if router_weight is not None:
             router.copy_(router_weight)
+
+    @torch.no_grad()
+    def gather_experts(self) -> dict[str, Tensor]:
+        """The whole layer's expert weights, {"w1", "w2"[, "b1", "b2"]} as [num_experts, ...]
+        tensors on every rank (a collective: every rank of the group calls it), plus the
+        router's: what load_experts takes, for a checkpoint that loads into any group size. The
+        per-rank state_dict holds this rank's experts only, under the same keys on every rank:
+        torch.distributed.checkpoint would take them for one replicated tensor."""
+        full = {}
+        for name in ("w1", "w2", "b1", "b2"):
+            mine = getattr(self, name)
+            if mine is None:
+                continue
+            if self.world_size == 1:
+                full[name] = mine.detach().clone()
+                continue
+            parts = [torch.empty_like(mine) for _ in range(self.world_size)]
+            dist.all_gather(parts, mine.detach().contiguous(), group=self.group)
+            full[name] = torch.cat(parts)
+        full["router_weight"] = self.router.weight.detach().clone()
+        return full
 
     def allreduce_router_grad(self, average: bool = False) -> None:
         """Sums the replicated router's gradient over the group: every gradient of the layer is
