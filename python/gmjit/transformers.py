@@ -258,10 +258,16 @@ _warned: set[tuple[str, str]] = set()
 
 def _plan_key(experts: nn.Module) -> tuple:
     """What of a module's plan can change after it is built: its weights' dtypes (a cast such as
-    model.half()) and shapes, and whether they are there."""
+    model.half()) and shapes, and whether they are there; its activation (act_fn swapped) and
+    its gate's limit and alpha (set on the module)."""
     has_gate = bool(getattr(experts, "has_gate", True))
-    return (has_gate,) + tuple((t.dtype, t.shape) if isinstance(t, Tensor) else None
-                               for t in _weights(experts, has_gate))  # fmt: skip
+    act_fn = getattr(experts, "act_fn", None)
+    gate_attrs = dict.fromkeys(a for _, _, limit, alpha in KNOWN_GATES.values()
+                               for a in (limit, alpha))  # fmt: skip
+    return ((has_gate, _act_label(act_fn), _act_name(act_fn))
+            + tuple(getattr(experts, name, None) for name in gate_attrs)
+            + tuple((t.dtype, t.shape) if isinstance(t, Tensor) else None
+                    for t in _weights(experts, has_gate)))  # fmt: skip
 
 
 def plan_for(experts: nn.Module) -> ExpertsPlan:

@@ -33,6 +33,9 @@ def test_interleaved_bias_becomes_halves():
     b1 = layouts.fc1_bias_from_gate_up(b, interleaved=True)
     assert torch.equal(b1[0, :F], torch.arange(0, 2 * F, 2))
     assert torch.equal(b1[0, F:], torch.arange(1, 2 * F, 2))
+    for interleaved in (False, True):  # and back, for an export to the model's layout
+        there = layouts.fc1_bias_from_gate_up(b, interleaved=interleaved)
+        assert torch.equal(layouts.gate_up_bias_from_fc1(there, interleaved=interleaved), b)
 
 
 def test_down_projection_transposes():

@@ -244,6 +244,17 @@ def test_a_fake_first_call_neither_verifies_nor_caches():
     assert gt.plan_for(m).verified  # the first real call verifies
 
 
+def test_the_plan_follows_a_gate_limit_or_activation_set_after_the_first_call():
+    m = hf_configs.experts_module("gpt_oss")
+    assert gt.plan_for(m).limit == m.limit
+    m.limit = 1.0
+    assert gt.plan_for(m).limit == 1.0
+    mixtral = hf_configs.experts_module("mixtral")
+    assert gt.plan_for(mixtral).reason is None
+    mixtral.act_fn = torch.nn.Tanh()  # no gmjit activation: the module falls back
+    assert gt.plan_for(mixtral).reason is not None
+
+
 def test_converted_weights_are_reused_until_a_parameter_changes():
     m = hf_configs.experts_module("gpt_oss")
     plan = gt.plan_for(m)

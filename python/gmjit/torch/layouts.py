@@ -34,6 +34,7 @@ __all__ = [
     "fc1_from_gate_and_up",
     "fc2_from_down",
     "gate_up_from_fc1",
+    "gate_up_bias_from_fc1",
     "down_from_fc2",
     "stack_experts",
     "halves_to_interleaved32",
@@ -113,6 +114,12 @@ def gate_up_from_fc1(w1: Tensor, *, transposed: bool = False, interleaved: bool 
     _require_dims(w1, 3, "w1", "[E, 2F, H]")
     w = _interleave(w1, 1) if interleaved else w1
     return (w.transpose(1, 2) if transposed else w).contiguous()
+
+
+def gate_up_bias_from_fc1(b1: Tensor, *, interleaved: bool = False) -> Tensor:
+    """The inverse of `fc1_bias_from_gate_up`: b1 [E, 2F] (halves) -> a fused gate/up bias."""
+    _require_dims(b1, 2, "b1", "[E, 2F]")
+    return (_interleave(b1, 1) if interleaved else b1).contiguous()
 
 
 def down_from_fc2(w2: Tensor, *, transposed: bool = False) -> Tensor:
