@@ -38,6 +38,23 @@ bool exited_cleanly(pid_t child, int seconds) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+// GCC's libasan does not hold its allocator's locks across fork(): a parent's thread inside
+// malloc at the fork (NVRTC allocates all through a compile) leaves the child's next malloc of
+// that size class waiting forever (seen: the child stuck in SizeClassAllocator64::
+// GetFromAllocator, about one run in three). glibc's malloc is fork-safe, so the tests that fork
+// while the parent's threads compile run in the builds without ASan.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsanAllocator = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAsanAllocator = true;
+#else
+constexpr bool kAsanAllocator = false;
+#endif
+#else
+constexpr bool kAsanAllocator = false;
+#endif
+
 // Runs `body` in a fork child; true when it exited 0 within `seconds`. The parent's deadline also
 // covers a hang inside the fork handlers themselves, before the child's code runs.
 template <typename Body>
@@ -56,6 +73,7 @@ bool child_succeeds(Body&& body, int seconds) {
 }
 
 TEST(ForkDuringCompile, TheChildPreparesTheLayerInFlightAndAnother) {
+  if (kAsanAllocator) GTEST_SKIP() << "ASan's allocator is not fork-safe (see kAsanAllocator)";
   Engine engine(EngineOptions{.use_disk_cache = false});  // every prepare compiles
   const LayerSpec layer = gmjit::testing::small_layer();
   LayerSpec other = layer;
@@ -83,6 +101,7 @@ TEST(ForkDuringCompile, TheChildPreparesTheLayerInFlightAndAnother) {
 // a job's layers start compiling): whatever lock or first-use initialiser they were in, the
 // child prepares the same layers and another.
 TEST(ForkDuringCompile, AForkAsThreadsStartPreparingLeavesTheChildAbleToPrepare) {
+  if (kAsanAllocator) GTEST_SKIP() << "ASan's allocator is not fork-safe (see kAsanAllocator)";
   for (int round = 0; round < 2; ++round) {
     Engine engine(EngineOptions{.use_disk_cache = false});
     std::vector<LayerSpec> layers;
