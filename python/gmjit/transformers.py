@@ -278,7 +278,7 @@ def plan_for(experts: nn.Module) -> ExpertsPlan:
     plan = cached[1] if cached is not None and cached[0] == key else describe_experts(experts)
     # Neither verified nor kept while tracing: verify reads data (a fake tensor has none), and a
     # compiled graph cannot change the module's __dict__.
-    tracing = torch.compiler.is_compiling() or _weight_cache.faking()
+    tracing = torch.compiler.is_dynamo_compiling() or _weight_cache.faking()
     if not plan.verified and plan.reason is None and not tracing:
         plan = verify(experts, plan)
     if not tracing:
@@ -290,7 +290,7 @@ def _warn_once(key: tuple, message: str, *args) -> None:
     """One warning per key, from eager calls only: logging inside a compiled call is a graph
     break (torch.compile(fullgraph=True) fails). A model only ever compiled tells its fallbacks
     through plan_for(experts).reason."""
-    if torch.compiler.is_compiling() or key in _warned:
+    if torch.compiler.is_dynamo_compiling() or key in _warned:
         return
     _warned.add(key)
     logger.warning(message, *args)
@@ -322,7 +322,7 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
     grad = torch.is_grad_enabled() and any(p.requires_grad for p in params)
     # A compiled graph cannot change the module's __dict__ (a graph break, so no fullgraph),
     # and a fake copy must neither be kept nor replace a real one: both leave the cache as it is.
-    untouched = torch.compiler.is_compiling() or _weight_cache.faking()
+    untouched = torch.compiler.is_dynamo_compiling() or _weight_cache.faking()
     cacheable = not grad and not untouched
     if cacheable:
         key = _weight_cache.weights_key(*params)
@@ -361,24 +361,35 @@ def _aligned(t: Optional[Tensor]) -> Optional[Tensor]:
     """t, or a (differentiable) copy where its data does not start 16-byte aligned: grouped_mlp
     rejects such weights (a view into a larger buffer), while a model's weights are whatever
     loading made them. Not while compiling (no addresses): the op checks them when it runs."""
-    if (t is None or torch.compiler.is_compiling() or _weight_cache.faking()
+    if (t is None or torch.compiler.is_dynamo_compiling() or _weight_cache.faking()
             or not t.data_ptr() % 16):  # fmt: skip
         return t
     return t.clone()
 
 
-def _fp8_weights(experts: nn.Module, plan: ExpertsPlan, recipe: str, w1: Tensor, w2: Tensor,
+def _fp8_snapshot(experts: nn.Module, plan: ExpertsPlan, recipe: str):
+    """The module's weights as they are before a call converts them: (cache key, Source,
+    weights) for _fp8_weights, or None where no copy is cached (bf16, tracing). Taken before the
+    conversion, so that a write landing between the two (another thread's optimizer step) leaves
+    the FP8 copy keyed by the older weights it was made from: stale at the next call, not
+    current."""
+    if recipe == "bf16" or torch.compiler.is_dynamo_compiling() or _weight_cache.faking():
+        return None
+    params = [t for t in _weights(experts, plan.has_gate) if t is not None]
+    return (recipe,) + _weight_cache.weights_key(*params), _weight_cache.Source(params), params
+
+
+def _fp8_weights(experts: nn.Module, snapshot, w1: Tensor, w2: Tensor,
                  transposed: bool = False):  # fmt: skip
     """The quantized (w1, w2) of `recipe` (with `transposed`, the 8-tuple with the transposed
     copies the backward's FP8 data gradients read), kept on the module while its weights'
     keys stay the same (gmjit.torch._weight_cache: they change at optimizer steps and in-place
     writes). None while compiling or faking (_weight_cache.faking), and while capturing a CUDA graph of training (`transposed`):
     the op then quantizes inside the graph, so that replays read the current weights."""
-    if (torch.compiler.is_compiling() or _weight_cache.faking()
-            or (transposed and _weight_cache.capturing())):  # fmt: skip
+    if snapshot is None or (transposed and _weight_cache.capturing()):
         return None
-    params = [t for t in _weights(experts, plan.has_gate) if t is not None]
-    key = (recipe,) + _weight_cache.weights_key(*params)
+    key, source, params = snapshot
+    recipe = key[0]
     old = experts.__dict__.get("_gmjit_fp8_weights")
     cached = _weight_cache.lookup(old, key, params, lambda v: len(v) == 8 or not transposed)
     if cached is not None:
@@ -388,7 +399,6 @@ def _fp8_weights(experts: nn.Module, plan: ExpertsPlan, recipe: str, w1: Tensor,
     _set_or_pop(experts, "_gmjit_fp8_weights", kept)
     if kept is not None and kept.longest_captured() > 4:
         transposed = True  # a graph read the transposed copies: they are refreshed too
-    source = _weight_cache.Source(params)
     with _weight_cache.making():
         weights = quantize_weights(w1, w2, recipe, transposed=transposed)
     entry, weights = _weight_cache.store(kept, key, source, weights)
@@ -458,6 +468,7 @@ def experts_forward(
     counts = torch.histc(hist_in, bins=num_experts + 1, min=0, max=num_experts)[:num_experts]
     split_sizes = counts.to(torch.int32)
 
+    snapshot = _fp8_snapshot(experts, plan, recipe)
     w1, w2, b1, b2 = _converted_weights(experts, plan)
     if recipe == "bf16":
         y_sorted = mlp(x_sorted, split_sizes, w1, w2, b1, b2, probs, activation=plan.activation,
@@ -472,7 +483,7 @@ def experts_forward(
         )
         y_sorted = mlp(x_sorted, split_sizes, w1, w2, b1, b2, probs, activation=plan.activation,
                        limit=plan.limit, alpha=plan.alpha, recipe=recipe,
-                       fp8_weights=_fp8_weights(experts, plan, recipe, w1, w2,
+                       fp8_weights=_fp8_weights(experts, snapshot, w1, w2,
                                                 training))  # fmt: skip
     # Back to (token, slot) order, then the sum over the top-k slots; index_copy's backward is a
     # gather, so it stays deterministic.

@@ -837,6 +837,35 @@ def test_a_new_weight_tensor_at_the_same_address_is_not_the_cached_weight():
     assert not source.current([alias])
 
 
+def test_an_invalidation_during_another_threads_quantization_is_kept(fp8_engine, monkeypatch):
+    # The other thread read the old weights; its copy, stored after the invalidation, must not
+    # be current.
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    m = GroupedMLP(E, H, F, recipe="fp8_block").eval()
+    x, splits = torch.randn(T, H, dtype=BF), torch.tensor(SPLITS)
+
+    import gmjit.torch.module as module
+
+    real = module.quantize_weights
+
+    def quantize_then_invalidate(*args, **kwargs):
+        out = real(*args, **kwargs)
+        with torch.no_grad():
+            m.w1.data.mul_(2)  # a write the version counter does not see...
+        m.invalidate_fp8_weights()  # ...announced while the old copy is still being made
+        return out
+
+    monkeypatch.setattr(module, "quantize_weights", quantize_then_invalidate)
+    with torch.no_grad():
+        m(x, splits)
+    monkeypatch.setattr(module, "quantize_weights", real)
+    fresh = GroupedMLP(E, H, F, recipe="fp8_block").eval()
+    fresh.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(m(x, splits), fresh(x, splits), rtol=0, atol=0)
+    assert m.fp8_quantizations == 2
+
+
 def test_cached_copies_leave_the_weights_swappable(fp8_engine, monkeypatch):
     # Module conversions in swap mode (and FSDP2/DTensor ones) run torch.utils.swap_tensors,
     # which refuses tensors with weakrefs; the swapped-in weights are then a miss.

@@ -336,10 +336,28 @@ def test_fp8_weights_are_quantized_inside_a_captured_training_graph(monkeypatch)
     plan = gt.plan_for(m)
     monkeypatch.setattr(gt, "quantize_weights", lambda w1, w2, recipe, transposed=False: ("q",))
     w1, w2 = m.gate_up_proj, m.down_proj
-    assert gt._fp8_weights(m, plan, "fp8_block", w1, w2, transposed=True) == ("q",)
+    snap = lambda: gt._fp8_snapshot(m, plan, "fp8_block")  # noqa: E731
+    assert gt._fp8_weights(m, snap(), w1, w2, transposed=True) == ("q",)
     monkeypatch.setattr(gt._weight_cache, "capturing", lambda: True)
-    assert gt._fp8_weights(m, plan, "fp8_block", w1, w2, transposed=True) is None
-    assert gt._fp8_weights(m, plan, "fp8_block", w1, w2, transposed=False) == ("q",)
+    assert gt._fp8_weights(m, snap(), w1, w2, transposed=True) is None
+    assert gt._fp8_weights(m, snap(), w1, w2, transposed=False) == ("q",)
+
+
+def test_fp8_copies_are_keyed_by_the_weights_before_their_conversion(monkeypatch):
+    # A write between the conversion and the quantization (another thread's optimizer step)
+    # must leave the FP8 copy stale for the next call, not current.
+    m = hf_configs.experts_module("gpt_oss")
+    plan = gt.plan_for(m)
+    made = []
+    monkeypatch.setattr(gt, "quantize_weights",
+                        lambda w1, w2, recipe, transposed=False: made.append(1) or ("q",))  # fmt: skip
+    with torch.no_grad():
+        snapshot = gt._fp8_snapshot(m, plan, "fp8_block")
+        w1, w2, _, _ = gt._converted_weights(m, plan)
+        m.down_proj.mul_(0.5)  # lands here
+        gt._fp8_weights(m, snapshot, w1, w2)
+        gt._fp8_weights(m, gt._fp8_snapshot(m, plan, "fp8_block"), w1, w2)
+    assert len(made) == 2
 
 
 @pytest.mark.parametrize("name", ["mixtral", "gpt_oss"])

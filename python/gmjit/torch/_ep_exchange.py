@@ -34,7 +34,7 @@ def all_to_all(x: Tensor, out_splits: list[int], in_splits: list[int], group=Non
     collective's result was lost in the compiled backward (the experts' gradients came out
     zero). Eager calls keep _AllToAll: the functional collective's deferred waits made gloo
     ranks abort at exit now and then."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_dynamo_compiling():
         from torch.distributed import _functional_collectives as funcol
 
         return funcol.all_to_all_single_autograd(x.contiguous(), list(out_splits),

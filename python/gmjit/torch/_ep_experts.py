@@ -20,7 +20,7 @@ def _autocast_available(device_type: str) -> bool:
     """Whether torch.autocast knows the device type (not meta, for one). Dynamo cannot trace
     torch's query (a C builtin): under torch.compile the device types a traced call can be on."""
     check = getattr(torch.amp, "is_autocast_available", None)
-    if check is None or torch.compiler.is_compiling():
+    if check is None or torch.compiler.is_dynamo_compiling():
         return device_type in ("cuda", "cpu")
     return check(device_type)
 

@@ -90,7 +90,11 @@ _FAST_ON_CPU = False
 
 # torch's functions as module globals, beside those imported from _engine_calls above
 # (_empty_like, _current_stream, and _entries: the dict that _admit fills there).
-_is_compiling = torch.compiler.is_compiling
+# Dynamo's own flag, not torch.compiler.is_compiling: that one also reads torch.export's flag,
+# which is process-wide, so an export in one thread would turn every other thread's eager calls
+# into traced ones (refusing accumulate_main_grad, say). Non-strict export runs its fake and
+# proxy modes on its own thread: _dispatch_modes sees those.
+_is_compiling = torch.compiler.is_dynamo_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _grad_enabled = torch._C.is_grad_enabled
 _functorch_active = torch._C._are_functorch_transforms_active

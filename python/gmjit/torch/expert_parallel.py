@@ -453,7 +453,7 @@ class ExpertParallelMoE(nn.Module):
         shape = x.shape
         if not x.is_floating_point():
             raise ValueError(f"ExpertParallelMoE: x must be a floating-point tensor, got {x.dtype}")
-        if not torch.compiler.is_compiling() and self.group is not self._checked_group:
+        if not torch.compiler.is_dynamo_compiling() and self.group is not self._checked_group:
             self._check_group()
         x = x.reshape(-1, self.hidden)
         T, k, E, W, El = x.shape[0], self.top_k, self.num_experts, self.world_size, self.local_experts

@@ -79,6 +79,7 @@ class GroupedMLP(nn.Module):
         # in training, (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales), the stream fence after them,
         # the optimizer-step generation they were made in).
         self._fp8_cache: Optional[_weight_cache.CachedCopy] = None
+        self._fp8_invalidations = 0  # invalidate_fp8_weights calls, part of the copies' key
         self.fp8_quantizations = 0  # how many times the weights were quantized (for tests)
         f1 = 2 * ffn if activation in GLU_ACTIVATIONS else ffn
         kw = {"dtype": dtype, "device": device}
@@ -129,7 +130,7 @@ class GroupedMLP(nn.Module):
         are wanted and not cached. (The cached 8-tuple also serves calls that do not want them.)
         None for the BF16 recipe, while compiling, under a FakeTensorMode or capturing a training module's CUDA graph
         (the op then quantizes inside the graph) and for weights off the GPU."""
-        if self.recipe == "bf16" or torch.compiler.is_compiling() or _weight_cache.faking():
+        if self.recipe == "bf16" or torch.compiler.is_dynamo_compiling() or _weight_cache.faking():
             return None
         w1, w2 = self.w1, self.w2
         if not (w1.is_cuda and w2.is_cuda) and not _quantize_off_gpu():
@@ -141,7 +142,10 @@ class GroupedMLP(nn.Module):
             return None
         # The recipe, which may be switched on the module, sets the scales (pow2 or not, per
         # block or per tensor).
-        key = (self.recipe,) + _weight_cache.weights_key(w1, w2)
+        # invalidate_fp8_weights' count too: a copy another thread was making from the weights
+        # before the call is stored under the older count, so it is never current.
+        invalidations = self.__dict__.get("_fp8_invalidations", 0)  # 0 in a module pickled before
+        key = (self.recipe, invalidations) + _weight_cache.weights_key(w1, w2)
         old = self._fp8_cache
         cached = _weight_cache.lookup(old, key, (w1, w2), lambda v: len(v) == 8 or not transposed)
         if cached is not None:
@@ -163,6 +167,7 @@ class GroupedMLP(nn.Module):
     def invalidate_fp8_weights(self) -> None:
         """Forget the quantized weights (after writes the version counter does not see); copies a
         CUDA graph read are kept, and the next call quantizes into them."""
+        self._fp8_invalidations = self.__dict__.get("_fp8_invalidations", 0) + 1
         self._fp8_cache = _weight_cache.invalidated(self._fp8_cache)
 
     def extra_repr(self) -> str:
