@@ -172,7 +172,9 @@ def _describe_shapes_and_gate(experts: nn.Module) -> ExpertsPlan:
     hidden = up.shape[1] if transposed else up.shape[2]
     f1 = up.shape[2] if transposed else up.shape[1]
     ffn = f1 // 2 if has_gate else f1
-    base.update(hidden=hidden, ffn=ffn)  # also on a fallback: an activation= override uses them
+    # Also on a fallback: an activation= override uses them. Item assignments: torch 2.5's
+    # dynamo cannot trace dict.update with keywords.
+    base["hidden"], base["ffn"] = hidden, ffn
     if up.shape[0] != E:
         return ExpertsPlan(reason=f"weights hold {up.shape[0]} experts, num_experts is {E}", **base)
     if not 1 <= E <= MAX_EXPERTS:

@@ -11,7 +11,7 @@ of `_engine_calls`, as the eager path does.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -118,7 +118,7 @@ def _grouped_mlp_backward_op(
     limit: float,
     alpha: float,
     has_b1: bool,
-    wanted: list[bool],
+    wanted: List[bool],  # typing's List: torch 2.5's schema inference takes no list[...]
     recipe: str = "bf16",
     w1t_fp8: Optional[Tensor] = None,
     w1t_scales: Optional[Tensor] = None,
@@ -301,7 +301,7 @@ for _device in _AUTOCAST_DEVICES:
 
 @torch.library.custom_op("gmjit::quantize_weights", mutates_args=())
 def _quantize_weights_op(w1: Tensor, w2: Tensor, recipe: str,
-                         transposed: bool = False) -> list[Tensor]:  # fmt: skip
+                         transposed: bool = False) -> List[Tensor]:  # fmt: skip
     """[w1_fp8, w1_scales, w2_fp8, w2_scales] of an FP8 recipe from bf16 w1, w2, and with
     `transposed` [w1t_fp8, w1t_scales, w2t_fp8, w2t_scales] after them."""
     return list(_quantize_impl(w1, w2, _check_quantize_call(w1, w2, recipe), transposed))
