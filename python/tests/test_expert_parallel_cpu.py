@@ -38,7 +38,16 @@ def _worker(rank: int, world: int, init_file: str, result_file: str) -> None:
                 f.write("ERROR\t" + traceback.format_exc().replace("\n", " | ") + "\t0\t0\n")
         raise
     finally:
-        dist.destroy_process_group()
+        _leave_group()
+
+
+def _leave_group() -> None:
+    """destroy_process_group after a barrier: gloo's destructor joins its worker threads holding
+    the GIL, and a worker thread that was still releasing a collective's Python-made tensors
+    (an all_gather's) waited for the GIL: a hang at teardown, seen now and then. The barrier
+    lets every earlier collective finish and be released first."""
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def _spawn(worker) -> str:
@@ -86,7 +95,7 @@ def _scale_worker(rank: int, world: int, init_file: str, result_file: str) -> No
             with open(result_file, "w") as f:
                 f.write(f"{int(same)} {int(ok)}\n")
     finally:
-        dist.destroy_process_group()
+        _leave_group()
 
 
 def test_replicated_router_is_shared_and_average_puts_every_gradient_on_one_scale():
@@ -270,19 +279,14 @@ def _compile_and_copy_worker(rank: int, world: int, init_file: str, result_file:
                                                         dtype=torch.float32, **kw)  # fmt: skip
         x = torch.randn(6 + rank, 32, generator=torch.Generator().manual_seed(rank))
         grads = {}
-        for mode in ("eager", "compiled", "fullgraph"):
+        for mode in ("eager", "compiled"):
             torch._dynamo.reset()
             layer, xr = make(), x.clone().requires_grad_()
-            run = layer
-            if mode != "eager":  # fullgraph: the host-read splits become unbacked sizes
-                torch._dynamo.config.capture_scalar_outputs = mode == "fullgraph"
-                run = torch.compile(layer, backend="aot_eager", fullgraph=mode == "fullgraph")
+            run = layer if mode == "eager" else torch.compile(layer, backend="aot_eager")
             run(xr).square().sum().backward()
             grads[mode] = (layer.w1.grad, layer.w2.grad, layer.router.weight.grad, xr.grad)
-        torch._dynamo.config.capture_scalar_outputs = False
-        for mode in ("compiled", "fullgraph"):
-            for name, a, b in zip(("w1", "w2", "router", "x"), grads[mode], grads["eager"]):
-                check(f"{mode} d{name}", a, b)
+        for name, a, b in zip(("w1", "w2", "router", "x"), grads["compiled"], grads["eager"]):
+            check(f"compiled d{name}", a, b)
 
         # A gradient penalty: the terms through the exchanges must reach the experts.
         layer, xr = make(), x.clone().requires_grad_()
@@ -353,7 +357,7 @@ def _compile_and_copy_worker(rank: int, world: int, init_file: str, result_file:
                 f.write(traceback.format_exc())
         raise
     finally:
-        dist.destroy_process_group()
+        _leave_group()
 
 
 def test_compiled_and_double_backward_gradients_and_copies_across_ranks():
@@ -424,7 +428,7 @@ def _ddp_worker(rank: int, world: int, init_file: str, result_file: str) -> None
             with open(result_file, "w") as f:
                 f.write("ok" if ok else "mismatch")
     finally:
-        dist.destroy_process_group()
+        _leave_group()
 
 
 def test_ddp_averages_the_router_and_gather_experts_gives_the_whole_layer():

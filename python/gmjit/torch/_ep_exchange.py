@@ -26,21 +26,20 @@ class _AllToAll(torch.autograd.Function):
         return _AllToAll.apply(grad, ctx.in_splits, ctx.out_splits, ctx.group), None, None, None
 
 
+@torch.compiler.disable
+def _exchange(x: Tensor, out_splits: list[int], in_splits: list[int], group) -> Tensor:
+    return _AllToAll.apply(x, out_splits, in_splits, group)
+
+
 def all_to_all(x: Tensor, out_splits: list[int], in_splits: list[int], group=None) -> Tensor:
     """Differentiable all_to_all_single: rank r sends x's rows in_splits[j] to rank j and gets
     out_splits[j] rows from rank j (concatenated in rank order).
 
-    Under torch.compile, torch's functional collective: traced through _AllToAll, the in-place
-    collective's result was lost in the compiled backward (the experts' gradients came out
-    zero). Eager calls keep _AllToAll: the functional collective's deferred waits made gloo
-    ranks abort at exit now and then."""
-    if torch.compiler.is_dynamo_compiling():
-        from torch.distributed import _functional_collectives as funcol
-
-        return funcol.all_to_all_single_autograd(x.contiguous(), list(out_splits),
-                                                 list(in_splits),
-                                                 group if group is not None else dist.group.WORLD)  # fmt: skip
-    return _AllToAll.apply(x, list(out_splits), list(in_splits), group)
+    Never traced: torch.compile runs it between graphs (a graph break). Traced through _AllToAll,
+    the in-place collective's result was lost in the compiled backward (the experts' gradients
+    came out zero); torch's functional collective traced correctly but made gloo ranks abort at
+    exit now and then."""
+    return _exchange(x, list(out_splits), list(in_splits), group)
 
 
 class _SavedGroup:

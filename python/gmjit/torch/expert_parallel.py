@@ -16,8 +16,7 @@ the rows travel without their weights, the weighted sum of a token's k rows is f
 and the router gets its gradient from ordinary torch ops.
 
 Autograd runs end to end: the all_to_all's backward is the reverse all_to_all (differentiable
-again, so double backward works); under torch.compile it is torch's functional collective,
-which the compiled graph holds. Gradients of the expert weights are complete on their owning rank after
+again, so double backward works); torch.compile runs the exchanges between its graphs. Gradients of the expert weights are complete on their owning rank after
 backward (the rows of every rank flow back to it). The router weights are replicated: their
 gradient on each rank covers that rank's tokens only, and has to be summed (or averaged) over
 the ranks like any data-parallel parameter (`allreduce_router_grad()`, or DDP / FSDP on the
