@@ -508,3 +508,31 @@ def test_torch_func_grad_is_refused_naming_torch_autograd(engine, path):
 
     with pytest.raises(NotImplementedError, match="use torch.autograd"):
         torch.func.grad(loss)(t["w2"])
+
+
+def test_an_export_in_another_thread_leaves_this_threads_eager_calls_eager(engine):
+    # torch.export's "compiling" flag is process-wide; gmjit reads dynamo's own, per thread, so
+    # another thread's export does not make this thread's call refuse accumulate_main_grad.
+    import threading
+
+    from torch._export.utils import _compiling_state_context
+
+    inside, done = threading.Event(), threading.Event()
+
+    def exporter():
+        with _compiling_state_context():
+            inside.set()
+            done.wait(30)
+
+    thread = threading.Thread(target=exporter)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        t = inputs()
+        for name in ("w1", "b1", "w2", "b2"):
+            t[name].main_grad = torch.zeros(t[name].shape)
+        eager(t, accumulate=True).sum().backward()
+        assert engine.calls[-1][2] is True
+    finally:
+        done.set()
+        thread.join()
