@@ -132,14 +132,19 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
   }
   // The transposed FP8 weights select the FP8 data gradients (validated: all four or none).
   const bool fp8_dgrad = recipe.is_fp8() && args.w1t_fp8.present();
+  // Of an FP8 plan's weight gradients, the set this call runs (engine/plan/fp8_weight_grads.hpp).
+  const bool fp8_wgrad = fp8_dgrad && engine::fp8_weight_grads_for_call(
+                                          impl_->options.fp8_weight_grads, layer, tokens);
+  // A backward without the transposed weights is BF16 whatever the recipe: no FP8 scratch.
+  const BackwardWorkspace parts(layer, tokens, fp8_dgrad ? recipe.kind() : RecipeKind::bf16,
+                                fp8_wgrad);
+  if (args.workspace.present()) {  // before the plan: a bad workspace costs no compile
+    engine::check_caller_workspace(args.workspace, parts.layout.total(), context.device.ordinal);
+  }
   const engine::PlanKey key =
       engine::PlanKey::make_backward(layer, recipe, gradients, context.device.ordinal, fp8_dgrad);
   engine::DevicePlan& plan = impl_->device_plan(key, layer, stream);
   plan.device->check_stream(cu_stream);
-
-  // Of an FP8 plan's weight gradients, the set this call runs (engine/plan/fp8_weight_grads.hpp).
-  const bool fp8_wgrad = fp8_dgrad && engine::fp8_weight_grads_for_call(
-                                          impl_->options.fp8_weight_grads, layer, tokens);
 
   engine::NvtxRange range("gmjit backward");
   if (engine::log_enabled(engine::LogLevel::debug)) {
@@ -150,9 +155,6 @@ void Engine::backward(const ForwardContext& context, const Recipe& recipe, const
                           : "");
   }
   engine::ScopedContext scope(plan.device->context());
-  // A backward without the transposed weights is BF16 whatever the recipe: no FP8 scratch.
-  const BackwardWorkspace parts(layer, tokens, fp8_dgrad ? recipe.kind() : RecipeKind::bf16,
-                                fp8_wgrad);
   const engine::WorkspaceLease workspace(impl_->workspaces, *plan.device, cu_stream,
                                          parts.layout.total(), args.workspace);
   engine::CallTensors call;

@@ -67,6 +67,22 @@ gmjit::DType workspace_dtype(const DLTensor& t, const char* name) {
                                  name, t.dtype.bits, t.dtype.lanes));
 }
 
+// DLPack's name of a device type, for the message refusing it (codes from dlpack.h).
+const char* device_type_name(int type) {
+  switch (type) {
+    case kDLCPU:
+      return "kDLCPU";
+    case kDLCUDA:
+      return "kDLCUDA";
+    case kDLCUDAHost:
+      return "kDLCUDAHost, pinned host memory";
+    case kDLCUDAManaged:
+      return "kDLCUDAManaged, managed memory";
+    default:
+      return "not a CUDA type";
+  }
+}
+
 gmjit::TensorRef to_ref(const DLTensor* t, const char* name, DTypeRule rule = DTypeRule::strict) {
   gmjit::TensorRef ref;
   if (t == nullptr) return ref;
@@ -101,7 +117,20 @@ gmjit::TensorRef to_ref(const DLTensor* t, const char* name, DTypeRule rule = DT
       expected_stride = std::numeric_limits<std::int64_t>::max();
     }
   }
-  ref.data = t->data == nullptr ? nullptr : static_cast<char*>(t->data) + t->byte_offset;
+  if (t->data == nullptr) {
+    ref.data = nullptr;
+  } else {
+    // In integers: a pointer sum past the address space is undefined behaviour.
+    std::uintptr_t address = 0;
+    if (__builtin_add_overflow(reinterpret_cast<std::uintptr_t>(t->data), t->byte_offset,
+                               &address)) {
+      throw gmjit::Error(gmjit::Status::invalid_argument,
+                         fmt::format("argument '{}': data + byte_offset ({}) is past the end of "
+                                     "the address space",
+                                     name, t->byte_offset));
+    }
+    ref.data = reinterpret_cast<void*>(address);
+  }
   ref.dtype = rule == DTypeRule::any_width ? workspace_dtype(*t, name)
                                            : dtype_of(*t, name, rule == DTypeRule::fp8_bytes);
   ref.ndim = t->ndim;
@@ -117,8 +146,10 @@ gmjit::TensorRef to_ref(const DLTensor* t, const char* name, DTypeRule rule = DT
     ref.device = {gmjit::Device::Kind::cpu, 0};
   } else {
     throw gmjit::Error(gmjit::Status::invalid_argument,
-                       fmt::format("argument '{}': device type {} is neither CUDA nor CPU", name,
-                                   static_cast<int>(t->device.device_type)));
+                       fmt::format("argument '{}': device type {} ({}) is not supported: gmjit "
+                                   "takes CUDA device memory (kDLCUDA)",
+                                   name, static_cast<int>(t->device.device_type),
+                                   device_type_name(t->device.device_type)));
   }
   return ref;
 }

@@ -77,6 +77,10 @@ ForwardContext Engine::forward(const LayerSpec& spec, const Recipe& recipe, cons
                                tokens, args.x.device, args.saved_preact.data};
   // No tokens (an expert-parallel rank that received none): nothing to compute or build.
   if (tokens == 0) return context;
+  if (args.workspace.present()) {  // before the plan: a bad workspace costs no compile
+    engine::check_caller_workspace(
+        args.workspace, forward_workspace_bytes(spec, grad, tokens, recipe), args.x.device.ordinal);
+  }
   const engine::PlanKey key = engine::PlanKey::make(spec, recipe, grad, args.x.device.ordinal);
   engine::DevicePlan& plan = impl_->device_plan(key, spec, stream);
   auto cu_stream = static_cast<CUstream>(stream);

@@ -46,6 +46,20 @@ void check_layout_fields(const char* name, const TensorRef& t) {
   }
 }
 
+void check_on_cuda(const char* name, Device device) {
+  if (device.kind == Device::Kind::cuda) {
+    if (device.ordinal < 0) {
+      fail(name, fmt::format("CUDA device ordinal must be 0 or more, got {}", device.ordinal));
+    }
+    return;
+  }
+  fail(name, device.kind == Device::Kind::cpu
+                 ? std::string("must be on a CUDA device, not the CPU")
+                 : fmt::format("must be on a CUDA device; its device kind (enum value {}) is "
+                               "neither cuda nor cpu",
+                               static_cast<int>(device.kind)));
+}
+
 void check_tensor(const char* name, const TensorRef& t, DType dtype,
                   std::initializer_list<std::int64_t> shape, const CallDevice& device) {
   if (!t.present()) fail(name, "is required but was null");
@@ -60,14 +74,16 @@ void check_tensor(const char* name, const TensorRef& t, DType dtype,
     for (auto extent : shape) expected.shape[expected.ndim++] = extent;
     fail(name, fmt::format("expected shape {}, got {}", shape_text(expected), shape_text(t)));
   }
-  if (t.device.kind != Device::Kind::cuda) fail(name, "must be on a CUDA device, not the CPU");
+  check_on_cuda(name, t.device);
   if (!(t.device == device.device)) {
     fail(name, fmt::format("is on cuda:{} but {} is on cuda:{}; all tensors of a call must be "
                            "on one device",
                            t.device.ordinal, device.source, device.device.ordinal));
   }
   if (t.data == nullptr && t.numel() != 0) fail(name, "has elements but a null data pointer");
-  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) {
+  // An empty tensor occupies no memory and is never read: its pointer may be anything (a torch
+  // slice of zero rows points into its base).
+  if (t.numel() != 0 && reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) {
     fail(name, "data pointer must be 16-byte aligned");
   }
 }
@@ -259,7 +275,7 @@ std::int64_t validate_forward(const LayerSpec& layer, const Recipe& recipe, Grad
   const TensorRef& x = args.x;
   if (!x.present()) fail("x", "is required but was null");
   check_layout_fields("x", x);
-  if (x.device.kind != Device::Kind::cuda) fail("x", "must be on a CUDA device, not the CPU");
+  check_on_cuda("x", x.device);
   if (x.ndim != 2) fail("x", fmt::format("expected a 2-D tensor [T, H], got {}", shape_text(x)));
   const std::int64_t tokens = x.shape[0];
   const std::int64_t E = layer.experts, H = layer.hidden, F1 = layer.fc1_out();

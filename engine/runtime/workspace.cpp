@@ -67,34 +67,43 @@ std::uint64_t WorkspacePools::reserved_bytes() const {
   return total;
 }
 
+void check_caller_workspace(const TensorRef& workspace, std::size_t bytes, int ordinal) {
+  if (bytes == 0) return;
+  // numel() is -1 for a negative extent and saturates; bytes fit in int64 (validated shapes).
+  const std::int64_t elements = workspace.numel();
+  const std::size_t element_size = dtype_size(workspace.dtype);
+  const std::size_t given = elements < 0 ? 0
+                            : static_cast<std::uint64_t>(elements) >
+                                    std::numeric_limits<std::size_t>::max() / element_size
+                                ? std::numeric_limits<std::size_t>::max()
+                                : static_cast<std::size_t>(elements) * element_size;
+  if (given < bytes) {
+    throw Error(Status::invalid_argument,
+                fmt::format("argument 'workspace': this call needs {} bytes, got {}; ask "
+                            "Engine::forward_workspace_bytes / backward_workspace_bytes",
+                            bytes, given));
+  }
+  if (workspace.data == nullptr) {
+    throw Error(Status::invalid_argument,
+                "argument 'workspace': has elements but a null data pointer");
+  }
+  if (workspace.device != Device{Device::Kind::cuda, ordinal}) {
+    throw Error(Status::invalid_argument,
+                fmt::format("argument 'workspace': must be on cuda:{}", ordinal));
+  }
+  if (reinterpret_cast<std::uintptr_t>(workspace.data) % WorkspaceLayout::kAlignment) {
+    throw Error(Status::invalid_argument,
+                fmt::format("argument 'workspace': data pointer must be {}-byte aligned",
+                            WorkspaceLayout::kAlignment));
+  }
+}
+
 WorkspaceLease::WorkspaceLease(WorkspacePools& pools, const DeviceContext& device, CUstream stream,
                                std::size_t bytes, const TensorRef& caller_workspace)
     : stream_(stream) {
   if (bytes == 0) return;
   if (caller_workspace.present()) {
-    // numel() is -1 for a negative extent and saturates; bytes fit in int64 (validated shapes).
-    const std::int64_t elements = caller_workspace.numel();
-    const std::size_t element_size = dtype_size(caller_workspace.dtype);
-    const std::size_t given = elements < 0 ? 0
-                              : static_cast<std::uint64_t>(elements) >
-                                      std::numeric_limits<std::size_t>::max() / element_size
-                                  ? std::numeric_limits<std::size_t>::max()
-                                  : static_cast<std::size_t>(elements) * element_size;
-    if (given < bytes || caller_workspace.data == nullptr) {
-      throw Error(Status::invalid_argument,
-                  fmt::format("argument 'workspace': this call needs {} bytes, got {}; ask "
-                              "Engine::forward_workspace_bytes / backward_workspace_bytes",
-                              bytes, given));
-    }
-    if (caller_workspace.device != Device{Device::Kind::cuda, device.ordinal()}) {
-      throw Error(Status::invalid_argument,
-                  fmt::format("argument 'workspace': must be on cuda:{}", device.ordinal()));
-    }
-    if (reinterpret_cast<std::uintptr_t>(caller_workspace.data) % WorkspaceLayout::kAlignment) {
-      throw Error(Status::invalid_argument,
-                  fmt::format("argument 'workspace': data pointer must be {}-byte aligned",
-                              WorkspaceLayout::kAlignment));
-    }
+    check_caller_workspace(caller_workspace, bytes, device.ordinal());
     base_ = caller_workspace.data;
     return;
   }

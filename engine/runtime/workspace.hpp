@@ -57,6 +57,12 @@ class WorkspacePools {
   std::array<std::atomic<CUmemoryPool>, kMaxDevices> pools_{};
 };
 
+// A caller's workspace for a call that needs `bytes` on cuda:`ordinal`: throws invalid_argument
+// naming it unless it has a non-null, kAlignment-aligned data pointer on that device and at least
+// `bytes` bytes. The calls run it before building their plan, so a bad workspace costs no
+// compile; WorkspaceLease runs it again.
+void check_caller_workspace(const TensorRef& workspace, std::size_t bytes, int ordinal);
+
 // One call's workspace: the caller's tensor when given, else a block from the device's pool,
 // freed on `stream` when the lease ends (after the call's launches are queued).
 class WorkspaceLease {

@@ -82,7 +82,13 @@ typedef struct gmjit_layer {
 } gmjit_layer;
 
 /* Optional tensors (b1, b2, probs, saved_preact, workspace) may be NULL. split_sizes is int32 or
- * int64 on the same device as x; its dtype selects the kernel. */
+ * int64 on the same device as x; its dtype selects the kernel.
+ *
+ * Every tensor: device memory of one CUDA device (kDLCUDA; managed and pinned host memory are
+ * refused), row-major contiguous (strides NULL or compact; a dimension of extent 1 may have any
+ * stride), data + byte_offset 16-byte aligned unless the tensor has no elements (then any
+ * pointer, NULL too). The API takes DLPack 0.x DLTensors and has no read-only flag: the outputs
+ * (y, saved_preact, the gradients) must be writable, and the engine writes them. */
 typedef struct gmjit_forward_args {
   const DLTensor* x;
   const DLTensor* split_sizes;
@@ -116,6 +122,7 @@ typedef struct gmjit_engine gmjit_engine;
 
 /* An engine with the default options (gmjit_engine_options_init's). */
 GMJIT_API gmjit_status gmjit_engine_create(gmjit_engine** out);
+/* Destroys an engine (NULL: nothing); once only, after every call on it has returned. */
 GMJIT_API void gmjit_engine_destroy(gmjit_engine* engine);
 
 /* Which kernels compute the weight gradients of an FP8 backward (gmjit_backward_ex). */
@@ -184,6 +191,7 @@ typedef struct gmjit_forward_context gmjit_forward_context;
 GMJIT_API gmjit_status gmjit_forward_train(gmjit_engine* engine, const gmjit_layer* layer,
                                            const gmjit_forward_args* args, void* stream,
                                            gmjit_forward_context** context);
+/* Destroys a context (NULL: nothing); once only, after the backwards that read it returned. */
 GMJIT_API void gmjit_forward_context_destroy(gmjit_forward_context* context);
 
 /* The forward's inputs, dy, and the gradients wanted (NULL = not computed). Weight gradients
@@ -315,8 +323,9 @@ GMJIT_API gmjit_status gmjit_workspace_bytes(const gmjit_engine* engine, const g
                                              const gmjit_prepare_spec* spec, int64_t tokens,
                                              size_t* forward_bytes, size_t* backward_bytes);
 
-/* The message of this thread's last call when it failed ("" when it succeeded). Valid until the
- * next call.
+/* The message of this thread's last status-returning call when it failed ("" when it
+ * succeeded); functions that return no gmjit_status (gmjit_version, the destroy functions, this
+ * one) leave it as it was. Valid until the thread's next status-returning call.
  *
  * Threads: an engine may be used by several threads at once (each call on its own stream or
  * the same one); a forward context by one call at a time. */

@@ -1,7 +1,9 @@
 // The C API maps errors to status codes with a readable message and checks DLTensors.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include "gmjit/gmjit.h"
 #include "testing/layers.hpp"
@@ -416,6 +418,78 @@ TEST_F(CApi, AWorkspaceTakesAnyElementWidthButNotAnyLanesAndMayNotOverlapAnOutpu
   EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_INVALID_ARGUMENT);
   EXPECT_NE(std::string(gmjit_last_error()).find("argument 'workspace'"), std::string::npos)
       << gmjit_last_error();
+}
+
+// Every workspace fault is found before the plan is built (no compile, and on a machine without
+// a GPU invalid_argument rather than no_device), and each gets its own message.
+TEST_F(CApi, AWorkspaceIsCheckedBeforeThePlanWithAMessagePerFault) {
+  Tensors t;
+  std::int64_t ws_shape[1] = {1 << 20};
+  DLTensor ws{gmjit::testing::fake_pointer(6),
+              DLDevice{kDLCUDA, 0},
+              1,
+              DLDataType{kDLUInt, 8, 1},
+              ws_shape,
+              nullptr,
+              0};
+  gmjit_forward_args args = t.args();
+  args.workspace = &ws;
+  const gmjit_layer layer = small_layer();
+  auto refused_with = [&](const char* expected) {
+    EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(gmjit_last_error()).find(expected), std::string::npos)
+        << gmjit_last_error();
+  };
+  ws_shape[0] = 1;
+  refused_with("this call needs");
+  ws_shape[0] = 1 << 20;
+  ws.data = nullptr;
+  refused_with("has elements but a null data pointer");
+  ws.data = gmjit::testing::fake_pointer(6);
+  ws.byte_offset = 16;
+  refused_with("256-byte aligned");
+  ws.byte_offset = 0;
+  ws.device = DLDevice{kDLCPU, 0};
+  refused_with("must be on cuda:0");
+  ws.device = DLDevice{kDLCUDA, 0};
+  EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_NO_DEVICE)
+      << gmjit_last_error();  // a good workspace: the call gets as far as the device
+}
+
+TEST_F(CApi, AByteOffsetPastTheAddressSpaceIsRefusedNotWrapped) {
+  Tensors t;
+  t.x.data = reinterpret_cast<void*>(~std::uintptr_t{0xfff});
+  t.x.byte_offset = std::uint64_t{1} << 40;
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(gmjit_last_error()).find("argument 'x': data + byte_offset"),
+            std::string::npos)
+      << gmjit_last_error();
+}
+
+TEST_F(CApi, AnEmptyTensorMayHaveAnyPointer) {
+  Tensors t;  // zero tokens: x and y [0, H], read by nothing
+  t.x_shape[0] = 0;
+  t.x.byte_offset = 2;
+  t.y.byte_offset = 2;
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_OK) << gmjit_last_error();
+}
+
+TEST_F(CApi, ManagedAndPinnedHostMemoryAreRefusedByName) {
+  Tensors t;
+  const gmjit_layer layer = small_layer();
+  const gmjit_forward_args args = t.args();
+  for (const auto& [type, name] : {std::pair{kDLCUDAManaged, "kDLCUDAManaged, managed memory"},
+                                   std::pair{kDLCUDAHost, "kDLCUDAHost, pinned host memory"}}) {
+    t.w1.device = DLDevice{type, 0};
+    EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_INVALID_ARGUMENT);
+    const std::string error = gmjit_last_error();
+    EXPECT_NE(error.find("argument 'w1'"), std::string::npos) << error;
+    EXPECT_NE(error.find(name), std::string::npos) << error;
+  }
 }
 
 TEST(CApiStatus, HasReadableNames) {

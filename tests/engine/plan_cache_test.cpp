@@ -114,6 +114,19 @@ TEST_F(PlanCache, TheEnvironmentOverridesTheDecodeThresholdAndBadValuesAreRefuse
   EXPECT_THROW(Engine(EngineOptions{.decode_tokens_per_expert = -2}), Error);
 }
 
+TEST_F(PlanCache, AnOutOfRangeFp8WeightGradsOptionIsRefusedNotTakenForAutomatic) {
+  const testing::ScopedEnv wgrad("GMJIT_FP8_WGRAD");
+  wgrad.unset();
+  try {
+    Engine engine(EngineOptions{.fp8_weight_grads = static_cast<Fp8WeightGrads>(9)});
+    ADD_FAILURE() << "accepted fp8_weight_grads = 9";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("EngineOptions::fp8_weight_grads"), std::string::npos)
+        << e.what();
+  }
+}
+
 // An FP8 backward given no transposed FP8 weights runs the BF16 data-gradient plan: prepare can
 // warm either, so a caller that passes none does not compile at its first backward.
 TEST_F(PlanCache, Fp8BackwardPlansWithAndWithoutTheTransposedWeightsArePreparedApart) {

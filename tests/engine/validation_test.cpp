@@ -60,6 +60,16 @@ TEST(ForwardValidation, RejectsEachBadArgumentByName) {
        "aligned"},
       {"other device", [](ForwardArgs& a) { a.w2.device.ordinal = 1; }, "one device"},
       {"cpu tensor", [](ForwardArgs& a) { a.y.device.kind = Device::Kind::cpu; }, "CUDA"},
+      {"negative ordinal",
+       [](ForwardArgs& a) {
+         for (TensorRef* t : {&a.x, &a.split_sizes, &a.w1, &a.w2, &a.probs, &a.y}) {
+           t->device.ordinal = -1;
+         }
+       },
+       "argument 'x': CUDA device ordinal must be 0 or more"},
+      {"device kind outside the enum",
+       [](ForwardArgs& a) { a.w1.device.kind = static_cast<Device::Kind>(7); },
+       "argument 'w1': must be on a CUDA device; its device kind (enum value 7)"},
       {"preact in no-grad", [](ForwardArgs& a) { a.saved_preact = a.x; }, "'saved_preact'"},
       {"FP8 weights with a BF16 recipe", [](ForwardArgs& a) { a.w1_fp8 = a.w1; }, "'w1_fp8'"},
       {"x of 7 dimensions", [](ForwardArgs& a) { a.x.ndim = 7; }, "'x'"},
