@@ -19,6 +19,13 @@ turns that into an `ExpertsPlan`; what gmjit cannot serve (fp32 weights, widths 
 multiples of 8, an unknown activation) runs transformers' "grouped_mm" instead, with one warning
 per module class and reason.
 
+Weights in another layout than gmjit's (gpt-oss: transposed, gate and up interleaved by column)
+are converted per call; in inference the converted copy is kept on the module and reused while the
+weights stay the same, which costs one more copy of those experts' weights in GPU memory
+(`keep_weight_copies(False)`, or GMJIT_TRANSFORMERS_KEEP_COPIES=0, converts at every call
+instead, as training does: less memory, one more pass over the weights per call). The FP8
+recipes' quantized weights follow the same switch.
+
 Per call: tokens are sorted by expert id (expert-parallel sentinels, ids >= num_experts, sort to
 the tail and are left out of the per-expert counts, so gmjit writes zeros for them and their
 gradients), gathered, run through `gmjit.torch.grouped_mlp` with the router weights as `probs`
@@ -32,6 +39,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import logging
+import os
 from typing import Callable, Optional
 
 import torch
@@ -254,6 +262,44 @@ def verify(experts: nn.Module, plan: ExpertsPlan) -> ExpertsPlan:
     return dataclasses.replace(plan, verified=True)
 
 
+def _keep_copies_from_environment() -> bool:
+    value = os.environ.get("GMJIT_TRANSFORMERS_KEEP_COPIES", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"GMJIT_TRANSFORMERS_KEEP_COPIES must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+# A list, not a bool: compiled code guards on its item, and keep_weight_copies changes it.
+_KEEP_COPIES = [_keep_copies_from_environment()]
+
+
+def keep_weight_copies(keep: Optional[bool] = None) -> bool:
+    """Whether calls keep copies of the experts' weights on their modules: the converted ones of
+    weights in another layout (gpt-oss; no-grad calls only) and the FP8 recipes' quantized ones
+    (default: GMJIT_TRANSFORMERS_KEEP_COPIES, else True). A kept copy costs GPU memory (as much
+    as the bf16 weights it converts; about half of that quantized, twice that with the
+    transposed copies of training) and saves a pass over the weights per call. Not kept, every
+    call makes its own, and a module's kept copies are freed at its next call (except copies a
+    CUDA graph reads: they stay, refreshed when the weights change). With `keep`, sets it;
+    returns the setting in force before."""
+    before = _KEEP_COPIES[0]
+    if keep is not None:
+        if not isinstance(keep, bool):
+            raise TypeError(f"keep_weight_copies: 'keep' must be a bool or None, got {keep!r}")
+        _KEEP_COPIES[0] = keep
+    return before
+
+
+def _keeps(experts: nn.Module, name: str) -> bool:
+    """Whether `experts` keeps its copy `name`: as keep_weight_copies says, and always where a
+    CUDA graph reads the kept copy (it is refreshed in place when the weights change, so
+    replays run the current weights)."""
+    if _KEEP_COPIES[0]:
+        return True
+    entry = experts.__dict__.get(name)
+    return entry is not None and bool(entry.captured)
+
+
 _PLAN_ATTR = "_gmjit_plan"
 _warned: set[tuple[str, str]] = set()
 
@@ -337,7 +383,7 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
     # A compiled graph cannot change the module's __dict__ (a graph break, so no fullgraph),
     # and a fake copy must neither be kept nor replace a real one: both leave the cache as it is.
     untouched = torch.compiler.is_dynamo_compiling() or _weight_cache.faking()
-    cacheable = not grad and not untouched
+    cacheable = not grad and not untouched and _keeps(experts, "_gmjit_weights")
     if cacheable:
         key = _weight_cache.weights_key(*params)
         old = experts.__dict__.get("_gmjit_weights")
@@ -357,7 +403,7 @@ def _converted_weights(experts: nn.Module, plan: ExpertsPlan):
         return out
     if cacheable:
         entry, out = _weight_cache.store(kept, key, source, out)
-    else:  # grad mode: the differentiable copies are the call's own; a cached one is stale
+    else:  # the copies are the call's own (grad mode, or none kept); a cached one is stale
         entry = _weight_cache.release(experts.__dict__.get("_gmjit_weights"))
     _set_or_pop(experts, "_gmjit_weights", entry)
     return out
@@ -388,6 +434,9 @@ def _fp8_snapshot(experts: nn.Module, plan: ExpertsPlan, recipe: str):
     the FP8 copy keyed by the older weights it was made from: stale at the next call, not
     current."""
     if recipe == "bf16" or torch.compiler.is_dynamo_compiling() or _weight_cache.faking():
+        return None
+    if not _keeps(experts, "_gmjit_fp8_weights"):  # the op quantizes per call
+        experts.__dict__.pop("_gmjit_fp8_weights", None)
         return None
     params = [t for t in _weights(experts, plan.has_gate) if t is not None]
     return (recipe,) + _weight_cache.weights_key(*params), _weight_cache.Source(params), params
@@ -552,7 +601,8 @@ def register() -> None:
 
 
 __all__ = ["KNOWN_GATES", "NAME", "RECIPE_NAMES", "ExpertsPlan", "describe_experts",
-           "experts_forward", "gmjit_experts_forward", "plan_for", "prepare_calls",
+           "experts_forward", "gmjit_experts_forward", "keep_weight_copies", "plan_for",
+           "prepare_calls",
            "reference_activation", "reference_gate", "register", "verify"]
 
 if hasattr(_MOE, "ExpertsInterface"):

@@ -49,6 +49,25 @@ def test_block_matches_grouped_mm_and_eager(name):
             assert rel_err(g, grads_o[key]) < 5e-2, (other, key)
 
 
+def test_gpt_oss_inference_without_kept_copies_gives_the_same_output():
+    block = hf_configs.sparse_block("gpt_oss", "gmjit").cuda().eval()
+    experts = next(m for m in block.modules() if "Experts" in type(m).__name__)
+    x = torch.randn(2, 48, 128, dtype=torch.bfloat16, device="cuda")
+    before = gt.keep_weight_copies(True)
+    try:
+        with torch.no_grad():
+            kept = block(x)
+            assert "_gmjit_weights" in experts.__dict__
+            gt.keep_weight_copies(False)
+            converted = block(x)
+            assert "_gmjit_weights" not in experts.__dict__  # the kept copy was freed
+    finally:
+        gt.keep_weight_copies(before)
+    kept = kept[0] if isinstance(kept, tuple) else kept
+    converted = converted[0] if isinstance(converted, tuple) else converted
+    torch.testing.assert_close(converted, kept, rtol=0, atol=0)
+
+
 def test_whole_model_with_gmjit_experts_trains_a_step():
     from transformers import AutoModelForCausalLM
 

@@ -500,3 +500,67 @@ def test_forward_after_a_cast_falls_back_for_the_cast_weights(caplog, monkeypatc
         y = gt.gmjit_experts_forward(m, x.half(), idx, w.half())
     assert y.dtype == torch.float16
     assert any("gate_up_proj is torch.float16" in r.getMessage() for r in caplog.records)
+
+
+@pytest.fixture
+def copies_not_kept():
+    before = gt.keep_weight_copies(False)
+    yield
+    gt.keep_weight_copies(before)
+
+
+def test_without_kept_copies_each_call_converts_and_a_kept_copy_is_freed(copies_not_kept):
+    m = hf_configs.experts_module("gpt_oss")
+    plan = gt.plan_for(m)
+    gt.keep_weight_copies(True)
+    with torch.no_grad():
+        gt._converted_weights(m, plan)
+        assert "_gmjit_weights" in m.__dict__
+        gt.keep_weight_copies(False)
+        first = gt._converted_weights(m, plan)
+        assert "_gmjit_weights" not in m.__dict__  # the kept copy went at this call
+        second = gt._converted_weights(m, plan)
+        assert second[0] is not first[0] and "_gmjit_weights" not in m.__dict__
+    expected = layouts.fc1_from_gate_up(m.gate_up_proj, transposed=True, interleaved=True)
+    torch.testing.assert_close(second[0], expected, rtol=0, atol=0)
+
+
+def test_without_kept_copies_a_copy_a_capture_reads_is_still_refreshed(copies_not_kept,
+                                                                        monkeypatch):  # fmt: skip
+    m = hf_configs.experts_module("gpt_oss")
+    plan = gt.plan_for(m)
+    gt.keep_weight_copies(True)
+    with torch.no_grad():
+        first = gt._converted_weights(m, plan)
+        monkeypatch.setattr(gt._weight_cache, "capturing", lambda: True)
+        assert gt._converted_weights(m, plan)[0] is first[0]  # a capture reads the kept copy
+        monkeypatch.setattr(gt._weight_cache, "capturing", lambda: False)
+        gt.keep_weight_copies(False)
+        m.gate_up_proj.mul_(2)
+        again = gt._converted_weights(m, plan)
+    assert again[0] is first[0]  # written in place: the graph's replays read the new weights
+    expected = layouts.fc1_from_gate_up(m.gate_up_proj, transposed=True, interleaved=True)
+    torch.testing.assert_close(again[0], expected, rtol=0, atol=0)
+
+
+def test_without_kept_copies_the_fp8_recipe_quantizes_per_call(copies_not_kept):
+    m = hf_configs.experts_module("mixtral")
+    plan = gt.plan_for(m)
+    weights = [m.gate_up_proj, m.down_proj]  # stands for a copy an earlier call kept:
+    m.__dict__["_gmjit_fp8_weights"] = gt._weight_cache.CachedCopy(
+        (), tuple(weights), gt._weight_cache.Source(weights), ())
+    assert gt._fp8_snapshot(m, plan, "fp8_block") is None
+    assert "_gmjit_fp8_weights" not in m.__dict__
+    gt.keep_weight_copies(True)
+    assert gt._fp8_snapshot(m, plan, "fp8_block") is not None
+
+
+def test_keep_weight_copies_takes_a_bool_and_its_variable_0_or_1(monkeypatch):
+    with pytest.raises(TypeError, match="'keep' must be a bool"):
+        gt.keep_weight_copies(0)
+    for value, keep in (("0", False), ("1", True)):
+        monkeypatch.setenv("GMJIT_TRANSFORMERS_KEEP_COPIES", value)
+        assert gt._keep_copies_from_environment() is keep
+    monkeypatch.setenv("GMJIT_TRANSFORMERS_KEEP_COPIES", "no")
+    with pytest.raises(ValueError, match="GMJIT_TRANSFORMERS_KEEP_COPIES must be 0 or 1"):
+        gt._keep_copies_from_environment()
