@@ -1,7 +1,12 @@
 # Every dependency comes from a Debian package; nothing is downloaded at configure time.
 find_package(CUDAToolkit 12.8 REQUIRED)   # NVRTC and cuda.h; the driver itself is dlopen'ed
 find_package(fmt REQUIRED)
-if(NOT GMJIT_BUILD_PYTHON)  # the CLI and the bench harness only; the wheel has neither
+# The CLI and the bench harness only. A wheel (GMJIT_BUILD_PYTHON) carries the CLI where both
+# are found and goes without it otherwise (`gmjit` then says how it was built).
+if(GMJIT_BUILD_PYTHON)
+  find_package(CLI11 QUIET)
+  find_package(nlohmann_json QUIET)
+else()
   find_package(CLI11 REQUIRED)
   find_package(nlohmann_json REQUIRED)
 endif()

@@ -152,3 +152,33 @@ def test_gmjit_log_set_after_import_counts(tmp_path):
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "gmjit [info] compiled" in done.stderr
+
+
+def test_the_wheel_carries_the_command_line_tool_as_python_m_gmjit_and_a_console_script():
+    """pip users get `gmjit` (compile, cache export/import, doctor) as a CMake install does."""
+    import shutil
+    import subprocess
+    import sys
+
+    from gmjit import _cli
+
+    if not _cli.executable().exists():
+        pytest.skip("built without CLI11/nlohmann_json: the wheel has no command")
+    run = subprocess.run([sys.executable, "-m", "gmjit", "doctor"], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert "nvrtc:" in run.stdout, run.stdout + run.stderr
+    script = pathlib.Path(sys.executable).parent / "gmjit"
+    if script.exists() or shutil.which("gmjit"):  # installed console scripts (not a source tree)
+        run = subprocess.run([str(script if script.exists() else "gmjit"), "--help"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert run.returncode == 0 and "compile" in run.stdout, run.stdout + run.stderr
+
+
+def test_a_missing_command_line_tool_is_explained(monkeypatch, capsys, tmp_path):
+    from gmjit import _cli
+
+    monkeypatch.setattr(_cli, "executable", lambda: tmp_path / "bin" / "gmjit")
+    with pytest.raises(SystemExit) as exit_info:
+        _cli.main()
+    assert exit_info.value.code == 2
+    assert "no command-line tool" in capsys.readouterr().err
