@@ -343,7 +343,18 @@ def plan_for(experts: nn.Module) -> ExpertsPlan:
         plan = verify(experts, plan)
     if not tracing:
         experts.__dict__[_PLAN_ATTR] = (key, plan)
+        if "_gmjit_load_hook" not in experts.__dict__:
+            experts.__dict__["_gmjit_load_hook"] = experts.register_load_state_dict_post_hook(
+                _forget_copies_after_load)
     return plan
+
+
+def _forget_copies_after_load(experts: nn.Module, incompatible_keys) -> None:
+    """Loaded weights are new weights even where no version counter moved: FSDP2 copies them
+    into the sharded parameters and all-gathers into the unsharded ones under a preserved
+    counter, possibly at the old address. (Copies a CUDA graph reads are kept, made stale.)"""
+    for name in ("_gmjit_weights", "_gmjit_fp8_weights"):
+        _set_or_pop(experts, name, _weight_cache.invalidated(experts.__dict__.get(name)))
 
 
 def _warn_once(key: tuple, message: str, *args) -> None:

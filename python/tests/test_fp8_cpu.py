@@ -752,6 +752,59 @@ def test_module_quantizes_again_only_when_a_weight_changes(fp8_engine, monkeypat
     assert quantizations() == 5 and m.fp8_quantizations == 5
 
 
+def test_a_load_state_dict_the_version_counters_miss_quantizes_again(fp8_engine, monkeypatch):
+    # FSDP2: load_state_dict writes the sharded parameters; the unsharded ones the forward reads
+    # get the loaded values by an all-gather under a preserved counter, maybe at the old address.
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    torch.manual_seed(0)
+    m = GroupedMLP(E, H, F, recipe="fp8_block").eval()
+    x = torch.randn(T, H, dtype=BF)
+    split = torch.tensor(SPLITS)
+    with torch.no_grad():
+        m(x, split)
+        loaded = {k: v * 2 for k, v in m.state_dict().items()}
+        with (torch.autograd._unsafe_preserve_version_counter(m.w1),
+              torch.autograd._unsafe_preserve_version_counter(m.w2)):  # fmt: skip
+            m.load_state_dict(loaded)
+        y = m(x, split)
+    assert m.fp8_quantizations == 2
+    fresh = GroupedMLP(E, H, F, recipe="fp8_block").eval()
+    fresh.load_state_dict(loaded)
+    with torch.no_grad():
+        torch.testing.assert_close(y, fresh(x, split), rtol=0, atol=0)
+
+
+def test_router_weights_cast_to_bf16_by_fsdp_mixed_precision_are_widened(fp8_engine,
+                                                                         monkeypatch):  # fmt: skip
+    # MixedPrecisionPolicy(param_dtype=bf16) casts a fully_shard'ed module's floating inputs.
+    monkeypatch.setattr(_op, "_FAST_ON_CPU", True)
+    torch.manual_seed(0)
+    m = GroupedMLP(E, H, F)
+    x = torch.randn(T, H, dtype=BF)
+    split = torch.tensor(SPLITS)
+    probs = torch.rand(T).to(BF)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x, split, probs), m(x, split, probs.float()), rtol=0, atol=0)
+    probs.requires_grad_()
+    m(x, split, probs).float().sum().backward()
+    assert probs.grad is not None and probs.grad.dtype == BF
+
+
+def test_a_dtensor_argument_is_named_with_what_to_do():
+    from torch.distributed.tensor import DTensor
+
+    class NotReallyDistributed(DTensor):  # isinstance is all the check reads
+        def __new__(cls, t):
+            return torch.Tensor._make_subclass(cls, t)
+
+    w1 = NotReallyDistributed(torch.zeros(E, 2 * F, H, dtype=BF))
+    with pytest.raises(ValueError, match=r"argument 'w1' is a DTensor .* fully_shard"):
+        grouped_mlp(torch.zeros(T, H, dtype=BF), torch.tensor(SPLITS), w1,
+                    torch.zeros(E, H, F, dtype=BF))  # fmt: skip
+    with pytest.raises(ValueError, match=r"quantize_weights: argument 'w1' is a DTensor"):
+        quantize_weights(w1, torch.zeros(E, H, F, dtype=BF))
+
+
 class _DataWritingOptimizer(torch.optim.Optimizer):
     """Megatron's mixed-precision pattern: the step's result reaches the model's parameters
     through `.data`, which their version counters do not see."""

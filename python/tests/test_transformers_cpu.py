@@ -564,3 +564,20 @@ def test_keep_weight_copies_takes_a_bool_and_its_variable_0_or_1(monkeypatch):
     monkeypatch.setenv("GMJIT_TRANSFORMERS_KEEP_COPIES", "no")
     with pytest.raises(ValueError, match="GMJIT_TRANSFORMERS_KEEP_COPIES must be 0 or 1"):
         gt._keep_copies_from_environment()
+
+
+def test_a_load_state_dict_the_version_counters_miss_makes_the_copies_again():
+    # FSDP2: load_state_dict writes the sharded parameters; the unsharded ones the forward reads
+    # get the loaded values by an all-gather under a preserved counter, maybe at the old address.
+    m = hf_configs.experts_module("gpt_oss")
+    plan = gt.plan_for(m)
+    with torch.no_grad():
+        first = gt._converted_weights(m, plan)
+        loaded = {k: v * 2 for k, v in m.state_dict().items()}
+        with (torch.autograd._unsafe_preserve_version_counter(m.gate_up_proj),
+              torch.autograd._unsafe_preserve_version_counter(m.down_proj)):  # fmt: skip
+            m.load_state_dict(loaded)
+        again = gt._converted_weights(m, plan)
+    assert again[0] is not first[0]
+    expected = layouts.fc1_from_gate_up(m.gate_up_proj, transposed=True, interleaved=True)
+    torch.testing.assert_close(again[0], expected, rtol=0, atol=0)

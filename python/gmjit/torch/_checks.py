@@ -14,6 +14,11 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+if torch.distributed.is_available():
+    from torch.distributed.tensor import DTensor as _DTensor
+else:  # a torch built without distributed: no DTensor to meet
+    _DTensor = ()
+
 # Engine codes (include/gmjit/gmjit.h).
 ACTIVATIONS = {"swiglu": 0, "geglu": 1, "clamped_swiglu": 2, "srelu": 3, "gelu": 4, "relu": 5}
 GLU_ACTIVATIONS = frozenset({"swiglu", "geglu", "clamped_swiglu"})
@@ -117,6 +122,18 @@ def check_clamp(activation: str, limit: object, alpha: object, where: str = "gro
             what = "a finite number above 0" if positive else "a finite number"
             raise ValueError(f"{where}: argument '{name}' must be {what} for clamped_swiglu, "
                              f"got {value!r}")  # fmt: skip
+
+
+def refuse_dtensors(where: str, **tensors) -> None:
+    """A DTensor argument (a sharded or replicated parameter) by name, before torch's own error
+    for a custom op without a sharding rule, which says neither which one nor why."""
+    for name, t in tensors.items():
+        if isinstance(t, _DTensor):
+            raise ValueError(
+                f"{where}: argument '{name}' is a DTensor (a distributed parameter, e.g. one "
+                "fully_shard has sharded); gmjit computes on local tensors. Under FSDP2, call the "
+                "layer inside the forward of a module fully_shard was applied to (that forward "
+                "unshards its parameters first), or pass .full_tensor()")
 
 
 def check_call(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha,

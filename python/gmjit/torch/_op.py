@@ -46,6 +46,7 @@ from gmjit.torch._checks import (
     check_call,
     check_fp8_weights,
     _check_quantize_call,
+    refuse_dtensors,
 )
 from gmjit.torch._custom_ops import _DOUBLE_BACKWARD, _autocast_casts
 from gmjit.torch._engine_calls import (
@@ -376,6 +377,8 @@ def grouped_mlp(
                            _current_stream(d))  # fmt: skip
         return y
 
+    refuse_dtensors("grouped_mlp", x=x, split_sizes=split_sizes, w1=w1, w2=w2, b1=b1, b2=b2,
+                    probs=probs)  # fmt: skip
     if isinstance(x, Tensor) and _autocast_casts(x):
         x = x.to(_BF16)
     _, _, _, code = check_call(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout,
@@ -436,6 +439,7 @@ def quantize_weights(
 
     Not differentiable. Runs on the current stream without a host sync.
     """
+    refuse_dtensors("quantize_weights", w1=w1, w2=w2)
     code = _check_quantize_call(w1, w2, recipe)
     w1, w2 = w1.detach(), w2.detach()
     if (not _is_compiling() and not _is_tracing() and type(w1) is Tensor

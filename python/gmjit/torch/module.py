@@ -105,6 +105,10 @@ class GroupedMLP(nn.Module):
                 nn.init.uniform_(bias, -bound, bound)
 
     def forward(self, x: Tensor, split_sizes: Tensor, probs: Optional[Tensor] = None) -> Tensor:
+        if probs is not None and probs.dtype in (torch.bfloat16, torch.float16):
+            # FSDP2's MixedPrecisionPolicy casts floating inputs to its param_dtype: the op takes
+            # fp32 router weights, and widening is exact.
+            probs = probs.float()
         if self.recipe == "bf16":
             return grouped_mlp(x, split_sizes, self.w1, self.w2, self.b1, self.b2, probs,
                                self.activation, self.glu_layout, self.limit, self.alpha,
@@ -163,6 +167,13 @@ class GroupedMLP(nn.Module):
         self._fp8_cache, weights = _weight_cache.store(kept, key, source, weights)
         self.fp8_quantizations += 1
         return weights
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        # Loaded weights are new weights even where no version counter moved: FSDP2 copies them
+        # into the sharded parameters and all-gathers into the unsharded ones under a preserved
+        # counter, possibly at the old address.
+        super()._load_from_state_dict(*args, **kwargs)
+        self.invalidate_fp8_weights()
 
     def invalidate_fp8_weights(self) -> None:
         """Forget the quantized weights (after writes the version counter does not see); copies a
