@@ -76,14 +76,15 @@ void apply_fp8_weight_grads_from_environment(const char* name, Fp8WeightGrads& f
 
 // `given` with GMJIT_DECODE_TOKENS_PER_EXPERT and GMJIT_FP8_WGRAD applied, checked.
 EngineOptions with_environment(EngineOptions given) {
-  apply_count_from_environment("GMJIT_DECODE_TOKENS_PER_EXPERT", given.decode_tokens_per_expert);
-  apply_fp8_weight_grads_from_environment("GMJIT_FP8_WGRAD", given.fp8_weight_grads);
+  // The caller's value first: a bad one is an error even where the environment overrides it.
   if (static_cast<unsigned>(given.fp8_weight_grads) > static_cast<unsigned>(Fp8WeightGrads::bf16)) {
     throw Error(Status::invalid_argument,
                 fmt::format("EngineOptions::fp8_weight_grads must be automatic, fp8 or bf16, got "
                             "enum value {}",
                             static_cast<unsigned>(given.fp8_weight_grads)));
   }
+  apply_count_from_environment("GMJIT_DECODE_TOKENS_PER_EXPERT", given.decode_tokens_per_expert);
+  apply_fp8_weight_grads_from_environment("GMJIT_FP8_WGRAD", given.fp8_weight_grads);
   if (given.decode_tokens_per_expert < 0) {
     throw Error(Status::invalid_argument,
                 fmt::format("EngineOptions::decode_tokens_per_expert must be 0 or more, got {}",

@@ -9,17 +9,21 @@ import sys
 
 
 def executable() -> pathlib.Path:
-    return pathlib.Path(__file__).resolve().parent / "bin" / "gmjit"
+    """bin/gmjit beside the extension: the wheel installs both into one folder, which is not
+    this file's in an editable install (the Python sources stay in the source tree)."""
+    from gmjit import _C
+
+    return pathlib.Path(_C.__file__).resolve().parent / "bin" / "gmjit"
 
 
 def main() -> None:
     tool = executable()
     if not os.access(tool, os.X_OK):
         sys.stderr.write(
-            f"gmjit: this installation has no command-line tool ({tool} is missing): it was "
-            "built without CLI11 or nlohmann_json (both needed at build time: Debian's "
-            "libcli11-dev, nlohmann-json3-dev); reinstall with them, or build the CMake project "
-            "(README.md)\n")  # fmt: skip
+            f"gmjit: this installation has no command-line tool: {tool} is missing or not "
+            "executable. A wheel built without CLI11 or nlohmann_json (both needed at build "
+            "time: Debian's libcli11-dev, nlohmann-json3-dev) has none; reinstall with them, or "
+            "build the CMake project (README.md)\n")  # fmt: skip
         sys.exit(2)
     os.execv(tool, [str(tool), *sys.argv[1:]])
 

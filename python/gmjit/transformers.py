@@ -321,12 +321,14 @@ def _plan_key(experts: nn.Module) -> tuple:
 def _attr_or_none(module: nn.Module, name: str) -> object:
     """getattr(module, name, None), without the exception nn.Module.__getattr__ raises for a
     name the module lacks: most modules lack most KNOWN_GATES attributes, and the exceptions
-    made _plan_key cost ~7 µs of every call (2-core machine)."""
+    made _plan_key cost ~7 µs of every call (2-core machine). A class with its own __getattr__
+    goes the plain way (it may supply names nothing here sees)."""
     if name in module.__dict__:
         return module.__dict__[name]
-    if (hasattr(type(module), name) or name in module._parameters or name in module._buffers
+    if (type(module).__getattr__ is not nn.Module.__getattr__ or hasattr(type(module), name)
+            or name in module._parameters or name in module._buffers
             or name in module._modules):  # fmt: skip
-        return getattr(module, name)
+        return getattr(module, name, None)
     return None
 
 
@@ -343,9 +345,6 @@ def plan_for(experts: nn.Module) -> ExpertsPlan:
         plan = verify(experts, plan)
     if not tracing:
         experts.__dict__[_PLAN_ATTR] = (key, plan)
-        if "_gmjit_load_hook" not in experts.__dict__:
-            experts.__dict__["_gmjit_load_hook"] = experts.register_load_state_dict_post_hook(
-                _forget_copies_after_load)
     return plan
 
 
@@ -424,8 +423,11 @@ def _set_or_pop(experts: nn.Module, name: str, entry: Optional[_weight_cache.Cac
     # In __dict__, not as attributes: nn.Module would register tensors or modules set on it.
     if entry is None:
         experts.__dict__.pop(name, None)
-    else:
-        experts.__dict__[name] = entry
+        return
+    experts.__dict__[name] = entry
+    if "_gmjit_load_hook" not in experts.__dict__:  # whoever keeps a copy watches the loads
+        experts.__dict__["_gmjit_load_hook"] = experts.register_load_state_dict_post_hook(
+            _forget_copies_after_load)
 
 
 def _aligned(t: Optional[Tensor]) -> Optional[Tensor]:

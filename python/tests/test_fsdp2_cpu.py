@@ -172,13 +172,18 @@ def _sharded_weights_outside_the_forward_are_named(rank, mesh, out):
 
 
 def _worker(rank: int, init_file: str, result_file: str, tests_dir: str) -> None:
+    import datetime
+    import faulthandler
+
     sys.path.insert(0, tests_dir)
     from _pytest.monkeypatch import MonkeyPatch
     from torch.distributed.device_mesh import init_device_mesh
 
+    # A rank left waiting in a collective the other never joins fails the test, not hangs it.
+    faulthandler.dump_traceback_later(240, exit=True)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=WORLD)  # fmt: skip
+                            world_size=WORLD, timeout=datetime.timedelta(seconds=120))  # fmt: skip
     monkeypatch = MonkeyPatch()
     out: list = []
     cases = [("bf16 ", lambda m: _training_matches_one_process(rank, m, "bf16", out)),
@@ -192,16 +197,26 @@ def _worker(rank: int, init_file: str, result_file: str, tests_dir: str) -> None
         for prefix, case in cases:  # each on its own: one failing leaves the others' results
             try:
                 case(mesh)
+                failed = 0
             except Exception:
-                out.append((prefix + " ERROR", traceback.format_exc(), None))
+                out.append((prefix + " ERROR", f"rank {rank}: {traceback.format_exc()}", None))
+                failed = 1
+            # Both ranks stop where either failed: the next case's collectives would not pair.
+            flag = torch.tensor([failed])
+            dist.all_reduce(flag)
+            if flag.item():
+                break
     except Exception:
-        out.append(("ERROR", traceback.format_exc(), None))
+        out.append(("ERROR", f"rank {rank}: {traceback.format_exc()}", None))
     finally:
+        rows = [None] * WORLD  # rank 1's errors count too
+        dist.all_gather_object(rows, [row for row in out if row[0].endswith("ERROR")])
         if rank == 0:
-            torch.save(out, result_file)
+            torch.save(out + [row for row in rows[1] if row not in out], result_file)
         dist.barrier()  # see test_expert_parallel_cpu._leave_group
         dist.destroy_process_group()
         monkeypatch.undo()
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(scope="module")

@@ -581,3 +581,22 @@ def test_a_load_state_dict_the_version_counters_miss_makes_the_copies_again():
     assert again[0] is not first[0]
     expected = layouts.fc1_from_gate_up(m.gate_up_proj, transposed=True, interleaved=True)
     torch.testing.assert_close(again[0], expected, rtol=0, atol=0)
+
+
+def test_gate_attributes_are_read_as_getattr_with_a_default_reads_them():
+    class Supplies(torch.nn.Module):  # a module that makes names up in __getattr__
+        def __getattr__(self, name):
+            return 3.5 if name == "swiglu_limit" else super().__getattr__(name)
+
+    class Raises(torch.nn.Module):
+        @property
+        def limit(self):
+            raise AttributeError("not set")
+
+    assert gt._attr_or_none(Supplies(), "swiglu_limit") == 3.5
+    assert gt._attr_or_none(Raises(), "limit") is None
+    m = torch.nn.Module()
+    m.alpha = 1.5
+    m.register_buffer("limit", torch.ones(()))
+    assert gt._attr_or_none(m, "alpha") == 1.5 and gt._attr_or_none(m, "limit") is m.limit
+    assert gt._attr_or_none(m, "swiglu_alpha") is None

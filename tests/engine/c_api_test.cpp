@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "gmjit/gmjit.h"
+#include "gmjit/gmjit.hpp"
 #include "testing/layers.hpp"
 
 namespace {
@@ -452,8 +453,12 @@ TEST_F(CApi, AWorkspaceIsCheckedBeforeThePlanWithAMessagePerFault) {
   ws.device = DLDevice{kDLCPU, 0};
   refused_with("must be on cuda:0");
   ws.device = DLDevice{kDLCUDA, 0};
-  EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_NO_DEVICE)
-      << gmjit_last_error();  // a good workspace: the call gets as far as the device
+  // A good workspace: the call gets as far as the device. Not where there is one: the pointers
+  // are fake, and the call would launch.
+  if (!gmjit::Engine::driver_available()) {
+    EXPECT_EQ(gmjit_forward(engine_, &layer, &args, 0, nullptr), GMJIT_NO_DEVICE)
+        << gmjit_last_error();
+  }
 }
 
 TEST_F(CApi, AByteOffsetPastTheAddressSpaceIsRefusedNotWrapped) {

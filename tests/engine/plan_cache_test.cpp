@@ -116,14 +116,20 @@ TEST_F(PlanCache, TheEnvironmentOverridesTheDecodeThresholdAndBadValuesAreRefuse
 
 TEST_F(PlanCache, AnOutOfRangeFp8WeightGradsOptionIsRefusedNotTakenForAutomatic) {
   const testing::ScopedEnv wgrad("GMJIT_FP8_WGRAD");
-  wgrad.unset();
-  try {
-    Engine engine(EngineOptions{.fp8_weight_grads = static_cast<Fp8WeightGrads>(9)});
-    ADD_FAILURE() << "accepted fp8_weight_grads = 9";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::invalid_argument);
-    EXPECT_NE(std::string(e.what()).find("EngineOptions::fp8_weight_grads"), std::string::npos)
-        << e.what();
+  for (const char* environment : {static_cast<const char*>(nullptr), "bf16"}) {
+    if (environment == nullptr) {
+      wgrad.unset();
+    } else {
+      wgrad.set(environment);  // an override does not hide the caller's bad value
+    }
+    try {
+      Engine engine(EngineOptions{.fp8_weight_grads = static_cast<Fp8WeightGrads>(9)});
+      ADD_FAILURE() << "accepted fp8_weight_grads = 9";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("EngineOptions::fp8_weight_grads"), std::string::npos)
+          << e.what();
+    }
   }
 }
 
