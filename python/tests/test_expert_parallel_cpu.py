@@ -42,12 +42,10 @@ def _worker(rank: int, world: int, init_file: str, result_file: str) -> None:
 
 
 def _leave_group() -> None:
-    """destroy_process_group after a barrier: gloo's destructor joins its worker threads holding
-    the GIL, and a worker thread that was still releasing a collective's Python-made tensors
-    (an all_gather's) waited for the GIL: a hang at teardown, seen now and then. The barrier
-    lets every earlier collective finish and be released first."""
-    dist.barrier()
-    dist.destroy_process_group()
+    """The end of every rank's worker: gloo_exit.leave_group_and_exit (why: there)."""
+    from gloo_exit import leave_group_and_exit
+
+    leave_group_and_exit()
 
 
 def _spawn(worker) -> str:

@@ -213,10 +213,9 @@ def _worker(rank: int, init_file: str, result_file: str, tests_dir: str) -> None
         dist.all_gather_object(rows, [row for row in out if row[0].endswith("ERROR")])
         if rank == 0:
             torch.save(out + [row for row in rows[1] if row not in out], result_file)
-        dist.barrier()  # see test_expert_parallel_cpu._leave_group
-        dist.destroy_process_group()
-        monkeypatch.undo()
-        faulthandler.cancel_dump_traceback_later()
+        from gloo_exit import leave_group_and_exit
+
+        leave_group_and_exit()
 
 
 @pytest.fixture(scope="module")
