@@ -67,13 +67,9 @@ gmjit::DType workspace_dtype(const DLTensor& t, const char* name) {
                                  name, t.dtype.bits, t.dtype.lanes));
 }
 
-// DLPack's name of a device type, for the message refusing it (codes from dlpack.h).
+// DLPack's name of a refused device type (CPU and CUDA are taken before), for its message.
 const char* device_type_name(int type) {
   switch (type) {
-    case kDLCPU:
-      return "kDLCPU";
-    case kDLCUDA:
-      return "kDLCUDA";
     case kDLCUDAHost:
       return "kDLCUDAHost, pinned host memory";
     case kDLCUDAManaged:
