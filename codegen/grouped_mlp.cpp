@@ -113,7 +113,8 @@ families::KernelRequest forward_request(const GroupedMlpForwardDesc& desc, Kerne
           .arch = desc.arch,
           .portable_only = desc.portable_only,
           .entry = std::move(entry),
-          .fields = std::move(fields)};
+          .fields = std::move(fields),
+          .decode_tokens_per_expert = desc.decode_tokens_per_expert};
 }
 
 // A forward GEMM of `desc`: sm90_gemm or sm80_gemm (codegen/families) by arch and widths.

@@ -1,9 +1,10 @@
 #pragma once
 // The staged decode GEMM (sm_90a): a block of one warpgroup owns 64 weight rows of one expert,
 // copies them stage by stage into shared memory with cp.async and multiplies them with wgmma
-// against up to 16 tokens staged beside them. It serves decode calls with up to 16 tokens per
-// expert, where DecodeGemv (decode_mlp_fwd.cuh) needs a second token tile whose loads and MMAs
-// double its instruction stream per weight byte (docs/PERFORMANCE.md, sessions 19-20).
+// against up to 32 tokens staged beside them. It serves decode calls with more tokens per expert
+// than DecodeGemv (decode_mlp_fwd.cuh) serves well, up to EngineOptions::decode_tokens_per_expert:
+// DecodeGemv needs a second token tile whose loads and MMAs double its instruction stream per
+// weight byte (docs/PERFORMANCE.md, sessions 19-20).
 //
 // Why this shape:
 //   - cp.async reads each weight row in 16-byte pieces, a warp's 32 copies asking for 256
@@ -28,11 +29,11 @@
 // name the global weight row of every shared-memory row.
 //
 // Config fields (besides Epi's): stage_k (K elements per stage: 128 or 256), stages (ring depth,
-// >= 2), tokens (8 or 16: the wgmma's N; an expert with more runs several passes, each re-reading
-// its weights), min_blocks (second __launch_bounds__ argument), l2_prefetch (0, 64, 128 or 256:
-// L2 prefetch size hint of the weight copies), smem_bytes (the launch's dynamic shared memory,
-// checked against the ring's size).
-// Launch: blockDim = 128, gridDim = (column blocks, E + 1), dynamic shared memory = smem_bytes.
+// >= 2), tokens (8, 16 or 32: the wgmma's N; an expert with more runs several passes, each
+// re-reading its weights), min_blocks (second __launch_bounds__ argument), l2_prefetch (0, 64, 128
+// or 256: L2 prefetch size hint of the weight copies), smem_bytes (the launch's dynamic shared
+// memory, checked against the ring's size). Launch: blockDim = 128, gridDim = (column blocks, E +
+// 1), dynamic shared memory = smem_bytes.
 
 #include "gmjit/expert_schedule.cuh"
 #include "gmjit/params.cuh"
@@ -103,7 +104,7 @@ struct DecodeStaged {
   static constexpr int kSteps = (kK + kStageK - 1) / kStageK;  // stages per pass
   static_assert(Cfg::m_tiles == 4, "the staged kernel's block is 4 m16 tiles: one wgmma m64");
   static_assert(kStageK == 128 || kStageK == 256, "stage_k: 128 or 256");
-  static_assert(kTokens == 8 || kTokens == 16, "tokens: 8 or 16");
+  static_assert(kTokens == 8 || kTokens == 16 || kTokens == 32, "tokens: 8, 16 or 32");
   static_assert(kStages >= 2, "stages: at least 2");
   static_assert(kK % 8 == 0, "K must be a multiple of 8 (16-byte rows)");
   static_assert(kBCopies >= 1, "a stage's token pieces must cover the block's threads");
@@ -215,7 +216,9 @@ struct DecodeStaged {
         for (int j = 0; j < 4; ++j) {
           const unsigned long long da = sm90::make_desc_sw128(a + atom * kRows * 128 + 32 * j);
           const unsigned long long db = sm90::make_desc_sw128(b + atom * kTokens * 128 + 32 * j);
-          if constexpr (kTokens == 16)
+          if constexpr (kTokens == 32)
+            sm90::wgmma_m64n32k16(acc, da, db);
+          else if constexpr (kTokens == 16)
             sm90::wgmma_m64n16k16(acc, da, db);
           else
             sm90::wgmma_m64n8k16(acc, da, db);

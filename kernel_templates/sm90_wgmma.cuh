@@ -275,6 +275,19 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], unsigned long lo
       : "l"(da), "l"(db), "r"(scale_d), "n"(kTnspA), "n"(kTnspB));
 }
 
+// D[64 x 32] (+)= A(smem desc) * B(smem desc)ᵀ, both K-major: the staged decode kernel's widest
+// token pass (decode_staged.cuh).
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], unsigned long long da,
+                                                unsigned long long db) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, "
+      "0, 0;\n}\n"
+      : GMJIT_ACC8(d, 0), GMJIT_ACC8(d, 8)
+      : "l"(da), "l"(db), "r"(1));
+}
+
 // D[64 x 16] (+)= A(smem desc) * B(smem desc)ᵀ, both K-major: the decode kernels' narrow N (the
 // tokens) against 64 weight rows (decode_staged.cuh).
 __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], unsigned long long da,

@@ -32,6 +32,9 @@ struct KernelRequest {
   std::string fields;
   std::int64_t rows = 0, cols = 0;  // weight gradients: rows x cols per expert; column sums: cols
   bool bf16_out = false;            // weight gradients: written in bf16 (Cfg::out_bf16)
+  // Decode roles: the most tokens per expert (on average) a call the pair serves has
+  // (EngineOptions::decode_tokens_per_expert).
+  int decode_tokens_per_expert = 0;
 };
 
 // The family's kernel for `request`, or nullopt where it does not apply (arch, widths, no tile).

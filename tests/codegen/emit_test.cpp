@@ -113,10 +113,11 @@ TEST(DecodeEmit, BlocksCoverEveryExpertsRowsAndWarpsSplitK) {
   EXPECT_EQ(emit_grouped_mlp_forward({qwen3, false, "sm_90a", false, 0}).size(), 2u);
 }
 
-// The wide decode pair (calls of 9-16 tokens per expert) after the narrow one: one block of one
-// warpgroup per 64 weight rows of each expert (GLU FC1: 32 output columns), plus one row of
-// blocks for the rows past the experts'; a ring of 128-element stages, 3 deep (three blocks per
-// SM) where K <= 2048, else 4 deep (two).
+// The wide decode pair (calls of 9-16 tokens per expert by default) after the narrow one: one
+// block of one warpgroup per 64 weight rows of each expert (GLU FC1: 32 output columns), plus one
+// row of blocks for the rows past the experts'; a ring of 128-element stages, 3 deep (three
+// blocks per SM) where K <= 2048, else 4 deep (two); 16 tokens per pass, 32 where the limit is
+// above 16, with the same blocks per SM.
 TEST(DecodeEmit, WidePairFollowsTheNarrowOneWithStagedBlocksOf64Rows) {
   const LayerSpec qwen3 = qwen3_30b_a3b();
   EXPECT_EQ(emit_grouped_mlp_forward({qwen3, false, "sm_90a", false, 8}).size(), 4u);
@@ -151,14 +152,23 @@ TEST(DecodeEmit, WidePairFollowsTheNarrowOneWithStagedBlocksOf64Rows) {
   mixtral_like.hidden = 4096;
   mixtral_like.ffn = 14336;
   mixtral_like.activation.kind = Activation::relu;
-  const auto longer = emit_grouped_mlp_forward({mixtral_like, false, "sm_90a", false, 64});
-  ASSERT_EQ(longer.size(), 6u);
-  EXPECT_EQ(longer[4].launch.grid_x, 14336u / 64u);  // no GLU: 64 output columns per block
-  for (const KernelSource* k : {&longer[4], &longer[5]}) {
-    EXPECT_EQ(k->launch.dynamic_smem_bytes, 4u * 80u * 256u + 1024u);
-    EXPECT_NE(k->source.find("stages = 4"), std::string::npos) << k->source;
-    EXPECT_NE(k->source.find("min_blocks = 2"), std::string::npos) << k->source;
+  for (const int limit : {16, 64}) {
+    const auto longer = emit_grouped_mlp_forward({mixtral_like, false, "sm_90a", false, limit});
+    ASSERT_EQ(longer.size(), 6u);
+    EXPECT_EQ(longer[4].launch.grid_x, 14336u / 64u);  // no GLU: 64 output columns per block
+    const unsigned tokens = limit > 16 ? 32u : 16u;
+    for (const KernelSource* k : {&longer[4], &longer[5]}) {
+      EXPECT_EQ(k->launch.dynamic_smem_bytes, 4u * (64u + tokens) * 256u + 1024u);
+      EXPECT_NE(k->source.find("stages = 4, tokens = " + std::to_string(tokens)), std::string::npos)
+          << k->source;
+      EXPECT_NE(k->source.find("min_blocks = 2"), std::string::npos) << k->source;
+    }
   }
+  const auto short_rows = emit_grouped_mlp_forward({qwen3, false, "sm_90a", false, 32});
+  ASSERT_EQ(short_rows.size(), 6u);
+  EXPECT_EQ(short_rows[4].launch.dynamic_smem_bytes, 3u * 96u * 256u + 1024u);
+  EXPECT_NE(short_rows[4].source.find("stages = 3, tokens = 32"), std::string::npos);
+  EXPECT_NE(short_rows[4].source.find("min_blocks = 3"), std::string::npos);
 }
 
 TEST(GroupedMlpEmit, EveryCodegenInputChangesTheSource) {

@@ -26,6 +26,9 @@ struct Case {
   bool portable = false;      // force the mma.sync kernels (on sm_90a the Hopper ones are default)
   bool unfused = false;       // op by op: linear, activation, linear
   bool force_decode = false;  // no grad: the decode kernels at any token count
+  // With force_decode: EngineOptions::decode_tokens_per_expert, which also picks the staged
+  // kernel's tokens per pass (16 up to 16, else 32).
+  int decode_limit = 1 << 20;
 };
 
 std::vector<Case> cases() {
@@ -259,6 +262,24 @@ std::vector<Case> cases() {
        1024,
        512},
   };
+  // The staged kernel's 16-token passes (a limit of 16; more tokens than that on average would
+  // leave the pair) and its 32-token passes at a limit of 32, with experts of several passes.
+  for (const int limit : {16, 32}) {
+    Case c{"decode_staged_limit" + std::to_string(limit),
+           Activation::swiglu,
+           GluLayout::halves,
+           true,
+           true,
+           true,
+           DType::i32};
+    c.splits = limit == 16 ? std::vector<std::int64_t>{12, 20, 9, 16, 0, 33}
+                           : std::vector<std::int64_t>{40, 17, 31, 0, 25, 64};
+    c.tail = 3;
+    c.hidden = 320;
+    c.ffn = 576;
+    c.decode_limit = limit;
+    decode.push_back(c);
+  }
   for (Case& c : decode) c.force_decode = true;
   all.insert(all.end(), decode.begin(), decode.end());
   // Every case again on the portable kernels, so that both paths are tested on a Hopper GPU.
@@ -316,7 +337,7 @@ TEST_P(ForwardMatchesFloat64Reference, WithinBf16Bounds) {
                     .fuse_ops = !c.unfused,
                     // 0 where not forced: cases of few rows per expert (single_row_experts)
                     // test the tile kernels they name, not the decode pair.
-                    .decode_tokens_per_expert = c.force_decode ? 1 << 20 : 0});
+                    .decode_tokens_per_expert = c.force_decode ? c.decode_limit : 0});
   engine.forward(layer, Recipe::bf16(), device.args, c.grad);
   engine::ScopedContext context(engine::DeviceRegistry::instance().get(0).context());
   engine::check_driver(engine::driver().cuCtxSynchronize(), "cuCtxSynchronize");
