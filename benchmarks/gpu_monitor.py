@@ -1,4 +1,5 @@
-"""What the GPU's clock and power did while a benchmark case ran, from `nvidia-smi`.
+"""What the GPU's clock and power did while a benchmark case ran, from `nvidia-smi`, and the
+energy a timed block spent, from NVML's energy counter.
 
 On an H200 the BF16 GEMMs run their tensor cores ~95 % busy and the board then holds its
 700 W limit by lowering the SM clock (throttle reason "software power cap"), so a TFLOP/s
@@ -11,10 +12,17 @@ in a background process while a case runs; summary() gives the mean SM clock and
 loaded samples (power at least half the case's highest: a case also compiles and waits on the
 CPU) and the share of them throttled by the power cap. Where nvidia-smi is missing or fails, the
 summary is None and the benchmark goes on without it.
+
+EnergyCounter reads NVML's total energy counter (millijoules since the driver loaded; Volta and
+newer) through ctypes, so no NVML package is needed. Under the power cap the clock follows the
+energy a kernel spends per FLOP: joules per call say why one implementation's time moves with
+the GPU's heat while another's does not (docs/PERFORMANCE.md, session 42). Where NVML, the
+device or its counter is missing, joules() is None.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import shutil
@@ -156,3 +164,43 @@ def cuda_device_id(index: int) -> str:
         return str(index)
     text = str(uuid)
     return text if text.startswith("GPU-") else f"GPU-{text}"
+
+
+class EnergyCounter:
+    """NVML's energy counter of GPU `gpu` (an id as GpuMonitor takes: "GPU-<uuid>" or an NVML
+    index). `nvml` replaces the loaded libnvidia-ml (tests pass a stand-in)."""
+
+    def __init__(self, gpu: str = "0", nvml=None):
+        self._nvml = None
+        self._handle = ctypes.c_void_p()
+        if nvml is None:
+            try:
+                nvml = ctypes.CDLL("libnvidia-ml.so.1")
+            except OSError:
+                return
+        try:
+            if nvml.nvmlInit_v2() != 0:
+                return
+            gpu = str(gpu)
+            if gpu.startswith("GPU-"):
+                rc = nvml.nvmlDeviceGetHandleByUUID(gpu.encode(), ctypes.byref(self._handle))
+            else:
+                rc = nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(gpu)),
+                                                        ctypes.byref(self._handle))  # fmt: skip
+        except (AttributeError, ValueError):  # an NVML without these entry points; a bad id
+            return
+        if rc != 0:
+            return
+        self._nvml = nvml
+        if self.joules() is None:  # the device has no counter
+            self._nvml = None
+
+    def joules(self):
+        """The counter in joules, or None where it cannot be read."""
+        read = getattr(self._nvml, "nvmlDeviceGetTotalEnergyConsumption", None)
+        if read is None:  # no NVML, or one older than the counter
+            return None
+        mj = ctypes.c_ulonglong()
+        if read(self._handle, ctypes.byref(mj)) != 0:
+            return None
+        return mj.value / 1e3

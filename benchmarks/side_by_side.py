@@ -30,7 +30,11 @@ reported without a mark) ≥ 90 % of the HBM peak and ≥ 1.5× torch eager.
 Each case also records the GPU's mean SM clock and power while it ran, and how often the power
 cap throttled it (benchmarks/gpu_monitor.py, from nvidia-smi; left out where nvidia-smi is
 missing): printed per case, in the JSON row ("gpu_clock") and summarized under the table. On an
-H200 the BF16 GEMMs are power-capped, so a TFLOP/s figure is read with its clock.
+H200 the BF16 GEMMs are power-capped, so a TFLOP/s figure is read with its clock. And each
+implementation's joules per call, from NVML's energy counter over each timed block of reps that
+lasted 0.2 s or more (gpu_monitor.EnergyCounter; "forward_j" / "fwd_bwd_j" and their rounds in
+the JSON, the ratio to torch.compile's under the table): at the power cap the clock follows the
+energy per FLOP, which is what decides a hot GPU's ratio (docs/PERFORMANCE.md, session 42).
 
 Made for one unattended run: --time-budget-s skips the cases that would start past it (time is
 kept for the decode rows while the large shapes run), an exception in a case or in one
@@ -61,7 +65,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from expert_loads import expert_tokens  # benchmarks/, next to this script
-from gpu_monitor import GpuMonitor, cuda_device_id
+from gpu_monitor import EnergyCounter, GpuMonitor, cuda_device_id
 
 GLU = ("swiglu", "geglu", "clamped_swiglu")
 
@@ -164,31 +168,61 @@ def torch_layer(s: Shape, offs: torch.Tensor, rows_expert: torch.Tensor):
     return forward
 
 
+class DryRunEnergy:
+    """--dry-run-cpu's energy counter: a steady 400 W, so that the joules' plumbing runs."""
+
+    def joules(self) -> float:
+        return 400.0 * time.perf_counter()
+
+
 def time_ms(fn, warmup: int, reps: int, queued: bool = True) -> float:
     """Median milliseconds of one call. queued: the reps are issued back to back, each between
     its own pair of events, so the host's launch work overlaps the previous rep's GPU work (as
     in a training or decoding loop, where the host runs ahead); synced: the host waits after
     every rep, so each rep's time also holds the host's work before its first kernel starts."""
+    return time_and_energy(fn, warmup, reps, queued)[0]
+
+
+# The shortest block of reps whose energy is reported: NVML's counter advances in steps, which a
+# short block would mostly measure.
+MIN_ENERGY_BLOCK_S = 0.2
+
+
+def time_and_energy(fn, warmup: int, reps: int, queued: bool = True, counter=None,
+                    min_block_s: float = MIN_ENERGY_BLOCK_S) -> tuple[float, float | None]:  # fmt: skip
+    """time_ms's median milliseconds, and the joules per call over the reps (the energy counter
+    `counter`, gpu_monitor.EnergyCounter, read after the warm-up and after the last rep), None
+    without a counter or where the reps took less than min_block_s."""
     for _ in range(warmup):
         fn()
-    if not torch.cuda.is_available():  # --dry-run-cpu
+    cuda = torch.cuda.is_available()  # else --dry-run-cpu
+    if cuda:
+        torch.cuda.synchronize()
+    joules0 = counter.joules() if counter is not None else None
+    began = time.perf_counter()
+    if not cuda:
         times = []
         for _ in range(reps):
             start = time.perf_counter()
             fn()
             times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
-    torch.cuda.synchronize()
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-             for _ in range(reps)]  # fmt: skip
-    for start, end in pairs:
-        start.record()
-        fn()
-        end.record()
-        if not queued:
-            end.synchronize()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in pairs)
+        ms = statistics.median(times)
+    else:
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                 for _ in range(reps)]  # fmt: skip
+        for start, end in pairs:
+            start.record()
+            fn()
+            end.record()
+            if not queued:
+                end.synchronize()
+        torch.cuda.synchronize()
+        ms = statistics.median(start.elapsed_time(end) for start, end in pairs)
+    block_s = time.perf_counter() - began
+    joules1 = counter.joules() if joules0 is not None else None
+    if joules1 is None or block_s < min_block_s:
+        return ms, None
+    return ms, (joules1 - joules0) / reps
 
 
 class HardLimit(BaseException):
@@ -346,9 +380,13 @@ def run(s: Shape, ragged: bool, a, decode: bool = False) -> dict:
                 if "error" in res or error_key in res:
                     continue
                 try:
-                    ms = time_ms(functools.partial(step, timed[name]), warmup, reps,
-                                 a.timing == "queued")
+                    ms, joules = time_and_energy(
+                        functools.partial(step, timed[name]), warmup, reps,
+                        a.timing == "queued", a.energy_counter,
+                        0.0 if a.dry_run_cpu else MIN_ENERGY_BLOCK_S)  # fmt: skip
                     res.setdefault(f"{key}_ms_rounds", []).append(round(ms, 4))
+                    if joules is not None:
+                        res.setdefault(f"{key}_j_rounds", []).append(round(joules, 4))
                 except Exception as e:  # noqa: BLE001
                     res[error_key] = short_error(e)
                     free_memory()
@@ -368,11 +406,17 @@ def run(s: Shape, ragged: bool, a, decode: bool = False) -> dict:
             ms_fb = statistics.median(res["fwd_bwd_ms_rounds"])
             res["fwd_bwd_ms"] = round(ms_fb, 4)
             res["fwd_bwd_tflops"] = round(3 * flops / ms_fb / 1e9, 1)
+        for k in ("forward", "fwd_bwd"):
+            if res.get(f"{k}_j_rounds"):
+                res[f"{k}_j"] = round(statistics.median(res[f"{k}_j_rounds"]), 4)
     for other in ("torch", "compile"):
         for k in ("forward", "fwd_bwd"):
             mine, theirs = row["gmjit"].get(f"{k}_ms"), row.get(other, {}).get(f"{k}_ms")
             if mine and theirs:
                 row[f"{k}_vs_{other}"] = round(theirs / mine, 2)
+            mine, theirs = row["gmjit"].get(f"{k}_j"), row.get(other, {}).get(f"{k}_j")
+            if mine and theirs:  # > 1: gmjit spends less energy per call
+                row[f"{k}_energy_vs_{other}"] = round(theirs / mine, 2)
     del x, xg, w1, w2, b1, b2, probs, dy, leaves, impls, timed, ref, eager, compiled
     torch._dynamo.reset()
     free_memory()
@@ -573,12 +617,35 @@ def summarize(rows: list[dict], a, meta: dict) -> dict:
         lines.append(f"\nGPU under load (nvidia-smi, per case): mean SM clock {lo:.0f}–{hi:.0f} "
                      f"MHz, mean power up to {watts:.0f} W, power-capped in up to {capped:.0f} % "
                      f"of a case's loaded samples.")  # fmt: skip
+    energy = energy_lines(rows)
+    if energy:
+        lines += ["", *energy]
     return {"targets": {"forward_vs_compile": FWD_VS_COMPILE,
                         "fwd_bwd_vs_compile": FWD_BWD_VS_COMPILE,
                         "forward_tflops": TFLOPS_TARGETS, "decode_hbm_share": DECODE_HBM_SHARE,
                         "decode_vs_eager": DECODE_VS_EAGER, "hbm_peak_gbs": a.hbm_peak_gbs},
             "rows": out_rows, "decode": dec_rows, "met": met, "cells": cells,
             "skipped": skipped, "failed": failed, "markdown": "\n".join(lines) + "\n"}  # fmt: skip
+
+
+def energy_lines(rows: list[dict]) -> list[str]:
+    """Joules per call from NVML's counter, gmjit beside torch.compile, where both were read: on
+    a GPU at its power cap the clock follows energy per FLOP (docs/PERFORMANCE.md, session 42)."""
+    cells = []
+    for r in rows:
+        if r.get("decode"):
+            continue
+        g, c = r.get("gmjit", {}), r.get("compile", {})
+        parts = [f"{label} {g[f'{key}_j']:.2f} / {c[f'{key}_j']:.2f} J"
+                 f" ({r[f'{key}_energy_vs_compile']:.2f}×)"
+                 for key, label in (("forward", "fwd"), ("fwd_bwd", "fwd+bwd"))
+                 if f"{key}_energy_vs_compile" in r]  # fmt: skip
+        if parts:
+            cells.append(f"{r['shape']} " + ", ".join(parts))
+    if not cells:
+        return []
+    return ["Energy per call (NVML), gmjit / torch.compile (ratio > 1: gmjit spends less): "
+            + "; ".join(cells) + "."]
 
 
 def plot(rows: list[dict], path: str) -> bool:
@@ -690,8 +757,11 @@ def main() -> None:
     a = ap.parse_args()
     if a.dry_run_cpu:
         stub_gmjit_engine()
+        a.energy_counter = DryRunEnergy()
     elif not torch.cuda.is_available():
         sys.exit("side_by_side.py needs a CUDA GPU")
+    else:
+        a.energy_counter = EnergyCounter(cuda_device_id(torch.cuda.current_device()))
     by_name = {s.name: s for s in SHAPES + QUICK}
     for spec in a.shape:
         extra = parse_shape(spec)
@@ -748,7 +818,8 @@ def main() -> None:
             "probs_grad": a.probs_grad,
             "compile": not a.no_compile,
             "decode_compile": not (a.no_compile or a.no_decode_compile),
-            "hbm_peak_gbs": a.hbm_peak_gbs, "time_budget_s": a.time_budget_s}  # fmt: skip
+            "hbm_peak_gbs": a.hbm_peak_gbs, "time_budget_s": a.time_budget_s,
+            "energy_counter": a.energy_counter.joules() is not None}  # fmt: skip
     # Seconds kept for the decode rows while the large shapes run (a decode row: a forward-only
     # torch.compile of a few seconds and 3 x (warm-up + repeats) calls of a millisecond or so).
     per_decode = 2.0 if not meta["decode_compile"] else 8.0

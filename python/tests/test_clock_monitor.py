@@ -80,3 +80,55 @@ def test_the_reasons_field_follows_the_driver(tmp_path):
         fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
         assert m.reasons_field(str(fake)) == field
     assert m.reasons_field(str(tmp_path / "missing")) == "clocks_event_reasons.active"
+
+
+class FakeNvml:
+    """libnvidia-ml's entry points EnergyCounter calls, with a counter the test sets."""
+
+    def __init__(self, init_rc=0, handle_rc=0, energy_rc=0):
+        self.init_rc, self.handle_rc, self.energy_rc = init_rc, handle_rc, energy_rc
+        self.millijoules = 5_000
+        self.asked = []
+
+    def nvmlInit_v2(self):
+        return self.init_rc
+
+    def nvmlDeviceGetHandleByUUID(self, uuid, handle):
+        self.asked.append(("uuid", uuid))
+        return self.handle_rc
+
+    def nvmlDeviceGetHandleByIndex_v2(self, index, handle):
+        self.asked.append(("index", index.value))
+        return self.handle_rc
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle, out):
+        out._obj.value = self.millijoules  # out is ctypes.byref(c_ulonglong)
+        return self.energy_rc
+
+
+def test_the_energy_counter_reads_millijoules_as_joules_by_uuid_or_index():
+    m = load()
+    nvml = FakeNvml()
+    counter = m.EnergyCounter("GPU-1234", nvml=nvml)
+    nvml.millijoules = 12_345
+    assert counter.joules() == 12.345
+    assert nvml.asked == [("uuid", b"GPU-1234")]
+    nvml = FakeNvml()
+    m.EnergyCounter("3", nvml=nvml)
+    assert nvml.asked == [("index", 3)]
+
+
+def test_the_energy_counter_is_none_where_nvml_the_device_or_the_counter_fails():
+    m = load()
+    for nvml in (FakeNvml(init_rc=1), FakeNvml(handle_rc=2), FakeNvml(energy_rc=3)):
+        assert m.EnergyCounter("0", nvml=nvml).joules() is None
+    assert m.EnergyCounter("not-an-index", nvml=FakeNvml()).joules() is None
+
+    class OldNvml:  # a driver's NVML from before the energy counter
+        def nvmlInit_v2(self):
+            return 0
+
+        def nvmlDeviceGetHandleByIndex_v2(self, index, handle):
+            return 0
+
+    assert m.EnergyCounter("0", nvml=OldNvml()).joules() is None
