@@ -20,7 +20,7 @@ Decode rows (--decode, on by default in the full run; forward only, balanced): 1
 tokens per expert (--decode-tokens) for --decode-shapes. There the layer is bound by streaming
 the weights, so each row reports the weight bytes read (every expert that has tokens:
 E·(F1·H + H·F)·2 bytes in bf16, plus the biases), the achieved GB/s and its share of the HBM
-peak (--hbm-peak-gbs, 4800 for an H200), and the ratios to torch eager and torch.compile.
+peak (--hbm-peak-gbs; by default the GPU's, by name), and the ratios to torch eager and torch.compile.
 
 At the end: the project's targets (docs/PERFORMANCE.md) as a markdown table (printed, in the
 JSON's "summary" and in --md): forward and forward+backward ≥ 1.1× torch.compile on every shape, balanced and ragged,
@@ -688,6 +688,21 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (dry run)"
 
 
+# HBM peaks (GB/s, the vendors' data sheets) by a part of torch's device name, first match wins.
+# Session 41 ran the H100 with the H200's 4800 until it was told otherwise.
+HBM_PEAK_GBS = [("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2000.0), ("H100", 3350.0),
+                ("A100-SXM4-80GB", 2039.0), ("A100 80GB PCIe", 1935.0), ("A100", 1555.0)]  # fmt: skip
+DEFAULT_HBM_PEAK_GBS = 4800.0
+
+
+def hbm_peak_gbs(name: str) -> tuple[float, str]:
+    """The HBM peak of the GPU called `name`, and where it came from."""
+    for part, gbs in HBM_PEAK_GBS:
+        if part in name:
+            return gbs, f"known peak of the {part}"
+    return DEFAULT_HBM_PEAK_GBS, f"{name!r} unknown: the H200's, pass --hbm-peak-gbs"
+
+
 def stub_gmjit_engine() -> None:
     """--dry-run-cpu: gmjit's eager path on CPU tensors with the engine calls as no-ops (its
     outputs are garbage), to check this script end to end without a GPU."""
@@ -741,8 +756,9 @@ def main() -> None:
     ap.add_argument("--decode-reps", type=int, default=30, help="repeats of a decode row")
     ap.add_argument("--no-decode-compile", action="store_true",
                     help="no torch.compile in the decode rows (one compilation fewer each)")
-    ap.add_argument("--hbm-peak-gbs", type=float, default=4800.0,
-                    help="HBM peak in GB/s for the decode rows' share (H200: 4800)")
+    ap.add_argument("--hbm-peak-gbs", type=float, default=None,
+                    help="HBM peak in GB/s for the decode rows' share (default: the GPU's, by "
+                    "name: H200 4800, H100 SXM 3350, ...; unknown GPUs 4800)")  # fmt: skip
     ap.add_argument("--time-budget-s", type=float, default=420.0,
                     help="skip the cases that would start after this many seconds (0: none)")
     ap.add_argument("--hard-limit-s", type=float, default=None,
@@ -802,6 +818,10 @@ def main() -> None:
                 cases.append((Shape(**{**vars(by_name[n]), "tokens_per_expert": t}), False, True))
     if a.rounds < 1:
         sys.exit("--rounds: at least 1")
+    hbm_source = "--hbm-peak-gbs"
+    if a.hbm_peak_gbs is None:
+        a.hbm_peak_gbs, hbm_source = hbm_peak_gbs(device_name())
+        print(f"HBM peak {a.hbm_peak_gbs:.0f} GB/s ({hbm_source})", flush=True)
     if a.quick:
         a.warmup, a.reps, a.rounds = min(a.warmup, 2), min(a.reps, 5), 1
     if a.dry_run_cpu:  # tiny versions of the shapes: the CPU computes torch's side
@@ -818,7 +838,8 @@ def main() -> None:
             "probs_grad": a.probs_grad,
             "compile": not a.no_compile,
             "decode_compile": not (a.no_compile or a.no_decode_compile),
-            "hbm_peak_gbs": a.hbm_peak_gbs, "time_budget_s": a.time_budget_s,
+            "hbm_peak_gbs": a.hbm_peak_gbs, "hbm_peak_source": hbm_source,
+            "time_budget_s": a.time_budget_s,
             "energy_counter": a.energy_counter.joules() is not None}  # fmt: skip
     # Seconds kept for the decode rows while the large shapes run (a decode row: a forward-only
     # torch.compile of a few seconds and 3 x (warm-up + repeats) calls of a millisecond or so).

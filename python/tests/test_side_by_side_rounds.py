@@ -75,3 +75,13 @@ def test_a_short_block_of_reps_reports_no_energy():
 def test_fewer_than_one_round_is_refused(tmp_path):
     run, _ = _run(tmp_path, "--rounds", "0")
     assert run.returncode != 0 and "--rounds: at least 1" in run.stderr
+
+
+def test_the_hbm_peak_comes_from_the_gpus_name():
+    sbs = load("side_by_side")
+    assert sbs.hbm_peak_gbs("NVIDIA H200")[0] == 4800.0
+    assert sbs.hbm_peak_gbs("NVIDIA H100 80GB HBM3")[0] == 3350.0  # session 41's H100
+    assert sbs.hbm_peak_gbs("NVIDIA H100 PCIe")[0] == 2000.0
+    assert sbs.hbm_peak_gbs("NVIDIA H100 NVL")[0] == 3900.0
+    gbs, source = sbs.hbm_peak_gbs("NVIDIA GB200")
+    assert gbs == sbs.DEFAULT_HBM_PEAK_GBS and "unknown" in source and "--hbm-peak-gbs" in source
