@@ -20,7 +20,8 @@ Decode rows (--decode, on by default in the full run; forward only, balanced): 1
 tokens per expert (--decode-tokens) for --decode-shapes. There the layer is bound by streaming
 the weights, so each row reports the weight bytes read (every expert that has tokens:
 E·(F1·H + H·F)·2 bytes in bf16, plus the biases), the achieved GB/s and its share of the HBM
-peak (--hbm-peak-gbs; by default the GPU's, by name), and the ratios to torch eager and torch.compile.
+peak (--hbm-peak-gbs; by default the GPU's, by name), and the ratios to torch eager and
+torch.compile.
 
 At the end: the project's targets (docs/PERFORMANCE.md) as a markdown table (printed, in the
 JSON's "summary" and in --md): forward and forward+backward ≥ 1.1× torch.compile on every shape, balanced and ragged,
@@ -189,7 +190,7 @@ MIN_ENERGY_BLOCK_S = 0.2
 
 
 def time_and_energy(fn, warmup: int, reps: int, queued: bool = True, counter=None,
-                    min_block_s: float = MIN_ENERGY_BLOCK_S) -> tuple[float, float | None]:  # fmt: skip
+                    min_block_s: float = MIN_ENERGY_BLOCK_S) -> tuple[float, float | None]:
     """time_ms's median milliseconds, and the joules per call over the reps (the energy counter
     `counter`, gpu_monitor.EnergyCounter, read after the warm-up and after the last rep), None
     without a counter or where the reps took less than min_block_s."""
@@ -690,8 +691,10 @@ def device_name() -> str:
 
 # HBM peaks (GB/s, the vendors' data sheets) by a part of torch's device name, first match wins.
 # Session 41 ran the H100 with the H200's 4800 until it was told otherwise.
-HBM_PEAK_GBS = [("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2000.0), ("H100", 3350.0),
-                ("A100-SXM4-80GB", 2039.0), ("A100 80GB PCIe", 1935.0), ("A100", 1555.0)]  # fmt: skip
+HBM_PEAK_GBS = [
+    ("H200", 4800.0), ("H100 NVL", 3900.0), ("H100 PCIe", 2000.0), ("H100", 3350.0),
+    ("A100-SXM4-80GB", 2039.0), ("A100 80GB PCIe", 1935.0), ("A100", 1555.0),
+]  # fmt: skip
 DEFAULT_HBM_PEAK_GBS = 4800.0
 
 
