@@ -120,8 +120,8 @@ struct EngineOptions {
   // HBM, where the plan has them (BF16, fused, sm_90a, not portable_kernels_only); 0: never (the
   // plans then leave them out). Above 8, the plans carry a second decode pair for calls of 9 or
   // more tokens per expert, which takes 16 tokens per pass, or 32 where this is above 16 (an
-  // expert with more tokens than a pass re-reads its weights). The environment variable GMJIT_DECODE_TOKENS_PER_EXPERT, when set,
-  // replaces it.
+  // expert with more tokens than a pass re-reads its weights). The environment variable
+  // GMJIT_DECODE_TOKENS_PER_EXPERT, when set, replaces it.
   int decode_tokens_per_expert = 16;
   // Which kernels compute the weight gradients of an FP8 backward (the transposed FP8 weights
   // given; Fp8WeightGrads says when). The environment variable GMJIT_FP8_WGRAD (auto, fp8 or
