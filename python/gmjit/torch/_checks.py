@@ -124,6 +124,16 @@ def check_clamp(activation: str, limit: object, alpha: object, where: str = "gro
                              f"got {value!r}")  # fmt: skip
 
 
+def check_flag(name: str, value: object, where: str = "grouped_mlp") -> bool:
+    """A bool option (an int 0 or 1 and NumPy's bools too) as a bool: anything else, a string
+    say, would otherwise be taken for its truth value ("False" is true)."""
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    if isinstance(value, bool) or numpy_bool or (isinstance(value, numbers.Integral)
+                                                 and value in (0, 1)):  # fmt: skip
+        return bool(value)
+    raise ValueError(f"{where}: argument '{name}' must be a bool, got {value!r}")
+
+
 def refuse_dtensors(where: str, **tensors) -> None:
     """A DTensor argument (a sharded or replicated parameter) by name, before torch's own error
     for a custom op without a sharding rule, which says neither which one nor why."""
@@ -185,12 +195,22 @@ def _fail(name: str, message: str) -> None:
     raise ValueError(f"grouped_mlp: argument '{name}' {message}")
 
 
+def _check_dense(name: str, t: object, where: str = "grouped_mlp") -> None:
+    """A tensor argument with plain strided rows: a sparse, nested or MKL-DNN tensor has none for
+    the engine to read (and no sizes or is_contiguous to check, or torch's error names no
+    argument)."""
+    if isinstance(t, Tensor) and (t.is_nested or t.layout != torch.strided):
+        raise ValueError(f"{where}: argument '{name}' must be a dense tensor (torch.strided "
+                         f"layout), got {_describe(t)}")  # fmt: skip
+
+
 def _check_tensor(
     name: str, t: Tensor, dtype: torch.dtype, shape: Sequence[int], x: Tensor
 ) -> None:
     """dtype, shape, device (that of x) and contiguity of one tensor argument."""
     if not isinstance(t, Tensor):
         _fail(name, f"must be a torch.Tensor, got {type(t).__name__}")
+    _check_dense(name, t)
     if t.dtype != dtype:
         _fail(name, f"must have dtype {dtype}, got {t.dtype}")
     if t.shape != shape:
@@ -214,6 +234,8 @@ def check_arguments(
 ) -> None:
     """Checks every tensor argument (and the layer's limits, `layout` a GLU_LAYOUTS code);
     raises ValueError naming the first bad one."""
+    for name, t in (("x", x), ("w1", w1), ("w2", w2)):
+        _check_dense(name, t)
     if not isinstance(x, Tensor) or x.dim() != 2:
         _fail("x", f"must be a 2-D tensor [tokens, hidden], got {_describe(x)}")
     if not isinstance(w1, Tensor) or w1.dim() != 3:
@@ -272,10 +294,12 @@ def fp8_weight_shapes(E: int, F1: int, H: int, F: int, code: int = 1,
     return shapes
 
 
-def check_fp8_weights(fp8_weights, w1: Tensor, w2: Tensor, x: Tensor, code: int = 1) -> None:
+def check_fp8_weights(fp8_weights, w1: Tensor, w2: Tensor, x: Tensor, code: int = 1,
+                      addresses: bool = True) -> None:  # fmt: skip
     """The quantized weights a call was given, as `quantize_weights` returns them for w1 and w2
     (already checked): (w1_fp8, w1_scales, w2_fp8, w2_scales), or with transposed=True those and
-    (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales)."""
+    (w1t_fp8, w1t_scales, w2t_fp8, w2t_scales); their alignment too unless `addresses` is False
+    (the custom op checks it where it runs; a torch.compile trace has fake tensors)."""
     n = len(fp8_weights) if isinstance(fp8_weights, (tuple, list)) else 0
     if n not in (4, 8):
         _fail("fp8_weights", "must be the tuple (w1_fp8, w1_scales, w2_fp8, w2_scales) that "
@@ -287,7 +311,8 @@ def check_fp8_weights(fp8_weights, w1: Tensor, w2: Tensor, x: Tensor, code: int 
     for name, t, shape, dtype in zip(FP8_WEIGHT_NAMES + FP8_TRANSPOSED_NAMES, fp8_weights, shapes,
                                      _FP8_DTYPES):  # fmt: skip
         _check_tensor(name, t, dtype, shape, x)
-        _check_aligned(name, t)  # checked per call: these are not part of the signature's key
+        if addresses:  # checked per call: these are not part of the signature's key
+            _check_aligned(name, t)
 
 
 def _describe_sequence(t: object) -> str:
@@ -298,6 +323,10 @@ def _describe_sequence(t: object) -> str:
 
 def _describe(t: object) -> str:
     if isinstance(t, Tensor):
+        if t.is_nested:  # no sizes to show
+            return "a nested tensor"
+        if t.layout != torch.strided:
+            return f"a {t.layout} tensor of shape {list(t.shape)}"
         return f"shape {list(t.shape)}"
     return type(t).__name__
 
@@ -313,6 +342,7 @@ def check_quantize_arguments(w1: Tensor, w2: Tensor, where: str = "quantize_weig
     """w1 [E, F1, H] and w2 [E, H, F] bf16, contiguous, on one device, F1 = F or 2F, H and F
     multiples of 128."""
     for name, t in (("w1", w1), ("w2", w2)):
+        _check_dense(name, t, where)
         if not isinstance(t, Tensor) or t.dim() != 3:
             raise ValueError(f"{where}: argument '{name}' must be a 3-D tensor, got {_describe(t)}")
         if t.dtype != _BF16:

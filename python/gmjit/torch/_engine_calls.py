@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from gmjit import _C
+from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
 
 from gmjit.torch._checks import (
     ACTIVATIONS,
@@ -33,6 +34,7 @@ from gmjit.torch._checks import (
     _check_aligned,
 )
 
+_CLAMPED_SWIGLU = ACTIVATIONS["clamped_swiglu"]
 # _C.Layer objects by (E, H, F, activation, layout, limit, alpha, b1, b2, probs, int64 splits).
 _layers: dict[tuple, _C.Layer] = {}
 
@@ -59,6 +61,8 @@ def _layer_for(E: int, H: int, F: int, act: int, layout: int, limit: float, alph
                b1: bool, b2: bool, probs: bool, split_i64: bool) -> _C.Layer:  # fmt: skip
     """The layer object of a call (shared by calls and by gmjit.torch.prepare, so that what is
     prepared is what the calls look up)."""
+    if act != _CLAMPED_SWIGLU:  # limit and alpha unread: one layer whatever they hold (NaN too)
+        limit, alpha = DEFAULT_LIMIT, DEFAULT_ALPHA
     key = (E, H, F, act, layout, limit, alpha, b1, b2, probs, split_i64)
     layer = _layers.get(key)
     if layer is None:
@@ -118,7 +122,8 @@ def _checked_entry(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout
                                    and probs.device == dev))  # fmt: skip
         ):
             entry = None
-    except (AttributeError, TypeError, ValueError):  # not tensors, x not 2-D, ...
+    # RuntimeError: torch's, from a tensor without sizes or strides (nested, sparse CSR).
+    except (AttributeError, TypeError, ValueError, RuntimeError):  # not tensors, x not 2-D
         entry = None
     if entry is None:
         entry = _admit(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout, limit, alpha,

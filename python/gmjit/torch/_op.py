@@ -44,6 +44,7 @@ from gmjit.torch._checks import (
     _BF16,
     _fail,
     check_call,
+    check_flag,
     check_fp8_weights,
     _check_quantize_call,
     refuse_dtensors,
@@ -287,6 +288,8 @@ def grouped_mlp(
     requires_grad: no dx). Weight gradients are computed in fp32 and returned in the weights'
     dtype. The grad-enabled forward saves FC1's bf16 pre-activation and nothing else of its own.
     """
+    if accumulate_main_grad is not False and accumulate_main_grad is not True:  # "no" is true
+        accumulate_main_grad = check_flag("accumulate_main_grad", accumulate_main_grad)
     # The custom op wherever something traces or wraps tensors (torch.compile, export,
     # FakeTensorMode, make_fx, tensor subclasses, meta, torch.func transforms): the eager path
     # only knows CUDA tensors.
@@ -336,7 +339,8 @@ def grouped_mlp(
                                        and probs.device == dev))  # fmt: skip
             ):
                 entry = None
-        except (AttributeError, TypeError, ValueError):  # not tensors, x not 2-D, ...
+        # RuntimeError: torch's, from a tensor without sizes or strides (nested, sparse CSR).
+        except (AttributeError, TypeError, ValueError, RuntimeError):  # not tensors, x not 2-D
             entry = None
         if entry is None:
             if _autocast_casts(x):  # on a miss only: a bf16 x pays nothing for autocast
@@ -384,8 +388,8 @@ def grouped_mlp(
     _, _, _, code = check_call(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout,
                                limit, alpha, recipe)  # fmt: skip
     if code:
-        if fp8_weights is not None:
-            check_fp8_weights(fp8_weights, w1, w2, x, code)
+        if fp8_weights is not None:  # their addresses: where the op runs (traces have none)
+            check_fp8_weights(fp8_weights, w1, w2, x, code, addresses=False)
     elif fp8_weights is not None:
         _fail("fp8_weights", "is for the FP8 recipes; recipe is 'bf16'")
     needs_grad = torch.is_grad_enabled() and _any_requires_grad(x, w1, w2, b1, b2, probs)
@@ -441,6 +445,7 @@ def quantize_weights(
     """
     refuse_dtensors("quantize_weights", w1=w1, w2=w2)
     code = _check_quantize_call(w1, w2, recipe)
+    transposed = check_flag("transposed", transposed, "quantize_weights")
     w1, w2 = w1.detach(), w2.detach()
     if (not _is_compiling() and not _is_tracing() and type(w1) is Tensor
             and type(w2) is Tensor and (w1.is_cuda or _FAST_ON_CPU)

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from gmjit.torch import _weight_cache, layouts
 from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
 from gmjit.torch._checks import (GLU_ACTIVATIONS, _check_fp8_layer, _parse_options, _parse_recipe,
-                                 check_clamp, check_layer_sizes)
+                                 check_clamp, check_flag, check_layer_sizes)
 from gmjit.torch._op import grouped_mlp, quantize_weights
 
 
@@ -70,6 +70,15 @@ class GroupedMLP(nn.Module):
             _check_fp8_layer(hidden, ffn, layout, glu, "GroupedMLP")
         if dtype != torch.bfloat16:
             raise ValueError(f"GroupedMLP: dtype must be torch.bfloat16 (the kernels' type), got {dtype}")
+        bias = check_flag("bias", bias, "GroupedMLP")
+        accumulate_main_grad = check_flag("accumulate_main_grad", accumulate_main_grad,
+                                          "GroupedMLP")  # fmt: skip
+        if device is not None:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as e:  # torch's errors name no argument
+                raise ValueError(f"GroupedMLP: argument 'device' must be a torch.device, a device "
+                                 f"string or index, got {device!r}") from e  # fmt: skip
         self.num_experts, self.hidden, self.ffn = num_experts, hidden, ffn
         self.activation, self.glu_layout = activation, glu_layout
         self.limit, self.alpha = float(limit), float(alpha)
@@ -105,7 +114,7 @@ class GroupedMLP(nn.Module):
                 nn.init.uniform_(bias, -bound, bound)
 
     def forward(self, x: Tensor, split_sizes: Tensor, probs: Optional[Tensor] = None) -> Tensor:
-        if probs is not None and probs.dtype in (torch.bfloat16, torch.float16):
+        if isinstance(probs, Tensor) and probs.dtype in (torch.bfloat16, torch.float16):
             # FSDP2's MixedPrecisionPolicy casts floating inputs to its param_dtype: the op takes
             # fp32 router weights, and widening is exact.
             probs = probs.float()
@@ -114,7 +123,8 @@ class GroupedMLP(nn.Module):
                                self.activation, self.glu_layout, self.limit, self.alpha,
                                self.accumulate_main_grad)  # fmt: skip
         transposed = self._trains_weights() or (torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, self.b1, self.b2, probs)))  # fmt: skip
+            isinstance(t, Tensor) and t.requires_grad
+            for t in (x, self.b1, self.b2, probs)))  # fmt: skip
         return grouped_mlp(x, split_sizes, self.w1, self.w2, self.b1, self.b2, probs,
                            self.activation, self.glu_layout, self.limit, self.alpha,
                            self.accumulate_main_grad, self.recipe,
