@@ -26,11 +26,11 @@ weights stay the same, which costs one more copy of those experts' weights in GP
 instead, as training does: less memory, one more pass over the weights per call). The FP8
 recipes' quantized weights follow the same switch.
 
-Per call: tokens are sorted by expert id (expert-parallel sentinels, ids >= num_experts, sort to
-the tail and are left out of the per-expert counts, so gmjit writes zeros for them and their
-gradients), gathered, run through `gmjit.torch.grouped_mlp` with the router weights as `probs`
-(gmjit scales each expert output row, bias included, exactly as transformers does), then put
-back in token order and summed over the top-k slots.
+Per call: tokens are sorted by expert id (expert-parallel sentinels, ids >= num_experts, and
+negative ids sort to the tail and are left out of the per-expert counts, so gmjit writes zeros for
+them and their gradients), gathered, run through `gmjit.torch.grouped_mlp` with the router
+weights as `probs` (gmjit scales each expert output row, bias included, exactly as transformers
+does), then put back in token order and summed over the top-k slots.
 """
 
 from __future__ import annotations
@@ -532,6 +532,9 @@ def experts_forward(
     x = hidden_states if hidden_states.dtype == dtype else hidden_states.to(dtype)
 
     expert_ids = top_k_index.reshape(-1)
+    # Negative ids are sentinels too (without a host sync to refuse them): sorted to the head,
+    # they were left out of the counts below while their rows took expert 0's place.
+    expert_ids = torch.where(expert_ids < 0, num_experts, expert_ids)
     sorted_ids, perm = torch.sort(expert_ids, stable=True)
     x_sorted = x.index_select(0, perm // top_k)
     probs = top_k_weights.reshape(-1).index_select(0, perm).float()

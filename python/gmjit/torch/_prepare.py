@@ -13,6 +13,7 @@ engine options (the GMJIT_* variables) and arch.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import sys
 from typing import Iterable, Optional
 
@@ -118,7 +119,8 @@ def layer_calls(num_experts, hidden, ffn, activation, glu_layout, limit, alpha, 
     _, layout, glu = _parse_options(activation, glu_layout, "prepare")
     check_layer_sizes(num_experts, hidden, ffn, glu, layout, "prepare")
     for name, value in (("limit", limit), ("alpha", alpha)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        # numbers.Real: NumPy's scalars too, as grouped_mlp takes them.
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ValueError(f"prepare: argument '{name}' must be a number, got {value!r}")
     check_clamp(activation, limit, alpha, "prepare")
     flags = dict(fc1_bias=fc1_bias, fc2_bias=fc2_bias, router_probs=router_probs,
@@ -132,7 +134,7 @@ def layer_calls(num_experts, hidden, ffn, activation, glu_layout, limit, alpha, 
     if split_sizes_dtype not in (torch.int32, torch.int64):
         raise ValueError("prepare: argument 'split_sizes_dtype' must be torch.int32 or "
                          f"torch.int64, got {split_sizes_dtype!r}")  # fmt: skip
-    if grad not in GRAD_MODES:
+    if not isinstance(grad, str) or grad not in GRAD_MODES:  # a list is unhashable
         raise ValueError(f"prepare: argument 'grad' must be one of {sorted(GRAD_MODES)}, got "
                          f"{grad!r}")  # fmt: skip
     names = _gradient_names(backward, grad, fc1_bias, fc2_bias, router_probs)
@@ -156,7 +158,7 @@ def _gradient_names(backward, grad, fc1_bias, fc2_bias, router_probs) -> frozens
     except TypeError:  # not iterable, or unhashable items
         raise ValueError("prepare: argument 'backward' must be a collection of gradient names "
                          f"such as ('dx', 'dw1', 'dw2'), got {backward!r}") from None
-    unknown = sorted(n for n in names if n not in GRADIENTS)
+    unknown = sorted((n for n in names if n not in GRADIENTS), key=repr)  # of any types
     if unknown:
         raise ValueError(f"prepare: argument 'backward' holds {unknown}; gradients are "
                          f"{list(GRADIENTS)}")  # fmt: skip

@@ -38,9 +38,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
-from gmjit.torch._checks import (GLU_ACTIVATIONS, GLU_LAYOUTS, _check_fp8_layer,
+from gmjit.torch._checks import (GLU_ACTIVATIONS, GLU_LAYOUTS, _check_dense, _check_fp8_layer,
                                  MAX_EXPERTS, _describe, _parse_options, _parse_recipe,
-                                 check_clamp, check_layer_sizes)  # fmt: skip
+                                 check_clamp, check_flag, check_layer_sizes)  # fmt: skip
 from gmjit.torch._ep_exchange import _SavedGroup, all_to_all
 from gmjit.torch._ep_experts import (ExpertsFn, _autocast_available, grouped_mm_experts,
                                      torch_experts)  # fmt: skip
@@ -56,6 +56,11 @@ def _world_size_variable() -> int:
     except ValueError:
         raise ValueError(f"ExpertParallelMoE: the environment variable WORLD_SIZE must be an "
                          f"integer, got {value!r}") from None
+
+
+def _is_group(group: object) -> bool:
+    """A process group (torch's own error for anything else is an AttributeError on `size`)."""
+    return dist.is_available() and isinstance(group, dist.ProcessGroup)
 
 
 def _mark_after_load(module: "ExpertParallelMoE", incompatible_keys) -> None:
@@ -120,6 +125,21 @@ class ExpertParallelMoE(nn.Module):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ExpertParallelMoE: argument '{name}' must be a positive int, "
                                  f"got {value!r}")  # fmt: skip
+        # Flags by value: a string such as "False" would be taken for its truth value.
+        bias, renormalize, profile, distributed = (
+            check_flag(name, value, "ExpertParallelMoE")
+            for name, value in (("bias", bias), ("renormalize", renormalize),
+                                ("profile", profile), ("distributed", distributed)))  # fmt: skip
+        if dtype is not None and (not isinstance(dtype, torch.dtype)
+                                  or not dtype.is_floating_point):  # fmt: skip
+            raise ValueError("ExpertParallelMoE: argument 'dtype' must be a floating-point "
+                             f"torch.dtype, got {dtype!r}")  # fmt: skip
+        if device is not None:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as e:  # torch's errors name no argument
+                raise ValueError("ExpertParallelMoE: argument 'device' must be a torch.device, a "
+                                 f"device string or index, got {device!r}") from e  # fmt: skip
         if experts == "gmjit":  # the engine's widths and dtype (other experts functions take any)
             check_layer_sizes(1, hidden, ffn, glu, layout, "ExpertParallelMoE")
             if dtype != torch.bfloat16:
@@ -134,6 +154,9 @@ class ExpertParallelMoE(nn.Module):
                              activation in GLU_ACTIVATIONS, "ExpertParallelMoE")  # fmt: skip
         self.recipe = recipe
         if distributed and dist.is_available() and dist.is_initialized():
+            if group is not None and not _is_group(group):
+                raise ValueError("ExpertParallelMoE: argument 'group' must be a torch."
+                                 f"distributed.ProcessGroup or None, got {group!r}")  # fmt: skip
             self.group = group if group is not None else dist.group.WORLD
             self.world_size = dist.get_world_size(self.group)
             self.rank = dist.get_rank(self.group)
@@ -290,6 +313,9 @@ class ExpertParallelMoE(nn.Module):
                 "find by itself (or this process is another rank, and would hold rank "
                 f"{group.saved_by}'s experts); set `layer.group` to that group on the rank "
                 "whose experts it holds before calling it")  # fmt: skip
+        if group is not None and not _is_group(group):
+            raise ValueError("ExpertParallelMoE: layer.group must be a "
+                             f"torch.distributed.ProcessGroup or None, got {group!r}")  # fmt: skip
         size = 1 if group is None else dist.get_world_size(group)
         rank = 0 if group is None else dist.get_rank(group)
         if (size, rank) != (self.world_size, self.rank):
@@ -403,6 +429,7 @@ class ExpertParallelMoE(nn.Module):
         flowed back to them). average=True makes every gradient that of their mean instead: the
         router's is averaged and the local experts' divided by the group size, so that the two
         stay on one scale (as DDP-averaged dense gradients need; see scale_expert_grads)."""
+        average = check_flag("average", average, "ExpertParallelMoE.allreduce_router_grad")
         g = self.router.weight.grad
         if self.world_size > 1 and self.group is not self._checked_group:
             self._check_group()
@@ -420,6 +447,9 @@ class ExpertParallelMoE(nn.Module):
         """Multiplies the local experts' gradients by `factor`: 1 / world_size puts them on the
         scale of gradients averaged over the ranks (DDP's, when DDP reduces the router and the
         other dense parameters), since each already sums every rank's rows."""
+        if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
+            raise ValueError("ExpertParallelMoE.scale_expert_grads: argument 'factor' must be a "
+                             f"real number, got {factor!r}")  # fmt: skip
         if factor == 1.0:
             return
         for p in (self.w1, self.w2, self.b1, self.b2):
@@ -430,8 +460,9 @@ class ExpertParallelMoE(nn.Module):
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Top-k (weights [T, k] fp32, experts [T, k] int64 in [0, num_experts)) of
-        softmax(x Wrᵀ) in fp32. An override must keep the experts in range and return the same
-        on every rank for the same tokens: the counts exchanged depend on them."""
+        softmax(x Wrᵀ) in fp32. An override must keep the experts in range (forward checks that
+        it did, with one host read: a ValueError, before any exchange) and return the same on
+        every rank for the same tokens: the counts exchanged depend on them."""
         # In fp32 under autocast too (it would run the linear in bf16 and move tokens between
         # experts).
         if _autocast_available(x.device.type):
@@ -445,13 +476,41 @@ class ExpertParallelMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights, experts
 
+    def _check_route(self, weights: Tensor, chosen: Tensor, T: int) -> None:
+        """route()'s results (an override's): shapes and dtypes always (metadata only); the
+        experts' range where route is overridden (one host read; an id out of range would
+        index out of bounds: a device-side assert on CUDA)."""
+        k, E = self.top_k, self.num_experts
+        for name, t in (("weights", weights), ("experts", chosen)):
+            if not isinstance(t, Tensor) or tuple(t.shape) != (T, k):
+                raise ValueError(f"ExpertParallelMoE: route() must return (weights, experts) "
+                                 f"of shape [{T}, {k}] (tokens, top_k), got {name} "
+                                 f"{_describe(t)}")  # fmt: skip
+        if not weights.is_floating_point():
+            raise ValueError("ExpertParallelMoE: route() must return floating-point weights, got "
+                             f"{weights.dtype}")  # fmt: skip
+        if chosen.dtype not in (torch.int64, torch.int32):
+            raise ValueError("ExpertParallelMoE: route() must return experts of dtype torch.int64 "
+                             f"(or torch.int32), got {chosen.dtype}")  # fmt: skip
+        if (getattr(self.route, "__func__", None) is ExpertParallelMoE.route
+                or torch.compiler.is_dynamo_compiling() or torch._C._len_torch_dispatch_stack()
+                or chosen.device.type == "meta" or chosen.numel() == 0):  # fmt: skip
+            return  # top-k indices are in range; nothing to read while tracing or faking
+        if bool(((chosen < 0) | (chosen >= E)).any()):
+            raise ValueError(f"ExpertParallelMoE: route() must return experts in [0, {E}), got "
+                             f"{chosen.min().item()} to {chosen.max().item()}")  # fmt: skip
+
     def forward(self, x: Tensor) -> Tensor:
+        _check_dense("x", x, "ExpertParallelMoE")  # a nested tensor has no shape to read
         if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[-1] != self.hidden:
             raise ValueError(f"ExpertParallelMoE: x must be [..., hidden={self.hidden}], got "
                              f"{_describe(x)}")  # fmt: skip
         shape = x.shape
         if not x.is_floating_point():
             raise ValueError(f"ExpertParallelMoE: x must be a floating-point tensor, got {x.dtype}")
+        if x.device != self.router.weight.device:
+            raise ValueError(f"ExpertParallelMoE: x must be on the layer's device "
+                             f"({self.router.weight.device}), got {x.device}")  # fmt: skip
         if not torch.compiler.is_dynamo_compiling() and self.group is not self._checked_group:
             self._check_group()
         x = x.reshape(-1, self.hidden)
@@ -459,6 +518,7 @@ class ExpertParallelMoE(nn.Module):
         clock = _Clock(x.device) if self.profile else None
 
         weights, chosen = self.route(x)
+        self._check_route(weights, chosen, T)
         if clock:
             clock.mark()
         # Permutation: (token, choice) rows sorted by global expert.
@@ -498,6 +558,13 @@ class ExpertParallelMoE(nn.Module):
             clock.mark()
 
         y = self._experts(recv, local_counts, self.w1, self.w2, self.b1, self.b2)
+        if not torch.compiler.is_dynamo_compiling() and (
+                not isinstance(y, Tensor) or tuple(y.shape) != (recv.shape[0], self.hidden)):
+            # An injected function's mistake, before the combine's errors that name nothing (not
+            # while tracing: the rows are data-dependent there, a guard on them fails fullgraph).
+            raise ValueError(f"ExpertParallelMoE: experts {self.experts_name!r} must return a "
+                             f"tensor of shape [{recv.shape[0]}, {self.hidden}] (a row per row "
+                             f"of x, hidden wide), got {_describe(y)}")  # fmt: skip
         if clock:
             clock.mark()
 

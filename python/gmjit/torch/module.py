@@ -10,8 +10,8 @@ from torch import Tensor, nn
 
 from gmjit.torch import _weight_cache, layouts
 from gmjit.torch._activations import DEFAULT_ALPHA, DEFAULT_LIMIT
-from gmjit.torch._checks import (GLU_ACTIVATIONS, _check_fp8_layer, _parse_options, _parse_recipe,
-                                 check_clamp, check_flag, check_layer_sizes)
+from gmjit.torch._checks import (GLU_ACTIVATIONS, _check_fp8_layer, _describe, _parse_options,
+                                 _parse_recipe, check_clamp, check_flag, check_layer_sizes)
 from gmjit.torch._op import grouped_mlp, quantize_weights
 
 
@@ -252,6 +252,12 @@ class GroupedMLP(nn.Module):
         """Copies `value` into parameter `name`, naming the argument it came from when the
         shapes differ (torch's own error names neither)."""
         target = self._bias(name) if name in ("b1", "b2") else getattr(self, name)
+        if not isinstance(value, Tensor) or (value.device.type == "meta"
+                                             and target.device.type != "meta"):  # fmt: skip
+            # A list had no .shape; a meta tensor has no data to copy (torch's errors name neither).
+            where = " on meta" if isinstance(value, Tensor) else ""
+            raise ValueError(f"GroupedMLP.{method}: argument '{argument}' must be a tensor with "
+                             f"data, got {_describe(value)}{where}")  # fmt: skip
         if value.shape != target.shape:
             raise ValueError(f"GroupedMLP.{method}: argument '{argument}' gives {name} of shape "
                              f"{list(value.shape)}, but this module's {name} is "
