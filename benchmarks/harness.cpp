@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "benchmarks/gpu_forward.hpp"
+#include "benchmarks/plot.hpp"
 #include "benchmarks/recompute.hpp"
 #include "benchmarks/temp_dir.hpp"
 #include "cache/disk_cache.hpp"
@@ -183,17 +184,17 @@ nlohmann::json load_reference(const std::string& path) {
   nlohmann::json all;
   try {
     all = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {  // syntax, and numbers out of range (1e309)
     fail(fmt::format("not valid JSON: {}", error.what()));
   }
   if (!all.is_array())
     fail("expected a list of shapes (benchmarks/side_by_side.py --reference-json output)");
   for (std::size_t i = 0; i < all.size(); ++i) {
     const nlohmann::json& r = all[i];
-    if (!r.is_object()) fail(fmt::format("[{}]: expected an object, got {}", i, r.dump()));
+    if (!r.is_object()) fail(fmt::format("[{}]: expected an object, got {}", i, shown(r)));
     const auto expect = [&](const char* key, bool ok, const char* what) {
       if (r.contains(key) && !ok) {
-        fail(fmt::format("[{}].{}: expected {}, got {}", i, key, what, r.at(key).dump()));
+        fail(fmt::format("[{}].{}: expected {}, got {}", i, key, what, shown(r.at(key))));
       }
     };
     if (!r.contains("shape")) fail(fmt::format("[{}].shape: is required", i));
@@ -203,6 +204,11 @@ nlohmann::json load_reference(const std::string& path) {
     for (const char* key : {"forward_tflops", "fwd_bwd_tflops", "forward_compiled_tflops",
                             "fwd_bwd_compiled_tflops"}) {
       expect(key, r.contains(key) && r.at(key).is_number(), "a number");
+    }
+    // Compared with the layer after the timings (add_reference): a string there would throw
+    // then, and a float beyond int64 would not convert.
+    for (const char* key : {"experts", "hidden", "ffn", "tokens"}) {
+      expect(key, r.contains(key) && r.at(key).is_number_integer(), "a whole number");
     }
   }
   return all;

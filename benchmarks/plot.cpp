@@ -69,12 +69,6 @@ std::string script(bool gpu) {
   return out;
 }
 
-std::string shown(const nlohmann::json& value) {
-  constexpr std::size_t kShown = 80;
-  const std::string text = value.dump();
-  return text.size() <= kShown ? text : text.substr(0, kShown) + "...";
-}
-
 // Runs gnuplot without a shell. Returns whether it exited 0; says why not on stderr.
 bool run_gnuplot(const std::vector<std::string>& arguments, const std::string& png_path) {
   std::vector<char*> argv;
@@ -110,6 +104,16 @@ bool run_gnuplot(const std::vector<std::string>& arguments, const std::string& p
 }
 
 }  // namespace
+
+std::string shown(const nlohmann::json& value) {
+  constexpr std::size_t kShown = 80;
+  // Containers by kind and size: nlohmann's serializer recurses, so dumping a deeply nested one
+  // ([[[[...]]]] in a report) would overflow the stack.
+  if (value.is_array()) return fmt::format("an array of {} item(s)", value.size());
+  if (value.is_object()) return fmt::format("an object of {} field(s)", value.size());
+  const std::string text = value.dump();
+  return text.size() <= kShown ? text : text.substr(0, kShown) + "...";
+}
 
 void check_plot_report(const nlohmann::json& report) {
   if (!report.is_object()) {

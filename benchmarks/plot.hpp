@@ -9,6 +9,10 @@
 
 namespace gmjit::bench {
 
+// A JSON value as an error message shows it: scalars as JSON (long ones cut), containers by kind
+// and size (never dumped: a deeply nested one would overflow the serializer's stack).
+std::string shown(const nlohmann::json& value);
+
 // Throws Error(invalid_argument) naming the field when `report` is not a bench report the plot
 // can draw: an object whose "arch" (if any) is a supported arch and whose "preset" (if any) is a
 // name of letters, digits and - _ . + (it becomes a column of gnuplot's data file).

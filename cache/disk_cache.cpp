@@ -185,7 +185,16 @@ std::shared_ptr<const fs::UniqueFd> DiskCache::open_directory(bool create,
 std::string DiskCache::why_not_opened() const {
   const fs::DirTrust trust =
       fs::check_directory(directory_, shared_layer_ ? fs::Owners::self_or_root : fs::Owners::self);
-  if (trust == fs::DirTrust::kMissing) return {};
+  if (trust == fs::DirTrust::kMissing) {
+    // ENOTDIR: a folder above it is a file (GMJIT_CACHE_DIR names a file), so it can never
+    // exist; reporting it as an empty cache would pass for done.
+    struct stat st {};
+    if (lstat(directory_.c_str(), &st) != 0 && errno == ENOTDIR) {
+      return directory_.string() + " cannot be a folder: a path above it is a file (" +
+             fs::errno_text(ENOTDIR) + ")";
+    }
+    return {};
+  }
   if (trust != fs::DirTrust::kTrusted && trust != fs::DirTrust::kInaccessible) {
     return directory_.string() + " is " + fs::to_string(trust) + "; it was not used";
   }

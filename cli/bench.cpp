@@ -39,7 +39,7 @@ nlohmann::json load_report(const std::string& path) {
   nlohmann::json report;
   try {
     report = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {  // syntax, and numbers out of range (1e309)
     throw Error(Status::invalid_argument,
                 fmt::format("plot '{}': not valid JSON: {}", path, error.what()));
   }
@@ -132,10 +132,13 @@ Subcommand add_bench_command(CLI::App& app) {
                                    "cold vs warm start (compile, disk-hit, memory-hit) "
                                    "and, on a GPU, forward throughput");
   add_layer_options(*bench, s.layer);
-  bench->add_option("--json", s.json_path, "write the report as JSON to FILE");
-  bench->add_option("--plot", s.plot_path, "draw the phases (and throughput) to FILE.png");
-  bench->add_option("--cache-dir", s.layer.cache_dir,
-                    "cache directory to use (default: a fresh temporary one)");
+  bench->add_option("--json", s.json_path, "write the report as JSON to FILE")->check(non_empty());
+  bench->add_option("--plot", s.plot_path, "draw the phases (and throughput) to FILE.png")
+      ->check(non_empty());
+  bench
+      ->add_option("--cache-dir", s.layer.cache_dir,
+                   "cache directory to use (default: a fresh temporary one)")
+      ->check(non_empty());
   bench->add_option("--recipe", s.options.recipe, std::string(bench::kRecipeNames))
       ->check(CLI::IsMember({"bf16", "fp8-block", "fp8-block-pow2", "fp8-tensor"}))
       ->capture_default_str();
@@ -154,9 +157,12 @@ Subcommand add_bench_command(CLI::App& app) {
       ->transform(positive_number(1'000'000))
       ->capture_default_str()
       ->needs(pattern);
-  bench->add_option(
-      "--reference", s.reference_json,
-      "benchmarks/side_by_side.py --reference-json output: print and record the ratios");
+  bench
+      ->add_option(
+          "--reference", s.reference_json,
+          "benchmarks/side_by_side.py --reference-json output: print and record the ratios")
+      ->check(non_empty())
+      ->check(file_to_read());
   bench->add_flag("--child-disk-hit", s.child_disk_hit)->group("");  // internal: the fresh process
   return {bench, [state] { return run_bench(*state); }};
 }
@@ -168,10 +174,10 @@ Subcommand add_plot_command(CLI::App& app) {
   };
   auto state = std::make_shared<PlotState>();
   auto* plot = app.add_subcommand("plot", "draw bench --json reports (one per shape) to a PNG");
-  plot->add_option("reports", state->inputs, "bench JSON files")
-      ->required()
-      ->check(CLI::ExistingFile);
-  plot->add_option("-o,--output", state->output, "PNG to write")->capture_default_str();
+  plot->add_option("reports", state->inputs, "bench JSON files")->required()->check(file_to_read());
+  plot->add_option("-o,--output", state->output, "PNG to write")
+      ->check(non_empty())
+      ->capture_default_str();
   return {plot, [state] {
             check_output_path("--output", state->output);
             std::vector<nlohmann::json> reports;

@@ -17,6 +17,13 @@ namespace gmjit::cli {
 // number's plain decimal digits (use ->transform, not ->check, which would drop them). The
 // message names the option.
 CLI::Validator positive_number(std::int64_t max);
+// A CLI11 check for a file the command reads whole: a regular file where the path exists (a
+// missing one is left to the reader, whose message names the file). A FIFO would be waited on
+// for a writer forever.
+CLI::Validator file_to_read();
+// A CLI11 check that the value is not empty: an empty string would pass for the option not
+// given (its default), e.g. --json '' writing no report.
+CLI::Validator non_empty();
 
 // Layer selection shared by bench and compile: a preset, optionally overridden dim by dim.
 struct LayerOptions {

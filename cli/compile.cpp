@@ -43,7 +43,7 @@ void add_compile_options(CLI::App& command, CompileOptions& o) {
                   "JSON list of layer specs (every MoE layer of a model); excludes --preset, "
                   "--grad, --recipe and --weight-grads, --arch is the default for entries without "
                   "\"arches\"")
-      ->check(CLI::ExistingFile)
+      ->check(file_to_read())
       ->excludes(preset)
       ->excludes(grad)
       ->excludes(recipe)

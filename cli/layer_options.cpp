@@ -1,3 +1,5 @@
+#include <sys/stat.h>
+
 #include <charconv>
 #include <cstdint>
 #include <limits>
@@ -32,6 +34,28 @@ CLI::Validator positive_number(std::int64_t max) {
       "POSITIVE");
 }
 
+CLI::Validator file_to_read() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        struct stat info {};
+        // A missing or unreadable one: the reader names the option, the file and the errno.
+        if (::stat(path.c_str(), &info) != 0 || S_ISREG(info.st_mode)) return {};
+        return fmt::format("'{}' is {}; expected a regular file", path,
+                           S_ISDIR(info.st_mode)    ? "a directory"
+                           : S_ISFIFO(info.st_mode) ? "a FIFO (a pipe)"
+                                                    : "not a regular file");
+      },
+      "FILE");
+}
+
+CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        return value.empty() ? "expected a value, got an empty string" : std::string();
+      },
+      "");
+}
+
 void add_layer_options(CLI::App& command, LayerOptions& o) {
   std::vector<std::string> names;
   for (const auto& preset : bench::presets()) names.push_back(preset.name);
@@ -46,12 +70,14 @@ void add_layer_options(CLI::App& command, LayerOptions& o) {
   command.add_option("--ffn", o.ffn, "override F")->transform(size);
   command.add_option("--tokens-per-expert", o.tokens_per_expert, "override tokens per expert")
       ->transform(size);
-  command.add_option("--activation", o.activation, "swiglu|geglu|clamped_swiglu|srelu|gelu|relu");
+  command.add_option("--activation", o.activation, "swiglu|geglu|clamped_swiglu|srelu|gelu|relu")
+      ->check(non_empty());
   command.add_flag("--no-probs", o.no_probs, "no router probabilities");
   command.add_flag("--ragged", o.ragged,
                    "uneven experts (a fixed skewed split of the same tokens, some experts empty)");
   command.add_flag("--grad", o.grad, "grad-enabled forward (saves the pre-activation)");
-  command.add_option("--arch", o.arch, "target arch (default: the GPU's, else sm_90a)");
+  command.add_option("--arch", o.arch, "target arch (default: the GPU's, else sm_90a)")
+      ->check(non_empty());
 }
 
 bench::Preset resolve_layer(const LayerOptions& o) {

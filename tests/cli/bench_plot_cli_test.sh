@@ -252,6 +252,67 @@ bench_checks_arch_up_front)
   expect_refusal "--arch 'sm_99' is not supported" "${bench[@]}" --arch sm_99
   ;;
 
+json_inputs_nested_deeply_are_refused_not_a_crash)
+  # Arrays 100000 deep: showing one in a message by dumping it overflowed the stack (SIGSEGV).
+  deep="$(printf '%*s' 100000 '' | tr ' ' '[')$(printf '%*s' 100000 '' | tr ' ' ']')"
+  echo "$deep" >"$work/deep.json"
+  expect_refusal "plot '$work/deep.json': expected a gmjit bench --json report (a JSON object), got an array of 1 item(s)" \
+    "$gmjit" plot "$work/deep.json" -o "$work/p.png"
+  echo "{\"phases\": {\"compile\": {\"seconds\": $deep}}}" >"$work/deep_field.json"
+  expect_refusal "phases.compile.seconds: expected a number (a gmjit bench --json report), got an array" \
+    "$gmjit" plot "$work/deep_field.json" -o "$work/p.png"
+  expect_refusal "--reference '$work/deep.json': [0]: expected an object, got an array of 1 item(s)" \
+    "${bench[@]}" --reference "$work/deep.json"
+  echo "[{\"shape\": \"tiny\", \"torch\": $deep}]" >"$work/deep_ref.json"
+  expect_refusal "[0].torch: expected a string, got an array" \
+    "${bench[@]}" --reference "$work/deep_ref.json"
+  ;;
+
+json_numbers_beyond_double_name_the_file)
+  echo '{"phases": {"compile": {"seconds": 1e400}}}' >"$work/big.json"
+  expect_refusal "plot '$work/big.json': not valid JSON" "$gmjit" plot "$work/big.json" \
+    -o "$work/p.png"
+  echo '[{"shape": "tiny", "forward_tflops": 1e400}]' >"$work/big_ref.json"
+  expect_refusal "--reference '$work/big_ref.json': not valid JSON" "${bench[@]}" \
+    --reference "$work/big_ref.json"
+  ;;
+
+reference_layer_sizes_are_whole_numbers)
+  # Compared with the layer only after the GPU timings: a string there threw a bare JSON
+  # type_error then, a float past int64 did not convert.
+  for field in 'experts="4"' 'hidden=256.5' 'ffn=true' 'tokens=1e30'; do
+    echo "[{\"shape\": \"tiny\", \"${field%%=*}\": ${field#*=}}]" >"$work/ref.json"
+    expect_refusal "--reference '$work/ref.json': [0].${field%%=*}: expected a whole number" \
+      "${bench[@]}" --reference "$work/ref.json"
+  done
+  ;;
+
+json_inputs_that_are_fifos_are_refused_without_waiting)
+  mkfifo "$work/fifo"
+  for command in "$gmjit compile --specs" "$gmjit plot" "${bench[*]} --reference"; do
+    rc=0
+    # shellcheck disable=SC2086  # the command's words
+    timeout 20 $command "$work/fifo" >"$work/out" 2>"$work/err" || rc=$?
+    [ "$rc" -ne 124 ] || fail "'$command FIFO' waited for a writer"
+    [ "$rc" -ne 0 ] || fail "'$command FIFO' exited 0"
+    grep -qF "'$work/fifo' is a FIFO (a pipe); expected a regular file" "$work/err" ||
+      fail "'$command FIFO': $(cat "$work/err")"
+  done
+  expect_refusal "--specs: '$work' is a directory" "$gmjit" compile --specs "$work"
+  expect_refusal "--specs '$work/missing.json': cannot open" "$gmjit" compile --specs \
+    "$work/missing.json"
+  ;;
+
+bench_and_plot_refuse_empty_option_values)
+  # An empty value passed for the option not given: --json '' wrote no report, exit 0.
+  for option in --json --plot --cache-dir --activation --arch --reference; do
+    expect_refusal "$option: expected a value, got an empty string" "${bench[@]}" "$option" ""
+  done
+  report "$work/ok.json" sm_90a tiny
+  expect_refusal "--output: expected a value, got an empty string" "$gmjit" plot "$work/ok.json" \
+    -o ""
+  ;;
+
 *)
   fail "unknown case"
   ;;

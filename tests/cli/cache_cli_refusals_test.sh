@@ -78,6 +78,25 @@ grep -q '"error"' "$work/out" || fail "prune --json gave no error: $(cat "$work/
 [ -e "$untrusted" ] || fail "an untrusted folder lost its entry"
 [ ! -e "$work/u.bundle" ] || fail "export of an untrusted folder wrote a bundle"
 
+# GMJIT_CACHE_DIR naming a file: the cache can never be there (ENOTDIR), so clear, prune and
+# export fail saying so (they exited 0 as if the cache were empty), and export writes no bundle.
+echo data >"$work/afile"
+for action in clear prune "export $work/f.bundle"; do
+  # shellcheck disable=SC2086  # the action's words
+  if GMJIT_CACHE_DIR="$work/afile" "$gmjit" cache $action >"$work/out" 2>"$work/err"; then
+    fail "cache $action with GMJIT_CACHE_DIR naming a file exited 0: $(cat "$work/out")"
+  fi
+  ! grep -q "Sanitizer" "$work/err" || fail "a sanitizer report, not a refusal: $(cat "$work/err")"
+  grep -q "$work/afile/v1 cannot be a folder: a path above it is a file" "$work/err" ||
+    fail "$action: $(cat "$work/err")"
+  ! grep -q "removed" "$work/out" || fail "$action printed a count: $(cat "$work/out")"
+done
+[ ! -e "$work/f.bundle" ] || fail "export from under a file wrote a bundle"
+[ "$(cat "$work/afile")" = data ] || fail "the file GMJIT_CACHE_DIR named was changed"
+# A cache folder that does not exist yet is an empty cache, not an error.
+GMJIT_CACHE_DIR="$work/none" "$gmjit" cache clear >"$work/out" 2>"$work/err" ||
+  fail "clear of a missing cache: $(cat "$work/err")"
+
 # A relative GMJIT_CACHE_DIR (a '~' the shell did not expand) is refused, not made here.
 (cd "$work" && GMJIT_CACHE_DIR='gm' "$gmjit" cache stats >"$work/out" 2>"$work/err") &&
   fail "a relative GMJIT_CACHE_DIR was used"
