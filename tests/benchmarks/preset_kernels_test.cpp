@@ -5,94 +5,24 @@
 // mainloop can set it off (session 25: splitting a 64-row tile's columns between the consumer
 // warpgroups, docs/PERFORMANCE.md). The same report shows spills. The BF16 forward GEMMs must
 // have none: their producer warp runs on 40 registers, and a spill there puts a local-memory
-// round trip on the tile walk (session 26: a second split-size scan did it). The data gradients
-// may spill a little (gpt-oss's clamped SwiGLU FC2 dgrad: 20 bytes), not the 88-136 bytes per
-// thread their epilogue spilled before session 27 (removing them measured forward+backward
-// 1-9 % faster on gpt-oss and e64).
+// round trip on the tile walk. The data gradients may spill a little (the budgets and their
+// reasons: tests/codegen/ptxas_findings.hpp).
 #include <gtest/gtest.h>
 
 #include <optional>
-#include <regex>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "codegen/fp8_backward.hpp"
-#include "codegen/fp8_forward.hpp"
-#include "codegen/grouped_mlp.hpp"
 #include "codegen/nvrtc_compiler.hpp"
 #include "presets/presets.hpp"
+#include "tests/codegen/ptxas_findings.hpp"
 
 namespace gmjit::bench {
 namespace {
 
-// The kernels that issue wgmma: the Hopper GEMM families and the wide decode pair.
-bool issues_wgmma(const codegen::KernelSource& k) {
-  return k.family.starts_with("sm90") || k.family == "decode_staged";
-}
-
-// Every kernel a preset's layer runs on sm_90a: BF16 forward with and without grad (the decode
-// pairs too), the backward with every gradient, and the FP8 block recipe's forward and backward.
-std::vector<codegen::KernelSource> hopper_kernels(const LayerSpec& layer) {
-  using namespace codegen;
-  GradientSet all;
-  all.db1 = layer.fc1_bias;
-  all.db2 = layer.fc2_bias;
-  std::vector<KernelSource> out;
-  auto add = [&](const std::vector<KernelSource>& ks) {
-    for (const KernelSource& k : ks)
-      if (issues_wgmma(k)) out.push_back(k);
-  };
-  add(emit_grouped_mlp_forward({layer, false, "sm_90a", false, 16}));
-  add(emit_grouped_mlp_forward({layer, true, "sm_90a", false, 0}));
-  add(emit_grouped_mlp_backward({layer, all, "sm_90a", false}));
-  if (layer.hidden % 128 == 0 && layer.ffn % 128 == 0) {  // the FP8 recipes' scale blocks
-    add(emit_fp8_forward({layer, true, false, false, "sm_90a"}));
-    add(emit_grouped_mlp_backward({layer, all, "sm_90a", false, Fp8Scaling{}}));
-  }
-  return out;
-}
-
-// The lines of ptxas's report for which `keep` holds, one per line.
-template <class Keep>
-std::string report_lines(const std::string& log, Keep keep) {
-  std::string found;
-  std::size_t begin = 0;
-  while (begin < log.size()) {
-    std::size_t end = log.find('\n', begin);
-    if (end == std::string::npos) end = log.size();
-    const std::string line = log.substr(begin, end - begin);
-    if (keep(line)) found += line + "\n";
-    begin = end + 1;
-  }
-  return found;
-}
-
-// ptxas's report lines about wgmma it serialized or fenced.
-std::string wgmma_findings(const std::string& log) {
-  return report_lines(log, [](const std::string& line) {
-    return line.find("wgmma.mma_async instructions are serialized") != std::string::npos ||
-           line.find("warpgroup.arrive is injected") != std::string::npos;
-  });
-}
-
-// ptxas's report lines that count more than max_bytes spilled (stores or loads).
-std::string spill_findings(const std::string& log, int max_bytes) {
-  static const std::regex spills(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
-  return report_lines(log, [max_bytes](const std::string& line) {
-    std::smatch m;
-    return std::regex_search(line, m, spills) &&
-           (std::stoi(m[1]) > max_bytes || std::stoi(m[2]) > max_bytes);
-  });
-}
-
-// The most bytes a family's kernels may spill; -1: not checked.
-int spill_budget(std::string_view family) {
-  if (family == "sm90_gemm") return 0;
-  if (family == "sm90_dgrad") return 32;
-  return -1;
-}
+using namespace codegen::ptxas;
 
 // One test per preset, so that ctest runs them side by side.
 std::vector<std::string> preset_names() {

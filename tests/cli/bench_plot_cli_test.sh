@@ -129,6 +129,11 @@ bench_measures_a_real_compile_and_a_real_disk_hit)
   "${bench[@]}" --tokens-per-expert 0100 --json "$work/r3.json" >"$work/out" 2>&1 ||
     fail "--tokens-per-expert 0100: $(cat "$work/out")"
   grep -qF '"tokens_per_expert": 100' "$work/r3.json" || fail "0100 was not 100: $(cat "$work/r3.json")"
+  grep -qF '"preset": "tiny-custom"' "$work/r3.json" || fail "an override kept the name: $(cat "$work/r3.json")"
+  # Dropping the router probs is another layer too: a --reference entry of the preset is not it.
+  "${bench[@]}" --no-probs --json "$work/r4.json" >"$work/out" 2>&1 || fail "--no-probs: $(cat "$work/out")"
+  grep -qF '"preset": "tiny-custom"' "$work/r4.json" || fail "--no-probs kept the name: $(cat "$work/r4.json")"
+  grep -qF '"router_probs": false' "$work/r4.json" || fail "--no-probs kept the probs: $(cat "$work/r4.json")"
   touch "$work/afile"
   expect_refusal "--cache-dir '$work/afile'" "${bench[@]}" --cache-dir "$work/afile"
   # A cache too small to keep the kernels: the disk-hit child compiles, which is no disk hit.
