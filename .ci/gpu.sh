@@ -33,6 +33,11 @@ fi
 GMJIT_DEFERRED_EPILOGUE=1 ctest --test-dir build-gpu -L gpu -R \
   'Backward|Bf16WeightGradients|ZeroToken|Untrusted|GraphCapture|Recompute|CApi' -j"$jobs" -V \
   --timeout 600 >"$LOGS/gpu_tests_deferred.log" 2>&1 || gpu_rc=1
+# The staged decode pair's persistent blocks (an experiment, off by default): the decode tests
+# again with them, garbage splits, NaNs and graph capture included.
+GMJIT_DECODE_PERSISTENT=1 ctest --test-dir build-gpu -L gpu -R \
+  'decode|Untrusted|NanPropagation|GraphCapture' -j"$jobs" -V \
+  --timeout 600 >"$LOGS/gpu_tests_decode_persistent.log" 2>&1 || gpu_rc=1
 cpu_rc=skipped
 if [ -z "${GMJIT_SKIP_CPU_TESTS:-}" ]; then
   ctest --test-dir build-gpu -L cpu -j8 --timeout 600 >"$LOGS/cpu_tests.log" 2>&1

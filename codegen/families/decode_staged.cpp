@@ -6,10 +6,14 @@
 // portable_only); Engine::forward runs it when a call has more tokens per expert than the
 // decode_gemm pair serves well and no more than EngineOptions::decode_tokens_per_expert. Bound by
 // the portable forward's binding (the same GroupedGemmParams; engine/families/registry.cpp).
+#include <cstdlib>
+#include <string_view>
+
 #include <fmt/format.h>
 
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
+#include "gmjit/error.hpp"
 
 namespace gmjit::codegen::families {
 namespace {
@@ -29,6 +33,20 @@ constexpr int kL2PrefetchBytes = 128;  // as decode_gemm's loads
 // Shared memory of one SM that blocks may hold (228 KiB on sm_90), 1 KiB reserved per block.
 constexpr int kSmemPerSm = 233472, kSmemReservedPerBlock = 1024;
 
+// GMJIT_DECODE_PERSISTENT=1: persistent blocks (SMs x the blocks that fit one SM), each walking
+// many (expert, column block) items through one ring (decode_staged.cuh, Cfg::persistent). An
+// experiment for A/B timing against a block per item; not yet measured on a GPU, so off unless
+// asked for, and a value other than 0 or 1 is an error (an A/B run must not time the default
+// unknowingly).
+bool persistent_blocks() {
+  const char* forced = std::getenv("GMJIT_DECODE_PERSISTENT");
+  const std::string_view value = forced != nullptr ? forced : "";
+  if (value.empty() || value == "0") return false;
+  if (value == "1") return true;
+  throw Error(Status::invalid_argument,
+              fmt::format("GMJIT_DECODE_PERSISTENT must be 0 or 1 (or unset), got '{}'", value));
+}
+
 std::optional<KernelSource> emit(const KernelRequest& r) {
   if (!detail::sm90_allowed(r)) return std::nullopt;
   const auto [fc1, glu, k, out_columns] =
@@ -41,15 +59,22 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   // own layout (DecodeStaged::smem_bytes).
   const int smem = stages * (kRows + pass_tokens) * 2 * kStageK + 1024;
   const int blocks_per_sm = kSmemPerSm / (smem + kSmemReservedPerBlock);
-  const LaunchShape launch = detail::fixed_launch(
+  const bool persistent = persistent_blocks();
+  LaunchShape launch = detail::fixed_launch(
       128, smem, (out_columns + cols_per_block - 1) / cols_per_block, r.layer.experts + 1);
+  if (persistent) {  // x: one block per SM at launch time, y: the blocks one SM holds
+    launch.grid = LaunchShape::Grid::persistent;
+    launch.grid_y = static_cast<std::uint32_t>(blocks_per_sm);
+  }
   return detail::kernel_source(
       r, "decode_mlp_fwd.cuh", fc1 ? "Fc1Decode" : "Fc2Decode", "GroupedGemmParams",
-      r.fields + fmt::format(
-                     "  static constexpr bool staged = true;\n"
-                     "  static constexpr int m_tiles = 4, stage_k = {}, stages = {}, tokens = {};\n"
-                     "  static constexpr int min_blocks = {}, l2_prefetch = {}, smem_bytes = {};\n",
-                     kStageK, stages, pass_tokens, blocks_per_sm, kL2PrefetchBytes, smem),
+      r.fields +
+          fmt::format(
+              "  static constexpr bool staged = true;\n"
+              "  static constexpr int m_tiles = 4, stage_k = {}, stages = {}, tokens = {};\n"
+              "  static constexpr int min_blocks = {}, l2_prefetch = {}, smem_bytes = {};\n{}",
+              kStageK, stages, pass_tokens, blocks_per_sm, kL2PrefetchBytes, smem,
+              persistent ? "  static constexpr bool persistent = true;\n" : ""),
       launch);
 }
 

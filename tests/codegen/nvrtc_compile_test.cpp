@@ -9,6 +9,7 @@
 #include "codegen/grouped_mlp.hpp"
 #include "codegen/nvrtc_compiler.hpp"
 #include "gmjit/error.hpp"
+#include "testing/scoped_env.hpp"
 
 namespace gmjit::codegen {
 namespace {
@@ -217,6 +218,30 @@ TEST(NvrtcCompile, Bf16WeightGradientKernels) {
           EXPECT_NE(with[i].entry, without[i].entry);
           EXPECT_GT(compile_to_cubin(with[i], arch, "test").cubin.size(), 1000u) << with[i].entry;
         }
+      }
+    }
+  }
+}
+
+// The staged decode pair's persistent blocks (GMJIT_DECODE_PERSISTENT=1) compile for every
+// activation family's epilogue, with ptxas reporting no spills.
+TEST(NvrtcCompile, PersistentStagedDecodeKernels) {
+  const testing::ScopedEnv persistent("GMJIT_DECODE_PERSISTENT");  // the caller's value is put back
+  persistent.set("1");
+  for (const Case& c :
+       {Case{"swiglu", "sm_90a", Activation::swiglu, GluLayout::halves, true, false, 2048, 768},
+        Case{"geglu_i32", "sm_90a", Activation::geglu, GluLayout::interleaved32, true, false, 200,
+             96},
+        Case{"relu", "sm_90a", Activation::relu, GluLayout::halves, false, false, 4096, 1416}}) {
+    for (const int limit : {16, 32}) {
+      for (const KernelSource& k :
+           emit_grouped_mlp_forward({c.layer(64), false, "sm_90a", false, limit})) {
+        if (k.family != "decode_staged") continue;
+        SCOPED_TRACE(k.entry);
+        EXPECT_NE(k.source.find("persistent = true"), std::string::npos);
+        const CompiledCubin cubin = compile_to_cubin(k, "sm_90a", "test", {"--ptxas-options=-v"});
+        EXPECT_NE(cubin.log.find("0 bytes spill stores, 0 bytes spill loads"), std::string::npos)
+            << cubin.log;
       }
     }
   }

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "engine/runtime/driver.hpp"
+#include "testing/scoped_env.hpp"
 #include "tests/gpu/gpu_fixture.hpp"
 
 namespace gmjit::testing {
@@ -309,11 +310,7 @@ std::vector<Case> cases() {
   return all;
 }
 
-class ForwardMatchesFloat64Reference : public ::testing::TestWithParam<Case> {};
-
-TEST_P(ForwardMatchesFloat64Reference, WithinBf16Bounds) {
-  GMJIT_REQUIRE_GPU();
-  const Case c = GetParam();
+LayerSpec layer_of(const Case& c) {
   LayerSpec layer;
   layer.experts = static_cast<std::int64_t>(c.splits.size());
   layer.hidden = c.hidden;
@@ -325,8 +322,22 @@ TEST_P(ForwardMatchesFloat64Reference, WithinBf16Bounds) {
   layer.fc2_bias = c.fc2_bias;
   layer.router_probs = c.probs;
   layer.split_dtype = c.split_dtype;
+  return layer;
+}
+
+std::int64_t tokens_of(const Case& c) {
   std::int64_t tokens = c.tail;
   for (auto s : c.splits) tokens += s;
+  return tokens;
+}
+
+class ForwardMatchesFloat64Reference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ForwardMatchesFloat64Reference, WithinBf16Bounds) {
+  GMJIT_REQUIRE_GPU();
+  const Case c = GetParam();
+  const LayerSpec layer = layer_of(c);
+  const std::int64_t tokens = tokens_of(c);
 
   const HostLayer host = make_host_layer(layer, c.splits, tokens, 42);
   const Reference ref = reference_forward(host);
@@ -359,6 +370,77 @@ TEST_P(ForwardMatchesFloat64Reference, WithinBf16Bounds) {
 
 INSTANTIATE_TEST_SUITE_P(Layers, ForwardMatchesFloat64Reference, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
+
+// The staged decode kernel's persistent blocks (GMJIT_DECODE_PERSISTENT=1, decode_staged.cuh):
+// each block walks many (expert, column block) items through one ring, and must write exactly
+// what a block per item writes (the same stages, summed in the same order): bit for bit, every
+// row, the zeroed tail included. Layers with more items than the grid has blocks (64 experts x 64
+// column blocks), with empty experts, 32-token passes and experts of several passes.
+std::vector<std::uint16_t> decode_forward(const Case& c, const HostLayer& host, bool persistent) {
+  const ScopedEnv env("GMJIT_DECODE_PERSISTENT");  // the caller's value is put back
+  env.set(persistent ? "1" : "0");
+  DeviceLayer device(host, GradMode::no_grad);
+  Engine engine(EngineOptions{.use_disk_cache = false, .decode_tokens_per_expert = c.decode_limit});
+  engine.forward(layer_of(c), Recipe::bf16(), device.args, GradMode::no_grad);
+  engine::ScopedContext context(engine::DeviceRegistry::instance().get(0).context());
+  engine::check_driver(engine::driver().cuCtxSynchronize(), "cuCtxSynchronize");
+  return DeviceLayer::download(device.y, tokens_of(c) * c.hidden);
+}
+
+TEST(DecodePersistentBlocks, WriteWhatABlockPerItemWrites) {
+  GMJIT_REQUIRE_GPU();
+  std::vector<std::int64_t> many(64);
+  for (std::size_t e = 0; e < many.size(); ++e) many[e] = (e % 5 == 3) ? 0 : 9 + (e * 7) % 16;
+  // name, activation, layout, biases and probs, split dtype, splits, tail; then widths and the
+  // decode limit (16-token passes up to 16, else 32; the average must exceed 8 for the staged
+  // pair).
+  const auto with = [](Case c, std::int64_t hidden, std::int64_t ffn, int limit) {
+    c.hidden = hidden;
+    c.ffn = ffn;
+    c.decode_limit = limit;
+    return c;
+  };
+  const Activation swiglu = Activation::swiglu;
+  const GluLayout halves = GluLayout::halves;
+  const std::vector<Case> cases = {
+      with({"e64_swiglu", swiglu, halves, true, true, true, DType::i64, many, 7}, 1024, 2048, 16),
+      with({"staged32", swiglu, halves, true, true, true, DType::i32, {40, 17, 31, 0, 25, 64}, 3},
+           320, 576, 32),
+      with({"geglu_interleaved",
+            Activation::geglu,
+            GluLayout::interleaved32,
+            true,
+            false,
+            true,
+            DType::i64,
+            {12, 20, 9, 16, 0, 33},
+            5},
+           200, 96, 16),
+      with({"clamped",
+            Activation::clamped_swiglu,
+            halves,
+            true,
+            true,
+            true,
+            DType::i32,
+            {0, 30, 12, 9, 0, 21},
+            0},
+           1440, 1008, 16),
+      with({"relu", Activation::relu, halves, false, true, false, DType::i64, {10, 10, 10, 10}, 2},
+           8, 16, 16),
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const HostLayer host = make_host_layer(layer_of(c), c.splits, tokens_of(c), 7);
+    const auto per_item = decode_forward(c, host, false);
+    const auto persistent = decode_forward(c, host, true);
+    EXPECT_EQ(count_non_finite(persistent), 0) << "unwritten (poisoned) or non-finite outputs";
+    EXPECT_LT(relative_error(persistent, reference_forward(host).y), kTolerance);
+    std::int64_t differ = 0;
+    for (std::size_t i = 0; i < per_item.size(); ++i) differ += per_item[i] != persistent[i];
+    EXPECT_EQ(differ, 0) << "elements that differ from the block-per-item kernel's";
+  }
+}
 
 }  // namespace
 }  // namespace gmjit::testing
