@@ -33,10 +33,9 @@ fi
 GMJIT_DEFERRED_EPILOGUE=1 ctest --test-dir build-gpu -L gpu -R \
   'Backward|Bf16WeightGradients|ZeroToken|Untrusted|GraphCapture|Recompute|CApi' -j"$jobs" -V \
   --timeout 600 >"$LOGS/gpu_tests_deferred.log" 2>&1 || gpu_rc=1
-# The staged decode pair's persistent blocks (an experiment, off by default): the decode tests
-# again with them, garbage splits, NaNs and graph capture included.
-GMJIT_DECODE_PERSISTENT=1 ctest --test-dir build-gpu -L gpu -R \
-  'decode|Untrusted|NanPropagation|GraphCapture' -j"$jobs" -V \
+# The staged decode pair's persistent blocks (an experiment, off by default): the forward decode
+# tests and the garbage-split decode tests again with them.
+GMJIT_DECODE_PERSISTENT=1 ctest --test-dir build-gpu -L gpu -R 'decode|DecodeForward' -j"$jobs" -V \
   --timeout 600 >"$LOGS/gpu_tests_decode_persistent.log" 2>&1 || gpu_rc=1
 cpu_rc=skipped
 if [ -z "${GMJIT_SKIP_CPU_TESTS:-}" ]; then
@@ -68,6 +67,8 @@ build-gpu/cli/gmjit plot "$OUT"/bench_*.json -o "$OUT/shapes.png" >/dev/null || 
 echo "== GPU tests (rc $gpu_rc)"; grep -E "tests passed|tests failed|Failed|Skipped" "$OUT/gpu_tests.log" | head -20
 echo "== GPU backward tests, deferred epilogue forced on"
 grep -E "tests passed|tests failed|Failed" "$LOGS/gpu_tests_deferred.log" | head -10
+echo "== GPU decode tests, persistent staged decode (GMJIT_DECODE_PERSISTENT=1)"
+grep -E "tests passed|tests failed|Failed" "$LOGS/gpu_tests_decode_persistent.log" | head -10
 grep -E "Failure|error|Expected|Which is|rel err" "$OUT/gpu_tests.log" | grep -v "numerics \]" | head -30
 echo "== CPU tests (rc $cpu_rc)"; grep -sE "tests passed|tests failed" "$LOGS/cpu_tests.log"
 for entry in ${GMJIT_PRESETS:-mixtral qwen-moe deepseek}; do

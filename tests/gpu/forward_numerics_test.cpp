@@ -2,6 +2,12 @@
 // probs on and off, ragged and empty experts, tails, both split dtypes, grad mode's saved
 // pre-activation. Outputs are poisoned first and must be fully written.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -374,23 +380,49 @@ INSTANTIATE_TEST_SUITE_P(Layers, ForwardMatchesFloat64Reference, ::testing::Valu
 // The staged decode kernel's persistent blocks (GMJIT_DECODE_PERSISTENT=1, decode_staged.cuh):
 // each block walks many (expert, column block) items through one ring, and must write exactly
 // what a block per item writes (the same stages, summed in the same order): bit for bit, every
-// row, the zeroed tail included. Layers with more items than the grid has blocks (64 experts x 64
-// column blocks), with empty experts, 32-token passes and experts of several passes.
-std::vector<std::uint16_t> decode_forward(const Case& c, const HostLayer& host, bool persistent) {
+// row, the zeroed tail included. Layers with more items than the grid has blocks (64 experts),
+// with empty experts, 32-token passes and experts of several passes.
+struct DecodeRun {
+  std::vector<std::uint16_t> y;
+  int persistent_sources = 0;  // wide decode kernels compiled with Cfg::persistent
+};
+
+DecodeRun decode_forward(const Case& c, const HostLayer& host, bool persistent) {
   const ScopedEnv env("GMJIT_DECODE_PERSISTENT");  // the caller's value is put back
   env.set(persistent ? "1" : "0");
+  // The compiled translation units, to see which kernel ran (a switch that stopped taking effect
+  // would otherwise compare the default kernel with itself).
+  const ScopedEnv dump("GMJIT_DUMP_SOURCE");
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    fmt::format("gmjit-decode-{}-{}", ::getpid(), persistent);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  dump.set(dir.string());
   DeviceLayer device(host, GradMode::no_grad);
   Engine engine(EngineOptions{.use_disk_cache = false, .decode_tokens_per_expert = c.decode_limit});
   engine.forward(layer_of(c), Recipe::bf16(), device.args, GradMode::no_grad);
   engine::ScopedContext context(engine::DeviceRegistry::instance().get(0).context());
   engine::check_driver(engine::driver().cuCtxSynchronize(), "cuCtxSynchronize");
-  return DeviceLayer::download(device.y, tokens_of(c) * c.hidden);
+  DecodeRun run{DeviceLayer::download(device.y, tokens_of(c) * c.hidden)};
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().filename().string().find("_decode_wide") == std::string::npos) continue;
+    std::ifstream in(entry.path());
+    const std::string source((std::istreambuf_iterator<char>(in)), {});
+    run.persistent_sources += source.find("persistent = true") != std::string::npos;
+  }
+  std::filesystem::remove_all(dir);
+  return run;
 }
 
 TEST(DecodePersistentBlocks, WriteWhatABlockPerItemWrites) {
   GMJIT_REQUIRE_GPU();
-  std::vector<std::int64_t> many(64);
-  for (std::size_t e = 0; e < many.size(); ++e) many[e] = (e % 5 == 3) ? 0 : 9 + (e * 7) % 16;
+  // 64 experts of 0 to 24 tokens (16-token passes) and of 0 to 40 (32-token passes, experts of
+  // two): more (expert, column block) items than the 396 blocks of a 132-SM grid.
+  std::vector<std::int64_t> many(64), more(64);
+  for (std::size_t e = 0; e < many.size(); ++e) {
+    many[e] = (e % 5 == 3) ? 0 : 9 + (e * 7) % 16;
+    more[e] = (e % 7 == 2) ? 0 : 17 + (e * 11) % 24;
+  }
   // name, activation, layout, biases and probs, split dtype, splits, tail; then widths and the
   // decode limit (16-token passes up to 16, else 32; the average must exceed 8 for the staged
   // pair).
@@ -403,9 +435,8 @@ TEST(DecodePersistentBlocks, WriteWhatABlockPerItemWrites) {
   const Activation swiglu = Activation::swiglu;
   const GluLayout halves = GluLayout::halves;
   const std::vector<Case> cases = {
-      with({"e64_swiglu", swiglu, halves, true, true, true, DType::i64, many, 7}, 1024, 2048, 16),
-      with({"staged32", swiglu, halves, true, true, true, DType::i32, {40, 17, 31, 0, 25, 64}, 3},
-           320, 576, 32),
+      with({"e64_swiglu", swiglu, halves, true, true, true, DType::i64, many, 7}, 512, 1024, 16),
+      with({"e64_staged32", swiglu, halves, true, true, true, DType::i32, more, 3}, 320, 576, 32),
       with({"geglu_interleaved",
             Activation::geglu,
             GluLayout::interleaved32,
@@ -432,8 +463,12 @@ TEST(DecodePersistentBlocks, WriteWhatABlockPerItemWrites) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const HostLayer host = make_host_layer(layer_of(c), c.splits, tokens_of(c), 7);
-    const auto per_item = decode_forward(c, host, false);
-    const auto persistent = decode_forward(c, host, true);
+    const DecodeRun block_per_item = decode_forward(c, host, false);
+    const DecodeRun walking = decode_forward(c, host, true);
+    EXPECT_EQ(block_per_item.persistent_sources, 0);
+    EXPECT_EQ(walking.persistent_sources, 2) << "the persistent FC1 and FC2 did not run";
+    const auto& per_item = block_per_item.y;
+    const auto& persistent = walking.y;
     EXPECT_EQ(count_non_finite(persistent), 0) << "unwritten (poisoned) or non-finite outputs";
     EXPECT_LT(relative_error(persistent, reference_forward(host).y), kTolerance);
     std::int64_t differ = 0;
