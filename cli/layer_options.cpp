@@ -86,10 +86,7 @@ bench::Preset resolve_layer(const LayerOptions& o) {
   if (o.hidden) preset.layer.hidden = *o.hidden;
   if (o.ffn) preset.layer.ffn = *o.ffn;
   if (o.tokens_per_expert) preset.tokens_per_expert = *o.tokens_per_expert;
-  // A layer without router probs is another layer: renamed like the other overrides, so that a
-  // `--reference` entry of the preset (timed with probs) is not compared with it.
-  const bool drops_probs = o.no_probs && preset.layer.router_probs;
-  preset.layer.router_probs = preset.layer.router_probs && !o.no_probs;
+  if (o.no_probs) preset.layer.router_probs = false;
   if (!o.activation.empty()) {
     const std::optional<Activation> activation = parse_activation(o.activation);
     if (!activation) {
@@ -100,8 +97,10 @@ bench::Preset resolve_layer(const LayerOptions& o) {
     }
     preset.layer.activation.kind = *activation;
   }
+  // A layer without router probs is another layer too: a `--reference` entry of the preset
+  // (timed with probs) must not be compared with it.
   if (o.experts || o.hidden || o.ffn || o.tokens_per_expert || !o.activation.empty() ||
-      drops_probs) {
+      o.no_probs) {
     preset.name += "-custom";
   }
   if (o.ragged) {

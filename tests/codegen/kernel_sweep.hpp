@@ -3,8 +3,9 @@
 // ship, compiles one kernel of each class and collects what ptxas says that only a GPU benchmark
 // of that very shape would otherwise notice (ptxas_findings.hpp): a kernel that fails to compile,
 // a wgmma it serialized, spills over a family's budget. Kernels that differ only in the layer's
-// dims (same template, tile and flags, and the same K-tail and alignment classes) are one class:
-// ptxas sees the same code. Used by kernel_sweep_test.cpp (a grid CI can afford) and
+// dims (same template, tile and flags, and the same K-tail and alignment classes) are one class,
+// whatever their expert count and split dtype: each class compiles its first layer's, so those
+// two axes are sampled, not covered. Used by kernel_sweep_test.cpp (a grid CI can afford) and
 // kernel_sweep_main.cpp (`gmjit_kernel_sweep`: the full grid, every arch).
 #pragma once
 

@@ -1,9 +1,11 @@
 // The kernel sweep (kernel_sweep.hpp) on a grid CI can afford: every activation and GLU layout on
 // widths with K tails and partial tiles (200, 96), a deferred-epilogue K (7168) and gpt-oss's
 // 192-wide class (2880), with biases and router probs (the heaviest epilogues), on the tuned arch
-// (about 280 classes: 2 minutes on 2 cores). The full grid and the other arches:
+// (about 280 classes: under a minute on 2 cores). The full grid and the other arches:
 // `build/tests/codegen/gmjit_kernel_sweep` (docs/KERNEL_FAMILIES.md).
 #include <gtest/gtest.h>
+
+#include <cstdio>
 
 #include "tests/codegen/kernel_sweep.hpp"
 

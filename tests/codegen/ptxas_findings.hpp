@@ -1,7 +1,7 @@
 // What ptxas's report (`--ptxas-options=-v`) says about a Hopper kernel that only a GPU benchmark
 // would otherwise notice: a wgmma it serialized or fenced (C7510-C7520: for want of registers, or
 // in a path it takes for divergent), and bytes spilled to local memory. Shared by the preset test
-// (tests/benchmarks/preset_kernels_test.cpp) and the shape sweep (hopper_sweep_test.cpp).
+// (tests/benchmarks/preset_kernels_test.cpp) and the kernel sweep (kernel_sweep.cpp).
 #pragma once
 
 #include <regex>
@@ -117,7 +117,7 @@ inline std::string spill_findings(const std::string& log, int max_bytes) {
 // spill a little, not the 88-136 bytes per thread their epilogue spilled before session 27
 // (removing them measured forward+backward 1-9 % faster on gpt-oss and e64). The most now: 40
 // bytes, FC2 dgrad's 256 x 128 tile with clamped SwiGLU on interleaved32 (the kernel sweep); the
-// other way out, 128 x 128 tiles, reads half again as many operand bytes per FLOP (sm90_dgrad.cpp).
+// other way out, 128 x 128 tiles, reads a third more operand bytes per FLOP (sm90_dgrad.cpp).
 inline int spill_budget(std::string_view family) {
   if (family == "sm90_gemm") return 0;
   if (family == "sm90_dgrad") return 48;
