@@ -44,7 +44,7 @@ TEST_P(PresetKernels, KeepEveryWgmmaPipelinedAndSpillsWithinBudget) {
         codegen::compile_to_cubin(kernel, "sm_90a", "test", {"--ptxas-options=-v"});
     ASSERT_NE(cubin.log.find("Used "), std::string::npos) << "no ptxas report:\n" << cubin.log;
     EXPECT_EQ(wgmma_findings(cubin.log), "");
-    if (const int budget = spill_budget(kernel.family); budget >= 0) {
+    if (const int budget = preset_spill_budget(kernel.family); budget >= 0) {
       EXPECT_EQ(spill_findings(cubin.log, budget), "") << "spill budget " << budget << " bytes";
     }
   }

@@ -20,36 +20,6 @@ inline bool issues_wgmma(const KernelSource& k) {
   return k.family.starts_with("sm90") || k.family == "decode_staged";
 }
 
-// Every wgmma kernel a layer runs on sm_90a: BF16 forward with and without grad (the decode
-// pairs too), the backward with every gradient (fp32 weight gradients, and bf16 ones where
-// `bf16_weight_grads`: what PyTorch's op runs), and, where the widths are whole 128-wide scale
-// blocks (and a GLU's gate and lin are halves), the FP8 block recipe's forward and backward.
-inline std::vector<KernelSource> hopper_kernels(const LayerSpec& layer,
-                                                bool bf16_weight_grads = false) {
-  GradientSet all;
-  all.db1 = layer.fc1_bias;
-  all.db2 = layer.fc2_bias;
-  std::vector<KernelSource> out;
-  auto add = [&](const std::vector<KernelSource>& ks) {
-    for (const KernelSource& k : ks)
-      if (issues_wgmma(k)) out.push_back(k);
-  };
-  add(emit_grouped_mlp_forward({layer, false, "sm_90a", false, 16}));
-  add(emit_grouped_mlp_forward({layer, true, "sm_90a", false, 0}));
-  add(emit_grouped_mlp_backward({layer, all, "sm_90a", false}));
-  if (bf16_weight_grads) {
-    GradientSet bf16 = all;
-    bf16.bf16_weight_grads = true;
-    add(emit_grouped_mlp_backward({layer, bf16, "sm_90a", false}));
-  }
-  if (layer.hidden % 128 == 0 && layer.ffn % 128 == 0 &&
-      layer.activation.layout == GluLayout::halves) {  // check_fp8_supported's conditions
-    add(emit_fp8_forward({layer, true, false, false, "sm_90a"}));
-    add(emit_grouped_mlp_backward({layer, all, "sm_90a", false, Fp8Scaling{}}));
-  }
-  return out;
-}
-
 // Every kernel of a layer's plans on `arch`: the forward without grad (with its decode pairs where
 // the arch has them) and with grad, and the backward with every gradient in fp32 and bf16; on
 // sm_90a also the FP8 recipes' plans (block and per-tensor scaling) where the layer allows them.
@@ -75,6 +45,14 @@ inline std::vector<KernelSource> plan_kernels(const LayerSpec& layer, const std:
       add(emit_grouped_mlp_backward({layer, all, arch, false, Fp8Scaling{false, per_tensor}}));
     }
   }
+  return out;
+}
+
+// The wgmma kernels of plan_kernels(layer, "sm_90a").
+inline std::vector<KernelSource> hopper_kernels(const LayerSpec& layer) {
+  std::vector<KernelSource> out;
+  for (KernelSource& k : plan_kernels(layer, "sm_90a"))
+    if (issues_wgmma(k)) out.push_back(std::move(k));
   return out;
 }
 
@@ -122,6 +100,11 @@ inline int spill_budget(std::string_view family) {
   if (family == "sm90_gemm") return 0;
   if (family == "sm90_dgrad") return 48;
   return -1;
+}
+
+// The presets' kernels are held tighter: their data gradients spill at most 20 bytes today.
+inline int preset_spill_budget(std::string_view family) {
+  return family == "sm90_dgrad" ? 32 : spill_budget(family);
 }
 
 }  // namespace gmjit::codegen::ptxas
