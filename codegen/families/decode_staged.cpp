@@ -6,12 +6,11 @@
 // portable_only); Engine::forward runs it when a call has more tokens per expert than the
 // decode_gemm pair serves well and no more than EngineOptions::decode_tokens_per_expert. Bound by
 // the portable forward's binding (the same GroupedGemmParams; engine/families/registry.cpp).
-#include <cstdlib>
-#include <string_view>
 
 #include <fmt/format.h>
 
 #include "codegen/emit_common.hpp"
+#include "codegen/env_switch.hpp"
 #include "codegen/families/family.hpp"
 #include "gmjit/error.hpp"
 
@@ -36,15 +35,9 @@ constexpr int kSmemPerSm = 233472, kSmemReservedPerBlock = 1024;
 // GMJIT_DECODE_PERSISTENT=1: persistent blocks (SMs x the blocks that fit one SM), each walking
 // many (expert, column block) items through one ring (decode_staged.cuh, Cfg::persistent). An
 // experiment for A/B timing against a block per item; not yet measured on a GPU, so off unless
-// asked for, and a value other than 0 or 1 is an error (an A/B run must not time the default
-// unknowingly).
+// asked for, and a value other than 0 or 1 is an error (env_switch).
 bool persistent_blocks() {
-  const char* forced = std::getenv("GMJIT_DECODE_PERSISTENT");
-  const std::string_view value = forced != nullptr ? forced : "";
-  if (value.empty() || value == "0") return false;
-  if (value == "1") return true;
-  throw Error(Status::invalid_argument,
-              fmt::format("GMJIT_DECODE_PERSISTENT must be 0 or 1 (or unset), got '{}'", value));
+  return env_switch("GMJIT_DECODE_PERSISTENT").value_or(false);
 }
 
 std::optional<KernelSource> emit(const KernelRequest& r) {

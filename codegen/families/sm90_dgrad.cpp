@@ -5,12 +5,11 @@
 // 64-column group may be partial: detail::sm90_column_tile); sm80_dgrad serves other arches.
 // Bound by engine/families/sm90_dgrad.cpp.
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 
 #include <fmt/format.h>
 
 #include "codegen/emit_common.hpp"
+#include "codegen/env_switch.hpp"
 #include "codegen/families/family.hpp"
 #include "gmjit/error.hpp"
 
@@ -25,15 +24,7 @@ namespace {
 // than the mainloop, and the consumers wait to park). GMJIT_DEFERRED_EPILOGUE=0 or 1 forces it
 // off or on (numerics tests on small layers, A/B timing).
 bool deferred_epilogue_pays(std::int64_t k) {
-  const char* forced = std::getenv("GMJIT_DEFERRED_EPILOGUE");
-  const std::string_view value = forced != nullptr ? forced : "";
-  if (value == "0") return false;
-  if (value == "1") return true;
-  if (!value.empty()) {  // "true", "on": an A/B run must not time the default unknowingly
-    throw Error(Status::invalid_argument,
-                fmt::format("GMJIT_DEFERRED_EPILOGUE must be 0 or 1 (or unset), got '{}'", value));
-  }
-  return k >= 4096;
+  return env_switch("GMJIT_DEFERRED_EPILOGUE").value_or(k >= 4096);
 }
 
 std::optional<KernelSource> emit(const KernelRequest& r) {

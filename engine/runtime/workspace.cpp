@@ -4,8 +4,8 @@
 
 #include <cstdlib>
 #include <limits>
-#include <string_view>
 
+#include "codegen/env_switch.hpp"
 #include "engine/runtime/capture_mode.hpp"
 #include "engine/runtime/device_context.hpp"
 #include "engine/runtime/driver.hpp"
@@ -127,15 +127,7 @@ WorkspaceLease::~WorkspaceLease() {
 
 namespace {
 bool static_tiles_requested() {
-  static const bool requested = [] {
-    const char* set = std::getenv("GMJIT_STATIC_TILES");
-    const std::string_view value = set != nullptr ? set : "";
-    if (value != "" && value != "0" && value != "1") {
-      throw Error(Status::invalid_argument,
-                  fmt::format("GMJIT_STATIC_TILES must be 0 or 1 (or unset), got '{}'", value));
-    }
-    return value == "1";
-  }();
+  static const bool requested = codegen::env_switch("GMJIT_STATIC_TILES").value_or(false);
   return requested;
 }
 }  // namespace
