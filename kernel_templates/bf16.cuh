@@ -82,4 +82,17 @@ __device__ __forceinline__ void store_zero16(void* p) {
   asm volatile("st.global.v4.b32 [%0], {%1, %1, %1, %1};" ::"l"(p), "r"(0u) : "memory");
 }
 
+// Word w (0-3) of a 16-byte vector.
+__device__ __forceinline__ unsigned int word_of(const uint4& v, int w) {
+  return w == 0 ? v.x : (w == 1 ? v.y : (w == 2 ? v.z : v.w));
+}
+
+// 16 bf16 (8 packed pairs) to out[0, 16): two 16-byte stores (out 32-byte aligned), each of 8
+// columns only where its flag says they exist.
+__device__ __forceinline__ void store_16(unsigned short* out, const unsigned int (&w)[8],
+                                         bool first = true, bool second = true) {
+  if (first) reinterpret_cast<uint4*>(out)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+  if (second) reinterpret_cast<uint4*>(out)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+}
+
 }  // namespace gmjit::kt

@@ -41,6 +41,77 @@ struct DeferredTile {
   int quarter;     // the consumer warp's 16-row quarter of each m64 tile (warp & 3)
 };
 
+// A deferred epilogue's units: one 64-column output group and row half (8 rows, 16 columns a
+// lane) of a consumer warp's parked rows, kRowUnits of a row half consecutive. kOutCols: output
+// columns per tile (a multiple of 64 where used), kWidth: the output width (a multiple of 8), kMt:
+// m64 tiles per consumer warpgroup. Where unit u of tile t lies for this lane: m64 tile m, row half
+// h, group cc; the lane's row (a dummy in-bounds one where row_in is false) and first column cq;
+// whether the group exists and which of the lane's two 8-column halves do.
+template <int kOutCols, int kWidth, int kMt>
+struct DeferredPlace {
+  static constexpr int kRowUnits = kOutCols / 64;
+  static constexpr int kUnits = kMt * 2 * kRowUnits;       // per consumer warp's buffer
+  static constexpr bool kNTail = kWidth % kOutCols != 0;   // partial last column tile
+  static constexpr bool kPartialGroup = kWidth % 64 != 0;  // ... ending inside a group
+  int m, cc, h, cq;
+  long long row;
+  bool row_in, cols_in;
+  bool seg[2];
+
+  __device__ static __forceinline__ DeferredPlace of(const DeferredTile& t, int u) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    DeferredPlace at;
+    at.m = u / (2 * kRowUnits);
+    at.h = (u / kRowUnits) % 2;
+    at.cc = u % kRowUnits;
+    at.row = t.row0 + at.m * 64 + t.quarter * 16 + (lane >> 2) + 8 * at.h;
+    at.row_in = at.row < t.rt.row_end;
+    if (!at.row_in) at.row = t.rt.row_begin;  // in-bounds dummy row for the loads
+    const int c0 = t.tile_n * kOutCols + at.cc * 64;
+    at.cols_in = !kNTail || c0 < kWidth;
+    at.cq = (at.cols_in ? c0 : 0) + 16 * (lane & 3);
+    at.seg[0] = !kPartialGroup || at.cq < kWidth;
+    at.seg[1] = !kPartialGroup || at.cq + 8 < kWidth;
+    return at;
+  }
+
+  // Whether unit u's row half holds a row of the tile (the same for the whole warp).
+  __device__ static __forceinline__ bool has_rows(const DeferredTile& t, int u) {
+    const int mm = u / (2 * kRowUnits), hh = (u / kRowUnits) % 2;
+    return t.row0 + mm * 64 + t.quarter * 16 + 8 * hh < t.rt.row_end;
+  }
+};
+
+// A finished tile's accumulators (wgmma's fragment layout) to the consumer warp's buffer, as bf16
+// pairs in row order: its row (m, r) at (16 m + r) * kRowBytes, the tile's columns in order.
+template <int kRowBytes, int kMt, int kRegs>
+__device__ __forceinline__ void park_bf16(const float (&acc)[kMt][kRegs], unsigned int buf) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+#pragma unroll
+  for (int m = 0; m < kMt; ++m)
+#pragma unroll
+    for (int j = 0; j < kRegs / 4; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const unsigned int a =
+            buf + (16 * m + (lane >> 2) + 8 * h) * kRowBytes + 16 * j + 4 * (lane & 3);
+        const unsigned int v = pack_bf16x2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
+      }
+}
+
+// This lane's 16 bf16 of a parked row from byte `a` of shared memory (8 packed pairs).
+__device__ __forceinline__ void load_parked_16(unsigned int a, unsigned int (&w)[8]) {
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+               : "r"(a)
+               : "memory");
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w[4]), "=r"(w[5]), "=r"(w[6]), "=r"(w[7])
+               : "r"(a + 16)
+               : "memory");
+}
+
 // Optional Cfg field `static constexpr bool deferred_epilogue = true` (codegen writes it for FC2
 // dgrad): each consumer warp parks its rows of the finished tile in shared memory (bf16, row
 // major) and starts the next tile, and the producer warpgroup's 3 idle warps run the parked

@@ -67,19 +67,6 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 }  // namespace sm90
 
-// Word w (0-3) of a 16-byte vector.
-__device__ __forceinline__ unsigned int word_of(const uint4& v, int w) {
-  return w == 0 ? v.x : (w == 1 ? v.y : (w == 2 ? v.z : v.w));
-}
-
-// 16 bf16 (8 packed pairs) to out[0, 16): two 16-byte stores (out 32-byte aligned), each of 8
-// columns only where its flag says they exist.
-__device__ __forceinline__ void store_16(unsigned short* out, const unsigned int (&w)[8],
-                                         bool first = true, bool second = true) {
-  if (first) reinterpret_cast<uint4*>(out)[0] = make_uint4(w[0], w[1], w[2], w[3]);
-  if (second) reinterpret_cast<uint4*>(out)[1] = make_uint4(w[4], w[5], w[6], w[7]);
-}
-
 // ---- FC2 dgrad + activation backward ---------------------------------------------------------
 // The epilogue of FC2 dgrad on a tile of g = dy · W2_g (kMt m64 tiles per consumer warpgroup,
 // kRegs accumulators each, wgmma's fragment layout), shared by the BF16 kernel below and the FP8
@@ -243,8 +230,9 @@ struct Fc2DgradEpilogue {
   // consecutive (one warp takes them all and sums their dprobs shares: one atomic per row). g is
   // rounded to bf16 on the way (torch's FC2 dgrad GEMM writes it in bf16 too).
   static constexpr int kBufRowBytes = Cfg::block_n * 2 + 16;
-  static constexpr int kDeferredRowUnits = Cfg::block_n / 64;
-  static constexpr int kDeferredUnits = kMt * 2 * kDeferredRowUnits;
+  using Place = sm90::DeferredPlace<Cfg::block_n, kF, kMt>;
+  static constexpr int kDeferredRowUnits = Place::kRowUnits;
+  static constexpr int kDeferredUnits = Place::kUnits;
 
   // A unit's global inputs, loaded two units ahead of its math.
   struct Unit {
@@ -252,60 +240,19 @@ struct Fc2DgradEpilogue {
     float pr;
   };
 
-  // Where unit u lies: m64 tile, 64-column group, row half; the lane's row and columns.
-  struct UnitPlace {
-    int m, cc, h, cq;
-    long long row;
-    bool row_in, cols_in;
-    bool seg[2];
-  };
-  __device__ static __forceinline__ UnitPlace place(const sm90::DeferredTile& t, int u) {
-    const int lane = static_cast<int>(threadIdx.x) & 31;
-    const int wq = t.quarter;
-    constexpr int kGroups = Cfg::block_n / 64;
-    UnitPlace at;
-    at.m = u / (2 * kGroups);
-    at.h = (u / kGroups) % 2;
-    at.cc = u % kGroups;
-    at.row = t.row0 + at.m * 64 + wq * 16 + (lane >> 2) + 8 * at.h;
-    at.row_in = at.row < t.rt.row_end;
-    if (!at.row_in) at.row = t.rt.row_begin;  // in-bounds dummy row for the loads
-    const int c0 = t.tile_n * Cfg::block_n + at.cc * 64;
-    at.cols_in = !kNTail || c0 < kF;
-    at.cq = (at.cols_in ? c0 : 0) + 16 * (lane & 3);
-    at.seg[0] = !kPartialGroup || at.cq < kF;
-    at.seg[1] = !kPartialGroup || at.cq + 8 < kF;
-    return at;
-  }
-
-  // The finished tile's accumulators to the warp's buffer, as bf16 pairs in row order.
   template <int kRegs>
   __device__ static __forceinline__ void defer(const float (&acc)[kMt][kRegs], unsigned int buf) {
-    const int lane = static_cast<int>(threadIdx.x) & 31;
-#pragma unroll
-    for (int m = 0; m < kMt; ++m)
-#pragma unroll
-      for (int j = 0; j < kRegs / 4; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const unsigned int a =
-              buf + (16 * m + (lane >> 2) + 8 * h) * kBufRowBytes + 16 * j + 4 * (lane & 3);
-          const unsigned int v = pack_bf16x2(acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
-          asm volatile("st.shared.b32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
-        }
+    sm90::park_bf16<kBufRowBytes>(acc, buf);
   }
 
-  // Whether unit u's row half holds a row of the tile (the same for the whole warp).
   __device__ static __forceinline__ bool has_rows(const sm90::DeferredTile& t, int u) {
-    constexpr int kGroups = Cfg::block_n / 64;
-    const int m = u / (2 * kGroups), h = (u / kGroups) % 2;
-    return t.row0 + m * 64 + t.quarter * 16 + 8 * h < t.rt.row_end;
+    return Place::has_rows(t, u);
   }
 
   template <class P>
   __device__ static __forceinline__ void load_unit(const P& p, const sm90::DeferredTile& t, int u,
                                                    Unit& in) {
-    const UnitPlace at = place(t, u);
+    const Place at = Place::of(t, u);
     const unsigned short* hr = static_cast<const unsigned short*>(p.plain.preact) + at.row * kF1;
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
@@ -324,19 +271,12 @@ struct Fc2DgradEpilogue {
   __device__ static __forceinline__ float run_unit(const P& p, const sm90::DeferredTile& t, int u,
                                                    const Unit& in, unsigned int buf) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
-    const UnitPlace at = place(t, u);
+    const Place at = Place::of(t, u);
     // This lane's 16 values of g: its row, columns 64 cc + 16 (lane % 4) + [0, 16).
-    const unsigned int a =
-        buf + (16 * at.m + (lane >> 2) + 8 * at.h) * kBufRowBytes + 128 * at.cc + 32 * (lane & 3);
     unsigned int w[8];
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-                 : "r"(a)
-                 : "memory");
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(w[4]), "=r"(w[5]), "=r"(w[6]), "=r"(w[7])
-                 : "r"(a + 16)
-                 : "memory");
+    sm90::load_parked_16(
+        buf + (16 * at.m + (lane >> 2) + 8 * at.h) * kBufRowBytes + 128 * at.cc + 32 * (lane & 3),
+        w);
     float g[16];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -353,7 +293,7 @@ struct Fc2DgradEpilogue {
   __device__ static __forceinline__ void add_dprobs(const P& p, const sm90::DeferredTile& t, int u,
                                                     float dsum) {
     if constexpr (Cfg::has_probs) {
-      const UnitPlace at = place(t, u);
+      const Place at = Place::of(t, u);
       float d = dsum + __shfl_xor_sync(0xffffffffu, dsum, 1);
       d += __shfl_xor_sync(0xffffffffu, d, 2);
       if (at.row_in && (static_cast<int>(threadIdx.x) & 3) == 0)

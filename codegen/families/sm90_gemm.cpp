@@ -4,6 +4,7 @@
 // as TMA's zeros, the last column tile may be partial (detail::sm90_column_tile) and so may its
 // last 64-column group; sm80_gemm serves other arches. Bound by engine/families/sm90_gemm.cpp.
 #include "codegen/emit_common.hpp"
+#include "codegen/env_switch.hpp"
 #include "codegen/families/family.hpp"
 
 namespace gmjit::codegen {
@@ -17,6 +18,17 @@ std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole ro
 namespace families {
 namespace {
 
+// FC1's epilogue (bias, activation, p; the pre-activation in training) on the producer
+// warpgroup's 3 idle warps during the next tile's mainloop, as FC2 dgrad's where K >= 4096
+// (sm90_dgrad.cpp): the consumers only park the tile as bf16. Costs a ring stage (128 x 256:
+// 3 instead of 4, the parked tile takes 66 KiB). An experiment for A/B timing, not yet measured
+// on a GPU: off unless GMJIT_FC1_DEFERRED_EPILOGUE=1; never on a 96-column GLU tile (the
+// epilogue warps run whole 64-column groups).
+bool fc1_deferred_epilogue(const TileConfig& tile, bool glu) {
+  const int out_columns = glu ? tile.block_n / 2 : tile.block_n;
+  return out_columns % 64 == 0 && env_switch("GMJIT_FC1_DEFERRED_EPILOGUE").value_or(false);
+}
+
 std::optional<KernelSource> emit(const KernelRequest& r) {
   if (!detail::sm90_allowed(r)) return std::nullopt;
   std::optional<TileConfig> tile = choose_sm90_tile(r.layer, r.role);
@@ -26,6 +38,7 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   // its expert (Fc2Sm90::store_tma); FC1's epilogue writes the activation and the saved
   // pre-activation, not one plain output.
   if (!fc1) tile->tma_store_boxes = detail::sm90_tma_store_boxes(*tile, r.arch);
+  if (fc1) tile->deferred_epilogue = fc1_deferred_epilogue(*tile, is_glu(r.layer.activation.kind));
   return detail::sm90_kernel(r, *tile, "sm90_mlp_fwd.cuh", fc1 ? "Fc1Sm90" : "Fc2Sm90",
                              "Sm90GemmParams");
 }

@@ -578,6 +578,40 @@ TEST(GroupedMlpEmit, Fc2DgradDefersItsEpilogueWhereTheMainloopHidesIt) {
   }
 }
 
+// GMJIT_FC1_DEFERRED_EPILOGUE=1 (an experiment) moves FC1's epilogue to the producer
+// warpgroup's idle warps, in inference and training alike, except on a 96-column GLU tile (the
+// epilogue warps run whole 64-column groups); FC2 keeps its TMA stores. Unset, no FC1 defers.
+TEST(GroupedMlpEmit, Fc1DefersItsEpilogueOnlyWhenAsked) {
+  const auto fc1_deferred = [](std::int64_t ffn, bool grad) {
+    LayerSpec layer = mixtral();
+    layer.hidden = 2048;
+    layer.ffn = ffn;
+    bool fc1 = false;
+    for (const auto& k : emit_grouped_mlp_forward({layer, grad, "sm_90a", false})) {
+      const bool found = k.source.find("deferred_epilogue = true") != std::string::npos;
+      if (k.role == KernelRole::fc1_forward) fc1 = found;
+      if (k.role == KernelRole::fc2_forward) {
+        EXPECT_FALSE(found) << "FC2, F " << ffn;
+      }
+    }
+    return fc1;
+  };
+  const testing::ScopedEnv deferral(
+      "GMJIT_FC1_DEFERRED_EPILOGUE");  // the caller's value is put back
+  deferral.unset();
+  EXPECT_FALSE(fc1_deferred(14336, false));
+  EXPECT_FALSE(fc1_deferred(14336, true));
+  deferral.set("1");
+  EXPECT_TRUE(fc1_deferred(14336, false));
+  EXPECT_TRUE(fc1_deferred(1408, true));
+  EXPECT_TRUE(fc1_deferred(2880, false));
+  EXPECT_FALSE(fc1_deferred(96, false));  // one 96-column GLU tile: 192 B rows, 96 outputs
+  deferral.set("0");
+  EXPECT_FALSE(fc1_deferred(14336, false));
+  deferral.set("on");
+  EXPECT_THROW(fc1_deferred(14336, false), Error);
+}
+
 // A Cfg field's value in a generated source, or -1 where the source has no such field.
 int cfg_int(const std::string& source, const std::string& field) {
   const std::size_t at = source.find(field + " = ");
