@@ -477,5 +477,60 @@ TEST(DecodePersistentBlocks, WriteWhatABlockPerItemWrites) {
   }
 }
 
+// FC1's epilogue on the producer warpgroup's idle warps (GMJIT_FC1_DEFERRED_EPILOGUE=1, an
+// experiment): every Hopper case of the forward suite (activations, layouts, biases, probs, ragged
+// and empty experts, tail rows, partial column tiles and groups, grad mode) within the same bounds
+// of the float64 reference, and the dumped sources show that the deferred FC1 ran wherever its
+// tile allows it (not on a 96-column GLU tile).
+TEST(Fc1DeferredEpilogue, MatchesTheReferenceOnEveryHopperCase) {
+  GMJIT_REQUIRE_GPU();
+  const ScopedEnv deferral("GMJIT_FC1_DEFERRED_EPILOGUE");  // the caller's value is put back
+  deferral.set("1");
+  const ScopedEnv dump("GMJIT_DUMP_SOURCE");
+  int deferred_runs = 0;
+  for (const Case& c : cases()) {
+    if (c.portable || c.unfused || c.force_decode) continue;
+    SCOPED_TRACE(c.name);
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / fmt::format("gmjit-fc1-deferred-{}", ::getpid());
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    dump.set(dir.string());
+    const LayerSpec layer = layer_of(c);
+    const std::int64_t tokens = tokens_of(c);
+    const HostLayer host = make_host_layer(layer, c.splits, tokens, 42);
+    const Reference ref = reference_forward(host);
+    DeviceLayer device(host, c.grad);
+    Engine engine(EngineOptions{.use_disk_cache = false, .decode_tokens_per_expert = 0});
+    engine.forward(layer, Recipe::bf16(), device.args, c.grad);
+    engine::ScopedContext context(engine::DeviceRegistry::instance().get(0).context());
+    engine::check_driver(engine::driver().cuCtxSynchronize(), "cuCtxSynchronize");
+    const auto y = DeviceLayer::download(device.y, tokens * layer.hidden);
+    EXPECT_EQ(count_non_finite(y), 0) << "unwritten (poisoned) or non-finite outputs";
+    EXPECT_LT(relative_error(y, ref.y), kTolerance);
+    for (std::int64_t i = (tokens - c.tail) * layer.hidden; i < tokens * layer.hidden; ++i) {
+      ASSERT_EQ(y[i] & 0x7FFF, 0) << "tail row element " << i << " must be written as zero";
+    }
+    if (c.grad == GradMode::grad) {
+      const auto preact = DeviceLayer::download(device.preact, tokens * layer.fc1_out());
+      EXPECT_EQ(count_non_finite(preact), 0);
+      EXPECT_LT(relative_error(preact, ref.preact), kTolerance);
+    }
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      if (name.find("gmjit_fc1_fwd") == std::string::npos ||
+          name.find("_sm90") == std::string::npos)
+        continue;
+      std::ifstream in(entry.path());
+      const std::string source((std::istreambuf_iterator<char>(in)), {});
+      const bool glu96 = is_glu(c.activation) && source.find("block_n = 192") != std::string::npos;
+      EXPECT_EQ(source.find("deferred_epilogue = true") != std::string::npos, !glu96) << name;
+      deferred_runs += !glu96;
+    }
+    std::filesystem::remove_all(dir);
+  }
+  EXPECT_GT(deferred_runs, 10) << "too few cases ran the deferred FC1";
+}
+
 }  // namespace
 }  // namespace gmjit::testing
