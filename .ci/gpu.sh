@@ -34,10 +34,11 @@ GMJIT_DEFERRED_EPILOGUE=1 ctest --test-dir build-gpu -L gpu -R \
   'Backward|Bf16WeightGradients|ZeroToken|Untrusted|GraphCapture|Recompute|CApi' -j"$jobs" -V \
   --timeout 600 >"$LOGS/gpu_tests_deferred.log" 2>&1 || gpu_rc=1
 # FC1's epilogue on the producer warpgroup's idle warps (an experiment, off by default): the
-# forward and training tests again with it, on every width, activation and split they use.
+# Hopper forward and training tests again with it, on every width, activation and split they use.
 GMJIT_FC1_DEFERRED_EPILOGUE=1 ctest --test-dir build-gpu -L gpu -R \
   'ForwardMatches|BackwardMatches|ZeroToken|Untrusted|GraphCapture|Recompute|NanPropagation' \
-  -E 'Fp8|[dD]ecode' -j"$jobs" -V --timeout 600 >"$LOGS/gpu_tests_fc1_deferred.log" 2>&1 || gpu_rc=1
+  -E 'Fp8|[dD]ecode|portable|unfused' -j"$jobs" -V --timeout 600 \
+  >"$LOGS/gpu_tests_fc1_deferred.log" 2>&1 || gpu_rc=1
 # The staged decode pair's persistent blocks (an experiment, off by default): the forward decode
 # tests and the garbage-split decode tests again with them.
 GMJIT_DECODE_PERSISTENT=1 ctest --test-dir build-gpu -L gpu -R 'decode|DecodeForward' -j"$jobs" -V \
