@@ -87,7 +87,7 @@ __device__ __forceinline__ unsigned int word_of(const uint4& v, int w) {
   return w == 0 ? v.x : (w == 1 ? v.y : (w == 2 ? v.z : v.w));
 }
 
-// 16 bf16 (8 packed pairs) to out[0, 16): two 16-byte stores (out 32-byte aligned), each of 8
+// 16 bf16 (8 packed pairs) to out[0, 16): two 16-byte stores (out 16-byte aligned), each of 8
 // columns only where its flag says they exist.
 __device__ __forceinline__ void store_16(unsigned short* out, const unsigned int (&w)[8],
                                          bool first = true, bool second = true) {

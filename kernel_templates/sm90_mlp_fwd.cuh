@@ -255,7 +255,7 @@ struct Fc1Sm90 {
   // producer warpgroup's 3 idle warps add the bias, apply the activation and p and store, a unit
   // (8 rows x 64 output columns, 16 a lane) at a time. x W1ᵀ is rounded to bf16 before the bias
   // is added (torch's grouped GEMM writes it in bf16 too): without a bias the saved
-  // pre-activation is the same bits as the undeferred kernel's.
+  // pre-activation is the same bits as the undeferred kernel's (up to the sign of zero).
   static constexpr int kBufRowBytes = Cfg::block_n * 2 + 16;
   using Place = sm90::DeferredPlace<block_n_out, kNOut, S::mt>;
   static constexpr int kDeferredRowUnits = Place::kRowUnits;
@@ -275,8 +275,11 @@ struct Fc1Sm90 {
     sm90::park_bf16<kBufRowBytes>(acc, buf);
   }
 
+  // Whether unit u has rows of the tile and its 64-column group lies inside the width (a partial
+  // last tile's groups past it have nothing to store); the same for the whole warp.
   __device__ static __forceinline__ bool has_rows(const sm90::DeferredTile& t, int u) {
-    return Place::has_rows(t, u);
+    return Place::has_rows(t, u) &&
+           (!Place::kNTail || t.tile_n * block_n_out + (u % kDeferredRowUnits) * 64 < kNOut);
   }
 
   __device__ static __forceinline__ void load_unit(const Sm90GemmParams& p,
