@@ -67,12 +67,18 @@ struct DeferredPlace {
     at.row = t.row0 + at.m * 64 + t.quarter * 16 + (lane >> 2) + 8 * at.h;
     at.row_in = at.row < t.rt.row_end;
     if (!at.row_in) at.row = t.rt.row_begin;  // in-bounds dummy row for the loads
+    // group_in(t, u), written out: calling it here reorders FC2 dgrad's compiled code.
     const int c0 = t.tile_n * kOutCols + at.cc * 64;
     at.cols_in = !kNTail || c0 < kWidth;
     at.cq = (at.cols_in ? c0 : 0) + 16 * (lane & 3);
     at.seg[0] = !kPartialGroup || at.cq < kWidth;
     at.seg[1] = !kPartialGroup || at.cq + 8 < kWidth;
     return at;
+  }
+
+  // Whether unit u's 64-column group lies inside the width (not past it, in a partial last tile).
+  __device__ static __forceinline__ bool group_in(const DeferredTile& t, int u) {
+    return !kNTail || t.tile_n * kOutCols + (u % kRowUnits) * 64 < kWidth;
   }
 
   // Whether unit u's row half holds a row of the tile (the same for the whole warp).

@@ -278,8 +278,7 @@ struct Fc1Sm90 {
   // Whether unit u has rows of the tile and its 64-column group lies inside the width (a partial
   // last tile's groups past it have nothing to store); the same for the whole warp.
   __device__ static __forceinline__ bool has_rows(const sm90::DeferredTile& t, int u) {
-    return Place::has_rows(t, u) &&
-           (!Place::kNTail || t.tile_n * block_n_out + (u % kDeferredRowUnits) * 64 < kNOut);
+    return Place::has_rows(t, u) && Place::group_in(t, u);
   }
 
   __device__ static __forceinline__ void load_unit(const Sm90GemmParams& p,
