@@ -252,21 +252,20 @@ struct Fc1Sm90 {
   // ---- Deferred epilogue (Cfg::deferred_epilogue; sm90::run_epilogue_warps runs it) ----------
   // A consumer warp parks its 16 rows of each m64 tile as bf16, the GEMM's columns in order (for
   // GLU the block_n / 2 gate columns, then their lin columns), and starts the next tile; the
-  // producer warpgroup's 3 idle warps add the bias, apply the activation and p and store, a unit
-  // (8 rows x 64 output columns, 16 a lane) at a time. x W1ᵀ is rounded to bf16 before the bias
-  // is added (torch's grouped GEMM writes it in bf16 too): without a bias the saved
-  // pre-activation is the same bits as the undeferred kernel's (up to the sign of zero).
+  // producer warpgroup's 3 idle warps apply the activation and p and store, a unit (8 rows x 64
+  // output columns, 16 a lane) at a time. The parked bf16 is the pre-activation the undeferred
+  // kernel saves, bit for bit up to the sign of zero; with a bias it would not be (the bias would
+  // come after the rounding), so the family never defers a biased FC1 (families/sm90_gemm.cpp).
   static constexpr int kBufRowBytes = Cfg::block_n * 2 + 16;
   using Place = sm90::DeferredPlace<block_n_out, kNOut, S::mt>;
   static constexpr int kDeferredRowUnits = Place::kRowUnits;
   static constexpr int kDeferredUnits = Place::kUnits;
   static_assert(!S::deferred || block_n_out % 64 == 0,
                 "a deferred epilogue runs whole 64-column output groups (no 96-column GLU tile)");
+  static_assert(!S::deferred || !Cfg::has_bias, "a deferred FC1 epilogue adds no bias");
 
-  // A unit's global inputs, loaded two units ahead of its math: the bias of the lane's 16 gate
-  // (or only) and lin columns, and the row's p.
+  // A unit's global input, loaded two units ahead of its math: the row's p.
   struct Unit {
-    uint4 bg[2], bl[2];
     float pr;
   };
 
@@ -284,21 +283,6 @@ struct Fc1Sm90 {
   __device__ static __forceinline__ void load_unit(const Sm90GemmParams& p,
                                                    const sm90::DeferredTile& t, int u, Unit& in) {
     const Place at = Place::of(t, u);
-#pragma unroll
-    for (int s = 0; s < 2; ++s) in.bg[s] = in.bl[s] = make_uint4(0u, 0u, 0u, 0u);
-    if constexpr (Cfg::has_bias) {
-      const unsigned short* bias = static_cast<const unsigned short*>(p.plain.bias) +
-                                   static_cast<long long>(t.rt.expert) * kN;
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        if (!at.seg[s]) continue;  // no bias past the width
-        in.bg[s] = *reinterpret_cast<const uint4*>(
-            bias + (kGlu ? gate_col<kLayout>(at.cq, Cfg::ffn) : at.cq) + 8 * s);
-        if constexpr (kGlu)
-          in.bl[s] =
-              *reinterpret_cast<const uint4*>(bias + lin_col<kLayout>(at.cq, Cfg::ffn) + 8 * s);
-      }
-    }
     in.pr = Cfg::has_probs && at.row_in ? p.plain.probs[at.row] : 1.0f;
   }
 
@@ -314,20 +298,15 @@ struct Fc1Sm90 {
     if constexpr (kGlu)
       sm90::load_parked_16(row_at + 2 * block_n_out + 128 * at.cc + 32 * (lane & 3), xl);
     const ActParams ap{Cfg::act_limit, Cfg::act_alpha};
-    unsigned int ao[8], pg[8], pl[8];
+    unsigned int ao[8];
 #pragma unroll
     for (int w = 0; w < 8; ++w) {
-      const unsigned int bgw = word_of(in.bg[w / 4], w % 4), blw = word_of(in.bl[w / 4], w % 4);
-      const float x0 = bf16x2_lo(xg[w]) + bf16x2_lo(bgw), x1 = bf16x2_hi(xg[w]) + bf16x2_hi(bgw);
-      pg[w] = Cfg::has_bias ? pack_bf16x2(x0, x1) : xg[w];
+      const float x0 = bf16x2_lo(xg[w]), x1 = bf16x2_hi(xg[w]);
       float a0, a1;
       if constexpr (kGlu) {
-        const float l0 = bf16x2_lo(xl[w]) + bf16x2_lo(blw), l1 = bf16x2_hi(xl[w]) + bf16x2_hi(blw);
-        pl[w] = Cfg::has_bias ? pack_bf16x2(l0, l1) : xl[w];
-        a0 = glu_fwd<Cfg::act>(x0, l0, ap);
-        a1 = glu_fwd<Cfg::act>(x1, l1, ap);
+        a0 = glu_fwd<Cfg::act>(x0, bf16x2_lo(xl[w]), ap);
+        a1 = glu_fwd<Cfg::act>(x1, bf16x2_hi(xl[w]), ap);
       } else {
-        pl[w] = 0u;
         a0 = act_fwd<Cfg::act>(x0, ap);
         a1 = act_fwd<Cfg::act>(x1, ap);
       }
@@ -336,12 +315,12 @@ struct Fc1Sm90 {
     if (at.row_in && at.cols_in) {
       store_16(static_cast<unsigned short*>(p.plain.out) + at.row * kNOut + at.cq, ao, at.seg[0],
                at.seg[1]);
-      if constexpr (Cfg::save_preact) {
+      if constexpr (Cfg::save_preact) {  // the parked words as they are
         unsigned short* pre = static_cast<unsigned short*>(p.plain.preact_out) + at.row * kN;
-        store_16(pre + (kGlu ? gate_col<kLayout>(at.cq, Cfg::ffn) : at.cq), pg, at.seg[0],
+        store_16(pre + (kGlu ? gate_col<kLayout>(at.cq, Cfg::ffn) : at.cq), xg, at.seg[0],
                  at.seg[1]);
         if constexpr (kGlu)
-          store_16(pre + lin_col<kLayout>(at.cq, Cfg::ffn), pl, at.seg[0], at.seg[1]);
+          store_16(pre + lin_col<kLayout>(at.cq, Cfg::ffn), xl, at.seg[0], at.seg[1]);
       }
     }
     return 0.0f;

@@ -18,15 +18,22 @@ std::optional<TileConfig> choose_sm90_tile(const LayerSpec& layer, KernelRole ro
 namespace families {
 namespace {
 
-// FC1's epilogue (bias, activation, p; the pre-activation in training) on the producer
-// warpgroup's 3 idle warps during the next tile's mainloop, as FC2 dgrad's where K >= 4096
-// (sm90_dgrad.cpp): the consumers only park the tile as bf16. Costs a ring stage (128 x 256:
-// 3 instead of 4, the parked tile takes 66 KiB). An experiment for A/B timing, not yet measured
-// on a GPU: off unless GMJIT_FC1_DEFERRED_EPILOGUE=1; never on a 96-column GLU tile (the
-// epilogue warps run whole 64-column groups).
-bool fc1_deferred_epilogue(const TileConfig& tile, bool glu) {
-  const int out_columns = glu ? tile.block_n / 2 : tile.block_n;
-  return out_columns % 64 == 0 && env_switch("GMJIT_FC1_DEFERRED_EPILOGUE").value_or(false);
+// FC1's epilogue (activation, p; the pre-activation in training) on the producer warpgroup's 3
+// idle warps during the next tile's mainloop, as FC2 dgrad's (sm90_dgrad.cpp): the consumers
+// only park the tile as bf16. Costs a ring stage (128 x 256: 3 instead of 4, the parked tile
+// takes 66 KiB). On the H200 (docs/PERFORMANCE.md, session 45) the no-grad forward took
+// 0.94-0.98x the time at K = H >= 4096 (mixtral, deepseek) and 1.02-1.10x at 2048 and 2880, where
+// the mainloop is too short to hide the 3 warps' work; forward+backward did not gain, so training
+// (which also stores the pre-activation) keeps the consumers' epilogue. Never with an FC1 bias:
+// a bias added after the bf16 rounding can flip the sign of a pre-activation near zero, and
+// ReLU's mask or a clamp with it (the backward's gradients, 2-3 % off on the H200). Never on a
+// 96-column GLU tile (the epilogue warps run whole 64-column groups).
+// GMJIT_FC1_DEFERRED_EPILOGUE=0 or 1 forces it off or on where it can run.
+bool fc1_deferred_epilogue(const TileConfig& tile, const KernelRequest& r) {
+  const int out_columns = is_glu(r.layer.activation.kind) ? tile.block_n / 2 : tile.block_n;
+  if (out_columns % 64 != 0 || r.layer.fc1_bias) return false;
+  return env_switch("GMJIT_FC1_DEFERRED_EPILOGUE")
+      .value_or(!r.save_preact && r.layer.hidden >= 4096);
 }
 
 std::optional<KernelSource> emit(const KernelRequest& r) {
@@ -38,7 +45,7 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   // its expert (Fc2Sm90::store_tma); FC1's epilogue writes the activation and the saved
   // pre-activation, not one plain output.
   if (!fc1) tile->tma_store_boxes = detail::sm90_tma_store_boxes(*tile, r.arch);
-  if (fc1) tile->deferred_epilogue = fc1_deferred_epilogue(*tile, is_glu(r.layer.activation.kind));
+  if (fc1) tile->deferred_epilogue = fc1_deferred_epilogue(*tile, r);
   return detail::sm90_kernel(r, *tile, "sm90_mlp_fwd.cuh", fc1 ? "Fc1Sm90" : "Fc2Sm90",
                              "Sm90GemmParams");
 }

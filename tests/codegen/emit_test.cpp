@@ -578,20 +578,22 @@ TEST(GroupedMlpEmit, Fc2DgradDefersItsEpilogueWhereTheMainloopHidesIt) {
   }
 }
 
-// GMJIT_FC1_DEFERRED_EPILOGUE=1 (an experiment) moves FC1's epilogue to the producer
-// warpgroup's idle warps, in inference and training alike, except on a 96-column GLU tile (the
-// epilogue warps run whole 64-column groups); FC2 keeps its TMA stores. Unset, no FC1 defers.
-TEST(GroupedMlpEmit, Fc1DefersItsEpilogueOnlyWhenAsked) {
-  const auto fc1_deferred = [](std::int64_t ffn, bool grad) {
+// FC1's epilogue moves to the producer warpgroup's idle warps in inference where the mainloop is
+// long (K = H >= 4096), never with an FC1 bias nor on a 96-column GLU tile (the epilogue warps
+// run whole 64-column groups); GMJIT_FC1_DEFERRED_EPILOGUE=0 or 1 forces it off or on (training
+// included) where it can run. FC2 keeps its TMA stores.
+TEST(GroupedMlpEmit, Fc1DefersItsEpilogueInInferenceOnLongMainloops) {
+  const auto fc1_deferred = [](std::int64_t hidden, std::int64_t ffn, bool grad, bool bias) {
     LayerSpec layer = mixtral();
-    layer.hidden = 2048;
+    layer.hidden = hidden;
     layer.ffn = ffn;
+    layer.fc1_bias = bias;
     bool fc1 = false;
     for (const auto& k : emit_grouped_mlp_forward({layer, grad, "sm_90a", false})) {
       const bool found = k.source.find("deferred_epilogue = true") != std::string::npos;
       if (k.role == KernelRole::fc1_forward) fc1 = found;
       if (k.role == KernelRole::fc2_forward) {
-        EXPECT_FALSE(found) << "FC2, F " << ffn;
+        EXPECT_FALSE(found) << "FC2, H " << hidden << ", F " << ffn;
       }
     }
     return fc1;
@@ -599,17 +601,20 @@ TEST(GroupedMlpEmit, Fc1DefersItsEpilogueOnlyWhenAsked) {
   const testing::ScopedEnv deferral(
       "GMJIT_FC1_DEFERRED_EPILOGUE");  // the caller's value is put back
   deferral.unset();
-  EXPECT_FALSE(fc1_deferred(14336, false));
-  EXPECT_FALSE(fc1_deferred(14336, true));
+  EXPECT_TRUE(fc1_deferred(4096, 14336, false, false));  // mixtral
+  EXPECT_TRUE(fc1_deferred(7168, 2048, false, false));   // deepseek
+  EXPECT_FALSE(fc1_deferred(4096, 14336, true, false));  // training
+  EXPECT_FALSE(fc1_deferred(2048, 1408, false, false));  // e64: too short a mainloop
+  EXPECT_FALSE(fc1_deferred(4096, 14336, false, true));  // an FC1 bias
   deferral.set("1");
-  EXPECT_TRUE(fc1_deferred(14336, false));
-  EXPECT_TRUE(fc1_deferred(1408, true));
-  EXPECT_TRUE(fc1_deferred(2880, false));
-  EXPECT_FALSE(fc1_deferred(96, false));  // one 96-column GLU tile: 192 B rows, 96 outputs
+  EXPECT_TRUE(fc1_deferred(2048, 1408, true, false));
+  EXPECT_TRUE(fc1_deferred(2880, 2880, false, false));
+  EXPECT_FALSE(fc1_deferred(4096, 14336, false, true));  // not even when forced
+  EXPECT_FALSE(fc1_deferred(2048, 96, false, false));    // one 96-column GLU tile
   deferral.set("0");
-  EXPECT_FALSE(fc1_deferred(14336, false));
+  EXPECT_FALSE(fc1_deferred(4096, 14336, false, false));
   deferral.set("on");
-  EXPECT_THROW(fc1_deferred(14336, false), Error);
+  EXPECT_THROW(fc1_deferred(4096, 14336, false, false), Error);
 }
 
 // A Cfg field's value in a generated source, or -1 where the source has no such field.
