@@ -13,13 +13,6 @@ if [ -z "${GMJIT_SKIP_MEMCHECK:-}" ]; then
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/gpu/gmjit_gpu_tests \
     --gtest_filter="${GMJIT_MEMCHECK_FILTER:-Garbage/UntrustedSplits.*:*_w200*:*_w8x16*:*decode_staged_limit*}" >"$OUT/memcheck.txt" 2>&1
   san_rc=$?
-  # The staged decode pair's persistent blocks (an experiment, off by default): under garbage
-  # splits, and walking many items per block (DecodePersistentBlocks).
-  echo "== memcheck, GMJIT_DECODE_PERSISTENT=1" >>"$OUT/memcheck.txt"
-  GMJIT_DECODE_PERSISTENT=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 1 \
-    build-gpu/tests/gpu/gmjit_gpu_tests \
-    --gtest_filter="Garbage/UntrustedSplits.DecodeForward*:*decode_staged_limit*:DecodePersistentBlocks.*" \
-    >>"$OUT/memcheck.txt" 2>&1 || san_rc=1
 fi
 py_rc=skipped
 if [ -z "${GMJIT_SKIP_PYTHON:-}" ]; then

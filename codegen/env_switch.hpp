@@ -1,6 +1,6 @@
 #pragma once
 // The 0/1 environment switches that force a code-generation or runtime choice for A/B timing and
-// numerics tests (GMJIT_DECODE_PERSISTENT, GMJIT_DEFERRED_EPILOGUE, GMJIT_STATIC_TILES).
+// numerics tests (GMJIT_DEFERRED_EPILOGUE, GMJIT_FC1_DEFERRED_EPILOGUE, GMJIT_STATIC_TILES).
 
 #include <fmt/format.h>
 

@@ -34,13 +34,6 @@
 // or 256: L2 prefetch size hint of the weight copies), smem_bytes (the launch's dynamic shared
 // memory, checked against the ring's size). Launch: blockDim = 128, gridDim = (column blocks, E +
 // 1), dynamic shared memory = smem_bytes.
-//
-// Optional field `static constexpr bool persistent = true` (GMJIT_DECODE_PERSISTENT=1, an
-// experiment not yet run on a GPU): the grid is (SMs, blocks per SM), and each block walks the
-// items (expert, column block) i = its index, + the grid's size, ...; one ring runs through all
-// of a block's passes, so the next item's first stages load while this one's last are multiplied,
-// where a block per item fills its ring from empty and drains it (the prologue and tail that the
-// other blocks of its SM have to cover).
 
 #include "gmjit/expert_schedule.cuh"
 #include "gmjit/params.cuh"
@@ -85,15 +78,6 @@ __device__ __forceinline__ void zero_rows_past_experts(const GroupedGemmParams& 
     zero_row_range(p.out, Epi::kNOut, end, p.tokens, c0, groups_in(c0, Epi::kCols, Epi::kNOut),
                    threadIdx.x, nthreads);
 }
-
-template <class Cfg, class = void>
-struct PersistentOf {
-  static constexpr bool value = false;
-};
-template <class Cfg>
-struct PersistentOf<Cfg, decltype(void(Cfg::persistent))> {
-  static constexpr bool value = Cfg::persistent;
-};
 
 }  // namespace decode
 
@@ -251,113 +235,8 @@ struct DecodeStaged {
     cp_async_wait<0>();  // only empty groups remain
   }
 
-  // ---- persistent blocks (Cfg::persistent) ----
-  static constexpr int kBlocks = (Epi::kNOut + Epi::kCols - 1) / Epi::kCols;  // column blocks
-  static constexpr long long kItems = static_cast<long long>(Cfg::experts + 1) * kBlocks;
-
-  // A block's passes in order: items first, first + stride, ... (expert item / kBlocks, column
-  // block item % kBlocks; expert == experts: the rows past every expert, zeroed, no passes), each
-  // item's passes of up to kTokens tokens. Block-uniform: every thread walks the same.
-  struct Walk {
-    long long item, stride, row0, end;
-    int expert, block;
-    __device__ bool done() const { return item >= kItems; }
-    __device__ int count() const {
-      return static_cast<int>(end - row0 < kTokens ? end - row0 : kTokens);
-    }
-
-    // Moves to the first item from `item` on that has a pass; kZero: zeroes the rows-past-experts
-    // items on the way (the walk that stores does, the one that loads ahead does not).
-    template <bool kZero>
-    __device__ void settle(const GroupedGemmParams& p, const SplitT* split) {
-#pragma unroll 1
-      for (; item < kItems; item += stride) {
-        expert = static_cast<int>(item / kBlocks);
-        block = static_cast<int>(item % kBlocks);
-        if (expert == Cfg::experts) {
-          if constexpr (kZero)
-            decode::zero_rows_past_experts<Epi, Cfg::experts>(p, split, block, threads);
-          continue;
-        }
-        expert_rows(split, p.tokens, expert, row0, end);
-        if (row0 < end) return;
-      }
-    }
-    template <bool kZero>
-    __device__ void next_pass(const GroupedGemmParams& p, const SplitT* split) {
-      row0 += kTokens;
-      if (row0 < end) return;
-      item += stride;
-      settle<kZero>(p, split);
-    }
-  };
-
-  // The ring's next stage along the loading walk: stage `step` of its pass, then the walk moves on.
-  __device__ static __forceinline__ void load_next(const GroupedGemmParams& p, const SplitT* split,
-                                                   Walk& load, Copies& c, int& step,
-                                                   unsigned int slot) {
-    if (load.done()) return;
-    copy_stage(c, slot, step);
-    if (++step < kSteps) return;
-    step = 0;
-    load.template next_pass<false>(p, split);
-    if (!load.done()) c = plan_copies(p, load.expert, load.block, load.row0, load.count());
-  }
-
-  __device__ static void run_persistent(const GroupedGemmParams& p, unsigned int ring) {
-    const int warp = static_cast<int>(threadIdx.x) >> 5;
-    const auto* split = static_cast<const SplitT*>(p.split_sizes);
-    const long long stride = static_cast<long long>(gridDim.x) * gridDim.y;
-    const long long first = static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x;
-    Walk use{first, stride, 0, 0, 0, 0};
-    use.template settle<true>(p, split);
-    if (use.done()) return;
-    Walk load = use;
-    Copies c = plan_copies(p, load.expert, load.block, load.row0, load.count());
-    int load_step = 0;
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      load_next(p, split, load, c, load_step, ring + s * kStageBytes);
-      cp_async_commit();
-    }
-    float acc[kTokens / 2];
-#pragma unroll
-    for (int r = 0; r < kTokens / 2; ++r) acc[r] = 0.0f;
-    int step = 0;
-#pragma unroll 1
-    for (unsigned int flat = 0;; ++flat) {
-      // As mainloop: this stage's copies have landed and are visible to wgmma, and every warp's
-      // previous wgmma is complete before its slot is refilled.
-      cp_async_wait<kStages - 2>();
-      sm90::fence_proxy_async();
-      __syncthreads();
-      load_next(p, split, load, c, load_step,
-                ring + ((flat + kStages - 1) % kStages) * kStageBytes);
-      cp_async_commit();
-      multiply_stage(ring + (flat % kStages) * kStageBytes, acc);
-      if (++step < kSteps) continue;
-      step = 0;
-      const int count = use.count();
-#pragma unroll
-      for (int j = 0; j < kTokens / 8; ++j) {
-        if (8 * j >= count) break;
-        const float v[4] = {acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]};
-        Epi::store(p, use.expert, use.block, warp, j, use.row0, count, v);
-      }
-#pragma unroll
-      for (int r = 0; r < kTokens / 2; ++r) acc[r] = 0.0f;
-      use.template next_pass<true>(p, split);
-      if (use.done()) break;
-    }
-    cp_async_wait<0>();  // only empty groups remain
-  }
-
   __device__ static void run(const GroupedGemmParams& p) {
     extern __shared__ __align__(1024) unsigned char gmjit_decode_smem[];
-    if constexpr (decode::PersistentOf<Cfg>::value) {
-      run_persistent(p, (sm90::smem_u32(gmjit_decode_smem) + 1023u) & ~1023u);
-      return;
-    }
     const int warp = static_cast<int>(threadIdx.x) >> 5;
     const int expert = static_cast<int>(blockIdx.y), block = static_cast<int>(blockIdx.x);
     const auto* split = static_cast<const SplitT*>(p.split_sizes);

@@ -10,7 +10,6 @@
 #include <fmt/format.h>
 
 #include "codegen/emit_common.hpp"
-#include "codegen/env_switch.hpp"
 #include "codegen/families/family.hpp"
 #include "gmjit/error.hpp"
 
@@ -32,14 +31,6 @@ constexpr int kL2PrefetchBytes = 128;  // as decode_gemm's loads
 // Shared memory of one SM that blocks may hold (228 KiB on sm_90), 1 KiB reserved per block.
 constexpr int kSmemPerSm = 233472, kSmemReservedPerBlock = 1024;
 
-// GMJIT_DECODE_PERSISTENT=1: persistent blocks (SMs x the blocks that fit one SM), each walking
-// many (expert, column block) items through one ring (decode_staged.cuh, Cfg::persistent). An
-// experiment for A/B timing against a block per item; not yet measured on a GPU, so off unless
-// asked for, and a value other than 0 or 1 is an error (env_switch).
-bool persistent_blocks() {
-  return env_switch("GMJIT_DECODE_PERSISTENT").value_or(false);
-}
-
 std::optional<KernelSource> emit(const KernelRequest& r) {
   if (!detail::sm90_allowed(r)) return std::nullopt;
   const auto [fc1, glu, k, out_columns] =
@@ -52,22 +43,15 @@ std::optional<KernelSource> emit(const KernelRequest& r) {
   // own layout (DecodeStaged::smem_bytes).
   const int smem = stages * (kRows + pass_tokens) * 2 * kStageK + 1024;
   const int blocks_per_sm = kSmemPerSm / (smem + kSmemReservedPerBlock);
-  const bool persistent = persistent_blocks();
-  LaunchShape launch = detail::fixed_launch(
+  const LaunchShape launch = detail::fixed_launch(
       128, smem, (out_columns + cols_per_block - 1) / cols_per_block, r.layer.experts + 1);
-  if (persistent) {  // x: one block per SM at launch time, y: the blocks one SM holds
-    launch.grid = LaunchShape::Grid::persistent;
-    launch.grid_y = static_cast<std::uint32_t>(blocks_per_sm);
-  }
   return detail::kernel_source(
       r, "decode_mlp_fwd.cuh", fc1 ? "Fc1Decode" : "Fc2Decode", "GroupedGemmParams",
-      r.fields +
-          fmt::format(
-              "  static constexpr bool staged = true;\n"
-              "  static constexpr int m_tiles = 4, stage_k = {}, stages = {}, tokens = {};\n"
-              "  static constexpr int min_blocks = {}, l2_prefetch = {}, smem_bytes = {};\n{}",
-              kStageK, stages, pass_tokens, blocks_per_sm, kL2PrefetchBytes, smem,
-              persistent ? "  static constexpr bool persistent = true;\n" : ""),
+      r.fields + fmt::format(
+                     "  static constexpr bool staged = true;\n"
+                     "  static constexpr int m_tiles = 4, stage_k = {}, stages = {}, tokens = {};\n"
+                     "  static constexpr int min_blocks = {}, l2_prefetch = {}, smem_bytes = {};\n",
+                     kStageK, stages, pass_tokens, blocks_per_sm, kL2PrefetchBytes, smem),
       launch);
 }
 

@@ -171,43 +171,6 @@ TEST(DecodeEmit, WidePairFollowsTheNarrowOneWithStagedBlocksOf64Rows) {
   EXPECT_NE(short_rows[4].source.find("min_blocks = 3"), std::string::npos);
 }
 
-// GMJIT_DECODE_PERSISTENT=1 (an experiment): the wide decode pair's blocks become persistent, one
-// per SM times the blocks one SM holds (the grid's y), walking the items themselves; the ring and
-// the rest of the source stay. Unset or 0: a block per item, the default. Another value names
-// the variable.
-TEST(DecodeEmit, PersistentStagedBlocksOnlyWhenAskedFor) {
-  const testing::ScopedEnv persistent("GMJIT_DECODE_PERSISTENT");  // the caller's value is put back
-  const auto wide_fc1 = [] {
-    const KernelSource fc1 =
-        emit_grouped_mlp_forward({qwen3_30b_a3b(), false, "sm_90a", false, 16})[4];
-    EXPECT_EQ(fc1.role, KernelRole::fc1_decode_wide);
-    return fc1;
-  };
-  persistent.unset();
-  const KernelSource per_item = wide_fc1();
-  persistent.set("0");
-  EXPECT_EQ(wide_fc1().source, per_item.source);
-  persistent.set("1");
-  const KernelSource walking = wide_fc1();
-  EXPECT_EQ(per_item.source.find("persistent"), std::string::npos);
-  EXPECT_NE(walking.source.find("static constexpr bool persistent = true;"), std::string::npos)
-      << walking.source;
-  EXPECT_EQ(walking.launch.grid, LaunchShape::Grid::persistent);
-  EXPECT_EQ(walking.launch.grid_y, 3u);  // min_blocks of a 3-stage ring
-  EXPECT_EQ(walking.launch.rows_y(1000), 3u);
-  EXPECT_EQ(walking.launch.dynamic_smem_bytes, per_item.launch.dynamic_smem_bytes);
-  EXPECT_EQ(walking.launch.threads, per_item.launch.threads);
-  persistent.set("yes");
-  try {
-    wide_fc1();
-    ADD_FAILURE() << "GMJIT_DECODE_PERSISTENT=yes must be rejected";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("GMJIT_DECODE_PERSISTENT must be 0 or 1"),
-              std::string::npos)
-        << error.what();
-  }
-}
-
 TEST(GroupedMlpEmit, EveryCodegenInputChangesTheSource) {
   const LayerSpec base = mixtral();
   const std::string reference = emit_grouped_mlp_forward({base, false})[0].source;

@@ -224,33 +224,6 @@ TEST(NvrtcCompile, Bf16WeightGradientKernels) {
   }
 }
 
-// The staged decode pair's persistent blocks (GMJIT_DECODE_PERSISTENT=1) compile with a GLU on
-// halves and on interleaved32 and a plain activation, 16- and 32-token passes, without spills.
-TEST(NvrtcCompile, PersistentStagedDecodeKernels) {
-  const testing::ScopedEnv persistent("GMJIT_DECODE_PERSISTENT");  // the caller's value is put back
-  persistent.set("1");
-  int compiled = 0;
-  for (const Case& c :
-       {Case{"swiglu", "sm_90a", Activation::swiglu, GluLayout::halves, true, false, 2048, 768},
-        Case{"geglu_i32", "sm_90a", Activation::geglu, GluLayout::interleaved32, true, false, 200,
-             96},
-        Case{"relu", "sm_90a", Activation::relu, GluLayout::halves, false, false, 4096, 1416}}) {
-    for (const int limit : {16, 32}) {
-      for (const KernelSource& k :
-           emit_grouped_mlp_forward({c.layer(64), false, "sm_90a", false, limit})) {
-        if (k.family != "decode_staged") continue;
-        SCOPED_TRACE(k.entry);
-        EXPECT_NE(k.source.find("persistent = true"), std::string::npos);
-        const CompiledCubin cubin = compile_to_cubin(k, "sm_90a", "test", {"--ptxas-options=-v"});
-        EXPECT_NE(cubin.log.find("Used "), std::string::npos) << "no ptxas report:\n" << cubin.log;
-        EXPECT_EQ(ptxas::spill_findings(cubin.log, 0), "");
-        ++compiled;
-      }
-    }
-  }
-  EXPECT_EQ(compiled, 12);  // FC1 and FC2 of three layers at two pass widths
-}
-
 // The op-by-op activation kernel: the smallest kernel the library emits.
 KernelSource small_kernel() {
   return emit_activation({ActivationSpec{}, 128, true});

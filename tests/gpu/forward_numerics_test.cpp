@@ -389,11 +389,6 @@ TEST_P(ForwardMatchesFloat64Reference, WithinBf16Bounds) {
 INSTANTIATE_TEST_SUITE_P(Layers, ForwardMatchesFloat64Reference, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
 
-// The staged decode kernel's persistent blocks (GMJIT_DECODE_PERSISTENT=1, decode_staged.cuh):
-// each block walks many (expert, column block) items through one ring, and must write exactly
-// what a block per item writes (the same stages, summed in the same order): bit for bit, every
-// row, the zeroed tail included. Layers with more items than the grid has blocks (64 experts),
-// with empty experts, 32-token passes and experts of several passes.
 // The translation units the engine compiles while this lives (GMJIT_DUMP_SOURCE into a fresh
 // folder, both put back after): which kernel ran, for the tests of an experiment switch (one
 // that stopped taking effect would otherwise compare the default kernel with itself).
@@ -425,90 +420,6 @@ class SourceDump {
   ScopedEnv env_{"GMJIT_DUMP_SOURCE"};  // the caller's value is put back
   std::filesystem::path dir_;
 };
-
-struct DecodeRun {
-  std::vector<std::uint16_t> y;
-  int persistent_sources = 0;  // wide decode kernels compiled with Cfg::persistent
-};
-
-DecodeRun decode_forward(const Case& c, const HostLayer& host, bool persistent) {
-  const ScopedEnv env("GMJIT_DECODE_PERSISTENT");  // the caller's value is put back
-  env.set(persistent ? "1" : "0");
-  const SourceDump dump(fmt::format("decode-{}", persistent));
-  DeviceLayer device(host, GradMode::no_grad);
-  Engine engine(EngineOptions{.use_disk_cache = false, .decode_tokens_per_expert = c.decode_limit});
-  engine.forward(layer_of(c), Recipe::bf16(), device.args, GradMode::no_grad);
-  engine::ScopedContext context(engine::DeviceRegistry::instance().get(0).context());
-  engine::check_driver(engine::driver().cuCtxSynchronize(), "cuCtxSynchronize");
-  DecodeRun run{DeviceLayer::download(device.y, tokens_of(c) * c.hidden)};
-  for (const auto& [name, source] : dump.sources("_decode_wide")) {
-    run.persistent_sources += source.find("persistent = true") != std::string::npos;
-  }
-  return run;
-}
-
-TEST(DecodePersistentBlocks, WriteWhatABlockPerItemWrites) {
-  GMJIT_REQUIRE_GPU();
-  // 64 experts of 0 to 24 tokens (16-token passes) and of 0 to 40 (32-token passes, experts of
-  // two): more (expert, column block) items than the 396 blocks of a 132-SM grid.
-  std::vector<std::int64_t> many(64), more(64);
-  for (std::size_t e = 0; e < many.size(); ++e) {
-    many[e] = (e % 5 == 3) ? 0 : 9 + (e * 7) % 16;
-    more[e] = (e % 7 == 2) ? 0 : 17 + (e * 11) % 24;
-  }
-  // name, activation, layout, biases and probs, split dtype, splits, tail; then widths and the
-  // decode limit (16-token passes up to 16, else 32; the average must exceed 8 for the staged
-  // pair).
-  const auto with = [](Case c, std::int64_t hidden, std::int64_t ffn, int limit) {
-    c.hidden = hidden;
-    c.ffn = ffn;
-    c.decode_limit = limit;
-    return c;
-  };
-  const Activation swiglu = Activation::swiglu;
-  const GluLayout halves = GluLayout::halves;
-  const std::vector<Case> cases = {
-      with({"e64_swiglu", swiglu, halves, true, true, true, DType::i64, many, 7}, 512, 1024, 16),
-      with({"e64_staged32", swiglu, halves, true, true, true, DType::i32, more, 3}, 320, 576, 32),
-      with({"geglu_interleaved",
-            Activation::geglu,
-            GluLayout::interleaved32,
-            true,
-            false,
-            true,
-            DType::i64,
-            {12, 20, 9, 16, 0, 33},
-            5},
-           200, 96, 16),
-      with({"clamped",
-            Activation::clamped_swiglu,
-            halves,
-            true,
-            true,
-            true,
-            DType::i32,
-            {0, 30, 12, 9, 0, 21},
-            0},
-           1440, 1008, 16),
-      with({"relu", Activation::relu, halves, false, true, false, DType::i64, {10, 10, 10, 10}, 2},
-           8, 16, 16),
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
-    const HostLayer host = make_host_layer(layer_of(c), c.splits, tokens_of(c), 7);
-    const DecodeRun block_per_item = decode_forward(c, host, false);
-    const DecodeRun walking = decode_forward(c, host, true);
-    EXPECT_EQ(block_per_item.persistent_sources, 0);
-    EXPECT_EQ(walking.persistent_sources, 2) << "the persistent FC1 and FC2 did not run";
-    const auto& per_item = block_per_item.y;
-    const auto& persistent = walking.y;
-    EXPECT_EQ(count_non_finite(persistent), 0) << "unwritten (poisoned) or non-finite outputs";
-    EXPECT_LT(relative_error(persistent, reference_forward(host).y), kTolerance);
-    std::int64_t differ = 0;
-    for (std::size_t i = 0; i < per_item.size(); ++i) differ += per_item[i] != persistent[i];
-    EXPECT_EQ(differ, 0) << "elements that differ from the block-per-item kernel's";
-  }
-}
 
 // FC1's epilogue on the producer warpgroup's idle warps (GMJIT_FC1_DEFERRED_EPILOGUE=1 forces it
 // where it can run): every Hopper case of the forward suite, its FC1 bias dropped (a biased FC1
