@@ -33,8 +33,8 @@ fi
 GMJIT_DEFERRED_EPILOGUE=1 ctest --test-dir build-gpu -L gpu -R \
   'Backward|Bf16WeightGradients|ZeroToken|Untrusted|GraphCapture|Recompute|CApi' -j"$jobs" -V \
   --timeout 600 >"$LOGS/gpu_tests_deferred.log" 2>&1 || gpu_rc=1
-# FC1's epilogue on the producer warpgroup's idle warps (by default only in inference at
-# H >= 4096): the Hopper forward and training tests again with it forced on wherever it can run,
+# FC1's epilogue on the producer warpgroup's idle warps (an experiment, off by default): the
+# Hopper forward and training tests again with it forced on wherever it can run (no FC1 bias),
 # on every width, activation and split they use.
 GMJIT_FC1_DEFERRED_EPILOGUE=1 ctest --test-dir build-gpu -L gpu -R \
   'ForwardMatches|BackwardMatches|ZeroToken|Untrusted|GraphCapture|Recompute|NanPropagation' \

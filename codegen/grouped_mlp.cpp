@@ -114,8 +114,7 @@ families::KernelRequest forward_request(const GroupedMlpForwardDesc& desc, Kerne
           .portable_only = desc.portable_only,
           .entry = std::move(entry),
           .fields = std::move(fields),
-          .decode_tokens_per_expert = desc.decode_tokens_per_expert,
-          .save_preact = desc.save_preact};
+          .decode_tokens_per_expert = desc.decode_tokens_per_expert};
 }
 
 // A forward GEMM of `desc`: sm90_gemm or sm80_gemm (codegen/families) by arch and widths.

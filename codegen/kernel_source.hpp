@@ -12,7 +12,7 @@ namespace gmjit::codegen {
 // and each block finds its expert there. Fixed kernels: (grid_x, grid_y, grid_z) as given (per
 // expert kernels put the expert in y or z; grid-stride kernels use x alone).
 // Persistent kernels: x is one block per multiprocessor of the device they run on; y is grid_y
-// (1, or the blocks one SM holds for the staged decode pair's persistent variant).
+// (1 for every kernel gmjit emits now).
 struct LaunchShape {
   enum class Grid : std::uint8_t { grouped_rows, fixed, persistent };
   // How the kernel takes its operands: plain pointers, or (Hopper kernels) TMA descriptors that

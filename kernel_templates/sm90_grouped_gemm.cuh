@@ -119,11 +119,12 @@ __device__ __forceinline__ void load_parked_16(unsigned int a, unsigned int (&w)
 }
 
 // Optional Cfg field `static constexpr bool deferred_epilogue = true` (codegen writes it for FC2
-// dgrad): each consumer warp parks its rows of the finished tile in shared memory (bf16, row
-// major) and starts the next tile, and the producer warpgroup's 3 idle warps run the parked
-// tile's epilogue (run_epilogue_warps below) while the tensor cores work, instead of the
-// consumers after the mainloop while they idle. (Run by the consumers a piece per K step, the same
-// epilogue made FC2 dgrad 9-17 % slower: docs/PERFORMANCE.md, session 29.)
+// dgrad, and for FC1's forward where GMJIT_FC1_DEFERRED_EPILOGUE=1): each consumer warp parks
+// its rows of the finished tile in shared memory (bf16, row major) and starts the next tile, and
+// the producer warpgroup's 3 idle warps run the parked tile's epilogue (run_epilogue_warps below)
+// while the tensor cores work, instead of the consumers after the mainloop while they idle. (Run by
+// the consumers a piece per K step, the same epilogue made FC2 dgrad 9-17 % slower:
+// docs/PERFORMANCE.md, session 29.)
 template <class Cfg, class = void>
 struct DeferredEpilogueOf {
   static constexpr bool value = false;

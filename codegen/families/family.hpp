@@ -35,7 +35,6 @@ struct KernelRequest {
   // Decode roles: the most tokens per expert (on average) a call the pair serves has
   // (EngineOptions::decode_tokens_per_expert).
   int decode_tokens_per_expert = 0;
-  bool save_preact = false;  // fc1_forward in grad mode: FC1 also writes the pre-activation
 };
 
 // The family's kernel for `request`, or nullopt where it does not apply (arch, widths, no tile).

@@ -20,20 +20,19 @@ namespace {
 
 // FC1's epilogue (activation, p; the pre-activation in training) on the producer warpgroup's 3
 // idle warps during the next tile's mainloop, as FC2 dgrad's (sm90_dgrad.cpp): the consumers
-// only park the tile as bf16. Costs a ring stage (128 x 256: 3 instead of 4, the parked tile
-// takes 66 KiB). On the H200 (docs/PERFORMANCE.md, session 45) the no-grad forward took
-// 0.94-0.98x the time at K = H >= 4096 (mixtral, deepseek) and 1.02-1.10x at 2048 and 2880, where
-// the mainloop is too short to hide the 3 warps' work; forward+backward did not gain, so training
-// (which also stores the pre-activation) keeps the consumers' epilogue. Never with an FC1 bias:
-// a bias added after the bf16 rounding can flip the sign of a pre-activation near zero, and
-// ReLU's mask or a clamp with it (the backward's gradients, 2-3 % off on the H200). Never on a
-// 96-column GLU tile (the epilogue warps run whole 64-column groups).
-// GMJIT_FC1_DEFERRED_EPILOGUE=0 or 1 forces it off or on where it can run.
+// only park the tile as bf16, at the cost of a ring stage (128 x 256: 3 instead of 4). On the
+// H200 (docs/PERFORMANCE.md, session 45) the no-grad forward took 0.94-0.98x the time at K = H
+// >= 4096 (mixtral, deepseek) and 1.02-1.10x at 2048 and 2880, and forward+backward did not gain.
+// Off unless GMJIT_FC1_DEFERRED_EPILOGUE=1 all the same: the activation then takes bf16(h), not
+// the fp32 h of the rounding contract (docs/DESIGN.md), so an inference forward would no longer
+// match a grad-mode recompute of the same call bit for bit. Never with an FC1 bias (added after
+// that rounding, it can flip a pre-activation's sign near zero, and with it ReLU's mask or a
+// clamp: the backward's gradients 2-3 % off), nor on a 96-column GLU tile (the epilogue warps
+// run whole 64-column groups). The switch is read first, so a bad value is an error on any layer.
 bool fc1_deferred_epilogue(const TileConfig& tile, const KernelRequest& r) {
+  const bool asked = env_switch("GMJIT_FC1_DEFERRED_EPILOGUE").value_or(false);
   const int out_columns = is_glu(r.layer.activation.kind) ? tile.block_n / 2 : tile.block_n;
-  if (out_columns % 64 != 0 || r.layer.fc1_bias) return false;
-  return env_switch("GMJIT_FC1_DEFERRED_EPILOGUE")
-      .value_or(!r.save_preact && r.layer.hidden >= 4096);
+  return asked && out_columns % 64 == 0 && !r.layer.fc1_bias;
 }
 
 std::optional<KernelSource> emit(const KernelRequest& r) {

@@ -541,11 +541,11 @@ TEST(GroupedMlpEmit, Fc2DgradDefersItsEpilogueWhereTheMainloopHidesIt) {
   }
 }
 
-// FC1's epilogue moves to the producer warpgroup's idle warps in inference where the mainloop is
-// long (K = H >= 4096), never with an FC1 bias nor on a 96-column GLU tile (the epilogue warps
-// run whole 64-column groups); GMJIT_FC1_DEFERRED_EPILOGUE=0 or 1 forces it off or on (training
-// included) where it can run. FC2 keeps its TMA stores.
-TEST(GroupedMlpEmit, Fc1DefersItsEpilogueInInferenceOnLongMainloops) {
+// GMJIT_FC1_DEFERRED_EPILOGUE=1 moves FC1's epilogue to the producer warpgroup's idle warps, in
+// inference and training alike, never with an FC1 bias nor on a 96-column GLU tile (the epilogue
+// warps run whole 64-column groups); unset or 0, no FC1 defers (the rounding contract). FC2 keeps
+// its TMA stores. A bad value is an error whatever the layer.
+TEST(GroupedMlpEmit, Fc1DefersItsEpilogueOnlyWhenAskedAndWithoutBias) {
   const auto fc1_deferred = [](std::int64_t hidden, std::int64_t ffn, bool grad, bool bias) {
     LayerSpec layer = mixtral();
     layer.hidden = hidden;
@@ -564,20 +564,19 @@ TEST(GroupedMlpEmit, Fc1DefersItsEpilogueInInferenceOnLongMainloops) {
   const testing::ScopedEnv deferral(
       "GMJIT_FC1_DEFERRED_EPILOGUE");  // the caller's value is put back
   deferral.unset();
-  EXPECT_TRUE(fc1_deferred(4096, 14336, false, false));  // mixtral
-  EXPECT_TRUE(fc1_deferred(7168, 2048, false, false));   // deepseek
-  EXPECT_FALSE(fc1_deferred(4096, 14336, true, false));  // training
-  EXPECT_FALSE(fc1_deferred(2048, 1408, false, false));  // e64: too short a mainloop
-  EXPECT_FALSE(fc1_deferred(4096, 14336, false, true));  // an FC1 bias
+  EXPECT_FALSE(fc1_deferred(4096, 14336, false, false));  // mixtral
+  EXPECT_FALSE(fc1_deferred(7168, 2048, false, false));   // deepseek
   deferral.set("1");
+  EXPECT_TRUE(fc1_deferred(4096, 14336, false, false));
   EXPECT_TRUE(fc1_deferred(2048, 1408, true, false));
   EXPECT_TRUE(fc1_deferred(2880, 2880, false, false));
-  EXPECT_FALSE(fc1_deferred(4096, 14336, false, true));  // not even when forced
+  EXPECT_FALSE(fc1_deferred(4096, 14336, false, true));  // an FC1 bias
   EXPECT_FALSE(fc1_deferred(2048, 96, false, false));    // one 96-column GLU tile
   deferral.set("0");
   EXPECT_FALSE(fc1_deferred(4096, 14336, false, false));
   deferral.set("on");
   EXPECT_THROW(fc1_deferred(4096, 14336, false, false), Error);
+  EXPECT_THROW(fc1_deferred(4096, 14336, false, true), Error);
 }
 
 // A Cfg field's value in a generated source, or -1 where the source has no such field.
