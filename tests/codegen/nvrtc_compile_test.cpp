@@ -224,6 +224,38 @@ TEST(NvrtcCompile, Bf16WeightGradientKernels) {
   }
 }
 
+// FC1's deferred epilogue (GMJIT_FC1_DEFERRED_EPILOGUE=1, an experiment, off by default)
+// compiles with its wgmma pipelined and without spills, with and without grad: GLU on halves
+// (a partial last 64-column group: F = 1008) and on interleaved32, and a plain activation on a
+// tile of 256 output columns; router probs scale in the epilogue warps.
+TEST(NvrtcCompile, DeferredFc1Kernels) {
+  const testing::ScopedEnv deferral(
+      "GMJIT_FC1_DEFERRED_EPILOGUE");  // the caller's value is put back
+  deferral.set("1");
+  int compiled = 0;
+  for (const Case& c :
+       {Case{"swiglu", "sm_90a", Activation::swiglu, GluLayout::halves, false, false, 4096, 1008},
+        Case{"geglu_i32", "sm_90a", Activation::geglu, GluLayout::interleaved32, false, false, 7168,
+             2048},
+        Case{"relu", "sm_90a", Activation::relu, GluLayout::halves, false, false, 2048, 768}}) {
+    for (const bool grad : {false, true}) {
+      LayerSpec layer = c.layer(8);
+      layer.router_probs = true;
+      for (const KernelSource& k : emit_grouped_mlp_forward({layer, grad, "sm_90a", false, 0})) {
+        if (k.role != KernelRole::fc1_forward) continue;
+        SCOPED_TRACE(k.entry);
+        EXPECT_NE(k.source.find("deferred_epilogue = true"), std::string::npos);
+        const CompiledCubin cubin = compile_to_cubin(k, "sm_90a", "test", {"--ptxas-options=-v"});
+        EXPECT_NE(cubin.log.find("Used "), std::string::npos) << "no ptxas report:\n" << cubin.log;
+        EXPECT_EQ(ptxas::wgmma_findings(cubin.log), "");
+        EXPECT_EQ(ptxas::spill_findings(cubin.log, ptxas::spill_budget(k.family)), "");
+        ++compiled;
+      }
+    }
+  }
+  EXPECT_EQ(compiled, 6);  // FC1 of three layers, with and without grad
+}
+
 // The op-by-op activation kernel: the smallest kernel the library emits.
 KernelSource small_kernel() {
   return emit_activation({ActivationSpec{}, 128, true});
