@@ -11,8 +11,7 @@ namespace gmjit::codegen {
 // bound on row tiles (ceil(T / block_m) + experts + 1) since the split sizes stay on the device
 // and each block finds its expert there. Fixed kernels: (grid_x, grid_y, grid_z) as given (per
 // expert kernels put the expert in y or z; grid-stride kernels use x alone).
-// Persistent kernels: x is one block per multiprocessor of the device they run on; y is grid_y
-// (1 for every kernel gmjit emits now).
+// Persistent kernels: one block per multiprocessor of the device they run on, x only.
 struct LaunchShape {
   enum class Grid : std::uint8_t { grouped_rows, fixed, persistent };
   // How the kernel takes its operands: plain pointers, or (Hopper kernels) TMA descriptors that
@@ -25,7 +24,7 @@ struct LaunchShape {
   std::uint32_t threads = 0;
   std::uint32_t dynamic_smem_bytes = 0;
   std::uint32_t grid_x = 1;
-  std::uint32_t grid_y = 1;  // fixed and persistent grids
+  std::uint32_t grid_y = 1;  // fixed grids only
   std::uint32_t grid_z = 1;  // fixed grids only
   std::uint32_t block_m = 1;
   std::uint32_t block_n = 1;  // tensor-map kernels: the tile width the maps are encoded for
