@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python package's GPU check, run from the repo root on the GPU machine (no network there):
-# builds and installs the package into a venv that sees the system's torch/transformers/nanobind/
-# scikit-build-core, runs the GPU pytest suite, then the CPU-cost benchmark, the transformers
+# builds and installs the package into the image's python3 (which holds torch, transformers,
+# nanobind and scikit-build-core; GMJIT_VENV=DIR makes a venv on top of it instead), runs the GPU
+# pytest suite, then the CPU-cost benchmark, the transformers
 # block benchmark and the training example; short tables last. Needs .devcarry/include with
 # xxhash.h and dlpack/dlpack.h (see .ci/gpu.sh). Skip parts with GMJIT_SKIP_TRAIN=1,
 # GMJIT_SKIP_BENCH=1. Full logs go to $OUT (default /tmp/gmjit-py-out).

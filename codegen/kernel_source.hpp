@@ -24,7 +24,7 @@ struct LaunchShape {
   std::uint32_t threads = 0;
   std::uint32_t dynamic_smem_bytes = 0;
   std::uint32_t grid_x = 1;
-  std::uint32_t grid_y = 1;  // fixed grids only
+  std::uint32_t grid_y = 1;  // fixed grids; stays 1 for persistent ones (rows_y returns it)
   std::uint32_t grid_z = 1;  // fixed grids only
   std::uint32_t block_m = 1;
   std::uint32_t block_n = 1;  // tensor-map kernels: the tile width the maps are encoded for

@@ -76,7 +76,8 @@ struct DeferredPlace {
     return at;
   }
 
-  // Whether unit u's 64-column group lies inside the width (not past it, in a partial last tile).
+  // Whether unit u's 64-column group lies inside the width (not past it, in a partial last tile);
+  // of() computes the same test into cols_in.
   __device__ static __forceinline__ bool group_in(const DeferredTile& t, int u) {
     return !kNTail || t.tile_n * kOutCols + (u % kRowUnits) * 64 < kWidth;
   }
@@ -670,10 +671,11 @@ class ParkingConsumer {
 // runs a row half's Epi::kDeferredRowUnits units in a row (their dprobs shares summed: one
 // atomic per row) and keeps the next two units' loads in flight while it runs one. Epi provides
 // kDeferredUnits (per buffer), kDeferredRowUnits, Unit (a unit's global inputs),
-// has_rows(tile, u) (whether the unit's row half holds a row of the tile), load_unit(p, tile, u,
-// in), run_unit(p, tile, u, in, buf) -> dprobs share, add_dprobs(p, tile, u, sum) and finish(p,
-// tile, warp, warps) (after the units, the warpgroup rows' share of warp `warp` of `warps`); see
-// Fc2DgradEpilogue.
+// runs_unit(tile, u) (whether unit u has anything to do; false skips its loads, its math and, on
+// a row half's last unit, that row half's add_dprobs, so an Epi with dprobs must answer for whole
+// row halves), load_unit(p, tile, u, in), run_unit(p, tile, u, in, buf) -> dprobs share,
+// add_dprobs(p, tile, u, sum) and finish(p, tile, warp, warps) (after the units, the warpgroup
+// rows' share of warp `warp` of `warps`); see Fc2DgradEpilogue.
 template <class S, class Epi, class P, class R>
 __device__ __forceinline__ void run_epilogue_warps(const P& p, const Handover& h, const R& ring,
                                                    int e) {
@@ -700,13 +702,13 @@ __device__ __forceinline__ void run_epilogue_warps(const P& p, const Handover& h
     // its lanes would all predicate off.
     const auto load = [&](int i, typename Epi::Unit& in) {
       const int g = unit_of(i);
-      if (i < n && Epi::has_rows(tile_of(g), g % kUnits))
+      if (i < n && Epi::runs_unit(tile_of(g), g % kUnits))
         Epi::load_unit(p, tile_of(g), g % kUnits, in);
     };
     float dsum = 0.0f;
     const auto run = [&](int i, const typename Epi::Unit& in) {
       const int g = unit_of(i);
-      if (!Epi::has_rows(tile_of(g), g % kUnits)) return;
+      if (!Epi::runs_unit(tile_of(g), g % kUnits)) return;
       dsum += Epi::run_unit(p, tile_of(g), g % kUnits, in,
                             ring.deferred_buffer(4 + g / kUnits, S::deferred_warp_bytes));
       if (i % kRow == kRow - 1) {

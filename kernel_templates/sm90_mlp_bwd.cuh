@@ -229,7 +229,7 @@ struct Fc2DgradEpilogue {
   // and row half (8 rows, 16 columns a lane), the kDeferredRowUnits units of a row half
   // consecutive (one warp takes them all and sums their dprobs shares: one atomic per row). g is
   // rounded to bf16 on the way (torch's FC2 dgrad GEMM writes it in bf16 too).
-  static constexpr int kBufRowBytes = Cfg::block_n * 2 + 16;
+  static constexpr int kBufRowBytes = sm90::TileShape<Cfg>::deferred_row_bytes;
   using Place = sm90::DeferredPlace<Cfg::block_n, kF, kMt>;
   static constexpr int kDeferredRowUnits = Place::kRowUnits;
   static constexpr int kDeferredUnits = Place::kUnits;
@@ -245,7 +245,8 @@ struct Fc2DgradEpilogue {
     sm90::park_bf16<kBufRowBytes>(acc, buf);
   }
 
-  __device__ static __forceinline__ bool has_rows(const sm90::DeferredTile& t, int u) {
+  // A whole row half runs or not (its dprobs sum is added once, after its last unit).
+  __device__ static __forceinline__ bool runs_unit(const sm90::DeferredTile& t, int u) {
     return Place::has_rows(t, u);
   }
 
@@ -386,8 +387,8 @@ struct Fc2DgradSm90 {
   __device__ static __forceinline__ void defer(const Acc& acc, unsigned int buf) {
     Epilogue::defer(acc, buf);
   }
-  __device__ static __forceinline__ bool has_rows(const sm90::DeferredTile& t, int u) {
-    return Epilogue::has_rows(t, u);
+  __device__ static __forceinline__ bool runs_unit(const sm90::DeferredTile& t, int u) {
+    return Epilogue::runs_unit(t, u);
   }
   __device__ static __forceinline__ void load_unit(const Sm90Fc2DgradParams& p,
                                                    const sm90::DeferredTile& t, int u, Unit& in) {

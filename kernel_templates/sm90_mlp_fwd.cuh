@@ -16,15 +16,20 @@
 //                                   time, and 32 for the last ones of a 96-column tile).
 //                                   block_m * block_n <= 32768 (128 accumulators per thread)
 //   block_k                  int    must be 64 (one 128-byte swizzle row)
-//   stages                   int    TMA ring depth, 2..16; 4 for 128 x 256 (smem must fit 227 KiB)
+//   stages                   int    TMA ring depth, 2..16; 4 for 128 x 256 (3 with a deferred
+//                                   epilogue; smem must fit 227 KiB)
 //   group_m                  int    row tiles walked per column sweep (L2 rasterization), e.g. 8
 //   smem_bytes               int    dynamic smem; must equal stages*(block_m+block_n)*128 + 20480
-//                                   (ring + alignment + barriers/tile info + epilogue staging)
+//                                   (ring + alignment + barriers/tile info + epilogue staging),
+//                                   with deferred_epilogue the ring + 2048 + the parked tiles
+//                                   (sm90::TileShape checks it)
 // FC1 only:
 //   act                      gmjit::kt::Act
 //   glu_layout               gmjit::kt::GluLayout (ignored for non-GLU activations)
 //   act_limit, act_alpha     float  ClampedSwiGLU parameters (ignored otherwise)
 //   save_preact              bool   write h (bf16, original [T, F1] column layout) to preact_out
+//   deferred_epilogue        bool   optional (false if absent): the producer warpgroup's idle warps
+//                                   run the epilogue of a tile the consumers parked (no FC1 bias)
 // Divisibility: hidden % 8 == 0, ffn % 8 == 0 (16-byte rows). A reduction length (hidden for FC1,
 // ffn for FC2) that 64 does not divide ends in a K block read partly as TMA's zeros. The output
 // width (ffn for FC1, hidden for FC2) may end in a partial column tile when block_n_out
@@ -256,7 +261,7 @@ struct Fc1Sm90 {
   // output columns, 16 a lane) at a time. The parked bf16 is the pre-activation the undeferred
   // kernel saves, bit for bit up to the sign of zero; with a bias it would not be (the bias would
   // come after the rounding), so the family never defers a biased FC1 (families/sm90_gemm.cpp).
-  static constexpr int kBufRowBytes = Cfg::block_n * 2 + 16;
+  static constexpr int kBufRowBytes = S::deferred_row_bytes;
   using Place = sm90::DeferredPlace<block_n_out, kNOut, S::mt>;
   static constexpr int kDeferredRowUnits = Place::kRowUnits;
   static constexpr int kDeferredUnits = Place::kUnits;
@@ -275,8 +280,9 @@ struct Fc1Sm90 {
   }
 
   // Whether unit u has rows of the tile and its 64-column group lies inside the width (a partial
-  // last tile's groups past it have nothing to store); the same for the whole warp.
-  __device__ static __forceinline__ bool has_rows(const sm90::DeferredTile& t, int u) {
+  // last tile's groups past it have nothing to store); the same for the whole warp. It may skip a
+  // row half's last units alone, as FC1 has no dprobs to add after them.
+  __device__ static __forceinline__ bool runs_unit(const sm90::DeferredTile& t, int u) {
     return Place::has_rows(t, u) && Place::group_in(t, u);
   }
 

@@ -1,7 +1,8 @@
 // Family decode_staged: the forward of decode calls with up to 16 or 32 tokens per expert per pass,
 // without grad (Fc1Decode / Fc2Decode over DecodeStaged, decode_staged.cuh, GroupedGemmParams):
 // a block of one warpgroup owns 64 weight rows of one expert, cp.async copies them and the tokens
-// stage by stage into 128-byte swizzled shared memory, wgmma m64n16k16 multiplies them there.
+// stage by stage into 128-byte swizzled shared memory, wgmma m64nNk16 (N: the tokens of a pass)
+// multiplies them there.
 // The fused no-grad forward plan carries this pair after the decode_gemm pair on sm_90a (not
 // portable_only); Engine::forward runs it when a call has more tokens per expert than the
 // decode_gemm pair serves well and no more than EngineOptions::decode_tokens_per_expert. Bound by
@@ -11,7 +12,6 @@
 
 #include "codegen/emit_common.hpp"
 #include "codegen/families/family.hpp"
-#include "gmjit/error.hpp"
 
 namespace gmjit::codegen::families {
 namespace {

@@ -28,7 +28,8 @@ namespace {
 // match a grad-mode recompute of the same call bit for bit. Never with an FC1 bias (added after
 // that rounding, it can flip a pre-activation's sign near zero, and with it ReLU's mask or a
 // clamp: the backward's gradients 2-3 % off), nor on a 96-column GLU tile (the epilogue warps
-// run whole 64-column groups). The switch is read first, so a bad value is an error on any layer.
+// run whole 64-column groups). The switch is read before the tile and the bias are looked at, so
+// a bad value is an error on every layer with a Hopper FC1 kernel.
 bool fc1_deferred_epilogue(const TileConfig& tile, const KernelRequest& r) {
   const bool asked = env_switch("GMJIT_FC1_DEFERRED_EPILOGUE").value_or(false);
   const int out_columns = is_glu(r.layer.activation.kind) ? tile.block_n / 2 : tile.block_n;
