@@ -58,16 +58,14 @@ std::size_t missing_from_cache(const CompileReport& report) {
   cache::DiskCacheConfig config = cache::DiskCacheConfig::from_environment();
   config.warn = [](std::string_view) {};  // the engine has reported the environment already
   const cache::DiskCache disk(config);
-  std::set<std::pair<std::string, std::string>> present;
+  // By key: two layers' kernels may share a name and arch (a clamp limit is not in the name).
+  std::set<std::string> present;
   for (const std::vector<cache::EntryListing>& listing : {disk.list(), disk.list_shared()}) {
-    for (const cache::EntryListing& entry : listing) {
-      present.emplace(entry.labels.kernel, entry.labels.arch);
-    }
+    for (const cache::EntryListing& entry : listing) present.insert(entry.key.hex());
   }
-  const std::set<std::pair<std::string, std::string>> prepared(report.kernels.begin(),
-                                                               report.kernels.end());
+  const std::set<std::string> prepared(report.kernel_keys.begin(), report.kernel_keys.end());
   std::size_t missing = 0;
-  for (const auto& kernel : prepared) missing += present.count(kernel) == 0 ? 1 : 0;
+  for (const std::string& key : prepared) missing += present.count(key) == 0 ? 1 : 0;
   return missing;
 }
 

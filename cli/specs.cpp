@@ -339,7 +339,8 @@ CompileReport compile_specs(const std::vector<CompileSpec>& specs, bool print) {
       std::printf("%-16s %-7s %-9s %zu kernels\n", spec.name.c_str(), arch.c_str(), what,
                   plan.kernel_names.size());
     }
-    for (const std::string& name : plan.kernel_names) report.kernels.emplace_back(name, arch);
+    report.kernel_keys.insert(report.kernel_keys.end(), plan.kernel_keys.begin(),
+                              plan.kernel_keys.end());
     ++report.plans;
   };
   for (const CompileSpec& spec : specs) {

@@ -37,7 +37,7 @@ std::vector<CompileSpec> load_specs(const std::string& path,
 
 struct CompileReport {
   std::uint64_t plans = 0;
-  std::vector<std::pair<std::string, std::string>> kernels;  // (entry name, arch) of every plan
+  std::vector<std::string> kernel_keys;  // the disk-cache key of every plan's every kernel
   EngineCounters counters;
   double seconds = 0;
   std::string cache_directory;

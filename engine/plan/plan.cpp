@@ -60,7 +60,10 @@ std::size_t PlanKey::hash() const {
 PreparedPlanInfo describe(const PreparedPlan& plan) {
   PreparedPlanInfo info;
   info.arch = plan.arch;
-  for (const auto& kernel : plan.kernels) info.kernel_names.push_back(kernel->entry);
+  for (const auto& kernel : plan.kernels) {
+    info.kernel_names.push_back(kernel->entry);
+    info.kernel_keys.push_back(kernel->key.hex());
+  }
   return info;
 }
 

@@ -149,6 +149,9 @@ struct EngineCounters {
 // compile-only bench phases produce.
 struct PreparedPlanInfo {
   std::vector<std::string> kernel_names;
+  // Their disk-cache keys (32 hex digits), in the same order. A name is not unique: layers that
+  // differ only in a constant (a clamp limit, an experiment switch) share kernel names.
+  std::vector<std::string> kernel_keys;
   std::string arch;
 };
 

@@ -31,6 +31,19 @@ if GMJIT_CACHE_DIR="$work/small" GMJIT_CACHE_MAXSIZE=20K "$gmjit" compile --spec
   fail "compile into a cache too small to keep its kernels reported success"
 fi
 grep -q "no longer in .*evicted" "$work/small.err" || fail "no reason given: $(cat "$work/small.err")"
+# Two layers that differ only in the clamp limit share their kernels' names (the limit is a
+# constant in the source, not in the name): with limit 8's kernels in a shared layer, limit 7's
+# evicted FC1 kernels must count as missing although kernels of their names are still served.
+layer='"experts": 4, "hidden": 256, "ffn": 128, "activation": "clamped_swiglu", "grad": "no_grad",
+  "arches": ["sm_90a"]'
+echo "[{\"name\": \"limit8\", \"limit\": 8, $layer}]" >"$work/limit8.json"
+echo "[{\"name\": \"limit7\", \"limit\": 7, $layer}]" >"$work/limit7.json"
+GMJIT_CACHE_DIR="$work/limit8" "$gmjit" compile --specs "$work/limit8.json" >/dev/null
+if GMJIT_CACHE_SHARED_DIR="$work/limit8" GMJIT_CACHE_DIR="$work/limit7" GMJIT_CACHE_MAXSIZE=20K \
+  "$gmjit" compile --specs "$work/limit7.json" >/dev/null 2>"$work/limit7.err"; then
+  fail "kernels evicted behind same-named ones of another layer were counted as kept"
+fi
+grep -q "no longer in .*evicted" "$work/limit7.err" || fail "no reason given: $(cat "$work/limit7.err")"
 
 GMJIT_CACHE_DIR="$work/a" "$gmjit" cache export "$work/a.gmjb" | grep -q "exported [1-9]" ||
   fail "export wrote no entries"

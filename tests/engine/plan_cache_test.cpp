@@ -83,6 +83,29 @@ TEST_F(PlanCache, NoGradHopperPlansEndInTheDecodePairsUnlessTurnedOff) {
             2u);
 }
 
+// A plan names its kernels' disk keys beside their names: layers that differ only in a constant
+// (here the clamp limit) share the names, and `gmjit compile` checks what it kept by key.
+TEST_F(PlanCache, PlansNameTheirKernelsDiskKeysWhichTellSameNamedKernelsApart) {
+  LayerSpec limit7 = testing::small_layer();
+  limit7.activation.kind = Activation::clamped_swiglu;
+  limit7.activation.limit = 7.0f;
+  LayerSpec limit8 = limit7;
+  limit8.activation.limit = 8.0f;
+  Engine engine(EngineOptions{.use_disk_cache = false});
+  const PreparedPlanInfo a = engine.prepare(limit7, Recipe::bf16(), GradMode::grad, "sm_90a");
+  const PreparedPlanInfo b = engine.prepare(limit8, Recipe::bf16(), GradMode::grad, "sm_90a");
+  ASSERT_EQ(a.kernel_keys.size(), a.kernel_names.size());
+  ASSERT_EQ(b.kernel_keys.size(), b.kernel_names.size());
+  EXPECT_EQ(a.kernel_names, b.kernel_names);
+  for (std::size_t i = 0; i < a.kernel_keys.size(); ++i) {
+    SCOPED_TRACE(a.kernel_names[i]);
+    EXPECT_EQ(a.kernel_keys[i].size(), 32u);
+    // FC1 computes the activation (the limit is in its source); FC2 does not.
+    EXPECT_EQ(a.kernel_keys[i] == b.kernel_keys[i],
+              a.kernel_names[i].find("fc1_") == std::string::npos);
+  }
+}
+
 // An engine does not start with `variable` (a ScopedEnv, which puts the caller's value back) set
 // to any of `values`: an invalid_argument error that names the variable.
 void expect_engine_refuses(const testing::ScopedEnv& variable,
