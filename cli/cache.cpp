@@ -306,10 +306,10 @@ void import_bundle(cache::DiskCache& disk, const std::string& file, bool json,
 cache::PruneResult remove_entries(cache::DiskCache& disk, const CacheCommand& o,
                                   nlohmann::json& out) {
   cache::PruneResult pruned;
+  std::uint64_t max_bytes = disk.max_bytes();
   if (o.action == "clear") {
     pruned = disk.clear();
   } else {
-    std::uint64_t max_bytes = disk.max_bytes();
     if (o.max_size) {
       const auto parsed = cache::parse_size(*o.max_size);
       if (!parsed) {
@@ -348,6 +348,9 @@ cache::PruneResult remove_entries(cache::DiskCache& disk, const CacheCommand& o,
     stats.max_bytes = disk.max_bytes();
     stats.writable = disk.writable();
     out["stats"] = stats_json(stats);
+    // stats' max_bytes is the cache's own bound (GMJIT_CACHE_MAXSIZE), which stays; this one is
+    // the bound the prune applied (--max-size).
+    out["pruned_to_bytes"] = max_bytes;
   }
   if (!o.json) {
     std::printf("removed %llu entries", static_cast<unsigned long long>(pruned.removed));

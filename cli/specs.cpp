@@ -1,9 +1,12 @@
 #include "cli/specs.hpp"
 #include "presets/presets.hpp"
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -14,6 +17,8 @@
 #include <fmt/ranges.h>
 
 #include "codegen/arch_limits.hpp"
+#include "codegen/fp8_forward.hpp"
+#include "codegen/grouped_mlp.hpp"
 #include "codegen/nvrtc_compiler.hpp"
 #include "gmjit/error.hpp"
 
@@ -201,6 +206,11 @@ CompileSpec parse_entry(const json& entry, std::size_t index,
     fail(where + ".weight_grads", "nothing: grad is \"no_grad\", so no backward is prepared");
   }
   spec.backward = with_weight_grads(spec.backward, weight_grads);
+  const bool has_weight_grads = std::any_of(spec.backward.begin(), spec.backward.end(),
+                                            [](const GradientSet& s) { return s.dw1 || s.dw2; });
+  if (entry.contains("weight_grads") && weight_grads != "fp32" && !has_weight_grads) {
+    fail(where + ".weight_grads", "nothing: no backward of this entry computes dW1 or dW2");
+  }
   if (entry.contains("arches")) {
     const json& arches = entry.at("arches");
     if (!arches.is_array() || arches.empty()) {
@@ -312,7 +322,8 @@ std::vector<CompileSpec> parse_specs(const json& document,
 std::vector<CompileSpec> load_specs(const std::string& path,
                                     const std::vector<std::string>& default_arches) {
   std::ifstream in(path);
-  if (!in) fail("--specs '" + path + "'", "cannot open the file");
+  if (!in)
+    fail("--specs '" + path + "'", fmt::format("cannot open the file ({})", std::strerror(errno)));
   json document;
   try {
     document = json::parse(in, DuplicateKeyCheck());
@@ -328,7 +339,28 @@ std::vector<CompileSpec> load_specs(const std::string& path,
   }
 }
 
+namespace {
+
+Error naming_the_entry(const CompileSpec& spec, const Error& error) {
+  return Error(error.status(),
+               fmt::format("{} ({}): {}", spec.name, spec.layer.describe(), error.what()));
+}
+
+}  // namespace
+
 CompileReport compile_specs(const std::vector<CompileSpec>& specs, bool print) {
+  // Every entry's layer against the kernels' rules first: a bad last entry of a model's file
+  // must not cost the compiles of all the others before it is reported.
+  for (const CompileSpec& spec : specs) {
+    try {
+      codegen::check_supported(spec.layer);
+      if (spec.recipe.is_fp8()) {
+        for (const std::string& arch : spec.arches) codegen::check_fp8_supported(spec.layer, arch);
+      }
+    } catch (const Error& error) {
+      throw naming_the_entry(spec, error);
+    }
+  }
   CompileReport report;
   const auto start = std::chrono::steady_clock::now();
   Engine engine;
@@ -364,8 +396,7 @@ CompileReport compile_specs(const std::vector<CompileSpec>& specs, bool print) {
         }
       }
     } catch (const Error& error) {
-      throw Error(error.status(),
-                  fmt::format("{} ({}): {}", spec.name, spec.layer.describe(), error.what()));
+      throw naming_the_entry(spec, error);
     }
   }
   report.counters = engine.counters();

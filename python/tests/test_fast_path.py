@@ -72,6 +72,16 @@ def test_bad_arguments_are_named_even_after_a_good_call(rec, warm, override, pat
         grouped_mlp(**args(**override))
 
 
+@pytest.mark.parametrize("good, bad", [(dict(limit=1), dict(limit=True)),
+                                       (dict(alpha=0), dict(alpha=False))])  # fmt: skip
+def test_a_bool_limit_or_alpha_is_refused_after_the_number_it_equals(rec, good, bad):
+    # True == 1 and hashes alike: the signature's entry of limit=1 must not admit limit=True.
+    grouped_mlp(**args(), activation="clamped_swiglu", **good)
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=f"'{name}' must be a real number"):
+        grouped_mlp(**args(), activation="clamped_swiglu", **bad)
+
+
 def test_full_checks_run_once_per_signature(rec, monkeypatch):
     checks = []
     full = _checks.check_call

@@ -41,6 +41,10 @@ refused "--max-size" import "$work/b.gmjb" --max-size 1G
 # What does apply still works.
 "$gmjit" cache prune --older-than 7d --max-size 1G >/dev/null || fail "prune with its options"
 [ -e "$entry" ] || fail "prune removed a fresh entry under the size bound"
+# --json names the bound the prune applied beside the cache's own (GMJIT_CACHE_MAXSIZE's).
+"$gmjit" cache prune --max-size 1G --json >"$work/prune.json" || fail "prune --json"
+grep -q '"pruned_to_bytes": 1073741824' "$work/prune.json" ||
+  fail "prune --json did not name its bound: $(cat "$work/prune.json")"
 "$gmjit" cache clear >/dev/null || fail "clear"
 [ ! -e "$entry" ] || fail "clear left the entry"
 echo "ok"

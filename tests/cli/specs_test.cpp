@@ -239,6 +239,16 @@ TEST(Specs, AGradientTwiceAndWeightGradsWithoutABackwardAreErrors) {
                                      "arches": ["sm_90a"]})"))
                 .find("specs.arches: an unknown field"),
             std::string::npos);
+  // bf16 weight gradients where no backward of the entry computes a weight gradient.
+  for (const char* backward : {R"([])", R"([["dx"]])"}) {
+    SCOPED_TRACE(backward);
+    const std::string entry =
+        fmt::format(R"([{{"experts": 8, "hidden": 256, "ffn": 128, "grad": "grad",
+                          "backward": {}, "weight_grads": "bf16"}}])",
+                    backward);
+    EXPECT_NE(error_of(json::parse(entry)).find("specs[0].weight_grads: nothing"),
+              std::string::npos);
+  }
 }
 
 // A bad value is shown by its kind and size when it is a container, cut when it is long: dumping
@@ -355,6 +365,29 @@ TEST_F(SpecsCompile, FillsTheCacheWithoutAGpuAndASecondRunCompilesNothing) {
   EXPECT_EQ(warm.counters.kernels_compiled, 0u);
   EXPECT_EQ(warm.counters.disk_reads, cold.counters.kernels_compiled);
   EXPECT_EQ(warm.counters.disk_writes, 0u);
+}
+
+// Every entry is checked before anything compiles: a bad last entry costs no compile and leaves
+// nothing in the cache.
+TEST_F(SpecsCompile, ALayerTheEngineRejectsIsReportedBeforeAnyEntryCompiles) {
+  const std::vector<CompileSpec> specs = parse_specs(json::parse(R"([
+      {"name": "good", "experts": 4, "hidden": 256, "ffn": 128, "grad": "no_grad"},
+      {"name": "fp8-odd", "experts": 4, "hidden": 256, "ffn": 136, "recipe": "fp8-block",
+       "grad": "no_grad"},
+      {"name": "odd", "experts": 4, "hidden": 256, "ffn": 100, "grad": "no_grad"}])"),
+                                                     kDefaultArches);
+  for (const std::size_t bad : {1u, 2u}) {
+    const std::vector<CompileSpec> two{specs[0], specs[bad]};
+    try {
+      compile_specs(two, false);
+      ADD_FAILURE() << specs[bad].name << " was compiled";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(specs[bad].name + " (E=4"), std::string::npos)
+          << error.what();
+    }
+  }
+  EXPECT_FALSE(stdfs::exists(dir_ / "cache" / "v1") && !stdfs::is_empty(dir_ / "cache" / "v1"))
+      << "an entry before the bad one was compiled";
 }
 
 TEST_F(SpecsCompile, ALayerTheEngineRejectsIsReportedWithItsName) {

@@ -105,7 +105,7 @@ def _checked_entry(x, split_sizes, w1, w2, b1, b2, probs, activation, glu_layout
                split_sizes.dtype, None if b1 is None else b1.shape,
                None if b1 is None else b1.dtype, None if b2 is None else b2.shape,
                None if b2 is None else b2.dtype, None if probs is None else probs.dtype,
-               activation, glu_layout, limit, alpha, recipe)  # fmt: skip
+               activation, glu_layout, limit, alpha, type(limit), type(alpha), recipe)  # fmt: skip
         entry = _entries.get(key)
         if entry is not None and not (
             H == entry[1]

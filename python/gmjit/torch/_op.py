@@ -318,11 +318,13 @@ def grouped_mlp(
         try:
             T, H = x.shape
             dev = x.device
+            # type(limit), type(alpha): True == 1 (one hash), so a bool would take an int's entry.
             key = (x.dtype, w1.shape, w1.dtype, w2.shape, w2.dtype, split_sizes.shape,
                    split_sizes.dtype, None if b1 is None else b1.shape,
                    None if b1 is None else b1.dtype, None if b2 is None else b2.shape,
                    None if b2 is None else b2.dtype, None if probs is None else probs.dtype,
-                   activation, glu_layout, limit, alpha, recipe)  # fmt: skip
+                   activation, glu_layout, limit, alpha, type(limit), type(alpha),
+                   recipe)  # fmt: skip
             entry = _entries.get(key)
             if entry is not None and not (
                 H == entry[1]
