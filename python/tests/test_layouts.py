@@ -139,6 +139,9 @@ def test_module_loaders_name_the_argument_of_a_wrong_shape():
         m.load_megatron([gate_up[0], gate_up[1]], list(down))
     with pytest.raises(ValueError, match="interleaved=True is for gated"):
         GroupedMLP(E, H, F, "relu").load_gate_up(torch.randn(E, F, H), down, interleaved=True)
+    # Not a bool: named as such, not taken for its truth value ("False" is true).
+    with pytest.raises(ValueError, match="load_gate_up: argument 'interleaved' must be a bool"):
+        GroupedMLP(E, H, F, "relu").load_gate_up(torch.randn(E, F, H), down, interleaved="False")
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")

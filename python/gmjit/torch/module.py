@@ -215,6 +215,7 @@ class GroupedMLP(nn.Module):
     ) -> "GroupedMLP":
         """Copies transformers-style fused experts weights in (see gmjit.torch.layouts):
         gate_up [E, 2F, H] (or [E, H, 2F] transposed), down [E, H, F] (or [E, F, H])."""
+        interleaved = check_flag("interleaved", interleaved, "GroupedMLP.load_gate_up")
         if interleaved and self.activation not in GLU_ACTIVATIONS:
             raise ValueError(f"GroupedMLP.load_gate_up: interleaved=True is for gated (GLU) "
                              f"weights; this module's activation is {self.activation}")  # fmt: skip
