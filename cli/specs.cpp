@@ -321,9 +321,14 @@ std::vector<CompileSpec> parse_specs(const json& document,
 
 std::vector<CompileSpec> load_specs(const std::string& path,
                                     const std::vector<std::string>& default_arches) {
+  errno = 0;  // the standard does not promise that a failed open sets it (libstdc++'s does)
   std::ifstream in(path);
-  if (!in)
-    fail("--specs '" + path + "'", fmt::format("cannot open the file ({})", std::strerror(errno)));
+  if (!in) {
+    const int error = errno;
+    fail("--specs '" + path + "'",
+         error != 0 ? fmt::format("cannot open the file ({})", std::strerror(error))
+                    : std::string("cannot open the file"));
+  }
   json document;
   try {
     document = json::parse(in, DuplicateKeyCheck());

@@ -229,8 +229,8 @@ struct Fc2DgradEpilogue {
   // and row half (8 rows, 16 columns a lane), the kDeferredRowUnits units of a row half
   // consecutive (one warp takes them all and sums their dprobs shares: one atomic per row). g is
   // rounded to bf16 on the way (torch's FC2 dgrad GEMM writes it in bf16 too).
-  // TileShape::deferred_row_bytes, which sizes the buffers (Fc2DgradSm90 checks that they agree;
-  // the FP8 kernel that shares this epilogue has another tile shape).
+  // kBufRowBytes equals TileShape::deferred_row_bytes, which sizes the buffers (Fc2DgradSm90
+  // checks it; the FP8 kernel that shares this epilogue has another tile shape).
   static constexpr int kBufRowBytes = Cfg::block_n * 2 + 16;
   using Place = sm90::DeferredPlace<Cfg::block_n, kF, kMt>;
   static constexpr int kDeferredRowUnits = Place::kRowUnits;

@@ -149,10 +149,10 @@ struct EngineCounters {
 // compile-only bench phases produce.
 struct PreparedPlanInfo {
   std::vector<std::string> kernel_names;
-  // Their disk-cache keys (32 hex digits), in the same order. A name is not unique: layers that
-  // differ only in a constant (a clamp limit, an experiment switch) share kernel names.
-  std::vector<std::string> kernel_keys;
   std::string arch;
+  // The kernels' disk-cache keys (32 hex digits), in kernel_names' order. A name is not unique:
+  // layers that differ only in a constant (a clamp limit, an experiment switch) share names.
+  std::vector<std::string> kernel_keys;
 };
 
 struct DeviceInfo {
